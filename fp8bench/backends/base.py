@@ -1,0 +1,77 @@
+"""What a backend declares and provides. Every backend lives in the one registry (`backends/__init__.py`)."""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fp8bench.config import BLOCK, FP8_DIM_MULTIPLE, FastAccum, GemmShape, Granularity
+
+
+class Level(str, enum.Enum):
+    GEMM = "gemm"
+    LAYER = "layer"
+    MODEL = "model"
+
+
+class Unsupported(Exception):
+    """A case the backend cannot run; becomes an `unsupported: <reason>` row."""
+
+
+@dataclass(frozen=True)
+class PreparedGemm:
+    """A GEMM ready to time: operands already quantized and laid out; `run` does the product only."""
+
+    run: Callable[[], Any]
+    options: dict[str, Any] = field(default_factory=dict)  # recorded in the result row
+
+
+@dataclass(frozen=True)
+class Operands:
+    """Random BF16 operands of one shape: a[M, K] and b[K, N] with b stored K-major (as b.T
+    contiguous), the layout of a weight in nn.Linear and the one FP8 tensor cores read."""
+
+    a: Any
+    b: Any
+
+
+class Backend(ABC):
+    name: str
+    description: str
+    granularities: frozenset[Granularity]
+    levels: frozenset[Level]
+    # Whether the fast-accumulation switch changes this backend's GEMM for a granularity.
+    fast_accum_granularities: frozenset[Granularity] = frozenset()
+
+    def unavailable_reason(self) -> str | None:
+        """Why this backend cannot run here (not installed, no GPU, wrong GPU), or None."""
+        return None
+
+    def unsupported_reason(self, shape: GemmShape, granularity: Granularity, fast_accum: FastAccum) -> str | None:
+        """Why this backend cannot run this case, or None. Checked before any GPU work."""
+        if granularity not in self.granularities:
+            return f"{self.name} has no {granularity.value} scaling"
+        if fast_accum is FastAccum.ON and granularity not in self.fast_accum_granularities:
+            return f"{self.name} has no fast-accumulation switch for {granularity.value} scaling"
+        return fp8_shape_problem(shape, granularity)
+
+    @abstractmethod
+    def prepare_gemm(self, operands: Operands, granularity: Granularity, fast_accum: FastAccum) -> PreparedGemm:
+        """Quantize (untimed) and return the timed product; raise Unsupported for what it cannot do."""
+
+
+def fp8_shape_problem(shape: GemmShape, granularity: Granularity) -> str | None:
+    """The hardware-level constraints every FP8 tensor-core GEMM shares."""
+    if granularity is Granularity.NONE:
+        return None
+    odd = [f"{d}={getattr(shape, d)}" for d in ("K", "N") if getattr(shape, d) % FP8_DIM_MULTIPLE]
+    if odd:
+        return f"FP8 GEMMs need K and N to be multiples of {FP8_DIM_MULTIPLE} ({', '.join(odd)})"
+    if granularity is Granularity.BLOCKWISE:
+        odd = [f"{d}={getattr(shape, d)}" for d in ("K", "N") if getattr(shape, d) % BLOCK]
+        if odd:
+            return f"blockwise scaling needs K and N to be multiples of {BLOCK} ({', '.join(odd)})"
+    return None

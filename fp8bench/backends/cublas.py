@@ -1,0 +1,55 @@
+"""`cublas`: FP8 GEMMs through torch._scaled_mm, for all three granularities.
+
+Scale layouts torch._scaled_mm expects (dequantization factors, float32):
+- tensorwise: two scalars;
+- axiswise: a's scales (M, 1), b's (1, N);
+- blockwise: a's 1x128 scales (M, K/128) and b's 128x128 scales (K/128, N/128), both
+  outer-dimension-major (stride 1 along the first dimension), which is what the `.t()` of a
+  contiguous transposed tensor gives.
+"""
+
+from __future__ import annotations
+
+from fp8bench.backends.base import Backend, Level, Operands, PreparedGemm
+from fp8bench.config import BLOCK, FastAccum, Granularity
+
+
+class CublasBackend(Backend):
+    name = "cublas"
+    description = "torch._scaled_mm (cuBLAS / cuBLASLt), e4m3 operands, bf16 output"
+    granularities = frozenset(Granularity.fp8())
+    levels = frozenset({Level.GEMM})
+    fast_accum_granularities = frozenset({Granularity.TENSORWISE, Granularity.AXISWISE, Granularity.BLOCKWISE})
+
+    def unavailable_reason(self) -> str | None:
+        import torch
+
+        if not hasattr(torch, "_scaled_mm"):
+            return f"torch {torch.__version__} has no _scaled_mm"
+        return None
+
+    def prepare_gemm(self, operands: Operands, granularity: Granularity, fast_accum: FastAccum) -> PreparedGemm:
+        import torch
+
+        from fp8kernels import reference as ref
+
+        a, b_t = operands.a, operands.b  # b_t is b.T, (N, K) contiguous
+        if granularity is Granularity.TENSORWISE:
+            qa, sa = ref.quantize_tensorwise(a)
+            qb_t, sb = ref.quantize_tensorwise(b_t)
+        elif granularity is Granularity.AXISWISE:
+            qa, sa = ref.quantize_axiswise(a)
+            qb_t, sb_t = ref.quantize_axiswise(b_t)
+            sb = sb_t.t()  # (1, N)
+        else:
+            qa, sa_logical = ref.quantize_blockwise(a, 1, BLOCK)
+            qb_t, sb_t_logical = ref.quantize_blockwise(b_t, BLOCK, BLOCK)
+            sa = sa_logical.t().contiguous().t()  # (M, K/128), stride (1, M)
+            sb = sb_t_logical.contiguous().t()  # (K/128, N/128), stride (1, K/128)
+        qb = qb_t.t()  # (K, N) column-major
+        use_fast_accum = fast_accum is FastAccum.ON
+
+        def run():
+            return torch._scaled_mm(qa, qb, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=use_fast_accum)
+
+        return PreparedGemm(run, {"op": "torch._scaled_mm", "dtype": "e4m3"})

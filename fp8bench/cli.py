@@ -1,0 +1,183 @@
+"""The `fp8bench` command line (Typer). Each command parses its options into fp8bench.config objects
+once, then hands them to the module that does the work."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shlex
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from fp8bench.config import FAST_ACCUM_CHOICES, GRANULARITY_CHOICES, MatmulConfig, TimingConfig, parse_choice
+
+app = typer.Typer(
+    help="Benchmarks and roofline analysis for FP8 training on NVIDIA Hopper GPUs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+
+class EnvironmentProblem(Exception):
+    """Something this machine lacks (a GPU, a library); printed as one line, exit code 1."""
+
+
+def choice(value: str, choices: dict, what: str) -> tuple:
+    """Parse an option value, turning a bad one into a usage error (exit code 2) listing the choices."""
+    try:
+        return parse_choice(value, choices, what)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+
+
+def require_cuda(command: str) -> str:
+    """The CUDA device name, or an EnvironmentProblem that says what is needed."""
+    import torch
+
+    if not torch.cuda.is_available():
+        built = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA"
+        raise EnvironmentProblem(
+            f"fp8bench {command} measures on a CUDA GPU and none is visible here (torch {torch.__version__}, "
+            f"built with {built}); run it on a host with an H100/H200 and a CUDA build of torch."
+        )
+    return torch.cuda.get_device_name()
+
+
+def default_run_dir(benchmark: str, label: str) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{stamp}-{benchmark}-{label}"
+
+
+def command_line() -> str:
+    return shlex.join(["fp8bench", *sys.argv[1:]])
+
+
+@app.command()
+def matmul(
+    shape_gen: str = typer.Option("square", help="square | pow2-extended | llama | sweep | dsv3 | custom"),
+    granularity: str = typer.Option("all", help="tensorwise | axiswise (alias rowwise) | blockwise | all"),
+    backend: Optional[list[str]] = typer.Option(None, help="repeatable; default: every available backend"),
+    fast_accum: str = typer.Option("both", help="on | off | both"),
+    M: Optional[int] = typer.Option(None, "--M", help="with --shape-gen custom"),
+    K: Optional[int] = typer.Option(None, "--K", help="with --shape-gen custom"),
+    N: Optional[int] = typer.Option(None, "--N", help="with --shape-gen custom"),
+    repeats: int = typer.Option(5, min=1, help="independent repeats per case (each with its own warm-up)"),
+    timer: str = typer.Option("auto", help="auto | cuda-events | cupti"),
+    gpu: str = typer.Option("auto", help="GPU model for % of peak: auto (detect) or a hardware-table key"),
+    out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-matmul-<shape-gen>)"),
+    report: bool = typer.Option(True, help="write the HTML reports when the run ends"),
+) -> None:
+    """One FP8 GEMM per backend and granularity against BF16: time, TFLOPS, % of peak, speedup."""
+    from fp8bench import shapes
+    from fp8bench.backends import REGISTRY, backend_names
+    from fp8bench.hardware import resolve_gpu
+    from fp8bench.timing import TIMER_CHOICES
+
+    granularities = choice(granularity, GRANULARITY_CHOICES, "granularity")
+    fast_accums = choice(fast_accum, FAST_ACCUM_CHOICES, "fast-accum setting")
+    if timer not in TIMER_CHOICES:
+        raise typer.BadParameter(f"unknown timer {timer!r}; choose one of: {', '.join(TIMER_CHOICES)}")
+    try:
+        shape_list = shapes.generate(shape_gen, M, K, N)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    backends = tuple(backend or backend_names())
+    unknown = [name for name in backends if name not in REGISTRY]
+    if unknown:
+        raise typer.BadParameter(f"unknown backend {unknown[0]!r}; choose from: {', '.join(REGISTRY)}")
+    config = MatmulConfig(tuple(shape_list), granularities, backends, fast_accums, TimingConfig(repeats=repeats))
+
+    device_name = require_cuda("matmul")
+    try:
+        spec = resolve_gpu(gpu, device_name)
+    except ValueError as err:
+        if gpu != "auto":
+            raise typer.BadParameter(str(err)) from None
+        err_console.print(f"[yellow]{err}; % of peak is left empty[/]")
+        spec = None
+    _run_benchmark("matmul", shape_gen, out, report, lambda writer, on_row: _matmul(config, writer, spec, timer, on_row), spec)
+
+
+def _matmul(config, writer, spec, timer, on_row):
+    from fp8bench.matmul import run_matmul
+
+    return run_matmul(config, writer, spec, timer, on_row)
+
+
+def _run_benchmark(benchmark: str, label: str, out: Optional[Path], report: bool, body, spec) -> None:
+    """Open the run folder, run `body(writer, on_row)`, print the table, write reports.
+
+    Ctrl-C stops the run; every finished case is already in the CSV and the reports cover them.
+    """
+    from fp8bench.console import print_row, print_summary
+    from fp8bench.env import run_metadata
+    from fp8bench.results import RunWriter
+
+    run_dir = out or default_run_dir(benchmark, label)
+    metadata = run_metadata(command_line(), {"benchmark": benchmark, "gpu_spec": spec.key if spec else None})
+    interrupted = False
+    with RunWriter(run_dir, metadata) as writer:
+        console.print(f"[bold]{benchmark}[/] on {metadata.get('gpu_name')} -> {writer.csv_path}")
+        try:
+            rows = body(writer, lambda row: print_row(console, row))
+        except KeyboardInterrupt:
+            interrupted = True
+            rows = None
+    if interrupted:
+        err_console.print(f"[yellow]interrupted: the finished cases are in {run_dir / 'results.csv'}[/]")
+    else:
+        print_summary(console, rows)
+    if report:
+        from fp8bench.report import write_reports
+
+        for page in write_reports(run_dir):
+            console.print(f"report: {page}")
+    if interrupted:
+        raise typer.Exit(130)
+
+
+@app.command()
+def report(run: Path = typer.Argument(..., help="a run folder (holding results.csv and metadata.json)")) -> None:
+    """(Re)write a run's HTML reports, one page per granularity."""
+    from fp8bench.report import write_reports
+
+    if not (run / "results.csv").exists():
+        raise typer.BadParameter(f"{run} holds no results.csv")
+    for page in write_reports(run):
+        console.print(f"report: {page}")
+
+
+@app.command("run")
+def run_suite(
+    suite: Path = typer.Argument(..., help="a suite file, e.g. suites/square.toml"),
+    out: Optional[Path] = typer.Option(None, help="folder for the suite's runs (default: the suite's `out`)"),
+) -> None:
+    """Run every benchmark a suite file lists, each into its own run folder."""
+    from fp8bench.suite import load_suite
+
+    try:
+        loaded = load_suite(suite)
+    except (OSError, ValueError) as err:
+        raise typer.BadParameter(str(err)) from None
+    base = out or loaded.out
+    for entry in loaded.entries:
+        console.rule(f"{loaded.name}: {entry.name}")
+        app(entry.argv(base), standalone_mode=False)
+
+
+def main() -> None:
+    try:
+        app()
+    except EnvironmentProblem as err:
+        err_console.print(f"[red]error:[/] {err}")
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

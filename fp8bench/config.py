@@ -1,0 +1,147 @@
+"""Names and frozen configuration shared by every benchmark level.
+
+Everything a user can type on the command line is parsed here once, into enums and frozen
+dataclasses that are valid by construction; the rest of the tool never re-validates.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Granularity(str, enum.Enum):
+    """How FP8 scales are shared. `none` marks the BF16 reference rows."""
+
+    NONE = "none"
+    TENSORWISE = "tensorwise"
+    AXISWISE = "axiswise"  # one scale per row of the left operand and per column of the right
+    BLOCKWISE = "blockwise"  # 1x128 activations, 128x128 weights
+
+    @classmethod
+    def fp8(cls) -> tuple["Granularity", ...]:
+        return (cls.TENSORWISE, cls.AXISWISE, cls.BLOCKWISE)
+
+
+# What a user may type for --granularity: the names above plus aliases and `all`.
+GRANULARITY_CHOICES: dict[str, tuple[Granularity, ...]] = {
+    "tensorwise": (Granularity.TENSORWISE,),
+    "axiswise": (Granularity.AXISWISE,),
+    "rowwise": (Granularity.AXISWISE,),
+    "blockwise": (Granularity.BLOCKWISE,),
+    "all": Granularity.fp8(),
+}
+
+# Block edge of blockwise scaling: activations 1 x BLOCK, weights BLOCK x BLOCK.
+BLOCK = 128
+# FP8 tensor-core GEMMs (cuBLAS and ours) need every dimension to be a multiple of this.
+FP8_DIM_MULTIPLE = 16
+
+
+class FastAccum(str, enum.Enum):
+    """Whether the FP8 GEMM accumulates without periodic FP32 promotion."""
+
+    ON = "on"
+    OFF = "off"
+    NA = "n/a"  # the BF16 reference
+
+
+FAST_ACCUM_CHOICES: dict[str, tuple[FastAccum, ...]] = {
+    "on": (FastAccum.ON,),
+    "off": (FastAccum.OFF,),
+    "both": (FastAccum.ON, FastAccum.OFF),
+}
+
+
+class Status(str, enum.Enum):
+    OK = "ok"
+    UNSUPPORTED = "unsupported"
+    FAILED = "failed"
+
+
+def parse_choice(value: str, choices: dict[str, tuple], what: str) -> tuple:
+    """Map a user-typed name onto its meaning, or raise ValueError listing the valid names."""
+    try:
+        return choices[value.strip().lower()]
+    except KeyError:
+        raise ValueError(f"unknown {what} {value!r}; choose one of: {', '.join(choices)}") from None
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """One matrix product out[M, N] = a[M, K] @ b[K, N], with a name saying where it comes from."""
+
+    M: int
+    K: int
+    N: int
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for dim in ("M", "K", "N"):
+            value = getattr(self, dim)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{dim} must be a positive integer, got {value!r}")
+        if not self.name:
+            object.__setattr__(self, "name", f"{self.M}x{self.K}x{self.N}")
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.M * self.K * self.N
+
+
+@dataclass(frozen=True)
+class MatmulCase:
+    """One measurement: a shape, a backend and how it scales."""
+
+    shape: GemmShape
+    backend: str
+    granularity: Granularity
+    fast_accum: FastAccum
+
+    def __post_init__(self) -> None:
+        if (self.granularity is Granularity.NONE) != (self.fast_accum is FastAccum.NA):
+            raise ValueError("the BF16 reference has no fast-accumulation setting and FP8 cases need one")
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How hard the harness works for each case (see fp8bench.timing)."""
+
+    repeats: int = 5
+    warmup_ms: float = 25.0  # per repeat, run and discarded
+    samples_ms: float = 60.0  # per repeat, the time budget that decides the sample count
+    min_samples: int = 5
+    max_samples: int = 200
+    flush_l2: bool = True
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError("repeats must be at least 1")
+        if not 1 <= self.min_samples <= self.max_samples:
+            raise ValueError("need 1 <= min_samples <= max_samples")
+        if self.warmup_ms < 0 or self.samples_ms <= 0:
+            raise ValueError("warm-up must be >= 0 ms and the sample budget > 0 ms")
+
+
+@dataclass(frozen=True)
+class MatmulConfig:
+    """Everything `fp8bench matmul` was asked to do."""
+
+    shapes: tuple[GemmShape, ...]
+    granularities: tuple[Granularity, ...]
+    backends: tuple[str, ...]
+    fast_accum: tuple[FastAccum, ...]
+    timing: TimingConfig = field(default_factory=TimingConfig)
+
+    def cases(self) -> list[MatmulCase]:
+        """Shape-major order, so a report of a shape is complete as soon as its rows are written."""
+        out: list[MatmulCase] = []
+        for shape in self.shapes:
+            out.append(MatmulCase(shape, "bf16", Granularity.NONE, FastAccum.NA))
+            for granularity in self.granularities:
+                for backend in self.backends:
+                    if backend == "bf16":
+                        continue
+                    for fast_accum in self.fast_accum:
+                        out.append(MatmulCase(shape, backend, granularity, fast_accum))
+        return out

@@ -1,0 +1,154 @@
+"""One result schema for every benchmark level, and a writer that appends rows as cases finish.
+
+A run is a folder: `results.csv` (one row per case, flushed row by row so an interrupted run loses
+nothing) and `metadata.json` (the machine and software it ran on). Reports, comparisons and the site
+all read runs through `load_run`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fp8bench.config import Status
+
+RESULTS_CSV = "results.csv"
+METADATA_JSON = "metadata.json"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    kind: str  # "id" identifies a case, "measure" is measured, "derived" is computed from measures
+    dtype: str  # "str", "int" or "float"
+    doc: str
+
+
+SCHEMA: tuple[Column, ...] = (
+    Column("benchmark", "id", "str", "matmul | cast | roofline | e2e"),
+    Column("case", "id", "str", "shape name (e.g. 4096x4096x4096 or llama3-8b.wqkv.M8192)"),
+    Column("M", "id", "int", "rows of the left operand / output"),
+    Column("K", "id", "int", "reduction dimension"),
+    Column("N", "id", "int", "columns of the output"),
+    Column("granularity", "id", "str", "none (BF16 reference) | tensorwise | axiswise | blockwise"),
+    Column("backend", "id", "str", "bf16 | cublas | triton | torchao | te | ..."),
+    Column("recipe", "id", "str", "layer/model recipe name, or the GEMM's operand dtypes"),
+    Column("fast_accum", "id", "str", "on | off | n/a"),
+    Column("options", "id", "str", "JSON of further options, e.g. the kernel config chosen"),
+    Column("status", "measure", "str", "ok | unsupported: <reason> | failed: <reason>"),
+    Column("median_ms", "measure", "float", "GPU kernel time: median over repeats of each repeat's median"),
+    Column("spread_pct", "measure", "float", "repeat-to-repeat spread: (max - min) / median of repeat medians, %"),
+    Column("repeats", "measure", "int", "independent repeats (each with its own warm-up)"),
+    Column("samples", "measure", "int", "timed samples per repeat"),
+    Column("repeat_ms", "measure", "str", "each repeat's median, ms, ';'-separated (the unit for comparisons)"),
+    Column("wall_ms", "measure", "float", "host wall time per call, synchronized, median"),
+    Column("timer", "measure", "str", "cuda-events | cupti | fake"),
+    Column("sm_clock_mhz", "measure", "float", "median SM clock sampled after each repeat"),
+    Column("sm_clock_min_mhz", "measure", "float", "lowest SM clock sampled (throttling shows here)"),
+    Column("tflops", "derived", "float", "2MKN / median time"),
+    Column("pct_peak", "derived", "float", "tflops as % of the GPU's dense peak for the operand dtype"),
+    Column("gbps", "derived", "float", "bytes moved / median time (memory-bound benchmarks)"),
+    Column("speedup_vs_bf16", "derived", "float", "BF16 reference time / this time, same shape, same run"),
+    Column("rel_err", "derived", "float", "||out - bf16 out|| / ||bf16 out|| on the same random inputs"),
+)
+COLUMNS: tuple[str, ...] = tuple(c.name for c in SCHEMA)
+ID_COLUMNS: tuple[str, ...] = tuple(c.name for c in SCHEMA if c.kind == "id")
+
+
+def status_text(status: Status, reason: str = "") -> str:
+    return status.value if status is Status.OK else f"{status.value}: {reason}"
+
+
+@dataclass
+class Row:
+    """A result row under construction; unset measurements are written as empty cells."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.values) - set(COLUMNS)
+        if unknown:
+            raise KeyError(f"not in the result schema: {sorted(unknown)}")
+
+    def as_csv(self) -> list[str]:
+        return [_cell(self.values.get(name)) for name in COLUMNS]
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+class RunWriter:
+    """Appends rows to a run's CSV, flushing each one, and writes the metadata beside it."""
+
+    def __init__(self, run_dir: Path, metadata: Mapping[str, Any]):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.csv_path = self.run_dir / RESULTS_CSV
+        write_metadata(self.run_dir, metadata)
+        fresh = not self.csv_path.exists() or self.csv_path.stat().st_size == 0
+        self._file = self.csv_path.open("a", newline="")
+        self._csv = csv.writer(self._file)
+        if fresh:
+            self._csv.writerow(COLUMNS)
+            self._file.flush()
+
+    def append(self, row: Row) -> None:
+        self._csv.writerow(row.as_csv())
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> "RunWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_metadata(run_dir: Path, metadata: Mapping[str, Any]) -> None:
+    (Path(run_dir) / METADATA_JSON).write_text(json.dumps(dict(metadata), indent=2, sort_keys=True, default=str))
+
+
+def read_metadata(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / METADATA_JSON
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def load_results(path: Path) -> pd.DataFrame:
+    """A run's rows with the schema's dtypes; `path` is a run folder or a results CSV."""
+    path = Path(path)
+    csv_path = path / RESULTS_CSV if path.is_dir() else path
+    if not csv_path.exists():
+        raise FileNotFoundError(f"no results at {csv_path}")
+    frame = pd.read_csv(csv_path, dtype=str, keep_default_na=False)
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{csv_path} does not follow the result schema: missing {missing}")
+    for column in SCHEMA:
+        if column.dtype in ("int", "float"):
+            frame[column.name] = pd.to_numeric(frame[column.name].replace("", None), errors="coerce")
+            if column.dtype == "int" and not frame[column.name].isna().any():
+                frame[column.name] = frame[column.name].astype("int64")
+    return frame[list(COLUMNS)]
+
+
+def repeat_times(cell: str) -> list[float]:
+    """Parse a `repeat_ms` cell into floats."""
+    return [float(x) for x in cell.split(";") if x]
+
+
+def format_repeat_times(times: Iterable[float]) -> str:
+    return ";".join(f"{t:.6g}" for t in times)

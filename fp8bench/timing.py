@@ -1,0 +1,224 @@
+"""The timing harness: the one place that times GPU work.
+
+A measurement is a number of independent *repeats*. Each repeat warms up (runs that are discarded),
+then takes timed *samples*, each preceded by an L2 flush so every sample starts from cold cache; the
+repeat is summarised by its median. The case's time is the median of the repeat medians, and the
+spread is their range over that median. Comparisons (fp8bench.compare) treat the repeat as the unit.
+
+Timers:
+- `cuda-events`: a CUDA event pair around each sample, all recorded before one synchronize
+  (what triton.testing.do_bench does). Right for kernels well above launch overhead.
+- `cupti`: kernel durations from torch.profiler (CUPTI), summed per sample. Launch gaps and host
+  overhead vanish, so this is the kernel time of short or multi-kernel work.
+`auto` takes events unless a first estimate is under `CUPTI_BELOW_MS`.
+Wall time (host clock around one synchronized call) is measured beside either.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from fp8bench.config import TimingConfig
+
+CUPTI_BELOW_MS = 0.05
+TIMER_CHOICES = ("auto", "cuda-events", "cupti")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    repeat_ms: tuple[float, ...]  # each repeat's median
+    samples: int  # per repeat
+    wall_ms: float
+    timer: str
+    sm_clock_mhz: tuple[float, ...]  # one sample per repeat; empty when unknown
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.repeat_ms)
+
+    @property
+    def spread_pct(self) -> float:
+        return 100.0 * (max(self.repeat_ms) - min(self.repeat_ms)) / self.median_ms
+
+    @property
+    def sm_clock_median(self) -> float | None:
+        return statistics.median(self.sm_clock_mhz) if self.sm_clock_mhz else None
+
+    @property
+    def sm_clock_min(self) -> float | None:
+        return min(self.sm_clock_mhz) if self.sm_clock_mhz else None
+
+
+class Timer(Protocol):
+    """What the harness needs from a clock; fakes implement it for CPU tests."""
+
+    name: str
+
+    def run(self, fn: Callable[[], object], calls: int) -> None:
+        """Run `fn` untimed (warm-up)."""
+
+    def samples(self, fn: Callable[[], object], count: int) -> list[float]:
+        """`count` flushed, timed calls; milliseconds of GPU time each."""
+
+    def wall_ms(self, fn: Callable[[], object], count: int) -> float:
+        """Median host time of a flushed, synchronized call."""
+
+    def sm_clock_mhz(self) -> float | None:
+        """The SM clock now, or None where it cannot be read."""
+
+
+def measure(fn: Callable[[], object], config: TimingConfig, timer: Timer) -> Measurement:
+    """Time `fn` by repeats of warm-up + flushed samples (see the module docstring)."""
+    timer.run(fn, 1)  # first call: compilation, autotuning, handle creation
+    estimate = statistics.median(timer.samples(fn, 3))
+    per_call = max(estimate, 1e-3)
+    warmup_calls = max(1, math.ceil(config.warmup_ms / per_call))
+    count = min(config.max_samples, max(config.min_samples, math.ceil(config.samples_ms / per_call)))
+    repeat_ms: list[float] = []
+    clocks: list[float] = []
+    for _ in range(config.repeats):
+        timer.run(fn, warmup_calls)
+        repeat_ms.append(statistics.median(timer.samples(fn, count)))
+        clock = timer.sm_clock_mhz()
+        if clock is not None:
+            clocks.append(clock)
+    wall = timer.wall_ms(fn, min(count, 20))
+    return Measurement(tuple(repeat_ms), count, wall, timer.name, tuple(clocks))
+
+
+class _Nvml:
+    """SM clock reads through NVML; absent NVML means no clock column, not a failure."""
+
+    def __init__(self, device_index: int):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._pynvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        except Exception:  # noqa: BLE001 - any NVML problem just disables clock sampling
+            self._pynvml = None
+
+    def sm_clock_mhz(self) -> float | None:
+        if self._pynvml is None:
+            return None
+        return float(self._pynvml.nvmlDeviceGetClockInfo(self._handle, self._pynvml.NVML_CLOCK_SM))
+
+
+class GpuClock:
+    """What both CUDA timers share: the L2-flush buffer (several times L2) and the NVML handle."""
+
+    def __init__(self, flush_l2: bool = True):
+        import torch
+
+        self.torch = torch
+        device = torch.cuda.current_device()
+        l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
+        words = max(256 * 2**20, 4 * l2_bytes) // 4 if flush_l2 else 0
+        self.flush_buffer = torch.empty(words, dtype=torch.int32, device="cuda") if words else None
+        self.nvml = _Nvml(device)
+
+
+class CudaEventTimer:
+    """CUDA-event sample timing, plus the L2 flush, warm-up, wall time and clock both timers share."""
+
+    name = "cuda-events"
+    # The flush is a bitwise_not over a buffer several times L2: its kernel name is one that
+    # benchmarked code does not launch, so the CUPTI timer can tell flushes from work.
+    FLUSH_KERNEL_TAG = "bitwise_not"
+
+    def __init__(self, gpu: GpuClock):
+        self._torch = gpu.torch
+        self._flush_buffer = gpu.flush_buffer
+        self._nvml = gpu.nvml
+
+    def _flush(self) -> None:
+        if self._flush_buffer is not None:
+            self._flush_buffer.bitwise_not_()
+
+    def run(self, fn: Callable[[], object], calls: int) -> None:
+        for _ in range(calls):
+            fn()
+        self._torch.cuda.synchronize()
+
+    def samples(self, fn: Callable[[], object], count: int) -> list[float]:
+        cuda = self._torch.cuda
+        starts = [cuda.Event(enable_timing=True) for _ in range(count)]
+        ends = [cuda.Event(enable_timing=True) for _ in range(count)]
+        for start, end in zip(starts, ends):
+            self._flush()
+            start.record()
+            fn()
+            end.record()
+        cuda.synchronize()
+        return [start.elapsed_time(end) for start, end in zip(starts, ends)]
+
+    def wall_ms(self, fn: Callable[[], object], count: int) -> float:
+        times = []
+        for _ in range(count):
+            self._flush()
+            self._torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            self._torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times)
+
+    def sm_clock_mhz(self) -> float | None:
+        return self._nvml.sm_clock_mhz()
+
+
+class CuptiTimer(CudaEventTimer):
+    """Kernel durations from torch.profiler, summed between consecutive flush kernels."""
+
+    name = "cupti"
+
+    def samples(self, fn: Callable[[], object], count: int) -> list[float]:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(count):
+                self._flush()
+                fn()
+            self._torch.cuda.synchronize()
+        kernels = sorted(
+            (e for e in prof.events() if e.device_type == self._torch.autograd.DeviceType.CUDA),
+            key=lambda e: e.time_range.start,
+        )
+        per_sample: list[float] = []
+        for event in kernels:
+            if self.FLUSH_KERNEL_TAG in event.name:
+                per_sample.append(0.0)
+            elif per_sample:
+                per_sample[-1] += event.time_range.elapsed_us() / 1e3
+        if len(per_sample) != count:
+            raise RuntimeError(f"CUPTI saw {len(per_sample)} flushes for {count} samples")
+        return per_sample
+
+
+class TimerChoice:
+    """Picks the timer for each case; the CUDA timers (and their flush buffer) are made once."""
+
+    def __init__(self, choice: str, flush_l2: bool = True):
+        if choice not in TIMER_CHOICES:
+            raise ValueError(f"unknown timer {choice!r}; choose one of: {', '.join(TIMER_CHOICES)}")
+        if choice != "cuda-events" and not flush_l2:
+            raise ValueError("the CUPTI timer separates samples by their L2 flush; it needs flush_l2")
+        self.choice = choice
+        gpu = GpuClock(flush_l2)
+        self._events = CudaEventTimer(gpu)
+        self._cupti = CuptiTimer(gpu)
+
+    def for_case(self, fn: Callable[[], object]) -> Timer:
+        if self.choice == "cupti":
+            return self._cupti
+        if self.choice == "auto":
+            self._events.run(fn, 1)
+            if statistics.median(self._events.samples(fn, 3)) < CUPTI_BELOW_MS:
+                return self._cupti
+        return self._events
