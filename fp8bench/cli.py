@@ -20,8 +20,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+# Logs of runs on GPU hosts are not terminals: rich would wrap the result tables at 80 columns.
+_LOG_WIDTH = None if sys.stdout.isatty() else 180
+console = Console(width=_LOG_WIDTH)
+err_console = Console(stderr=True, width=_LOG_WIDTH)
 
 
 class EnvironmentProblem(Exception):
@@ -149,7 +151,11 @@ def report(run: Path = typer.Argument(..., help="a run folder (holding results.c
 
     if not (run / "results.csv").exists():
         raise typer.BadParameter(f"{run} holds no results.csv")
-    for page in write_reports(run):
+    try:
+        pages = write_reports(run)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    for page in pages:
         console.print(f"report: {page}")
 
 

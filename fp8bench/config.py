@@ -108,8 +108,11 @@ class TimingConfig:
     """How hard the harness works for each case (see fp8bench.timing)."""
 
     repeats: int = 5
-    warmup_ms: float = 25.0  # per repeat, run and discarded
-    samples_ms: float = 60.0  # per repeat, the time budget that decides the sample count
+    # Before the first repeat: long enough for SM clock and power draw to reach their loaded steady
+    # state (an H100 at 700 W drops from 1980 MHz to ~1300 MHz under large FP8 GEMMs).
+    settle_ms: float = 300.0
+    warmup_ms: float = 50.0  # per repeat, run and discarded
+    samples_ms: float = 100.0  # per repeat, the time budget that decides the sample count
     min_samples: int = 5
     max_samples: int = 200
     flush_l2: bool = True
@@ -119,8 +122,8 @@ class TimingConfig:
             raise ValueError("repeats must be at least 1")
         if not 1 <= self.min_samples <= self.max_samples:
             raise ValueError("need 1 <= min_samples <= max_samples")
-        if self.warmup_ms < 0 or self.samples_ms <= 0:
-            raise ValueError("warm-up must be >= 0 ms and the sample budget > 0 ms")
+        if self.settle_ms < 0 or self.warmup_ms < 0 or self.samples_ms <= 0:
+            raise ValueError("settle and warm-up must be >= 0 ms and the sample budget > 0 ms")
 
 
 @dataclass(frozen=True)

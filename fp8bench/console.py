@@ -45,8 +45,10 @@ def print_summary(console: Console, rows: list[Row] | None) -> None:
             table.add_row(
                 v["fast_accum"], v["backend"], v["case"], str(v["M"]), str(v["K"]), str(v["N"]),
                 _fmt(bf16_ms, ".4f"),
-                _fmt(v.get("median_ms"), ".4f") if ok else v["status"],
+                _fmt(v.get("median_ms"), ".4f") if ok else v["status"].split(":")[0],
                 _fmt(speedup, ".2f"), _fmt(v.get("tflops"), ".0f"), _fmt(v.get("pct_peak"), ".0f"),
                 _fmt(v.get("spread_pct"), ".1f"),
             )
         console.print(table)
+        for reason in dict.fromkeys(v["status"] for v in group if v["status"] != "ok"):
+            console.print(f"  [yellow]{reason}[/]")

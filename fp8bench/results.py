@@ -44,7 +44,7 @@ SCHEMA: tuple[Column, ...] = (
     Column("options", "id", "str", "JSON of further options, e.g. the kernel config chosen"),
     Column("status", "measure", "str", "ok | unsupported: <reason> | failed: <reason>"),
     Column("median_ms", "measure", "float", "GPU kernel time: median over repeats of each repeat's median"),
-    Column("spread_pct", "measure", "float", "repeat-to-repeat spread: (max - min) / median of repeat medians, %"),
+    Column("spread_pct", "measure", "float", "repeat-to-repeat spread: interquartile range / median of the repeat medians, %"),
     Column("repeats", "measure", "int", "independent repeats (each with its own warm-up)"),
     Column("samples", "measure", "int", "timed samples per repeat"),
     Column("repeat_ms", "measure", "str", "each repeat's median, ms, ';'-separated (the unit for comparisons)"),

@@ -2,8 +2,10 @@
 
 A measurement is a number of independent *repeats*. Each repeat warms up (runs that are discarded),
 then takes timed *samples*, each preceded by an L2 flush so every sample starts from cold cache; the
-repeat is summarised by its median. The case's time is the median of the repeat medians, and the
-spread is their range over that median. Comparisons (fp8bench.compare) treat the repeat as the unit.
+repeat is summarised by its median. Before the first repeat the work runs untimed for `settle_ms`, so
+clocks and power reach the state they hold under load. The case's time is the median of the repeat
+medians; the spread is their interquartile range over that median (asv's statistic: one odd repeat does
+not dominate it), and `repeat_ms` keeps every repeat for anyone who wants another statistic. Comparisons (fp8bench.compare) treat the repeat as the unit.
 
 Timers:
 - `cuda-events`: a CUDA event pair around each sample, all recorded before one synchronize
@@ -43,7 +45,8 @@ class Measurement:
 
     @property
     def spread_pct(self) -> float:
-        return 100.0 * (max(self.repeat_ms) - min(self.repeat_ms)) / self.median_ms
+        q1, _, q3 = statistics.quantiles(self.repeat_ms, n=4, method="inclusive") if len(self.repeat_ms) > 1 else (0, 0, 0)
+        return 100.0 * (q3 - q1) / self.median_ms
 
     @property
     def sm_clock_median(self) -> float | None:
@@ -77,6 +80,7 @@ def measure(fn: Callable[[], object], config: TimingConfig, timer: Timer) -> Mea
     timer.run(fn, 1)  # first call: compilation, autotuning, handle creation
     estimate = statistics.median(timer.samples(fn, 3))
     per_call = max(estimate, 1e-3)
+    timer.run(fn, max(1, math.ceil(config.settle_ms / per_call)))
     warmup_calls = max(1, math.ceil(config.warmup_ms / per_call))
     count = min(config.max_samples, max(config.min_samples, math.ceil(config.samples_ms / per_call)))
     repeat_ms: list[float] = []

@@ -9,8 +9,9 @@ from __future__ import annotations
 from fp8bench.backends.base import Backend, Level, Operands, PreparedGemm, Unsupported
 from fp8bench.backends.cublas import CublasBackend
 from fp8bench.backends.torch_bf16 import Bf16Backend
+from fp8bench.backends.triton import TritonBackend
 
-REGISTRY: dict[str, Backend] = {backend.name: backend for backend in (Bf16Backend(), CublasBackend())}
+REGISTRY: dict[str, Backend] = {backend.name: backend for backend in (Bf16Backend(), CublasBackend(), TritonBackend())}
 
 
 def backend_names(level: Level = Level.GEMM) -> list[str]:

@@ -19,7 +19,9 @@ class CublasBackend(Backend):
     description = "torch._scaled_mm (cuBLAS / cuBLASLt), e4m3 operands, bf16 output"
     granularities = frozenset(Granularity.fp8())
     levels = frozenset({Level.GEMM})
-    fast_accum_granularities = frozenset({Granularity.TENSORWISE, Granularity.AXISWISE, Granularity.BLOCKWISE})
+    # cuBLAS refuses fast accumulation with 128x128 block scales ("scaled_gemm doesn't support fast
+    # accum with 128x128 blockwise scaling", torch 2.11 / CUDA 13.0 on an H100).
+    fast_accum_granularities = frozenset({Granularity.TENSORWISE, Granularity.AXISWISE})
 
     def unavailable_reason(self) -> str | None:
         import torch

@@ -1,0 +1,273 @@
+"""FP8 training recipes for a linear layer, configured per GEMM argument (torchao's Float8LinearConfig).
+
+A linear layer runs three products per training step:
+
+    output      = input       @ weight.T      (M x K) @ (K x N)   forward
+    grad_input  = grad_output @ weight        (M x N) @ (N x K)   backward
+    grad_weight = grad_output.T @ input       (N x M) @ (M x K)   backward
+
+Each tensor (input, weight, grad_output) is an operand of two of them, and each use has its own
+`CastConfig`: how it is scaled, to which FP8 dtype, or kept in its original precision. Each product
+has its own `GemmConfig` (fast accumulation). A `Recipe` is the nine of them with a name; `RECIPES`
+holds the named presets. The layer code (Float8Linear) and the roofline model both read recipes from
+here, so a recipe means the same thing to what is measured and to what is predicted.
+
+The *first use* of a tensor reads it in its stored layout, scaled along its contiguous dimension
+(the reduction dimension of that product); the *second use* reads it transposed, scaled along the
+other dimension: input -> grad_weight, weight -> grad_input, grad_output -> grad_weight.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from fp8bench.config import BLOCK, Granularity, parse_choice
+
+
+class ScalingType(str, enum.Enum):
+    DYNAMIC = "dynamic"  # the scale comes from this tensor's own amax, computed before the cast
+    DELAYED = "delayed"  # the scale comes from an amax history of earlier steps; the cast records this amax
+    DISABLED = "disabled"  # keep the original precision (no cast; the product runs in BF16)
+
+
+class Fp8Dtype(str, enum.Enum):
+    E4M3 = "e4m3"  # torch.float8_e4m3fn: more mantissa, for activations and weights
+    E5M2 = "e5m2"  # torch.float8_e5m2: more range, classically for gradients
+
+    @property
+    def torch_name(self) -> str:
+        return {Fp8Dtype.E4M3: "float8_e4m3fn", Fp8Dtype.E5M2: "float8_e5m2"}[self]
+
+
+class TensorRole(str, enum.Enum):
+    INPUT = "input"
+    WEIGHT = "weight"
+    GRAD_OUTPUT = "grad_output"
+
+
+class GemmRole(str, enum.Enum):
+    OUTPUT = "output"
+    GRAD_INPUT = "grad_input"
+    GRAD_WEIGHT = "grad_weight"
+
+
+# Which tensors each product multiplies, in operand order, and whether each is used in its second
+# (transposed) form. The order follows the table in the module docstring.
+GEMM_OPERANDS: dict[GemmRole, tuple[tuple[TensorRole, bool], tuple[TensorRole, bool]]] = {
+    GemmRole.OUTPUT: ((TensorRole.INPUT, False), (TensorRole.WEIGHT, False)),
+    GemmRole.GRAD_INPUT: ((TensorRole.GRAD_OUTPUT, False), (TensorRole.WEIGHT, True)),
+    GemmRole.GRAD_WEIGHT: ((TensorRole.GRAD_OUTPUT, True), (TensorRole.INPUT, True)),
+}
+
+# Finer granularities need the more general GEMM kernel: a tensorwise operand multiplied with an
+# axiswise one runs in the axiswise (rowwise) kernel with its scale broadcast.
+_GRANULARITY_ORDER = (Granularity.TENSORWISE, Granularity.AXISWISE, Granularity.BLOCKWISE)
+
+
+@dataclass(frozen=True)
+class CastConfig:
+    """How one use of one tensor is cast to FP8.
+
+    `block` is the scaling tile for blockwise granularity, (rows, cols) of the operand as its product
+    reads it, cols along the reduction dimension: (1, 128) for activations and gradients, (128, 128)
+    for weights. `amax_history_len` only applies to delayed scaling.
+    """
+
+    scaling_type: ScalingType = ScalingType.DYNAMIC
+    granularity: Granularity = Granularity.TENSORWISE
+    dtype: Fp8Dtype = Fp8Dtype.E4M3
+    power_of_two_scale: bool = False  # round scales down to a power of two (exact rescaling)
+    block: tuple[int, int] | None = None
+    amax_history_len: int = 16
+
+    def __post_init__(self) -> None:
+        if self.scaling_type is ScalingType.DISABLED:
+            if self.granularity is not Granularity.NONE or self.block is not None or self.power_of_two_scale:
+                raise ValueError("a cast kept in original precision has no granularity, block or scale rounding")
+            return
+        if self.granularity is Granularity.NONE:
+            raise ValueError("an FP8 cast needs a granularity; use CastConfig.original_precision() for none")
+        if self.scaling_type is ScalingType.DELAYED and self.granularity is not Granularity.TENSORWISE:
+            raise ValueError("delayed scaling keeps one amax history per tensor: it is tensorwise only")
+        if self.amax_history_len < 1:
+            raise ValueError("amax_history_len must be at least 1")
+        if (self.block is not None) != (self.granularity is Granularity.BLOCKWISE):
+            raise ValueError("blockwise scaling needs a block (rows, cols), and only blockwise takes one")
+        if self.block is not None and (self.block[1] != BLOCK or self.block[0] not in (1, BLOCK)):
+            raise ValueError(f"blocks are 1x{BLOCK} or {BLOCK}x{BLOCK}, got {self.block[0]}x{self.block[1]}")
+
+    @classmethod
+    def original_precision(cls) -> "CastConfig":
+        """Keep this use in BF16 (torchao's ScalingType.DISABLED)."""
+        return cls(ScalingType.DISABLED, Granularity.NONE)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.scaling_type is not ScalingType.DISABLED
+
+    @property
+    def transpose_invariant(self) -> bool:
+        """Whether the transposed tensor has the same scales: one tensor scale, or square blocks.
+        Then the second use can be the first use's FP8 values transposed, with no second cast."""
+        return self.granularity is Granularity.TENSORWISE or (self.block is not None and self.block[0] == self.block[1])
+
+    def short(self) -> str:
+        if not self.is_fp8:
+            return "bf16"
+        tile = f"{self.block[0]}x{self.block[1]}" if self.block else self.granularity.value
+        delayed = "-delayed" if self.scaling_type is ScalingType.DELAYED else ""
+        return f"{self.dtype.value}-{tile}{delayed}"
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    use_fast_accum: bool = False  # accumulate without periodic FP32 promotion (faster, less exact)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Cast configs per GEMM argument and GEMM configs per product, as in torchao's Float8LinearConfig.
+
+    A `*_for_*` cast left as None takes the tensor's first cast config. Validated once: a product's
+    operands are both FP8 or both original precision, and a tensor has one FP8 dtype in both uses.
+    """
+
+    name: str
+    input: CastConfig = CastConfig()
+    weight: CastConfig = CastConfig()
+    grad_output: CastConfig = CastConfig(dtype=Fp8Dtype.E5M2)
+    input_for_grad_weight: CastConfig | None = None
+    weight_for_grad_input: CastConfig | None = None
+    grad_output_for_grad_weight: CastConfig | None = None
+    output: GemmConfig = GemmConfig(use_fast_accum=True)
+    grad_input: GemmConfig = GemmConfig()
+    grad_weight: GemmConfig = GemmConfig()
+    description: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        for second, first in (
+            ("input_for_grad_weight", "input"),
+            ("weight_for_grad_input", "weight"),
+            ("grad_output_for_grad_weight", "grad_output"),
+        ):
+            if getattr(self, second) is None:
+                object.__setattr__(self, second, getattr(self, first))
+        for gemm, ((role_a, second_a), (role_b, second_b)) in GEMM_OPERANDS.items():
+            a, b = self.cast(role_a, second_a), self.cast(role_b, second_b)
+            if a.is_fp8 != b.is_fp8:
+                raise ValueError(f"recipe {self.name!r}: the {gemm.value} product mixes FP8 and original precision")
+        for role in TensorRole:
+            dtypes = {c.dtype for c in self.casts(role) if c.is_fp8}
+            if len(dtypes) > 1:
+                raise ValueError(f"recipe {self.name!r}: {role.value} must have one FP8 dtype in both its uses")
+
+    def cast(self, role: TensorRole, second_use: bool) -> CastConfig:
+        name = {
+            (TensorRole.INPUT, False): "input",
+            (TensorRole.INPUT, True): "input_for_grad_weight",
+            (TensorRole.WEIGHT, False): "weight",
+            (TensorRole.WEIGHT, True): "weight_for_grad_input",
+            (TensorRole.GRAD_OUTPUT, False): "grad_output",
+            (TensorRole.GRAD_OUTPUT, True): "grad_output_for_grad_weight",
+        }[(role, second_use)]
+        return getattr(self, name)
+
+    def casts(self, role: TensorRole) -> tuple[CastConfig, CastConfig]:
+        """(first use, second use) of a tensor."""
+        return self.cast(role, False), self.cast(role, True)
+
+    def gemm_config(self, gemm: GemmRole) -> GemmConfig:
+        return getattr(self, gemm.value)
+
+    def operand_casts(self, gemm: GemmRole) -> tuple[CastConfig, CastConfig]:
+        (role_a, second_a), (role_b, second_b) = GEMM_OPERANDS[gemm]
+        return self.cast(role_a, second_a), self.cast(role_b, second_b)
+
+    def gemm_granularity(self, gemm: GemmRole) -> Granularity:
+        """The GEMM kernel a product needs: NONE (BF16) or the finer of its operands' granularities."""
+        a, b = self.operand_casts(gemm)
+        if not a.is_fp8:
+            return Granularity.NONE
+        return max(a.granularity, b.granularity, key=_GRANULARITY_ORDER.index)
+
+    @property
+    def granularity(self) -> Granularity:
+        """The recipe's headline granularity: that of its forward product."""
+        return self.gemm_granularity(GemmRole.OUTPUT)
+
+    @property
+    def uses_delayed_scaling(self) -> bool:
+        return any(c.scaling_type is ScalingType.DELAYED for role in TensorRole for c in self.casts(role))
+
+    def summary(self) -> str:
+        """One line per product: operand casts and fast accumulation."""
+        parts = []
+        for gemm in GemmRole:
+            a, b = self.operand_casts(gemm)
+            fast = ", fast accum" if a.is_fp8 and self.gemm_config(gemm).use_fast_accum else ""
+            parts.append(f"{gemm.value}: {a.short()} x {b.short()}{fast}")
+        return "; ".join(parts)
+
+
+def _axiswise(dtype: Fp8Dtype = Fp8Dtype.E4M3, power_of_two: bool = True) -> CastConfig:
+    return CastConfig(granularity=Granularity.AXISWISE, dtype=dtype, power_of_two_scale=power_of_two)
+
+
+_ACTIVATION_BLOCKS = CastConfig(granularity=Granularity.BLOCKWISE, block=(1, BLOCK))
+_DELAYED = CastConfig(scaling_type=ScalingType.DELAYED)
+
+# Named presets. tensorwise, rowwise and rowwise_with_gw_hp are torchao's Float8LinearRecipeName
+# presets; tensorwise-delayed is torchao's former delayed scaling (TransformerEngine's DelayedScaling);
+# blockwise is DeepSeek-V3's 1x128 activations/gradients with 128x128 weights.
+RECIPES: dict[str, Recipe] = {
+    recipe.name: recipe
+    for recipe in (
+        Recipe(
+            "tensorwise",
+            description="dynamic tensorwise scaling; e5m2 gradients; fast accumulation in the forward product",
+        ),
+        Recipe(
+            "tensorwise-delayed",
+            input=_DELAYED,
+            weight=_DELAYED,
+            grad_output=CastConfig(scaling_type=ScalingType.DELAYED, dtype=Fp8Dtype.E5M2),
+            description="tensorwise scales from a 16-step amax history, so casts need no amax pass first",
+        ),
+        Recipe(
+            "rowwise",
+            input=_axiswise(),
+            weight=_axiswise(),
+            grad_output=_axiswise(),
+            description="dynamic axiswise scaling of every operand, e4m3, power-of-two scales",
+        ),
+        Recipe(
+            "rowwise_with_gw_hp",
+            input=_axiswise(),
+            weight=_axiswise(),
+            grad_output=_axiswise(),
+            weight_for_grad_input=CastConfig(power_of_two_scale=True),
+            input_for_grad_weight=CastConfig.original_precision(),
+            grad_output_for_grad_weight=CastConfig.original_precision(),
+            description="axiswise output and grad_input (weight tensorwise there); grad_weight kept in BF16",
+        ),
+        Recipe(
+            "blockwise",
+            input=_ACTIVATION_BLOCKS,
+            weight=CastConfig(granularity=Granularity.BLOCKWISE, block=(BLOCK, BLOCK)),
+            grad_output=_ACTIVATION_BLOCKS,
+            description=f"1x{BLOCK} activations and gradients, {BLOCK}x{BLOCK} weights (DeepSeek-V3)",
+        ),
+    )
+}
+
+# What a user may type for --recipe.
+RECIPE_CHOICES: dict[str, tuple[Recipe, ...]] = {
+    **{name: (recipe,) for name, recipe in RECIPES.items()},
+    "all": tuple(RECIPES.values()),
+}
+
+
+def get_recipe(name: str) -> Recipe:
+    """The preset of that name, or ValueError listing the presets."""
+    return parse_choice(name, {k: v for k, v in RECIPE_CHOICES.items() if k != "all"}, "recipe")[0]
