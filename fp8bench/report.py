@@ -20,10 +20,11 @@ from fp8bench import report_matmul
 from fp8bench.config import Granularity
 from fp8bench.hardware import GPUS, GpuSpec
 from fp8bench.report_html import Chart, metadata_table, page, rows_table, write_plotly_js
-from fp8bench.results import COLUMNS, METADATA_JSON, RESULTS_CSV, load_results, read_metadata
+from fp8bench.results import COLUMNS, METADATA_JSON, SCHEMA, RESULTS_CSV, load_results, read_metadata
 
 INDEX_HTML = "index.html"
-TIME_COLUMN = "median ms ± spread"
+TIME_COLUMN = "median (spread)"
+_SPREAD_NOTE = "Spread: " + next(c.doc for c in SCHEMA if c.name == "spread_pct") + "."
 _TEXT_COLUMNS = ("benchmark", "case", "granularity", "backend", "recipe", "fast_accum", "options", "status", "timer")
 
 # A chart builder takes one page's rows of its benchmark and the GPU model (None when unknown) and
@@ -108,7 +109,7 @@ def _granularity_page(
         parts.extend(chart.to_html() for chart in charts)
         if not charts:
             parts.append('<p class="note">no charts for these rows; every row is in the table below</p>')
-        parts.append(f"<h3>All {html.escape(benchmark)} rows</h3>")
+        parts.append(f"<h3>All {html.escape(benchmark)} rows</h3><p class=\"note\">{html.escape(_SPREAD_NOTE)}</p>")
         parts.append(rows_table(table_frame(benchmark_rows, view.table_columns), _TEXT_COLUMNS))
     parts.append(f"<h2>Run metadata</h2>{metadata_table(metadata)}")
     return page(title, "\n".join(parts), plotly=True)
@@ -138,7 +139,7 @@ def table_frame(rows: pd.DataFrame, columns: tuple[str, ...] | None) -> pd.DataF
     timed = rows["median_ms"].notna()
     time = pd.Series("", index=rows.index)
     time[timed] = [
-        f"{median:.4g} ms ± {spread:.1f}%" if pd.notna(spread) else f"{median:.4g} ms"
+        f"{median:.4g} ms ({spread:.1f}%)" if pd.notna(spread) else f"{median:.4g} ms"
         for median, spread in zip(rows.loc[timed, "median_ms"], rows.loc[timed, "spread_pct"])
     ]
     table = rows[list(columns)].copy()

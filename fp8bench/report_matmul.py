@@ -28,6 +28,7 @@ TABLE_COLUMNS = (
     "speedup_vs_bf16", "rel_err", "wall_ms", "sm_clock_mhz", "sm_clock_min_mhz", "repeats", "samples",
     "timer", "options",
 )
+CHART_HEIGHT_PX = 560  # room for long shape names under the axis
 _HOVER = {"M": True, "K": True, "N": True, "median_ms": ":.4g", "spread_pct": ":.1f"}
 _LABELS = {"backend_label": "backend", "accum_label": "fast-accum", "shape": "shape"}
 _WHISKER_NOTE = "Markers are medians of the repeat medians; whiskers span the fastest to the slowest repeat."
@@ -66,6 +67,7 @@ def speedup_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
         error_y="whisker_up", error_y_minus="whisker_down", category_orders=_shape_order(fp8),
         hover_data=_HOVER, labels={**_LABELS, "speedup_vs_bf16": "speedup over BF16"},
     )
+    figure.update_layout(height=CHART_HEIGHT_PX)
     figure.add_hline(y=1.0, line_dash="dot", annotation_text="BF16", annotation_position="top left")
     return [Chart("matmul-speedup", "Speedup over BF16 (same shape, same run)", figure, _WHISKER_NOTE)]
 
@@ -84,6 +86,7 @@ def tflops_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
         hover_data={**_HOVER, "pct_peak": ":.1f"}, labels={**_LABELS, "tflops": "TFLOPS"},
     )
     figure.update_traces(marker_size=9)
+    figure.update_layout(height=CHART_HEIGHT_PX)
     note = _WHISKER_NOTE
     if gpu is None:
         note += " The run names no GPU model from the hardware table, so no peak is drawn."
