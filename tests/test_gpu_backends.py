@@ -16,7 +16,7 @@ from fp8kernels import reference as ref
 
 pytestmark = pytest.mark.gpu
 
-SHAPES = [GemmShape(256, 512, 384), GemmShape(1024, 1024, 1024), GemmShape(272, 768, 256)]
+SHAPES = [GemmShape(256, 512, 384), GemmShape(1024, 1024, 1024), GemmShape(272, 768, 256), GemmShape(384, 2048, 640)]
 
 
 def _reference_product(operands, granularity):

@@ -11,7 +11,7 @@ Scale layouts torch._scaled_mm expects (dequantization factors, float32):
 from __future__ import annotations
 
 from fp8bench.backends.base import Backend, Level, Operands, PreparedGemm
-from fp8bench.config import BLOCK, FastAccum, Granularity
+from fp8bench.config import BLOCK, FastAccum, GemmShape, Granularity
 
 
 class CublasBackend(Backend):
@@ -29,6 +29,15 @@ class CublasBackend(Backend):
         if not hasattr(torch, "_scaled_mm"):
             return f"torch {torch.__version__} has no _scaled_mm"
         return None
+
+    def unsupported_reason(self, shape: GemmShape, granularity: Granularity, fast_accum: FastAccum) -> str | None:
+        # Measured on an H100 with torch 2.11 / CUDA 13.0: with 128x128 block scales and K/128 not a
+        # multiple of 4, _scaled_mm returns wrong numbers without an error (relative error 0.2 to 1e3),
+        # and padding the scales' leading dimension is refused ("Invalid scaling configuration").
+        problem = super().unsupported_reason(shape, granularity, fast_accum)
+        if problem is None and granularity is Granularity.BLOCKWISE and shape.K % (4 * BLOCK):
+            problem = f"cuBLAS blockwise computes wrong results unless K is a multiple of {4 * BLOCK} (K={shape.K})"
+        return problem
 
     def prepare_gemm(self, operands: Operands, granularity: Granularity, fast_accum: FastAccum) -> PreparedGemm:
         import torch
