@@ -1,7 +1,7 @@
 """Suite files: TOML lists of benchmark invocations (and, for gating, their thresholds).
 
     name = "square"
-    out = "reports/h100-sxm"          # where the runs go, one folder per entry
+    out = "reports/{gpu}"             # where the runs go, one folder per entry; {gpu}: the GPU's table key
 
     [[bench]]
     name = "square-all"               # the run folder's name
@@ -52,6 +52,18 @@ class Suite:
     out: Path
     entries: tuple[SuiteEntry, ...]
     raw: dict[str, Any] = field(default_factory=dict)  # other tables (e.g. [gate]) for their owners
+
+
+def detected_gpu_key() -> str:
+    """The hardware-table key of the visible GPU, for `{gpu}` in a suite's `out`."""
+    from fp8bench.env import cuda_device_name
+    from fp8bench.hardware import spec_for_device_name
+
+    name = cuda_device_name()
+    if name is None:
+        return "no-gpu"
+    spec = spec_for_device_name(name)
+    return spec.key if spec else name.lower().replace(" ", "-")
 
 
 def load_suite(path: Path) -> Suite:
