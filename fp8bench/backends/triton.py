@@ -23,12 +23,13 @@ def quantize_operands(operands: Operands, granularity: Granularity) -> tuple[Any
 
     a, b_t = operands.a, operands.b
     if granularity is Granularity.TENSORWISE:
-        return (*ref.quantize_tensorwise(a), *ref.quantize_tensorwise(b_t))
-    if granularity is Granularity.AXISWISE:
-        return (*ref.quantize_axiswise(a), *ref.quantize_axiswise(b_t))
-    qa, sa = ref.quantize_blockwise(a, 1, BLOCK)
-    qb_t, sb = ref.quantize_blockwise(b_t, BLOCK, BLOCK)
-    return qa, qb_t, sa.t().contiguous().t(), sb
+        (qa, sa), (qb_t, sb) = ref.quantize_tensorwise(a), ref.quantize_tensorwise(b_t)
+    elif granularity is Granularity.AXISWISE:
+        (qa, sa), (qb_t, sb) = ref.quantize_axiswise(a), ref.quantize_axiswise(b_t)
+    else:
+        (qa, sa), (qb_t, sb) = ref.quantize_blockwise(a, 1, BLOCK), ref.quantize_blockwise(b_t, BLOCK, BLOCK)
+        sa = sa.t().contiguous().t()
+    return qa, qb_t, sa, sb
 
 
 class TritonBackend(Backend):

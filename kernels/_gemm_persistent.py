@@ -1,0 +1,145 @@
+"""The persistent TMA FP8 GEMM kernel behind fp8kernels.gemm, and its launch wrapper.
+
+out[M, N] (bf16) = (a[M, K] * scale_a) @ (b_t[N, K] * scale_b).T, both operands K-major FP8, read through
+host-side TMA descriptors (out-of-bounds rows and K columns load as zeros; stores are clipped to the
+output). `min(num_sms, tiles)` programs each walk tiles `pid, pid + num_sms, ...` in grouped order.
+The same body runs under TRITON_INTERPRET=1, where descriptors are emulated by masked pointer loads.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from fp8bench.config import BLOCK, Granularity
+from fp8kernels.gemm_configs import Fp8GemmConfig
+
+# SCALING constexpr values: integers, so that the kernel's branches are resolved at compile time.
+SCALING_CODES = {Granularity.TENSORWISE: 0, Granularity.AXISWISE: 1, Granularity.BLOCKWISE: 2}
+
+
+@triton.jit
+def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Grouped order: GROUP_M row tiles advance together along N, so B's column tiles are reused from L2."""
+    tiles_per_group = GROUP_M * num_pid_n
+    first_pid_m = (tile_id // tiles_per_group) * GROUP_M
+    group_rows = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (tile_id % tiles_per_group) % group_rows
+    pid_n = (tile_id % tiles_per_group) // group_rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def _fp8_gemm_persistent_kernel(
+    a_desc,
+    b_desc,
+    c_desc,
+    scale_a_ptr,
+    scale_b_ptr,
+    M,
+    N,
+    K,
+    stride_sa_m,
+    stride_sa_k,
+    stride_sb_n,
+    stride_sb_k,
+    num_programs,
+    SCALING: tl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (SCALING_CODES)
+    FAST_ACCUM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    FLATTEN: tl.constexpr,
+    EPILOGUE_SUBTILE: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
+):
+    start_pid = tl.program_id(axis=0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+
+    if SCALING == 0:
+        tensor_scale = tl.load(scale_a_ptr) * tl.load(scale_b_ptr)
+
+    # The epilogue recomputes its tile from a counter of its own: with the tile loop flattened into the
+    # K loop, the prologue's tile coordinates are already those of the next tile when the epilogue runs.
+    tile_id_c = start_pid - num_programs
+    for tile_id in tl.range(start_pid, num_tiles, num_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if SCALING == 2:
+            rows = off_m + tl.arange(0, BLOCK_M)
+            sa_ptrs = scale_a_ptr + rows * stride_sa_m
+            sb_ptr = scale_b_ptr + (off_n // SCALE_BLOCK) * stride_sb_n  # BLOCK_N <= SCALE_BLOCK: one weight block
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            a = a_desc.load([off_m, off_k])
+            b = b_desc.load([off_n, off_k])
+            if SCALING == 2:
+                # This K-tile's activation scale per row times the tile's one weight scale, applied as the
+                # product is promoted into the FP32 sum (as DeepGEMM does). Rows past M read scale 0.
+                sa = tl.load(sa_ptrs + ki * stride_sa_k, mask=rows < M, other=0.0)
+                row_scale = sa * tl.load(sb_ptr + ki * stride_sb_k)
+                acc += tl.dot(a, b.T) * row_scale[:, None]
+            elif FAST_ACCUM:
+                acc = tl.dot(a, b.T, acc)  # sm_90 keeps the tensor cores' own accumulator: no promotion
+            else:
+                acc += tl.dot(a, b.T)  # each K-tile's product is added into the FP32 sum
+
+        tile_id_c += num_programs
+        pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        if SCALING == 0:
+            acc = acc * tensor_scale
+        elif SCALING == 1:
+            rows = off_m + tl.arange(0, BLOCK_M)
+            cols = off_n + tl.arange(0, BLOCK_N)
+            sa = tl.load(scale_a_ptr + rows * stride_sa_m, mask=rows < M, other=0.0)
+            sb = tl.load(scale_b_ptr + cols * stride_sb_n, mask=cols < N, other=0.0)
+            acc = acc * sa[:, None] * sb[None, :]
+        if EPILOGUE_SUBTILE:
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            c_desc.store([off_m, off_n], left.to(tl.bfloat16))
+            c_desc.store([off_m, off_n + BLOCK_N // 2], right.to(tl.bfloat16))
+        else:
+            c_desc.store([off_m, off_n], acc.to(tl.bfloat16))
+
+
+def launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool,
+                    config: Fp8GemmConfig) -> None:
+    """Launch on validated operands (fp8kernels.gemm checks them): a[M, K], b_t[N, K], out[M, N]."""
+    M, K = a.shape
+    N = b_t.shape[0]
+    c_block_n = config.block_n // 2 if config.epilogue_subtile else config.block_n
+    a_desc = TensorDescriptor.from_tensor(a, [config.block_m, config.block_k])
+    b_desc = TensorDescriptor.from_tensor(b_t, [config.block_n, config.block_k])
+    c_desc = TensorDescriptor.from_tensor(out, [config.block_m, c_block_n])
+    # Scales are indexed by (row, K-block); tensorwise scalars and (N, 1) columns use the first stride only.
+    sa_strides = tuple(scale_a.stride()) if scale_a.dim() == 2 else (0, 0)
+    sb_strides = tuple(scale_b.stride()) if scale_b.dim() == 2 else (0, 0)
+    tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
+    programs = min(config.num_sms, tiles)
+    _fp8_gemm_persistent_kernel[(programs,)](
+        a_desc, b_desc, c_desc, scale_a, scale_b, M, N, K, *sa_strides, *sb_strides, programs,
+        SCALING=SCALING_CODES[granularity],
+        FAST_ACCUM=fast_accum,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        GROUP_M=config.group_m,
+        WARP_SPECIALIZE=config.warp_specialize,
+        # Hopper's automatic warp specialization does not take a tile loop flattened into the K loop.
+        FLATTEN=not config.warp_specialize,
+        EPILOGUE_SUBTILE=config.epilogue_subtile,
+        SCALE_BLOCK=BLOCK,
+        num_stages=config.num_stages,
+        num_warps=config.num_warps,
+    )

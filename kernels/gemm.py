@@ -1,0 +1,116 @@
+"""FP8 GEMM with bf16 output: out = (a * scale_a) @ (b * scale_b), our Triton kernel for Hopper.
+
+Layouts and scale conventions are those of fp8kernels.reference: `a` is [M, K] row-major, the right
+operand is passed K-major as `b_t` = b.T [N, K] row-major, and scales are dequantization factors
+(float32) in their logical shapes:
+    tensorwise  scale_a ()          scale_b ()
+    axiswise    scale_a (M, 1)      scale_b (N, 1)
+    blockwise   scale_a (M, K/128)  scale_b (N/128, K/128)   (1x128 activations, 128x128 weights)
+Scales may have any strides; blockwise activation scales read fastest stored M-major (the `.t()` of a
+contiguous (K/128, M) tensor), since each K-tile reads one scale per row.
+
+Without fast accumulation the FP32 sum is promoted every BLOCK_K (128) of K; blockwise always is,
+since each K-tile carries its own scales. The kernel: kernels/_gemm_persistent.py; its tuning:
+kernels/gemm_configs.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from fp8bench.config import BLOCK, FP8_DIM_MULTIPLE, Granularity
+from fp8kernels.gemm_configs import INTERPRETER_PROGRAMS, Fp8GemmConfig, choose_config
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def multiprocessor_count(device: torch.device) -> int:
+    """Programs of a full persistent grid: the SM count on a GPU, a few under the CPU interpreter."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return INTERPRETER_PROGRAMS
+
+
+def gemm_config(M: int, N: int, K: int, granularity: Granularity | str, fast_accum: bool,
+                device: torch.device) -> Fp8GemmConfig:
+    """The config `fp8_gemm` picks for this problem when given none (for reporting it beside a result)."""
+    return choose_config(M, N, K, _granularity(granularity), bool(fast_accum), multiprocessor_count(device))
+
+
+def fp8_gemm(
+    a: torch.Tensor,
+    b_t: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    *,
+    granularity: Granularity | str,
+    fast_accum: bool = False,
+    config: Fp8GemmConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """bf16 [M, N] product of FP8 a[M, K] and b_t[N, K] (see the module docstring); raises ValueError
+    on operands, scales or a config it cannot take. `out`, if given, is written in place and returned."""
+    granularity = _granularity(granularity)
+    M, N, K = _check_operands(a, b_t, granularity)
+    _check_scales(scale_a, scale_b, granularity, M, N, K, a.device)
+    if config is None:
+        config = choose_config(M, N, K, granularity, bool(fast_accum), multiprocessor_count(a.device))
+    config.check_granularity(granularity, bool(fast_accum))
+    if out is None:
+        out = torch.empty((M, N), dtype=torch.bfloat16, device=a.device)
+    elif out.shape != (M, N) or out.dtype != torch.bfloat16 or not out.is_contiguous() or out.device != a.device:
+        raise ValueError(f"out must be a contiguous bfloat16 ({M}, {N}) tensor on {a.device}")
+    # Imported here: whether Triton interprets or compiles is fixed when the kernel is defined, so the
+    # kernel module must not be loaded before a CPU caller has set TRITON_INTERPRET=1.
+    from fp8kernels._gemm_persistent import launch_fp8_gemm
+
+    launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity, bool(fast_accum), config)
+    return out
+
+
+def _granularity(value: Granularity | str) -> Granularity:
+    if isinstance(value, Granularity) and value is not Granularity.NONE:
+        return value
+    names = {g.value: g for g in Granularity.fp8()} | {"rowwise": Granularity.AXISWISE}
+    if isinstance(value, str) and value in names:
+        return names[value]
+    raise ValueError(f"unknown FP8 granularity {value!r}; choose one of: {', '.join(names)}")
+
+
+def _check_operands(a: torch.Tensor, b_t: torch.Tensor, granularity: Granularity) -> tuple[int, int, int]:
+    for name, x in (("a", a), ("b_t", b_t)):
+        if x.dim() != 2 or x.dtype not in FP8_DTYPES:
+            raise ValueError(f"{name} must be a 2-D float8_e4m3fn or float8_e5m2 tensor, got {x.dtype} {tuple(x.shape)}")
+        if x.stride(1) != 1 or x.stride(0) != x.shape[1]:
+            raise ValueError(f"{name} must be contiguous and K-major (b passed as b.T [N, K]); got strides {x.stride()}")
+    if b_t.device != a.device:
+        raise ValueError(f"a is on {a.device} and b_t on {b_t.device}")
+    if a.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"fp8_gemm runs on a CUDA GPU (or on the CPU under TRITON_INTERPRET=1), not on {a.device}")
+    (M, K), (N, K_b) = a.shape, b_t.shape
+    if K != K_b:
+        raise ValueError(f"a is [M={M}, K={K}] but b_t is [N={N}, K={K_b}]: the K dimensions differ")
+    if M < 1:
+        raise ValueError("a has no rows")
+    multiple = BLOCK if granularity is Granularity.BLOCKWISE else FP8_DIM_MULTIPLE
+    odd = [f"{dim}={value}" for dim, value in (("K", K), ("N", N)) if value % multiple]
+    if odd:
+        raise ValueError(f"{granularity.value} FP8 GEMMs need K and N to be multiples of {multiple} ({', '.join(odd)})")
+    return M, N, K
+
+
+def _check_scales(scale_a: torch.Tensor, scale_b: torch.Tensor, granularity: Granularity, M: int, N: int, K: int,
+                  device: torch.device) -> None:
+    expected = {
+        Granularity.TENSORWISE: ((), ()),
+        Granularity.AXISWISE: ((M, 1), (N, 1)),
+        Granularity.BLOCKWISE: ((M, K // BLOCK), (N // BLOCK, K // BLOCK)),
+    }[granularity]
+    for name, scale, shape in (("scale_a", scale_a, expected[0]), ("scale_b", scale_b, expected[1])):
+        if tuple(scale.shape) != shape or scale.dtype != torch.float32 or scale.device != device:
+            raise ValueError(
+                f"{granularity.value} {name} must be a float32 tensor of shape {shape} on {device}, "
+                f"got {scale.dtype} {tuple(scale.shape)} on {scale.device}"
+            )

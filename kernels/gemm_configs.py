@@ -1,0 +1,132 @@
+"""Tuning heuristic of the persistent FP8 GEMM (kernels/_gemm_persistent.py): one frozen config, chosen
+from the problem shape, the scaling granularity and the device's multiprocessor count.
+
+Two regimes decide the tile:
+- fast accumulation (tensorwise / axiswise with `fast_accum`): one FP32 accumulator per tile, so the
+  tile can be 128 x 256 (128 registers a thread at 8 warps) and the scale is applied once, in the epilogue;
+- promoted accumulation (fast accumulation off, and blockwise, which must apply a scale per 128 of K):
+  each K-tile's product lands in a fresh accumulator that is then added (scaled, for blockwise) into the
+  running FP32 sum. Two accumulators must fit the register file, so the tile is 128 x 128 and BLOCK_K is
+  the promotion interval, 128 as in DeepGEMM.
+`candidate_configs` lists what kernels/bench/gemm_sweep.py times against each other to tune `choose_config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+from fp8bench.config import BLOCK, Granularity
+
+# Shared memory one program may use on sm_90 (227 KiB), less headroom for barriers and scratch.
+SHARED_MEMORY_BYTES = 227 * 1024 - 4096
+# Programs of the persistent grid under TRITON_INTERPRET=1, where there are no multiprocessors: a few, so
+# that every program walks several tiles and the tile scheduler is exercised.
+INTERPRETER_PROGRAMS = 3
+
+_POWERS_OF_TWO = frozenset(2**i for i in range(4, 9))  # 16 .. 256
+
+
+@dataclass(frozen=True)
+class Fp8GemmConfig:
+    """Launch parameters of the persistent FP8 GEMM; `as_dict()` goes into a result row's options."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int  # row tiles walked side by side, so each column tile of B is reused from L2
+    num_stages: int  # shared-memory ring depth of the TMA pipeline
+    num_warps: int
+    num_sms: int  # persistent programs: min(num_sms, tiles)
+    warp_specialize: bool = False  # producer/consumer warp partitions (tl.range(..., warp_specialize=True))
+    epilogue_subtile: bool = True  # store the tile as two halves, halving the epilogue's shared memory
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if value not in _POWERS_OF_TWO:
+                raise ValueError(f"{name} must be a power of two from 16 to 256, got {value!r}")
+        if self.block_m < 64:
+            raise ValueError(f"block_m must be at least 64 (one warpgroup's MMA), got {self.block_m}")
+        if self.block_k < 32:
+            raise ValueError(f"block_k must be at least 32 (an FP8 MMA's K), got {self.block_k}")
+        if self.group_m < 1 or self.num_stages < 2 or self.num_sms < 1:
+            raise ValueError("need group_m >= 1, num_stages >= 2 and num_sms >= 1")
+        if self.num_warps not in (4, 8, 16):
+            raise ValueError(f"num_warps must be 4, 8 or 16, got {self.num_warps}")
+        if self.shared_memory_bytes > SHARED_MEMORY_BYTES:
+            raise ValueError(
+                f"{self.num_stages} stages of {self.block_m}x{self.block_n}x{self.block_k} need "
+                f"{self.shared_memory_bytes} bytes of shared memory; sm_90 gives a program {SHARED_MEMORY_BYTES}"
+            )
+
+    @property
+    def shared_memory_bytes(self) -> int:
+        """FP8 operand ring plus the bf16 epilogue staging buffer (the compiler's own estimate may differ)."""
+        ring = self.num_stages * (self.block_m + self.block_n) * self.block_k
+        epilogue = self.block_m * self.block_n * 2 // (2 if self.epilogue_subtile else 1)
+        return ring + epilogue
+
+    def check_granularity(self, granularity: Granularity, fast_accum: bool) -> None:
+        """Raise ValueError where this config cannot run that scaling (the promotion interval is BLOCK_K)."""
+        if granularity is Granularity.BLOCKWISE and (self.block_k != BLOCK or self.block_n > BLOCK):
+            raise ValueError(
+                f"blockwise scaling applies one scale per {BLOCK} of K and one weight scale per tile: "
+                f"block_k must be {BLOCK} and block_n at most {BLOCK}"
+            )
+        if not fast_accum and self.block_k > BLOCK:
+            raise ValueError(f"without fast accumulation the sum is promoted every block_k <= {BLOCK} of K")
+
+    def as_dict(self) -> dict[str, int | bool]:
+        return dataclasses.asdict(self)
+
+    def with_sms(self, num_sms: int) -> "Fp8GemmConfig":
+        return dataclasses.replace(self, num_sms=num_sms)
+
+
+# Named presets (num_sms is filled in from the device).
+FAST_ACCUM = Fp8GemmConfig(block_m=128, block_n=256, block_k=128, group_m=8, num_stages=3, num_warps=8, num_sms=1)
+PROMOTED = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_stages=5, num_warps=8, num_sms=1)
+
+
+def is_promoted(granularity: Granularity, fast_accum: bool) -> bool:
+    """Whether the kernel adds each K-tile's product into the FP32 sum itself (see the module docstring)."""
+    return granularity is Granularity.BLOCKWISE or not fast_accum
+
+
+@functools.lru_cache(maxsize=1024)
+def choose_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, num_sms: int) -> Fp8GemmConfig:
+    """The heuristic: the regime's preset on a persistent grid of at most `num_sms` programs."""
+    preset = PROMOTED if is_promoted(granularity, fast_accum) else FAST_ACCUM
+    return preset.with_sms(num_sms)
+
+
+def candidate_configs(granularity: Granularity, fast_accum: bool, num_sms: int) -> list[Fp8GemmConfig]:
+    """Configs worth timing against each other for one regime (the heuristic's preset first)."""
+    preset = choose_config(BLOCK, BLOCK, BLOCK, granularity, fast_accum, num_sms)
+    if is_promoted(granularity, fast_accum):
+        grid = [
+            dict(block_m=bm, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=w, warp_specialize=ws)
+            for bm, bn, w in ((128, 128, 8), (64, 256, 8), (256, 128, 16), (128, 256, 16))
+            for s in (3, 4, 5)
+            for ws in (False, True)
+        ]
+    else:
+        grid = [
+            dict(block_m=bm, block_n=bn, block_k=bk, num_stages=s, num_warps=8, warp_specialize=ws)
+            for bm, bn in ((128, 256), (256, 128), (128, 128))
+            for bk in (64, 128)
+            for s in (3, 4, 5)
+            for ws in (False, True)
+        ]
+    out = [preset]
+    for fields in grid:
+        try:
+            config = dataclasses.replace(preset, **fields)
+            config.check_granularity(granularity, fast_accum)
+        except ValueError:
+            continue  # over the shared-memory budget, or a K-tile the regime cannot take
+        if config not in out:
+            out.append(config)
+    return out

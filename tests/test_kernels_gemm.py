@@ -1,0 +1,255 @@
+"""fp8kernels.gemm: the persistent FP8 GEMM against an fp32 product of the same quantized operands.
+
+Without CUDA the kernels run under TRITON_INTERPRET=1 (set below, before any kernel is defined) with
+small shapes; the `gpu` tests run real sizes on the GPU and measure the fast-accumulation error.
+The reference is computed from the quantized values the kernel is fed, so FP8 rounding cancels; it is
+then rounded to bf16 the way the kernel's store rounds (the interpreter truncates fp32 -> bf16, the GPU
+rounds to nearest), so the error measured is the kernel's own accumulation error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported: Triton reads it then
+
+from fp8bench.backends import REGISTRY, Operands  # noqa: E402
+from fp8bench.config import BLOCK, FastAccum, GemmShape, Granularity  # noqa: E402
+from fp8kernels import reference as ref  # noqa: E402
+from fp8kernels.gemm import fp8_gemm, gemm_config  # noqa: E402
+from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config  # noqa: E402
+
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+# Without fast accumulation the kernel's sum is FP32 (promoted every 128 of K): the only error left after
+# matching the output rounding is FP32 summation order.
+PROMOTED_TOLERANCE = 1e-3
+# Small tiles, so that the small CPU shapes still span several tiles and every program walks several.
+SMALL_TILES = Fp8GemmConfig(block_m=64, block_n=64, block_k=64, group_m=2, num_stages=2, num_warps=4, num_sms=3)
+SMALL_BLOCKWISE_TILES = Fp8GemmConfig(block_m=64, block_n=128, block_k=128, group_m=2, num_stages=2, num_warps=4,
+                                      num_sms=3)
+
+CASES = [
+    (Granularity.TENSORWISE, True),
+    (Granularity.TENSORWISE, False),
+    (Granularity.AXISWISE, True),
+    (Granularity.AXISWISE, False),
+    (Granularity.BLOCKWISE, False),
+]
+# (M, K, N): M=16, 48, 272 with N and K off the tile sizes; blockwise needs K, N multiples of 128.
+AWKWARD_SHAPES = [(16, 160, 48), (48, 208, 400), (272, 96, 144)]
+AWKWARD_BLOCKWISE_SHAPES = [(16, 256, 128), (48, 128, 384), (272, 384, 256)]
+
+
+def _case_id(case) -> str:
+    granularity, fast_accum = case
+    return f"{granularity.value}-fast_accum_{'on' if fast_accum else 'off'}"
+
+
+def _random_bf16(rows: int, cols: int, generator: torch.Generator) -> torch.Tensor:
+    """Normal values whose magnitude varies by powers of two across rows and 128-column blocks, so that a
+    scale applied to the wrong row or block shows as a large error."""
+    x = torch.randn(rows, cols, generator=generator)
+    row_exp = torch.randint(-6, 7, (rows, 1), generator=generator).float()
+    block_exp = torch.randint(-3, 4, (1, -(-cols // BLOCK)), generator=generator).float()
+    block_exp = block_exp.repeat_interleave(BLOCK, dim=1)[:, :cols]
+    return (x * torch.exp2(row_exp + block_exp)).to(device=DEVICE, dtype=torch.bfloat16)
+
+
+def _quantized(M: int, K: int, N: int, granularity: Granularity, seed: int):
+    from fp8bench.backends.triton import quantize_operands
+
+    generator = torch.Generator().manual_seed(seed)
+    operands = Operands(_random_bf16(M, K, generator), _random_bf16(N, K, generator))
+    return quantize_operands(operands, granularity)
+
+
+def _round_like_kernel_output(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> bf16 values as the kernel's store produces them (see the module docstring)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return (x.contiguous().view(torch.int32) & -65536).view(torch.float32)
+    return x.bfloat16().float()
+
+
+def _relative_error(qa, qb_t, sa, sb, out: torch.Tensor) -> float:
+    expected = ref.dequantize(qa, sa) @ ref.dequantize(qb_t, sb).t()
+    difference = out.float() - _round_like_kernel_output(expected)
+    return (difference.norm() / expected.norm()).item()
+
+
+def _run_poisoned(qa, qb_t, sa, sb, granularity, fast_accum, config=None) -> torch.Tensor:
+    out = torch.full((qa.shape[0], qb_t.shape[0]), float("nan"), dtype=torch.bfloat16, device=qa.device)
+    result = fp8_gemm(qa, qb_t, sa, sb, granularity=granularity, fast_accum=fast_accum, config=config, out=out)
+    assert result.data_ptr() == out.data_ptr()
+    assert torch.isfinite(out).all(), f"{(~torch.isfinite(out)).sum().item()} output elements left unwritten"
+    return out
+
+
+def _shapes(granularity: Granularity):
+    return AWKWARD_BLOCKWISE_SHAPES if granularity is Granularity.BLOCKWISE else AWKWARD_SHAPES
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("shape_index", range(3))
+def test_small_tiles_on_awkward_shapes(case, shape_index):
+    granularity, fast_accum = case
+    M, K, N = _shapes(granularity)[shape_index]
+    config = SMALL_BLOCKWISE_TILES if granularity is Granularity.BLOCKWISE else SMALL_TILES
+    operands = _quantized(M, K, N, granularity, seed=100 * shape_index + len(_case_id(case)))
+    out = _run_poisoned(*operands, granularity, fast_accum, config)
+    rel = _relative_error(*operands, out)
+    assert rel <= PROMOTED_TOLERANCE, f"{_case_id(case)} {M}x{K}x{N}: relative error {rel:.2e}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_heuristic_config_with_partial_tiles(case):
+    """The production tiles (128 x 256 / 128 x 128) on a shape that leaves partial tiles on every edge."""
+    granularity, fast_accum = case
+    M, K, N = (272, 384, 384) if granularity is Granularity.BLOCKWISE else (272, 336, 400)
+    operands = _quantized(M, K, N, granularity, seed=7)
+    out = _run_poisoned(*operands, granularity, fast_accum)
+    rel = _relative_error(*operands, out)
+    assert rel <= PROMOTED_TOLERANCE, f"{_case_id(case)}: relative error {rel:.2e}"
+
+
+def test_e5m2_operands():
+    generator = torch.Generator().manual_seed(3)
+    a, b_t = _random_bf16(48, 96, generator), _random_bf16(80, 96, generator)
+    qa, sa = ref.quantize_axiswise(a, ref.E5M2)
+    qb_t, sb = ref.quantize_axiswise(b_t)
+    out = _run_poisoned(qa, qb_t, sa, sb, Granularity.AXISWISE, False, SMALL_TILES)
+    assert _relative_error(qa, qb_t, sa, sb, out) <= PROMOTED_TOLERANCE
+
+
+def test_backend_prepares_and_runs_the_kernel():
+    """The `triton` backend's timed call is the kernel on its own quantized operands; its options name the config."""
+    backend = REGISTRY["triton"]
+    generator = torch.Generator().manual_seed(11)
+    operands = Operands(_random_bf16(48, 256, generator), _random_bf16(128, 256, generator))
+    prepared = backend.prepare_gemm(operands, Granularity.BLOCKWISE, FastAccum.OFF)
+    out = prepared.run()
+    assert out.shape == (48, 128) and out.dtype == torch.bfloat16
+    qa, qb_t, sa, sb = _quantized(48, 256, 128, Granularity.BLOCKWISE, seed=11)
+    assert _relative_error(qa, qb_t, sa, sb, out) <= PROMOTED_TOLERANCE
+    options = json.loads(json.dumps(prepared.options))
+    assert options["block_k"] == BLOCK and options["num_sms"] >= 1
+
+
+def test_backend_declares_what_it_cannot_do():
+    backend = REGISTRY["triton"]
+    shape = GemmShape(256, 256, 256)
+    assert "fast-accumulation" in backend.unsupported_reason(shape, Granularity.BLOCKWISE, FastAccum.ON)
+    assert backend.unsupported_reason(shape, Granularity.BLOCKWISE, FastAccum.OFF) is None
+    assert "multiples of 128" in backend.unsupported_reason(GemmShape(256, 256, 272), Granularity.BLOCKWISE,
+                                                            FastAccum.OFF)
+    if not HAS_CUDA:
+        assert "CUDA" in backend.unavailable_reason()
+
+
+def _valid_operands():
+    return _quantized(32, 128, 128, Granularity.BLOCKWISE, seed=5)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda qa, qb, sa, sb: (qa.float(), qb, sa, sb), "float8"),
+        (lambda qa, qb, sa, sb: (qa, qb[:, :96].contiguous(), sa, sb), "K dimensions differ"),
+        (lambda qa, qb, sa, sb: (qa, qb.t(), sa, sb), "2-D float8|K-major|differ"),
+        (lambda qa, qb, sa, sb: (qa, qb, sa[:, :0], sb), "scale_a must be a float32 tensor of shape"),
+        (lambda qa, qb, sa, sb: (qa, qb, sa, sb.double()), "scale_b must be a float32"),
+    ],
+    ids=["dtype", "k-mismatch", "layout", "scale-shape", "scale-dtype"],
+)
+def test_bad_operands_raise_clear_errors(change, message):
+    qa, qb, sa, sb = change(*_valid_operands())
+    with pytest.raises(ValueError, match=message):
+        fp8_gemm(qa, qb, sa, sb, granularity="blockwise")
+
+
+def test_bad_granularity_shape_and_config_raise_clear_errors():
+    qa, qb, sa, sb = _valid_operands()
+    with pytest.raises(ValueError, match="unknown FP8 granularity"):
+        fp8_gemm(qa, qb, sa, sb, granularity="columnwise")
+    with pytest.raises(ValueError, match="block_k must be 128"):
+        fp8_gemm(qa, qb, sa, sb, granularity="blockwise", config=SMALL_TILES)
+    with pytest.raises(ValueError, match="K and N to be multiples of 16"):
+        fp8_gemm(*_quantized(32, 88, 48, Granularity.TENSORWISE, seed=1), granularity="tensorwise")
+    with pytest.raises(ValueError, match="K and N to be multiples of 128"):
+        fp8_gemm(*_quantized(32, 128, 48, Granularity.TENSORWISE, seed=1), granularity="blockwise")
+
+
+def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
+    if HAS_CUDA:
+        pytest.skip("CPU tensors are refused only where there is no GPU to run on")
+    qa, qb, sa, sb = _valid_operands()
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        fp8_gemm(qa, qb, sa, sb, granularity="blockwise")
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(block_n=96), "power of two"),
+        (dict(block_m=32), "at least 64"),
+        (dict(num_warps=6), "num_warps"),
+        (dict(num_stages=1), "num_stages"),
+        (dict(block_n=256, num_stages=6), "shared memory"),
+    ],
+)
+def test_config_is_validated_once(fields, message):
+    base = SMALL_TILES.as_dict() | {"block_m": 128, "block_k": 128}
+    with pytest.raises(ValueError, match=message):
+        Fp8GemmConfig(**(base | fields))
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_heuristic_and_candidates_fit_their_regime(case):
+    granularity, fast_accum = case
+    for M, K, N in [(16, 16, 16), (8192, 8192, 8192), (16384, 1024, 8192), (16384, 8192, 57344)]:
+        config = choose_config(M, N, K, granularity, fast_accum, 132)
+        config.check_granularity(granularity, fast_accum)
+        assert config.num_sms == 132
+        assert json.loads(json.dumps(config.as_dict())) == config.as_dict()
+    candidates = candidate_configs(granularity, fast_accum, 132)
+    assert candidates[0] == choose_config(4096, 4096, 4096, granularity, fast_accum, 132)
+    assert len(set(candidates)) == len(candidates) > 1
+    for config in candidates:
+        config.check_granularity(granularity, fast_accum)
+    assert gemm_config(256, 256, 256, granularity.value, fast_accum, torch.device("cpu")).num_sms >= 1
+
+
+# ---- on the GPU: real sizes, and what fast accumulation costs in accuracy ----
+
+GPU_SHAPES = [(4096, 4096, 4096), (8192, 4096, 6144), (16384, 1024, 8192), (272, 8192, 1280)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gpu_real_sizes(case, shape):
+    granularity, fast_accum = case
+    operands = _quantized(*shape, granularity, seed=sum(shape))
+    out = _run_poisoned(*operands, granularity, fast_accum)
+    rel = _relative_error(*operands, out)
+    # Fast accumulation (no promotion) keeps fewer bits in the tensor cores' sum over long K.
+    limit = 1e-2 if fast_accum else PROMOTED_TOLERANCE
+    assert rel <= limit, f"{_case_id(case)} {shape}: relative error {rel:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("granularity", [Granularity.TENSORWISE, Granularity.AXISWISE], ids=lambda g: g.value)
+def test_gpu_fast_accumulation_error_exceeds_promoted(granularity):
+    """Over K = 16384 the unpromoted sum is measurably worse; equal errors would mean no promotion happened."""
+    operands = _quantized(1024, 16384, 1024, granularity, seed=42)
+    errors = {fast: _relative_error(*operands, _run_poisoned(*operands, granularity, fast)) for fast in (True, False)}
+    print(f"\n{granularity.value} K=16384 relative error: fast accumulation {errors[True]:.2e}, "
+          f"promoted every 128 {errors[False]:.2e}")
+    assert errors[False] <= PROMOTED_TOLERANCE
+    assert errors[False] < errors[True] <= 1e-2
