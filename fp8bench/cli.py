@@ -177,6 +177,92 @@ def run_suite(
         app(entry.argv(base), standalone_mode=False)
 
 
+# ---- compare / gate / baseline (fp8bench.gate; statistics in fp8bench.compare; docs/gating.md) ----
+_METRIC_HELP = "speedup (FP8 vs BF16 in the same run) | time (absolute); default: the suite's [gate] metric, else speedup"
+_INCONCLUSIVE_FLAG = "--fail-on-inconclusive/--no-fail-on-inconclusive"
+
+
+def _outputs(markdown: Optional[Path], json_path: Optional[Path], junit: Optional[Path]):
+    from fp8bench.compare_output import Outputs
+
+    return Outputs(markdown, json_path, junit)
+
+
+@app.command()
+def compare(
+    base: Path = typer.Argument(..., help="baseline: a run folder, a results CSV, or a folder of suite runs"),
+    new: Path = typer.Argument(..., help="the run to judge, of the same kind as BASE"),
+    metric: Optional[str] = typer.Option(None, help=_METRIC_HELP),
+    suite: Optional[Path] = typer.Option(None, help="a suite file whose [gate] table sets the thresholds"),
+    markdown: Optional[Path] = typer.Option(None, help="write a Markdown summary (e.g. for CI job summaries)"),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="write the comparison as JSON"),
+    junit: Optional[Path] = typer.Option(None, help="write JUnit XML, one test case per benchmark case"),
+    fail_on_inconclusive: Optional[bool] = typer.Option(None, _INCONCLUSIVE_FLAG, help="exit 3 on INCONCLUSIVE"),
+) -> None:
+    """Compare a run with a baseline. Exit 0 pass, 1 regression, 2 usage error, 3 inconclusive (when asked), 4 other GPU model."""
+    from fp8bench import gate as gating
+
+    def body():
+        return gating.compare_trees(base, new, gating.resolve_config(suite, metric, fail_on_inconclusive))
+
+    raise typer.Exit(gating.conclude(body, _outputs(markdown, json_path, junit), console, err_console))
+
+
+@app.command()
+def gate(
+    suite: Path = typer.Option(..., help="the suite to run; its [gate] table sets the thresholds"),
+    baseline: str = typer.Option(..., help="a baseline name (looked up under --baseline-dir/<gpu-model>/) or path"),
+    baseline_dir: Path = typer.Option(Path("baselines"), help="where named baselines live"),
+    out: Optional[Path] = typer.Option(None, help="folder for the new runs (default runs/<time>-gate-<suite>)"),
+    runs: Optional[Path] = typer.Option(None, help="judge the suite runs already in this folder instead of running the suite"),
+    rerun: bool = typer.Option(True, help="measure REGRESSION/INCONCLUSIVE cases once more before deciding them"),
+    metric: Optional[str] = typer.Option(None, help=_METRIC_HELP),
+    markdown: Optional[Path] = typer.Option(None, help="write a Markdown summary (e.g. for CI job summaries)"),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="write the comparison as JSON"),
+    junit: Optional[Path] = typer.Option(None, help="write JUnit XML, one test case per benchmark case"),
+    fail_on_inconclusive: Optional[bool] = typer.Option(None, _INCONCLUSIVE_FLAG, help="exit 3 on INCONCLUSIVE"),
+) -> None:
+    """Run a suite and compare it with a baseline, re-running flagged cases once. Exit codes as `compare`."""
+    from fp8bench import gate as gating
+
+    device_name = None
+    if runs is None or rerun:
+        try:
+            device_name = require_cuda("gate")
+        except EnvironmentProblem as err:
+            err_console.print(f"[red]error:[/] {err} (to judge runs made elsewhere: --runs DIR --no-rerun)")
+            raise typer.Exit(2) from None
+
+    def body():
+        config = gating.resolve_config(suite, metric, fail_on_inconclusive)
+        run_dir = out or default_run_dir("gate", suite.stem)
+        invoke = lambda argv: app(argv, standalone_mode=False)  # noqa: E731 - the in-process fp8bench
+        return gating.gate(suite, baseline, baseline_dir, run_dir, config, device_name, invoke, runs, rerun, console)
+
+    raise typer.Exit(gating.conclude(body, _outputs(markdown, json_path, junit), console, err_console))
+
+
+baseline_app = typer.Typer(help="Runs kept for `compare` and `gate`, keyed by GPU model.", no_args_is_help=True)
+app.add_typer(baseline_app, name="baseline")
+
+
+@baseline_app.command("save")
+def baseline_save(
+    run: Path = typer.Argument(..., help="a run folder, a results CSV, or a folder of suite runs"),
+    name: str = typer.Option(..., help="the baseline's name, e.g. main"),
+    dir: Path = typer.Option(Path("baselines"), help="baselines root; the run goes to <dir>/<gpu-model>/<name>/"),
+    force: bool = typer.Option(False, help="replace an existing baseline of that name"),
+) -> None:
+    """Copy a run (results.csv + metadata.json) into the baselines folder of its GPU model."""
+    from fp8bench import baseline as baselines
+
+    try:
+        saved = baselines.save(run, name, dir, force)
+    except (OSError, ValueError) as err:
+        raise typer.BadParameter(str(err)) from None
+    console.print(f"baseline {name!r} saved to {saved}")
+
+
 def main() -> None:
     try:
         app()

@@ -30,6 +30,7 @@ import enum
 import fnmatch
 import math
 import warnings
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -277,10 +278,14 @@ def run_samples(frame: pd.DataFrame, metric: Metric) -> RunSamples:
     for row in rows:
         if row["granularity"] == BF16_REFERENCE:
             references.setdefault(_shape_key(row), []).append(row)
+    occurrences = Counter(CaseId.from_row(row) for row in rows)
     for row in rows:
         case_id = CaseId.from_row(row)
         if metric is Metric.SPEEDUP and row["granularity"] == BF16_REFERENCE:
             continue  # the denominator of the others' speedups
+        if occurrences[case_id] > 1:
+            problems[case_id] = f"the run holds this case {occurrences[case_id]} times"
+            continue
         problem = _repeat_problem(row)
         if problem is None and metric is Metric.SPEEDUP:
             reference = _reference(references.get(_shape_key(row), []))
@@ -336,6 +341,10 @@ class Judgement:
     outcome: np.ndarray  # Outcome values (object array)
 
 
+_OUTCOMES = np.array(list(Outcome), dtype=object)  # np.select works on numbers: outcomes by index
+_CODE = {outcome: code for code, outcome in enumerate(Outcome)}
+
+
 def judge(base: np.ndarray, new: np.ndarray, thresholds: Thresholds) -> Judgement:
     """Decide cases from their per-repeat log costs; the last axis holds the repeats, at least 2 a side.
 
@@ -355,16 +364,16 @@ def judge(base: np.ndarray, new: np.ndarray, thresholds: Thresholds) -> Judgemen
         p_slower = np.asarray(stats.ttest_ind(new, base, axis=-1, equal_var=False, alternative="greater").pvalue)
     # Identical repeats on both sides (no noise at all): the sign of the change is certain.
     p_slower = np.where(standard_error > 0, p_slower, np.where(slowdown > 0, 0.0, 1.0))
-    outcome = np.select(
+    codes = np.select(
         [
             (slowdown > threshold) & (p_slower < thresholds.alpha),
             slowdown > threshold,
             (-slowdown > threshold) & (1 - p_slower < thresholds.alpha),
         ],
-        [Outcome.REGRESSION, Outcome.INCONCLUSIVE, Outcome.IMPROVEMENT],
-        default=Outcome.PASS,
-    ).astype(object)
-    return Judgement(slowdown, threshold, base_sigma, p_slower, outcome)
+        [_CODE[Outcome.REGRESSION], _CODE[Outcome.INCONCLUSIVE], _CODE[Outcome.IMPROVEMENT]],
+        default=_CODE[Outcome.PASS],
+    )
+    return Judgement(slowdown, threshold, base_sigma, p_slower, np.asarray(_OUTCOMES[codes], dtype=object))
 
 
 def needs_rerun(outcome: Outcome) -> bool:
@@ -377,11 +386,25 @@ def _pct(log_ratio: float) -> float:
 
 
 @dataclass(frozen=True)
-class CaseComparison:
+class CaseRef:
+    """A case of a run: the suite entry ("" for a single run) and the case's identity."""
+
+    run: str
+    case_id: CaseId
+
+    @property
+    def label(self) -> str:
+        return self.case_id.label
+
+    @property
+    def where(self) -> str:
+        return f"{self.run}/{self.label}" if self.run else self.label
+
+
+@dataclass(frozen=True)
+class CaseComparison(CaseRef):
     """One case's verdict. Percentages are ratios: slowdown_pct = 100 * (new cost / base cost - 1)."""
 
-    run: str  # the suite entry ("" for a single run)
-    case_id: CaseId
     outcome: Outcome
     slowdown_pct: float
     threshold_pct: float
@@ -393,10 +416,6 @@ class CaseComparison:
     new_repeats: int
     reruns: int = 0
     note: str = ""
-
-    @property
-    def label(self) -> str:
-        return self.case_id.label
 
 
 def compare_case(
@@ -427,7 +446,7 @@ def compare_case(
     slowdown = float(j.slowdown)
     p_slower = float(j.p_slower)
     return CaseComparison(
-        outcome=Outcome(j.outcome.item()),
+        outcome=j.outcome.item(),
         slowdown_pct=_pct(slowdown),
         threshold_pct=_pct(float(j.threshold)),
         p_value=p_slower if slowdown >= 0 else 1 - p_slower,
@@ -437,16 +456,10 @@ def compare_case(
 
 
 @dataclass(frozen=True)
-class NotCompared:
+class NotCompared(CaseRef):
     """A case reported but not compared: not ok on a side, or present on one side only."""
 
-    run: str
-    case_id: CaseId
     reason: str
-
-    @property
-    def label(self) -> str:
-        return self.case_id.label
 
 
 def compare_runs(run: str, base: RunSamples, new: RunSamples, gate: MetricGate) -> tuple[list[CaseComparison], list[NotCompared]]:
@@ -515,12 +528,13 @@ class Comparison:
     cases: tuple[CaseComparison, ...]
     not_compared: tuple[NotCompared, ...]
     geomean: GeomeanComparison | None
+    notes: tuple[str, ...] = ()  # what else the reader should know (e.g. a different power limit)
 
     @classmethod
-    def build(cls, metric: Metric, config: GateConfig, cases, not_compared) -> "Comparison":
+    def build(cls, metric: Metric, config: GateConfig, cases, not_compared, notes=()) -> "Comparison":
         gate = config.for_metric(metric)
         summary = geomean(list(cases), gate, gate.thresholds.alpha)
-        return cls(metric, gate, config.fail_on_inconclusive, tuple(cases), tuple(not_compared), summary)
+        return cls(metric, gate, config.fail_on_inconclusive, tuple(cases), tuple(not_compared), summary, tuple(notes))
 
     @property
     def verdict(self) -> Outcome:
