@@ -1,0 +1,90 @@
+"""What the quantize kernels share: the scale formula and the cast (Triton), input checks, config choice
+and output allocation (host). The formulas are fp8kernels.reference's, operation for operation, so that on a GPU
+the kernels' bytes equal the reference's exactly."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from fp8kernels import reference
+from fp8kernels.quantize import QuantizeSpec
+from fp8kernels.quantize_configs import QuantizeConfig, QuantizeKernel, choose, multiprocessors
+
+_AMAX_FLOOR = tl.constexpr(reference.AMAX_FLOOR)
+# Exponent bits of a float32: masking the rest floors a positive normal number to a power of two exactly.
+# The reference's exp2(floor(log2(m))) agrees except where log2 rounds up to an integer, for m within
+# 2^-24 below a power of two (no bf16 or fp16 amax gets there).
+_EXPONENT_MASK = tl.constexpr(0x7F800000)
+
+INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Offsets are computed in int32; a larger tensor would overflow them.
+MAX_NUMEL = 2**31 - 1
+
+
+@triton.jit
+def multiplier_from_amax(amax, FP8_MAX: tl.constexpr, POWER_OF_TWO: tl.constexpr):
+    """The factor applied before the cast, FP8_MAX / amax in float32, evaluated as torch evaluates the
+    reference's `fp8_max / amax` (Tensor.__rtruediv__: a correctly rounded reciprocal, then a multiply)."""
+    reciprocal = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), tl.maximum(amax, _AMAX_FLOOR))
+    multiplier = reciprocal * FP8_MAX
+    if POWER_OF_TWO:
+        multiplier = (multiplier.to(tl.int32, bitcast=True) & _EXPONENT_MASK).to(tl.float32, bitcast=True)
+    return multiplier
+
+
+@triton.jit
+def dequantization_scale(multiplier):
+    """The scale stored beside the data: 1 / multiplier, correctly rounded."""
+    return tl.math.div_rn(tl.full(multiplier.shape, 1.0, tl.float32), multiplier)
+
+
+@triton.jit
+def cast_to_fp8(x, multiplier, FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr):
+    """x * multiplier saturated to +-FP8_MAX and rounded to nearest even (x already float32)."""
+    return tl.clamp(x * multiplier, -FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def check_input(x: torch.Tensor) -> None:
+    """Raise ValueError, saying what is wrong, for a tensor the kernels cannot quantize."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"expected a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"expected a 2-D tensor, got shape {tuple(x.shape)}")
+    if x.dtype not in INPUT_DTYPES:
+        raise ValueError(f"input dtype must be one of {', '.join(map(str, INPUT_DTYPES))}, got {x.dtype}")
+    if not x.is_contiguous():
+        raise ValueError("the input must be contiguous (row-major); call .contiguous() first")
+    if x.numel() == 0 or x.numel() > MAX_NUMEL:
+        raise ValueError(f"the input must have between 1 and {MAX_NUMEL} elements, got {x.numel()}")
+    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("the quantize kernels run on CUDA tensors (or on CPU tensors under TRITON_INTERPRET=1)")
+
+
+def launch_config(
+    x: torch.Tensor, spec: QuantizeSpec, kernel: QuantizeKernel, config: Optional[QuantizeConfig]
+) -> QuantizeConfig:
+    """Check x, then take the caller's config or the heuristic's, checked against the kernel."""
+    check_input(x)
+    config = config or choose(kernel, x.shape[0], x.shape[1], spec.columnwise, multiprocessors(x))
+    config.check(kernel, spec.columnwise)
+    return config
+
+
+def fp8_constants(spec: QuantizeSpec) -> dict:
+    """The compile-time arguments every quantize kernel takes."""
+    fp8_dtype = tl.float8e4nv if spec.dtype == reference.E4M3 else tl.float8e5
+    return dict(FP8_MAX=spec.fp8_max, FP8_DTYPE=fp8_dtype, POWER_OF_TWO=spec.power_of_two)
+
+
+def empty_fp8(shape: tuple[int, ...], spec: QuantizeSpec, like: torch.Tensor, wanted: bool):
+    """An uninitialised fp8 buffer on x's device, or None when that copy is not wanted."""
+    return torch.empty(shape, dtype=spec.dtype, device=like.device) if wanted else None
+
+
+def empty_scales(shape: tuple[int, ...], like: torch.Tensor, wanted: bool):
+    return torch.empty(shape, dtype=torch.float32, device=like.device) if wanted else None

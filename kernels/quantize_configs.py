@@ -1,0 +1,150 @@
+"""Launch heuristics of the quantize kernels: one frozen config for the family, chosen from the shape,
+which copies are asked for, and the device's multiprocessor count.
+
+The kernels are memory-bound, so the heuristic is about bytes in flight and coalescing:
+- a tile holds about `_TILE_ELEMENTS` inputs (16-32 per thread), enough loads in flight per SM to
+  cover HBM latency without spilling registers;
+- a tile that writes the transposed copy is at least 64 rows tall, so each row of the transposed
+  fp8 output is written in 64-byte or longer runs;
+- grid-stride passes (the tensorwise amax, the column amax) launch a few programs per SM, each
+  walking its share, rather than one program per tile;
+- the one-pass rowwise kernel holds whole rows when they fit `_MAX_ROW_CHUNK` elements, so the row is
+  read from HBM once; longer rows are walked twice in chunks, the second walk hitting L2.
+`candidates` lists the configs kernels/quantize_sweep.py times against each other to tune `choose`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from fp8bench.config import BLOCK
+
+# Under TRITON_INTERPRET=1 there are no multiprocessors: a few programs, so grid-stride loops take
+# several steps and the tests exercise them.
+INTERPRETER_SMS = 2
+_TILE_ELEMENTS = 8192
+_MAX_ROW_CHUNK = 16384
+_PROGRAMS_PER_SM = 4
+_TRANSPOSE_MIN_ROWS = 64
+
+
+class QuantizeKernel(str, enum.Enum):
+    """Which kernel (and so which config fields matter); see each kernel's module."""
+
+    TENSORWISE = "tensorwise"  # amax pass (grid-stride, flat) + tiled cast pass
+    ROWWISE = "rowwise"  # axiswise, rowwise copy only: one pass, each program owns whole rows
+    AXISWISE_TWO_PASS = "axiswise-two-pass"  # axiswise with the columnwise copy: amax pass + tiled cast pass
+    BLOCKWISE_1X128 = "blockwise-1x128"
+    BLOCKWISE_128X128 = "blockwise-128x128"
+
+
+def _is_power_of_two(value: int) -> bool:
+    return value >= 1 and value & (value - 1) == 0
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """Launch parameters; `as_dict()` goes into a result row's options."""
+
+    block_rows: int  # tile of the pass that writes fp8 (and of the column-amax pass)
+    block_cols: int
+    num_warps: int
+    amax_block: int = 0  # tensorwise: elements one program reduces per step of its grid-stride loop
+    amax_programs: int = 0  # programs of the amax pass (0: the kernel has none)
+
+    def __post_init__(self) -> None:
+        for name in ("block_rows", "block_cols"):
+            if not _is_power_of_two(getattr(self, name)):
+                raise ValueError(f"{name} must be a power of two, got {getattr(self, name)!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"num_warps must be a power of two from 1 to 32, got {self.num_warps!r}")
+        if self.amax_block and not _is_power_of_two(self.amax_block):
+            raise ValueError(f"amax_block must be 0 or a power of two, got {self.amax_block!r}")
+        if self.amax_programs < 0:
+            raise ValueError(f"amax_programs must be >= 0, got {self.amax_programs!r}")
+
+    def check(self, kernel: QuantizeKernel, columnwise: bool) -> None:
+        """Raise ValueError where this config cannot run `kernel` (called once per launch)."""
+        if kernel in (QuantizeKernel.BLOCKWISE_1X128, QuantizeKernel.BLOCKWISE_128X128) and self.block_cols != BLOCK:
+            raise ValueError(f"blockwise kernels take block_cols = {BLOCK}, got {self.block_cols}")
+        square = kernel is QuantizeKernel.BLOCKWISE_128X128 or (kernel is QuantizeKernel.BLOCKWISE_1X128 and columnwise)
+        if square and self.block_rows != BLOCK:
+            raise ValueError(f"{kernel.value} with these copies takes block_rows = {BLOCK}, got {self.block_rows}")
+        if kernel is QuantizeKernel.TENSORWISE and not (self.amax_block and self.amax_programs):
+            raise ValueError("the tensorwise kernel needs amax_block and amax_programs")
+        if kernel is QuantizeKernel.AXISWISE_TWO_PASS and not self.amax_programs:
+            raise ValueError("the two-pass axiswise kernel needs amax_programs")
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def multiprocessors(x: torch.Tensor) -> int:
+    if x.is_cuda:
+        return _cuda_sms(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    assert os.environ.get("TRITON_INTERPRET") == "1", "CPU tensors run only under the Triton interpreter"
+    return INTERPRETER_SMS
+
+
+def _warps_for(elements: int) -> int:
+    """About 32 elements a thread, within 4 to 16 warps."""
+    return max(4, min(16, elements // (32 * 32)))
+
+
+def choose(kernel: QuantizeKernel, rows: int, cols: int, columnwise: bool, sms: int) -> QuantizeConfig:
+    """The default config for one launch (see the module docstring for why)."""
+    if kernel is QuantizeKernel.ROWWISE:
+        block_cols = min(triton.next_power_of_2(cols), _MAX_ROW_CHUNK)
+        block_rows = max(1, min(_TILE_ELEMENTS // block_cols, triton.next_power_of_2(rows)))
+        return QuantizeConfig(block_rows, block_cols, _warps_for(block_rows * block_cols))
+    if kernel in (QuantizeKernel.BLOCKWISE_1X128, QuantizeKernel.BLOCKWISE_128X128):
+        square = kernel is QuantizeKernel.BLOCKWISE_128X128 or columnwise
+        block_rows = BLOCK if square else 32
+        return QuantizeConfig(block_rows, BLOCK, _warps_for(block_rows * BLOCK))
+    if columnwise:
+        block_rows, block_cols = _TRANSPOSE_MIN_ROWS, 128
+    else:
+        block_cols = min(triton.next_power_of_2(cols), 1024)
+        block_rows = max(1, _TILE_ELEMENTS // 2 // block_cols)
+    programs = _PROGRAMS_PER_SM * sms
+    if kernel is QuantizeKernel.TENSORWISE:
+        amax_block = _TILE_ELEMENTS
+        programs = max(1, min(programs, triton.cdiv(rows * cols, amax_block)))
+        return QuantizeConfig(block_rows, block_cols, _warps_for(block_rows * block_cols), amax_block, programs)
+    return QuantizeConfig(block_rows, block_cols, _warps_for(block_rows * block_cols), 0, programs)
+
+
+def candidates(kernel: QuantizeKernel, rows: int, cols: int, columnwise: bool, sms: int) -> list[QuantizeConfig]:
+    """Configs worth timing against `choose`'s for tuning (the default first)."""
+    default = choose(kernel, rows, cols, columnwise, sms)
+    variants = {default}
+    for warps in (4, 8, 16):
+        variants.add(dataclasses.replace(default, num_warps=warps))
+    if kernel is QuantizeKernel.ROWWISE:
+        for block_rows in (1, 2, 4, 8):
+            if block_rows * default.block_cols <= 4 * _TILE_ELEMENTS:
+                variants.add(dataclasses.replace(default, block_rows=block_rows))
+    elif kernel is QuantizeKernel.BLOCKWISE_1X128 and not columnwise:
+        for block_rows in (16, 64, 128):
+            variants.add(dataclasses.replace(default, block_rows=block_rows))
+    elif kernel in (QuantizeKernel.TENSORWISE, QuantizeKernel.AXISWISE_TWO_PASS):
+        shapes = ((64, 64), (64, 128), (128, 64), (128, 128)) if columnwise else ((4, 1024), (8, 512), (16, 256), (8, 1024))
+        for block_rows, block_cols in shapes:
+            variants.add(dataclasses.replace(default, block_rows=block_rows, block_cols=block_cols))
+        for per_sm in (2, 8):
+            variants.add(dataclasses.replace(default, amax_programs=per_sm * sms))
+    ordered = sorted(variants - {default}, key=lambda c: tuple(c.as_dict().values()))
+    return [default, *ordered]
+

@@ -1,0 +1,326 @@
+"""The Triton quantize kernels against fp8kernels.reference, on random inputs with outliers.
+
+Without a GPU the kernels run under TRITON_INTERPRET=1 (set here, before any kernel module is imported)
+on small, awkward shapes; `gpu` tests run the same checks at real sizes.
+
+What must match, and how closely:
+- scales: exactly, everywhere (no fp8 rounding is involved in computing them);
+- fp8 values on a GPU: exactly (both round x * multiplier to nearest even after the same float32 ops);
+- fp8 values under the interpreter: its float32 -> fp8 conversion rounds ties away from zero, truncates
+  results that land in the subnormal range, and drops the carry when rounding up crosses a power of two
+  (31.2 becomes 16, not 32; ANCHORS.md section 4). So an element may differ from the reference only
+  (a) by taking the other fp8 neighbour of the exact value x / scale (one ulp, on the other side), or
+  (b) where the correct result is a power of two reached by rounding up, by being half of it.
+  Anything else -- a wrong scale, a misplaced or unwritten element -- fails.
+Every output buffer is poisoned (NaN) before each run, so an element the kernel forgets to write fails too.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from fp8bench.config import BLOCK  # noqa: E402
+from fp8kernels import reference as ref  # noqa: E402
+from fp8kernels.quantize import QuantizedTensor, QuantizeSpec  # noqa: E402
+from fp8kernels.quantize_axiswise import axiswise_kernel, quantize_axiswise  # noqa: E402
+from fp8kernels.quantize_blockwise import blockwise_kernel, quantize_blockwise  # noqa: E402
+from fp8kernels.quantize_configs import QuantizeConfig, QuantizeKernel, candidates, choose  # noqa: E402
+from fp8kernels.quantize_tensorwise import quantize_tensorwise  # noqa: E402
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+_NAN_BYTE = 0x7F  # NaN in both e4m3fn and e5m2
+
+
+# name -> (our kernel: (x, spec, config) -> QuantizedTensor, the reference: (x, spec) -> (q, scale)).
+GRANULARITIES = {
+    "tensorwise": (quantize_tensorwise, lambda x, spec: ref.quantize_tensorwise(x, spec.dtype, spec.power_of_two)),
+    "axiswise": (quantize_axiswise, lambda x, spec: ref.quantize_axiswise(x, spec.dtype, spec.power_of_two)),
+    "1x128": (
+        lambda x, spec, config=None: quantize_blockwise(x, 1, spec, config),
+        lambda x, spec: ref.quantize_blockwise(x, 1, BLOCK, spec.dtype, spec.power_of_two),
+    ),
+    "128x128": (
+        lambda x, spec, config=None: quantize_blockwise(x, BLOCK, spec, config),
+        lambda x, spec: ref.quantize_blockwise(x, BLOCK, BLOCK, spec.dtype, spec.power_of_two),
+    ),
+}
+BOTH_COPIES = QuantizeSpec(columnwise=True)
+
+
+def seed_of(*parts) -> int:
+    """A seed that differs between cases and stays the same from run to run (unlike hash())."""
+    return zlib.crc32(repr(parts).encode())
+
+
+def random_input(rows: int, cols: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Normal values spread over several binades, a few large outliers (which push the rest of their
+    group towards fp8's subnormals) and, where there is room, one all-zero row (the AMAX_FLOOR path)."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=generator) * torch.exp2(torch.randint(-6, 4, (rows, cols), generator=generator))
+    outliers = torch.randint(0, rows * cols, (max(1, rows * cols // 500),), generator=generator)
+    x.view(-1)[outliers] = 2000.0 * torch.randn(outliers.numel(), generator=generator)
+    if rows > 2:
+        x[rows // 2] = 0.0
+    return x.to(dtype).to(DEVICE)
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Every buffer torch.empty hands out during the test starts as NaN."""
+    real_empty = torch.empty
+
+    def empty(*args, **kwargs):
+        out = real_empty(*args, **kwargs)
+        if out.dtype.is_floating_point:
+            (out.view(torch.uint8).fill_(_NAN_BYTE) if out.element_size() == 1 else out.fill_(float("nan")))
+        return out
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+def assert_fp8_matches(q: torch.Tensor, scale: torch.Tensor, x: torch.Tensor, spec: QuantizeSpec, reference_fn) -> None:
+    """q and scale against reference_fn(x, spec), under the rules in the module docstring."""
+    ref_q, ref_scale = reference_fn(x, spec)
+    assert q.shape == ref_q.shape and q.dtype == ref_q.dtype == spec.dtype
+    assert scale.shape == ref_scale.shape and scale.dtype == torch.float32
+    torch.testing.assert_close(scale, ref_scale, rtol=0, atol=0, equal_nan=False)
+    codes, ref_codes = q.view(torch.uint8).cpu().int(), ref_q.contiguous().view(torch.uint8).cpu().int()
+    same = codes == ref_codes
+    if ON_GPU:
+        assert same.all(), f"{int((~same).sum())} of {same.numel()} fp8 values differ from the reference"
+        return
+    ones = torch.ones(ref_q.shape, dtype=torch.float32).to(ref_q.dtype)
+    exact = (x.float().cpu() / ref.dequantize(ones, ref_scale.cpu())).clamp(-spec.fp8_max, spec.fp8_max)
+    got, want = q.float().cpu(), ref_q.float().cpu()
+    same_sign = (codes >> 7) == (ref_codes >> 7)
+    other_neighbour = same_sign & ((codes & 0x7F) - (ref_codes & 0x7F)).abs().eq(1) & ((got - exact) * (want - exact) <= 0)
+    power_of_two = torch.frexp(want)[0].abs() == 0.5  # subnormals included
+    lost_carry = power_of_two & (want.abs() > exact.abs()) & (got == want / 2)
+    allowed = same | other_neighbour | lost_carry
+    assert allowed.all(), (
+        f"{int((~allowed).sum())} fp8 values are neither the reference's nor an interpreter rounding of it; "
+        f"first at {(~allowed).nonzero()[0].tolist()}: got {got[~allowed][0]}, want {want[~allowed][0]}"
+    )
+
+
+def check_copies(out: QuantizedTensor, x: torch.Tensor, spec: QuantizeSpec, reference_fn) -> None:
+    """Each copy the spec asks for against the reference; the others must be absent."""
+    for wanted, q, scale, source in ((spec.rowwise, out.data, out.scale, x), (spec.columnwise, out.data_t, out.scale_t, x.t())):
+        if wanted:
+            assert_fp8_matches(q, scale, source, spec, reference_fn)
+        else:
+            assert q is None and scale is None
+
+
+SHAPES_ANY = [(1, 48), (17, 33), (5000, 24), (130, 200)]  # tensorwise / axiswise: any sides
+SHAPES_1X128 = [(1, 128), (17, 256), (5000, 128)]  # 1 x 128, rowwise copy: C a multiple of 128
+SHAPES_SQUARE = [(128, 128), (256, 384)]  # 128 x 128, and 1 x 128 with the columnwise copy
+
+
+def _cases():
+    for granularity, shapes in (("tensorwise", SHAPES_ANY), ("axiswise", SHAPES_ANY), ("1x128", SHAPES_1X128)):
+        for shape in shapes:
+            yield granularity, shape, False
+    for granularity in ("tensorwise", "axiswise", "1x128", "128x128"):
+        for shape in SHAPES_SQUARE + ([(17, 33)] if granularity in ("tensorwise", "axiswise") else []):
+            yield granularity, shape, True
+
+
+@pytest.mark.parametrize(
+    "granularity,shape,columnwise", list(_cases()), ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v)
+)
+def test_kernel_matches_reference(poisoned, granularity, shape, columnwise):
+    kernel, reference_fn = GRANULARITIES[granularity]
+    x = random_input(*shape, torch.bfloat16, seed_of(granularity, shape, columnwise))
+    spec = QuantizeSpec(columnwise=columnwise)
+    check_copies(kernel(x, spec), x, spec, reference_fn)
+
+
+@pytest.mark.parametrize("granularity", list(GRANULARITIES))
+@pytest.mark.parametrize(
+    "input_dtype,fp8_dtype,power_of_two",
+    [(torch.float32, ref.E5M2, False), (torch.float16, ref.E4M3, True), (torch.bfloat16, ref.E5M2, True)],
+    ids=["fp32-e5m2", "fp16-e4m3-pow2", "bf16-e5m2-pow2"],
+)
+def test_dtypes_and_power_of_two_scales(poisoned, granularity, input_dtype, fp8_dtype, power_of_two):
+    kernel, reference_fn = GRANULARITIES[granularity]
+    x = random_input(256, 256, input_dtype, seed=seed_of(granularity, str(input_dtype)))
+    spec = QuantizeSpec(fp8_dtype, power_of_two, rowwise=True, columnwise=True)
+    out = kernel(x, spec)
+    check_copies(out, x, spec, reference_fn)
+    if power_of_two:
+        mantissa, _ = torch.frexp(out.scale)
+        assert (mantissa == 0.5).all(), "power-of-two scales must have no mantissa bits"
+
+
+def test_columnwise_copy_alone(poisoned):
+    x = random_input(256, 384, torch.bfloat16, seed=3)
+    spec = QuantizeSpec(rowwise=False, columnwise=True)
+    for kernel, reference_fn in GRANULARITIES.values():
+        check_copies(kernel(x, spec), x, spec, reference_fn)
+
+
+def test_scale_layouts_are_what_scaled_mm_reads():
+    """1 x 128 scales outer-dimension-major, 128 x 128 row-major with scale_t their transpose."""
+    x = random_input(256, 384, torch.bfloat16, seed=4)
+    rows, cols = x.shape
+    one = quantize_blockwise(x, 1, BOTH_COPIES)
+    assert one.scale.shape == (rows, cols // BLOCK) and one.scale.stride() == (1, rows)
+    assert one.scale_t.shape == (cols, rows // BLOCK) and one.scale_t.stride() == (1, cols)
+    square = quantize_blockwise(x, BLOCK, BOTH_COPIES)
+    assert square.scale.is_contiguous() and square.scale_t.is_contiguous()
+    torch.testing.assert_close(square.scale_t, square.scale.t(), rtol=0, atol=0)
+    axis = quantize_axiswise(x, BOTH_COPIES)
+    assert axis.scale.shape == (rows, 1) and axis.scale_t.shape == (cols, 1)
+    tensor = quantize_tensorwise(x, BOTH_COPIES)
+    assert tensor.scale.dim() == 0 and tensor.scale_t is tensor.scale
+
+
+def test_dequantize_is_close_to_the_input():
+    x = random_input(128, 256, torch.float32, seed=5)
+    for granularity, (kernel, _) in GRANULARITIES.items():
+        for rowwise in (True, False):
+            out = kernel(x, QuantizeSpec(rowwise=rowwise, columnwise=not rowwise))
+            error = (out.dequantize().cpu() - x.cpu()).norm() / x.cpu().norm()
+            assert 0 < error < 0.05, f"{granularity}: relative error {error:.3g}"
+
+
+def _granularity_of(kernel: QuantizeKernel) -> str:
+    return {
+        QuantizeKernel.TENSORWISE: "tensorwise",
+        QuantizeKernel.ROWWISE: "axiswise",
+        QuantizeKernel.AXISWISE_TWO_PASS: "axiswise",
+        QuantizeKernel.BLOCKWISE_1X128: "1x128",
+        QuantizeKernel.BLOCKWISE_128X128: "128x128",
+    }[kernel]
+
+
+@pytest.mark.parametrize(
+    "kernel,columnwise",
+    [
+        (QuantizeKernel.TENSORWISE, False),
+        (QuantizeKernel.TENSORWISE, True),
+        (QuantizeKernel.ROWWISE, False),
+        (QuantizeKernel.AXISWISE_TWO_PASS, True),
+        (QuantizeKernel.BLOCKWISE_1X128, False),
+        (QuantizeKernel.BLOCKWISE_1X128, True),
+        (QuantizeKernel.BLOCKWISE_128X128, True),
+    ],
+    ids=lambda v: v.value if isinstance(v, QuantizeKernel) else f"columnwise={v}",
+)
+def test_every_candidate_config_is_correct(poisoned, kernel, columnwise):
+    """The tuning candidates (tiles, chunked rows, grid sizes) all compute the same thing."""
+    rows, cols = (256, 384) if kernel is QuantizeKernel.BLOCKWISE_128X128 or columnwise else (130, 640)
+    if kernel is QuantizeKernel.BLOCKWISE_1X128 and not columnwise:
+        rows = 131
+    x = random_input(rows, cols, torch.bfloat16, seed=6)
+    kernel_fn, reference_fn = GRANULARITIES[_granularity_of(kernel)]
+    spec = QuantizeSpec(columnwise=columnwise)
+    configs = candidates(kernel, rows, cols, columnwise, sms=2)
+    assert configs[0] == choose(kernel, rows, cols, columnwise, sms=2) and len(set(configs)) == len(configs)
+    for config in configs:
+        check_copies(kernel_fn(x, spec, config), x, spec, reference_fn)
+
+
+def test_rowwise_kernel_walks_long_rows_in_chunks(poisoned):
+    """Rows longer than one chunk take the two-walk path; the result is the same."""
+    x = random_input(33, 1000, torch.bfloat16, seed=7)
+    config = QuantizeConfig(block_rows=4, block_cols=128, num_warps=4)
+    kernel_fn, reference_fn = GRANULARITIES["axiswise"]
+    check_copies(kernel_fn(x, QuantizeSpec(), config), x, QuantizeSpec(), reference_fn)
+
+
+@pytest.mark.parametrize("sms", [2, 132])
+@pytest.mark.parametrize("rows,cols", [(1, 16), (17, 33), (8192, 4096), (16384, 28672), (4096, 57344)])
+def test_default_configs_are_valid_for_every_kernel(sms, rows, cols):
+    for kernel in QuantizeKernel:
+        for columnwise in (False, True):
+            config = choose(kernel, rows, cols, columnwise, sms)
+            if kernel in (QuantizeKernel.BLOCKWISE_1X128, QuantizeKernel.BLOCKWISE_128X128):
+                assert config.block_cols == BLOCK
+            config.check(kernel, columnwise)
+            assert config.block_rows * config.block_cols <= 4 * 8192, "a tile that large spills registers"
+
+
+def test_bad_input_gives_clear_errors():
+    x = random_input(64, 256, torch.bfloat16, seed=8)
+    problems = [
+        (lambda: quantize_tensorwise(x[0]), "2-D"),
+        (lambda: quantize_tensorwise(x.to(torch.int32)), "input dtype"),
+        (lambda: QuantizeSpec(torch.float16), "fp8 dtype"),
+        (lambda: quantize_axiswise(x.t()), "contiguous"),
+        (lambda: QuantizeSpec(rowwise=False, columnwise=False), "at least one copy"),
+        (lambda: quantize_blockwise(x[:, :200].contiguous(), 1), "multiples of 128"),
+        (lambda: quantize_blockwise(x, 1, BOTH_COPIES), "multiples of 128"),
+        (lambda: quantize_blockwise(x, 64), "1 x 128 or 128 x 128"),
+        (lambda: quantize_blockwise(torch.cat([x, x]), BLOCK, config=QuantizeConfig(64, BLOCK, 4)), "block_rows = 128"),
+        (lambda: quantize_tensorwise(x, config=QuantizeConfig(64, 64, 4)), "amax_block"),
+        (lambda: QuantizeConfig(48, 64, 4), "power of two"),
+        (lambda: QuantizeConfig(64, 64, 3), "num_warps"),
+    ]
+    for call, message in problems:
+        with pytest.raises(ValueError, match=message):
+            call()
+    assert axiswise_kernel(True) is QuantizeKernel.AXISWISE_TWO_PASS
+    assert blockwise_kernel(1) is QuantizeKernel.BLOCKWISE_1X128
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the CPU-tensor guard, which needs the interpreter switched off")
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        quantize_tensorwise(torch.ones(4, 4, dtype=torch.bfloat16))
+
+
+# ---- on a GPU: the same checks at real sizes, and the outputs fed to torch._scaled_mm ----
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("granularity", list(GRANULARITIES))
+@pytest.mark.parametrize("shape", [(4096, 4096), (8192, 1280), (5120, 14336)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("input_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_gpu_kernel_matches_reference_exactly(poisoned, granularity, shape, input_dtype):
+    kernel, reference_fn = GRANULARITIES[granularity]
+    x = random_input(*shape, input_dtype, seed=seed_of(granularity, shape))
+    for spec in (BOTH_COPIES, QuantizeSpec(ref.E5M2, power_of_two=True, columnwise=True)):
+        check_copies(kernel(x, spec), x, spec, reference_fn)
+
+
+@pytest.mark.gpu
+def test_gpu_rowwise_odd_sizes_match_exactly(poisoned):
+    kernel, reference_fn = GRANULARITIES["axiswise"]
+    for rows, cols in ((1, 4096), (17, 57344), (5000, 3000), (333, 28672)):
+        x = random_input(rows, cols, torch.bfloat16, seed=rows)
+        spec = QuantizeSpec(columnwise=cols <= 4096)
+        check_copies(kernel(x, spec), x, spec, reference_fn)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("granularity", ["tensorwise", "axiswise", "blockwise"])
+def test_gpu_scales_go_to_scaled_mm_as_they_are(granularity):
+    """a[M, K] and b_t[N, K] quantized by our kernels multiply under torch._scaled_mm without any
+    re-layout of data or scales, and give the product of the dequantized operands."""
+    if not hasattr(torch, "_scaled_mm"):
+        pytest.skip("torch has no _scaled_mm")
+    a = random_input(512, 1024, torch.bfloat16, seed=11)
+    b_t = random_input(384, 1024, torch.bfloat16, seed=12)
+    if granularity == "tensorwise":
+        qa, qb = quantize_tensorwise(a), quantize_tensorwise(b_t)
+        scale_b = qb.scale
+    elif granularity == "axiswise":
+        qa, qb = quantize_axiswise(a), quantize_axiswise(b_t)
+        scale_b = qb.scale.t()
+    else:
+        qa, qb = quantize_blockwise(a, 1), quantize_blockwise(b_t, BLOCK)
+        scale_b = qb.scale.t()
+    out = torch._scaled_mm(qa.data, qb.data.t(), scale_a=qa.scale, scale_b=scale_b, out_dtype=torch.bfloat16)
+    expected = qa.dequantize() @ qb.dequantize().t()
+    assert ((out.float() - expected).norm() / expected.norm()).item() < 1e-2
