@@ -9,6 +9,7 @@ benchmark listing its chart builders; a new benchmark adds an entry there, not a
 from __future__ import annotations
 
 import html
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +74,10 @@ def write_reports(run_dir: Path) -> list[Path]:
     """
     run_dir = Path(run_dir)
     rows = load_results(run_dir)
-    metadata = read_metadata(run_dir)
+    try:
+        metadata = read_metadata(run_dir)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{run_dir / METADATA_JSON} is not valid JSON: {err}") from None
     granularities = page_granularities(rows)
     gpu = GPUS.get(str(metadata.get("gpu_spec")))
     if granularities:

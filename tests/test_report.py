@@ -8,7 +8,6 @@ randomly perturbed timings (timer "fake"), written with RunWriter into a tempora
 from __future__ import annotations
 
 import html
-import json
 
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ from fp8bench.matmul import case_row, measured_row
 from fp8bench.report import INDEX_HTML, TIME_COLUMN, page_name, write_reports
 from fp8bench.report_html import PLOTLY_JS
 from fp8bench.report_matmul import heatmap_id
-from fp8bench.results import RunWriter, load_results, status_text
+from fp8bench.results import COLUMNS, RunWriter, load_results, status_text
 from fp8bench.timing import Measurement
 
 GPU = GPUS["h100-sxm"]
@@ -194,6 +193,31 @@ def test_an_unknown_granularity_is_a_clear_error(tmp_path):
         write_reports(tmp_path)
 
 
+
+def test_a_bf16_only_run_without_a_gpu_model_gets_one_page_and_no_peak_line(tmp_path):
+    rng = np.random.default_rng(3)
+    with RunWriter(tmp_path, {"command": "synthetic", "gpu_name": "none: synthetic test fixture"}) as writer:
+        for shape in grid_shapes()[:3]:
+            case = MatmulCase(shape, "bf16", Granularity.NONE, FastAccum.NA)
+            writer.append(measured_row(case, synthetic_measurement(case, rng), {}, None, None, None))
+    pages = write_reports(tmp_path)
+    assert pages == [tmp_path / INDEX_HTML, tmp_path / page_name(Granularity.NONE)]
+    text = pages[1].read_text()
+    assert "no peak is drawn" in text and "matmul-speedup" not in text and "matmul-tflops" in text
+    assert len(table_rows(pages[1])) == 3
+
+
+def test_a_benchmark_without_chart_builders_still_lists_its_rows(tmp_path):
+    gbps = float(np.random.default_rng(5).uniform(1000, 3000))
+    row = case_row(MatmulCase(GemmShape(4096, 4096, 1), "triton", Granularity.TENSORWISE, FastAccum.OFF), "ok")
+    row.values.update(benchmark="cast", median_ms=0.05, spread_pct=1.5, gbps=gbps, timer="fake")
+    with RunWriter(tmp_path, {"command": "synthetic"}) as writer:
+        writer.append(row)
+    (page_path,) = write_reports(tmp_path)[1:]
+    assert "no charts for these rows" in page_path.read_text()
+    (shown,) = table_rows(page_path)
+    assert shown["benchmark"] == "cast" and shown["gbps"] == f"{gbps:.4g}" and shown[TIME_COLUMN] == "0.05 ms (1.5%)"
+
 # --- the CLI ---
 
 
@@ -206,15 +230,21 @@ def test_cli_report_writes_the_pages(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("csv_text", "message"),
-    [(None, "holds no results.csv"), ("benchmark,case\nmatmul,x\n", "does not follow the result schema")],
+    ("csv_text", "metadata_text", "message"),
+    [
+        (None, None, "holds no results.csv"),
+        ("benchmark,case\nmatmul,x\n", None, "does not follow the result schema"),
+        (",".join(COLUMNS) + "\n", "{not json", "metadata.json is not valid JSON"),
+    ],
 )
-def test_cli_report_rejects_bad_input_without_a_traceback(tmp_path, csv_text, message):
+def test_cli_report_rejects_bad_input_without_a_traceback(tmp_path, csv_text, metadata_text, message):
     if csv_text is not None:
         (tmp_path / "results.csv").write_text(csv_text)
-    result = CliRunner().invoke(app, ["report", str(tmp_path)])
+    if metadata_text is not None:
+        (tmp_path / "metadata.json").write_text(metadata_text)
+    result = CliRunner().invoke(app, ["report", str(tmp_path)], env={"COLUMNS": "1000"})  # no wrapped lines
     assert result.exit_code == 2
-    assert message in " ".join(result.output.split())
+    assert message in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
