@@ -263,6 +263,98 @@ def baseline_save(
     console.print(f"baseline {name!r} saved to {saved}")
 
 
+@app.command()
+def roofline(
+    shape_gen: str = typer.Option("square", help="square | pow2-extended | llama | sweep | dsv3 | custom"),
+    granularity: str = typer.Option("all", help="keep the recipes of: tensorwise | axiswise (alias rowwise) | blockwise | all"),
+    recipe: Optional[list[str]] = typer.Option(None, help="repeatable; tensorwise | tensorwise-delayed | rowwise | rowwise_with_gw_hp | blockwise | all (default)"),
+    implementation: Optional[list[str]] = typer.Option(None, help="repeatable; triton | torchao | te | unfused | all (default)"),
+    M: Optional[int] = typer.Option(None, "--M", help="with --shape-gen custom"),
+    K: Optional[int] = typer.Option(None, "--K", help="with --shape-gen custom"),
+    N: Optional[int] = typer.Option(None, "--N", help="with --shape-gen custom"),
+    gpu: str = typer.Option("auto", help="GPU model whose ceilings to use: auto (detect) or a hardware-table key"),
+    calibration: Optional[Path] = typer.Option(None, help="a profile from `fp8bench calibrate` (default: calibration/<gpu>.json if it exists)"),
+    measure: bool = typer.Option(True, "--measure/--no-measure", help="also measure the layer (needs a GPU; predictions only without one)"),
+    out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-roofline-<shape-gen>)"),
+) -> None:
+    """LayerNorm -> Linear -> sigmoid, fwd + bwd: predicted FP8 speedup per recipe and implementation."""
+    from fp8bench import roofline as model
+    from fp8bench import shapes
+    from fp8bench.calibrate import default_profile_path, load_profile
+    from fp8bench.env import cuda_device_name, run_metadata
+    from fp8bench.hardware import resolve_gpu
+    from fp8bench.recipes import RECIPE_CHOICES
+    from fp8bench.results import RunWriter
+
+    granularities = choice(granularity, GRANULARITY_CHOICES, "granularity")
+    recipes = [r for name in recipe or ["all"] for r in choice(name, RECIPE_CHOICES, "recipe")]
+    recipes = [r for r in dict.fromkeys(recipes) if r.granularity in granularities]
+    if not recipes:
+        raise typer.BadParameter(f"no chosen recipe scales with granularity {granularity!r}")
+    impls = tuple(dict.fromkeys(i for name in implementation or ["all"] for i in choice(name, model.IMPLEMENTATION_CHOICES, "implementation")))
+    device_name = cuda_device_name()
+    try:
+        shape_list = shapes.generate(shape_gen, M, K, N)
+        spec = resolve_gpu(gpu, device_name)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    ceilings = [model.spec_ceilings(spec)]
+    profile_path = calibration or default_profile_path(spec.key)
+    if calibration is not None or profile_path.exists():
+        try:
+            profile = load_profile(profile_path)
+        except ValueError as err:
+            raise typer.BadParameter(str(err)) from None
+        if profile.gpu_key != spec.key:
+            raise typer.BadParameter(f"{profile_path} was measured on {profile.gpu_key}, not {spec.key}")
+        ceilings.append(model.calibrated_ceilings(profile, profile_path))
+    config = model.RooflineConfig(tuple(shape_list), tuple(recipes), impls, tuple(ceilings))
+
+    if measure:
+        reason = "no CUDA GPU here" if device_name is None else "the layer measurement is not built yet"
+        err_console.print(f"[yellow]predictions only: {reason}[/]")
+    run_dir = out or default_run_dir("roofline", shape_gen)
+    metadata = run_metadata(
+        command_line(),
+        {"benchmark": "roofline", "gpu_spec": spec.key, "prediction_only": True, "ceilings": {c.source: c.label for c in ceilings}},
+    )
+    with RunWriter(run_dir, metadata) as writer:
+        layers = model.run_roofline(config, writer)
+    model.print_tables(console, config, layers)
+    console.print(f"predictions -> {writer.csv_path} (kernels: {run_dir / model.KERNELS_CSV})")
+
+
+@app.command()
+def calibrate(
+    out: Optional[Path] = typer.Option(None, help="profile file (default calibration/<gpu>.json)"),
+    gpu: str = typer.Option("auto", help="hardware-table key the profile is for: auto (detect) or a key"),
+    repeats: int = typer.Option(5, min=1, help="independent repeats per measurement"),
+) -> None:
+    """Measure this GPU's achievable GEMM TFLOPS, copy bandwidth and launch floor for the roofline."""
+    from fp8bench.calibrate import REQUIRED_FP8, default_profile_path, measure_profile, save_profile
+    from fp8bench.env import run_metadata
+    from fp8bench.hardware import gpu_choices, resolve_gpu
+
+    if gpu not in gpu_choices():
+        raise typer.BadParameter(f"unknown GPU {gpu!r}; choose one of: {', '.join(gpu_choices())}")
+    device_name = require_cuda("calibrate")
+    try:
+        spec = resolve_gpu(gpu, device_name)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    console.print(f"[bold]calibrate[/] {device_name} as {spec.key}")
+    try:
+        profile = measure_profile(spec.key, device_name, TimingConfig(repeats=repeats), run_metadata(command_line()), console.print)
+    except ValueError as err:
+        raise EnvironmentProblem(str(err)) from None
+    path = save_profile(profile, out or default_profile_path(spec.key))
+    console.print(
+        f"BF16 {100 * profile.bf16_tflops / spec.bf16_tflops:.0f}% and FP8 tensorwise "
+        f"{100 * profile.fp8_tflops[REQUIRED_FP8] / spec.fp8_tflops:.0f}% of dense peak; copy "
+        f"{100 * profile.copy_tbps / spec.mem_bw_tbps:.0f}% of {spec.mem_bw_tbps} TB/s -> {path}"
+    )
+
+
 def main() -> None:
     try:
         app()

@@ -26,7 +26,8 @@ METADATA_JSON = "metadata.json"
 @dataclass(frozen=True)
 class Column:
     name: str
-    kind: str  # "id" identifies a case, "measure" is measured, "derived" is computed from measures
+    kind: str  # "id" identifies a case, "measure" is measured, "derived" is computed from measures,
+    # "predicted" comes from the roofline model (fp8bench.roofline), not from the GPU
     dtype: str  # "str", "int" or "float"
     doc: str
 
@@ -57,6 +58,9 @@ SCHEMA: tuple[Column, ...] = (
     Column("gbps", "derived", "float", "bytes moved / median time (memory-bound benchmarks)"),
     Column("speedup_vs_bf16", "derived", "float", "BF16 reference time / this time, same shape, same run"),
     Column("rel_err", "derived", "float", "||out - bf16 out|| / ||bf16 out|| on the same random inputs"),
+    Column("predicted_ms", "predicted", "float", "roofline model's GPU time (benchmark=roofline): a prediction, never measured"),
+    Column("predicted_speedup", "predicted", "float", "predicted BF16 time / predicted_ms, same model and ceilings"),
+    Column("bound", "predicted", "str", "compute | memory | launch: the bound holding most of the predicted time"),
 )
 COLUMNS: tuple[str, ...] = tuple(c.name for c in SCHEMA)
 ID_COLUMNS: tuple[str, ...] = tuple(c.name for c in SCHEMA if c.kind == "id")

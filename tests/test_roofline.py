@@ -1,0 +1,391 @@
+"""The roofline model, its recipes, calibration profiles and the `roofline` / `calibrate` commands.
+
+CPU tests check the model against hand computations, against torchao's published table, and for the
+properties any sound model has; the GPU test runs the calibration itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+from scipy import stats
+from typer.testing import CliRunner
+
+from fp8bench import roofline as rl
+from fp8bench import shapes
+from fp8bench.calibrate import CalibrationProfile, load_profile, save_profile
+from fp8bench.cli import EnvironmentProblem, app
+from fp8bench.config import FastAccum, GemmShape, Granularity
+from fp8bench.hardware import GPUS
+from fp8bench.recipes import RECIPES, CastConfig, Recipe, ScalingType, TensorRole, get_recipe
+from fp8bench.results import load_results
+
+H100 = GPUS["h100-sxm"]
+SPEC = rl.spec_ceilings(H100)
+SQUARE = shapes.square()
+TRITON = rl.IMPLEMENTATIONS["triton"]
+
+
+def _supported(recipe):
+    return [impl for impl in rl.IMPLEMENTATIONS.values() if impl.unsupported_reason(recipe) is None]
+
+
+def _profile(**changes) -> CalibrationProfile:
+    values = dict(
+        gpu_key="h100-sxm",
+        gpu_name="NVIDIA H100 80GB HBM3",
+        bf16_tflops=700.0,
+        fp8_tflops={"tensorwise/on": 1300.0, "axiswise/on": 1310.0},
+        copy_tbps=3.0,
+        launch_us=2.5,
+        measured_utc="2025-01-01T00:00:00+00:00",
+        shapes=("8192x8192x8192",),
+        environment={"versions": {"torch": "2.x"}},
+    )
+    values.update(changes)
+    return CalibrationProfile(**values)
+
+
+# ---- the public model -----------------------------------------------------------------------------
+
+
+def test_public_model_matches_a_hand_computation():
+    """torchao's model at 4096^3, tensorwise, with torchao's H100 constants, worked out by hand."""
+    ceilings = rl.uniform_fp8(rl.spec_ceilings(rl.TORCHAO_H100))
+    s, n = 4096, 4096 * 4096
+    bw, launch = 2.4e12 * 0.92, 2e-6
+    bf16_gemm = 2 * s**3 / (989e12 * 0.78)  # compute-bound: 6n bytes take far less
+    fp8_gemm = 2 * s**3 / (1979e12 * 0.78)
+    activation = 2 * launch + 4 * n / bw  # fused amax (two launch floors) + cast writing both layouts
+    weight = 2 * n / bw + launch + 2 * (3 * n / bw)  # amax, second stage, forward and backward casts
+    expected = 3 * bf16_gemm / (3 * fp8_gemm + 2 * activation + weight)
+    prediction = rl.predict_public(GemmShape(s, s, s), RECIPES["tensorwise"], ceilings)
+    assert prediction.speedup == pytest.approx(expected, rel=1e-9)
+    assert prediction.bf16_s == pytest.approx(3 * bf16_gemm, rel=1e-9)
+
+
+# torchao's published LayerNorm -> Linear -> sigmoid speedups (tensorwise, measured on their H100,
+# /work/shared/seeds/001: fp8_dyn_sp) for M = K = N = 256 ... 32768.
+PUBLISHED_TENSORWISE = (0.465634, 0.489556, 0.734123, 0.815678, 1.236320, 1.432213, 1.803456, 1.696376)
+
+
+def test_public_model_follows_torchaos_published_trend():
+    ceilings = rl.uniform_fp8(rl.spec_ceilings(rl.TORCHAO_H100))
+    predicted = [rl.predict_public(shape, RECIPES["tensorwise"], ceilings).speedup for shape in SQUARE]
+    assert [s.M for s in SQUARE] == [2**i for i in range(8, 16)]
+    rho = stats.spearmanr(predicted, PUBLISHED_TENSORWISE).statistic
+    assert rho > 0.9
+    # Past the launch-bound sizes the measured speedup lands near the roofline, not above it by much.
+    for shape, model, measured in zip(SQUARE, predicted, PUBLISHED_TENSORWISE):
+        if shape.M >= 2048:
+            assert 0.75 < measured / model < 1.1, (shape.name, measured, model)
+        # Both cross 1x between 2048 and 4096 (the model at 2048 is just under 1 with these constants).
+        assert (model > 1.0) == (shape.M >= 4096)
+
+
+def test_public_model_defines_only_torchaos_recipes():
+    shape = GemmShape(4096, 4096, 4096)
+    for name, recipe in RECIPES.items():
+        prediction = rl.predict_public(shape, recipe, rl.uniform_fp8(SPEC))
+        assert (prediction is None) == (name not in rl.PUBLIC_CAST_BYTES)
+
+
+# ---- the refined model ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe", RECIPES.values(), ids=lambda r: r.name)
+def test_refined_model_is_monotone_in_size(recipe):
+    for impl in _supported(recipe):
+        predictions = [rl.predict(shape, recipe, impl, SPEC) for shape in SQUARE]
+        for smaller, larger in zip(predictions, predictions[1:]):
+            assert smaller.bf16_s <= larger.bf16_s
+            assert smaller.fp8_s <= larger.fp8_s
+            assert smaller.speedup <= larger.speedup + 1e-12, (impl.name, smaller.shape.name)
+
+
+@pytest.mark.parametrize("recipe", RECIPES.values(), ids=lambda r: r.name)
+def test_fp8_gemms_beat_bf16_at_large_sizes_and_the_layer_gains_less(recipe):
+    for shape in SQUARE[4:]:  # 4096 and up
+        for impl in _supported(recipe):
+            p = rl.predict(shape, recipe, impl, SPEC)
+            fp8_gemm, bf16_gemm = p.term_s("gemm"), p.term_s("gemm", fp8=False)
+            assert fp8_gemm < bf16_gemm
+            # Casts cost time and LayerNorm/sigmoid gain nothing: the layer gains less than its GEMMs.
+            assert 1.0 < p.speedup < bf16_gemm / fp8_gemm
+            assert p.term_s("cast") > 0
+            assert p.term_s("layernorm") + p.term_s("sigmoid") > 0
+
+
+def test_grad_weight_in_bf16_costs_gemm_time():
+    shape = GemmShape(16384, 16384, 16384)
+    full = rl.predict(shape, RECIPES["rowwise"], TRITON, SPEC)
+    hp = rl.predict(shape, RECIPES["rowwise_with_gw_hp"], TRITON, SPEC)
+    assert hp.term_s("gemm:grad_weight") > full.term_s("gemm:grad_weight")
+    assert hp.term_s("gemm:output") == full.term_s("gemm:output")
+    assert hp.term_s("gemm") > full.term_s("gemm")
+    # ...and saves cast work: two FP8 forms fewer.
+    assert hp.term_s("cast") < full.term_s("cast")
+
+
+def test_finer_granularities_run_slower_gemms():
+    shape = GemmShape(8192, 8192, 8192)
+    gemm = {name: rl.predict(shape, RECIPES[name], TRITON, SPEC).term_s("gemm") for name in ("tensorwise", "rowwise", "blockwise")}
+    assert gemm["tensorwise"] <= gemm["rowwise"] < gemm["blockwise"]
+
+
+def test_delayed_scaling_skips_the_amax_pass():
+    shape = GemmShape(8192, 8192, 8192)
+    for impl in (TRITON, rl.IMPLEMENTATIONS["te"], rl.IMPLEMENTATIONS["unfused"]):
+        dynamic = rl.predict(shape, RECIPES["tensorwise"], impl, SPEC)
+        delayed = rl.predict(shape, RECIPES["tensorwise-delayed"], impl, SPEC)
+        assert delayed.term_s("cast") < dynamic.term_s("cast"), impl.name
+        assert not any("amax pass" in k.kernel.name for k in delayed.fp8)
+
+
+def _cast_bytes(shape, recipe_name, impl_name, role=None):
+    kernels = rl.layer_kernels(shape, RECIPES[recipe_name], rl.IMPLEMENTATIONS[impl_name])
+    prefix = f"cast:{role.value}" if role else "cast"
+    return sum(k.bytes for k in kernels if k.term.startswith(prefix))
+
+
+def test_fused_cast_transpose_moves_fewer_bytes_than_unfused_casts():
+    shape = GemmShape(8192, 8192, 8192)
+    for name in RECIPES:
+        assert _cast_bytes(shape, name, "triton") <= _cast_bytes(shape, name, "unfused"), name
+    # Column scales from an amax pass instead of a BF16 transpose: the rowwise saving in particular.
+    assert _cast_bytes(shape, "rowwise", "triton") < 0.8 * _cast_bytes(shape, "rowwise", "unfused")
+
+
+@pytest.mark.parametrize("recipe_name", sorted(rl.PUBLIC_CAST_BYTES))
+def test_torchao_weight_casts_are_torchaos_own_count(recipe_name):
+    """The weight has no producer to fuse with, so the refined plan must equal torchao's count."""
+    shape = GemmShape(4096, 2048, 1024)
+    public = sum(rl.PUBLIC_CAST_BYTES[recipe_name][TensorRole.WEIGHT]) * shape.K * shape.N
+    assert _cast_bytes(shape, recipe_name, "torchao", TensorRole.WEIGHT) == public
+
+
+def test_te_layernorm_writes_the_fp8_input_under_delayed_scaling():
+    shape = GemmShape(8192, 4096, 4096)
+    te = rl.IMPLEMENTATIONS["te"]
+
+    def layernorm_forward(kernels):
+        return next(k for k in kernels if k.name == "layernorm forward")
+
+    bf16 = layernorm_forward(rl.layer_kernels(shape, None))
+    delayed = layernorm_forward(rl.layer_kernels(shape, RECIPES["tensorwise-delayed"], te))
+    dynamic = layernorm_forward(rl.layer_kernels(shape, RECIPES["tensorwise"], te))
+    assert delayed.bytes_written == pytest.approx(bf16.bytes_written - shape.M * shape.K)  # 1 byte, not 2
+    assert dynamic.bytes_written == bf16.bytes_written  # the scale is not known before LayerNorm runs
+
+
+def test_bounds_are_launch_when_tiny_and_compute_when_large():
+    tiny = rl.predict(SQUARE[0], RECIPES["tensorwise"], TRITON, SPEC)
+    assert {t.bound for t in tiny.fp8} == {rl.Bound.LAUNCH}
+    large = rl.predict(SQUARE[-1], RECIPES["tensorwise"], TRITON, SPEC)
+    assert all(t.bound is rl.Bound.COMPUTE for t in large.fp8 if t.kernel.term.startswith("gemm"))
+    assert all(t.bound is rl.Bound.MEMORY for t in large.fp8 if not t.kernel.term.startswith("gemm"))
+    assert rl.Prediction.bound_of(large.fp8) is rl.Bound.COMPUTE
+
+
+@pytest.mark.parametrize("gpu", GPUS.values(), ids=lambda g: g.key)
+def test_predictions_for_every_gpu_in_the_table(gpu):
+    ceilings = rl.spec_ceilings(gpu)
+    for shape in (GemmShape(8192, 4096, 14336), GemmShape(16384, 8192, 1280)):
+        for recipe in RECIPES.values():
+            for impl in _supported(recipe):
+                p = rl.predict(shape, recipe, impl, ceilings)
+                assert math.isfinite(p.speedup) and p.speedup > 0
+    # More bandwidth, same compute: the memory-bound casts shrink, so FP8 gains more on an H200.
+    if gpu.key == "h200":
+        shape = GemmShape(4096, 4096, 4096)
+        h100 = rl.predict(shape, RECIPES["tensorwise"], TRITON, SPEC)
+        assert rl.predict(shape, RECIPES["tensorwise"], TRITON, ceilings).speedup > h100.speedup
+
+
+def test_unsupported_recipes_name_the_reason():
+    reason = rl.IMPLEMENTATIONS["te"].unsupported_reason(RECIPES["rowwise"])
+    assert "te has no rowwise recipe" in reason
+    assert all(rl.IMPLEMENTATIONS["triton"].unsupported_reason(r) is None for r in RECIPES.values())
+
+
+# ---- recipes --------------------------------------------------------------------------------------
+
+
+def test_recipe_per_argument_defaults_and_gemm_kernels():
+    tensorwise = RECIPES["tensorwise"]
+    assert tensorwise.input_for_grad_weight == tensorwise.input
+    assert tensorwise.gemm_config(rl.GemmRole.OUTPUT).use_fast_accum
+    assert not tensorwise.gemm_config(rl.GemmRole.GRAD_WEIGHT).use_fast_accum
+    hp = RECIPES["rowwise_with_gw_hp"]
+    assert hp.gemm_granularity(rl.GemmRole.GRAD_INPUT) is Granularity.AXISWISE  # axiswise x tensorwise
+    assert hp.gemm_granularity(rl.GemmRole.GRAD_WEIGHT) is Granularity.NONE
+    assert RECIPES["blockwise"].weight.transpose_invariant and not RECIPES["blockwise"].input.transpose_invariant
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: Recipe("mixed", input_for_grad_weight=CastConfig.original_precision()), "mixes FP8 and original"),
+        (lambda: CastConfig(ScalingType.DELAYED, Granularity.AXISWISE), "tensorwise only"),
+        (lambda: CastConfig(granularity=Granularity.BLOCKWISE), "needs a block"),
+        (lambda: CastConfig(granularity=Granularity.BLOCKWISE, block=(2, 128)), "1x128 or 128x128"),
+        (lambda: CastConfig(granularity=Granularity.NONE), "needs a granularity"),
+        (lambda: get_recipe("fp4"), "choose one of: tensorwise, tensorwise-delayed"),
+    ],
+)
+def test_bad_recipes_are_refused_with_a_reason(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+# ---- calibration profiles -------------------------------------------------------------------------
+
+
+def test_calibration_profile_round_trip(tmp_path):
+    profile = _profile()
+    path = save_profile(profile, tmp_path / "sub" / "h100-sxm.json")
+    assert load_profile(path) == profile
+    assert json.loads(path.read_text())["fp8_tflops"]["tensorwise/on"] == 1300.0
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "not JSON"),
+        ("[]", "does not hold a profile"),
+        (json.dumps({"format": 99}), "format"),
+        (json.dumps({**_profile().to_json(), "copy_tbps": -1}), "copy_tbps must be a positive number"),
+        (json.dumps({**_profile().to_json(), "fp8_tflops": {"axiswise/on": 1.0}}), "tensorwise/on"),
+        (json.dumps({k: v for k, v in _profile().to_json().items() if k != "launch_us"}), "lacks launch_us"),
+    ],
+)
+def test_bad_calibration_files_are_refused_with_a_reason(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        load_profile(path)
+
+
+def test_calibrated_ceilings_fill_gaps_from_tensorwise_and_say_so():
+    ceilings = rl.calibrated_ceilings(_profile())
+    assert ceilings.gemm_tflops(Granularity.AXISWISE, True) == 1310.0  # measured
+    expected = 1300.0 * rl.FP8_GEMM_RELATIVE[(Granularity.BLOCKWISE, FastAccum.OFF)]
+    assert ceilings.gemm_tflops(Granularity.BLOCKWISE, False) == pytest.approx(expected)
+    scaled = ceilings.label.rsplit("; ", 1)[-1]
+    assert scaled.endswith(" scaled from tensorwise/on") and "blockwise/off" in scaled and "axiswise/on" not in scaled
+    assert ceilings.gemm_tflops(Granularity.NONE, False) == 700.0
+
+
+# ---- the commands ---------------------------------------------------------------------------------
+
+
+def _roofline(tmp_path, *args):
+    return CliRunner().invoke(app, ["roofline", "--no-measure", "--out", str(tmp_path / "run"), *args])
+
+
+def test_roofline_cli_writes_predictions_not_measurements(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no calibration/ folder here to auto-discover
+    result = _roofline(tmp_path, "--gpu", "h100-sxm", "--shape-gen", "custom", "--M", "8192", "--K", "4096", "--N", "4096")
+    assert result.exit_code == 0, result.output
+    rows = load_results(tmp_path / "run")
+    assert set(rows["benchmark"]) == {"roofline"} and set(rows["backend"]) == {"model"}
+    assert rows["median_ms"].isna().all() and rows["tflops"].isna().all() and (rows["timer"] == "").all()
+    ok = rows[rows["status"] == "ok"]
+    assert (ok["predicted_ms"] > 0).all() and set(ok["bound"]) <= {"compute", "memory", "launch"}
+    # bf16 per model; per recipe the public model where defined; per recipe and implementation the refined one.
+    expected = 2 + len(rl.PUBLIC_CAST_BYTES) + len(RECIPES) * len(rl.IMPLEMENTATIONS)
+    assert len(rows) == expected
+    unsupported = rows[rows["status"].str.startswith("unsupported")]
+    assert set(unsupported["recipe"]) == {"tensorwise-delayed", "blockwise", "rowwise", "rowwise_with_gw_hp"}
+    refined = ok[ok["options"].map(lambda o: json.loads(o)["model"]) == "refined"].dropna(subset=["predicted_speedup"])
+    assert len(refined) == len(RECIPES) * len(rl.IMPLEMENTATIONS) - len(unsupported)
+    kernels = pd.read_csv(tmp_path / "run" / rl.KERNELS_CSV)
+    assert {"term", "kernel", "time_us", "bound"} <= set(kernels.columns) and len(kernels) > len(rows)
+    metadata = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    assert metadata["prediction_only"] is True and set(metadata["ceilings"]) == {"spec"}
+
+
+def test_roofline_cli_filters_recipes_and_implementations(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = _roofline(tmp_path, "--gpu", "h200", "--shape-gen", "llama", "--granularity", "rowwise", "--implementation", "triton")
+    assert result.exit_code == 0, result.output
+    rows = load_results(tmp_path / "run")
+    assert set(rows["recipe"]) == {"bf16", "rowwise", "rowwise_with_gw_hp"}
+    assert set(rows["case"]) == {s.name for s in shapes.llama()}
+
+
+def test_roofline_cli_shows_calibrated_next_to_spec(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    save_profile(_profile(), tmp_path / "calibration" / "h100-sxm.json")  # auto-discovered
+    result = _roofline(tmp_path, "--gpu", "h100-sxm", "--recipe", "tensorwise", "--shape-gen", "square")
+    assert result.exit_code == 0, result.output
+    rows = load_results(tmp_path / "run")
+    assert set(rows["options"].map(lambda o: json.loads(o)["ceilings"])) == {"spec", "calibrated"}
+    assert "calibrated ceilings: measured on NVIDIA H100" in " ".join(result.output.split())
+
+
+def test_roofline_cli_refuses_a_calibration_of_another_gpu(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = save_profile(_profile(gpu_key="h200"), tmp_path / "h200.json")
+    result = _roofline(tmp_path, "--gpu", "h100-sxm", "--calibration", str(path))
+    assert result.exit_code == 2
+    assert "measured on h200, not h100-sxm" in " ".join(result.output.split())
+
+
+def test_roofline_cli_gpu_auto_without_a_gpu_is_a_usage_error(tmp_path, monkeypatch):
+    monkeypatch.setattr("fp8bench.env.cuda_device_name", lambda: None)
+    result = _roofline(tmp_path, "--gpu", "auto")
+    assert result.exit_code == 2
+    assert "name one with --gpu" in " ".join(result.output.split())
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--recipe", "fp4"], "unknown recipe 'fp4'; choose one of: tensorwise, tensorwise-delayed, rowwise"),
+        (["--implementation", "cutlass"], "unknown implementation 'cutlass'; choose one of: triton, torchao"),
+        (["--granularity", "blockwise", "--recipe", "rowwise"], "no chosen recipe scales with granularity"),
+        (["--shape-gen", "custom", "--M", "64"], "--shape-gen custom needs --K, --N"),
+        (["--calibration", "missing.json"], "cannot read calibration file"),
+    ],
+)
+def test_roofline_cli_usage_errors(tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    result = _roofline(tmp_path, "--gpu", "h100-sxm", *args)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.replace("│", " ").split())
+
+
+def test_calibrate_without_a_gpu_says_what_it_needs(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    result = CliRunner().invoke(app, ["calibrate", "--gpu", "h100-sxm"])
+    assert isinstance(result.exception, EnvironmentProblem)
+    assert "fp8bench calibrate measures on a CUDA GPU" in str(result.exception)
+
+
+@pytest.mark.gpu
+def test_calibrate_measures_this_gpu(tmp_path):
+    from fp8bench.env import cuda_device_name
+    from fp8bench.hardware import spec_for_device_name
+
+    spec = spec_for_device_name(cuda_device_name())
+    if spec is None:
+        pytest.skip(f"{cuda_device_name()} is not in the hardware table")
+    path = tmp_path / "profile.json"
+    result = CliRunner().invoke(app, ["calibrate", "--out", str(path), "--repeats", "2"])
+    assert result.exit_code == 0, result.output
+    profile = load_profile(path)
+    assert profile.gpu_key == spec.key
+    assert profile.environment["versions"]["torch"]
+    # Achievable ceilings sit below the datasheet and FP8 beats BF16 at these sizes.
+    assert 0.3 * spec.bf16_tflops < profile.bf16_tflops < 1.05 * spec.bf16_tflops
+    assert profile.bf16_tflops < profile.fp8_tflops["tensorwise/on"] < 1.05 * spec.fp8_tflops
+    assert 0.3 * spec.mem_bw_tbps < profile.copy_tbps < 1.05 * spec.mem_bw_tbps
+    assert 0.5 < profile.launch_us < 50
+    # ...and the roofline picks the profile up.
+    run = CliRunner().invoke(app, ["roofline", "--no-measure", "--calibration", str(path), "--out", str(tmp_path / "run"), "--shape-gen", "custom", "--M", "8192", "--K", "8192", "--N", "8192"])
+    assert run.exit_code == 0, run.output
