@@ -114,7 +114,7 @@ def compare_trees(base: Path, new: Path, config: GateConfig, rerun: Rerun | None
 def _confirm(
     case: CaseComparison, base: RunSamples, new: RunSamples, gate: MetricGate, rerun: Rerun, notes: list[str]
 ) -> CaseComparison:
-    """Measure a flagged case again and decide it on the first run's repeats and the fresh ones together."""
+    """Measure a flagged case again and decide it anew (compare.judge_rerun)."""
     where = case.where
     fresh_run = rerun(case.run, case.case_id)
     if fresh_run is None:
@@ -127,9 +127,9 @@ def _confirm(
         why = "; ".join(fresh.problems.values()) or "the case is missing"
         notes.append(f"{where}: the re-run in {fresh_run} gave no comparable measurement ({why}); decided on the first run")
         return case
-    merged = (*new.samples[case.case_id], *matches[0])
     return compare_case(
-        case.run, case.case_id, new.metric, base.samples[case.case_id], merged, gate.thresholds_for(case.label), reruns=1
+        case.run, case.case_id, new.metric, base.samples[case.case_id], new.samples[case.case_id],
+        gate.thresholds_for(case.label), fresh=matches[0],
     )
 
 
