@@ -35,10 +35,6 @@ class Fp8Dtype(str, enum.Enum):
     E4M3 = "e4m3"  # torch.float8_e4m3fn: more mantissa, for activations and weights
     E5M2 = "e5m2"  # torch.float8_e5m2: more range, classically for gradients
 
-    @property
-    def torch_name(self) -> str:
-        return {Fp8Dtype.E4M3: "float8_e4m3fn", Fp8Dtype.E5M2: "float8_e5m2"}[self]
-
 
 class TensorRole(str, enum.Enum):
     INPUT = "input"
@@ -195,10 +191,6 @@ class Recipe:
     def granularity(self) -> Granularity:
         """The recipe's headline granularity: that of its forward product."""
         return self.gemm_granularity(GemmRole.OUTPUT)
-
-    @property
-    def uses_delayed_scaling(self) -> bool:
-        return any(c.scaling_type is ScalingType.DELAYED for role in TensorRole for c in self.casts(role))
 
     def summary(self) -> str:
         """One line per product: operand casts and fast accumulation."""

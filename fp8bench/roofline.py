@@ -35,7 +35,7 @@ from rich.table import Table
 from fp8bench.calibrate import REQUIRED_FP8, CalibrationProfile, fp8_key
 from fp8bench.config import FastAccum, GemmShape, Granularity, Status
 from fp8bench.hardware import GpuSpec
-from fp8bench.recipes import GemmRole, Recipe, ScalingType, TensorRole
+from fp8bench.recipes import CastConfig, GemmRole, Recipe, ScalingType, TensorRole
 from fp8bench.results import Row, RunWriter, status_text
 
 BF16_BYTES = 2
@@ -306,12 +306,13 @@ class _Dims:
         }[gemm]
 
 
-def _gemm_kernel(dims: _Dims, gemm: GemmRole, recipe: Recipe | None) -> Kernel:
+def _gemm_kernel(dims: _Dims, gemm: GemmRole, recipe: Recipe | None, count_scales: bool = True) -> Kernel:
+    """One product in BF16 (no recipe) or as the recipe runs it; the public model reads no scales."""
     m, k, n = dims.gemm(gemm)
     granularity = recipe.gemm_granularity(gemm) if recipe else Granularity.NONE
     operand_bytes = BF16_BYTES if granularity is Granularity.NONE else FP8_BYTES
     scale_elements = 0.0
-    if recipe and granularity is not Granularity.NONE:
+    if count_scales and granularity is not Granularity.NONE:
         for cast, rows in zip(recipe.operand_casts(gemm), (m, n)):
             if cast.granularity is Granularity.AXISWISE:
                 scale_elements += rows
@@ -319,7 +320,7 @@ def _gemm_kernel(dims: _Dims, gemm: GemmRole, recipe: Recipe | None) -> Kernel:
                 scale_elements += rows * k / (cast.block[0] * cast.block[1])
     return Kernel(
         term=f"gemm:{gemm.value}",
-        name=f"{gemm.value} = ({m} x {k}) @ ({k} x {n}), {granularity.value if recipe else 'bf16'}",
+        name=f"{gemm.value} = ({m} x {k}) @ ({k} x {n}), {'bf16' if granularity is Granularity.NONE else granularity.value}",
         bytes_read=(m * k + k * n) * operand_bytes + scale_elements * SCALE_BYTES,
         bytes_written=m * n * BF16_BYTES,
         flops=2.0 * m * k * n,
@@ -338,7 +339,7 @@ class _CastPlan:
     reads_bf16: bool = True
 
 
-def _row_local(cast) -> bool:
+def _row_local(cast: CastConfig) -> bool:
     """A first-use scale one row (or 1x128 group of a row) determines: a kernel owning rows finds it."""
     return cast.granularity is Granularity.AXISWISE or (cast.block is not None and cast.block[0] == 1)
 
@@ -374,8 +375,11 @@ def _plan_casts(role: TensorRole, n: int, recipe: Recipe, impl: Implementation) 
     elif tensor_amax and impl.amax_finish_kernel:
         plan.kernels.append(kernel("finish amax, compute scale", 0.0, 0.0, reads_stored_bf16=False))
     # Which scales a single kernel can apply while it writes, without a pass over the tensor first.
-    second_scale_ready = second.scaling_type is ScalingType.DELAYED or second.block is not None or (
-        (second.granularity is Granularity.TENSORWISE and not derived) or column_amax
+    second_scale_ready = (
+        second.scaling_type is ScalingType.DELAYED
+        or second.block is not None
+        or (second.granularity is Granularity.TENSORWISE and not derived)
+        or column_amax
     )
 
     # 2. The FP8 forms.
@@ -464,8 +468,9 @@ def layer_kernels(shape: GemmShape, recipe: Recipe | None, impl: Implementation 
         raise ValueError("an FP8 recipe needs an implementation to plan its casts")
     plans = {role: _plan_casts(role, dims.numel(role), recipe, impl) for role in TensorRole}
     delayed = [role for role in TensorRole if any(c.scaling_type is ScalingType.DELAYED for c in recipe.casts(role))]
-    updates = [f"cast:{r.value}" for r in delayed[:1]] if impl.one_scale_update else [f"cast:{r.value}" for r in delayed]
-    scale_updates = [Kernel(term, "amax history update, new scale") for term in updates]
+    if impl.one_scale_update:
+        delayed = delayed[:1]  # one kernel updates every tensor's history
+    scale_updates = [Kernel(f"cast:{role.value}", "amax history update, new scale") for role in delayed]
     casts = [k for plan in plans.values() for k in plan.kernels]
     return _memory_kernels(dims, plans[TensorRole.INPUT], plans[TensorRole.GRAD_OUTPUT]) + casts + scale_updates + gemms
 
@@ -484,17 +489,9 @@ PUBLIC_CAST_BYTES: Mapping[str, Mapping[TensorRole, tuple[int, ...]]] = MappingP
 
 def public_kernels(shape: GemmShape, recipe: Recipe | None) -> list[Kernel]:
     """torchao's public model: the three GEMMs (FP8 operands read at one byte, no scales) and, for an
-    FP8 recipe, its cast kernels as torchao counts them. None for a recipe the model does not define."""
+    FP8 recipe of PUBLIC_CAST_BYTES, its cast kernels as torchao counts them."""
     dims = _Dims(shape.M, shape.K, shape.N)
-    gemms = []
-    for gemm in GemmRole:
-        m, k, n = dims.gemm(gemm)
-        granularity = recipe.gemm_granularity(gemm) if recipe else Granularity.NONE
-        operand_bytes = BF16_BYTES if granularity is Granularity.NONE else FP8_BYTES
-        gemms.append(
-            Kernel(f"gemm:{gemm.value}", f"{gemm.value} ({m} x {k} x {n})", (m * k + k * n) * operand_bytes,
-                   m * n * BF16_BYTES, 2.0 * m * k * n, granularity)
-        )
+    gemms = [_gemm_kernel(dims, gemm, recipe, count_scales=False) for gemm in GemmRole]
     if recipe is None:
         return gemms
     casts = [
