@@ -18,7 +18,6 @@ from typing import Any
 from fp8bench.hardware import spec_for_device_name
 from fp8bench.results import METADATA_JSON, RESULTS_CSV, read_metadata
 
-DEFAULT_DIR = Path("baselines")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # Recorded in metadata.json and able to move timings on one GPU model: told, not refused.
 _SOFT_DIFFERENCES = ("power_limit_w", "driver", "cuda_runtime", "sm_clock_max_mhz")
@@ -103,7 +102,7 @@ def tree_gpu_model(path: Path) -> str:
     return next(iter(models.values()))
 
 
-def save(run: Path, name: str, root: Path = DEFAULT_DIR, force: bool = False) -> Path:
+def save(run: Path, name: str, root: Path, force: bool = False) -> Path:
     """Copy a run (or a folder of suite runs) to root/<gpu-model>/<name>/ and return that folder."""
     _check_name(name)
     runs = run_folders(run)

@@ -233,10 +233,18 @@ def gate(
             err_console.print(f"[red]error:[/] {err} (to judge runs made elsewhere: --runs DIR --no-rerun)")
             raise typer.Exit(2) from None
 
+    def invoke(argv: list[str]) -> None:
+        """One fp8bench command of the suite (or a re-run), in this process."""
+        try:
+            code = app(argv, standalone_mode=False)
+        except typer.TyperException as err:  # a suite entry with a bad option
+            raise gating.UsageError(f"fp8bench {shlex.join(argv)}: {err.format_message()}") from None
+        if code:  # e.g. 130: interrupted; the finished cases are in the run folder
+            raise typer.Exit(code)
+
     def body():
         config = gating.resolve_config(suite, metric, fail_on_inconclusive)
         run_dir = out or default_run_dir("gate", suite.stem)
-        invoke = lambda argv: app(argv, standalone_mode=False)  # noqa: E731 - the in-process fp8bench
         return gating.gate(suite, baseline, baseline_dir, run_dir, config, device_name, invoke, runs, rerun, console)
 
     raise typer.Exit(gating.conclude(body, _outputs(markdown, json_path, junit), console, err_console))
@@ -250,14 +258,14 @@ app.add_typer(baseline_app, name="baseline")
 def baseline_save(
     run: Path = typer.Argument(..., help="a run folder, a results CSV, or a folder of suite runs"),
     name: str = typer.Option(..., help="the baseline's name, e.g. main"),
-    dir: Path = typer.Option(Path("baselines"), help="baselines root; the run goes to <dir>/<gpu-model>/<name>/"),
+    root: Path = typer.Option(Path("baselines"), "--dir", help="baselines root; the run goes to <dir>/<gpu-model>/<name>/"),
     force: bool = typer.Option(False, help="replace an existing baseline of that name"),
 ) -> None:
     """Copy a run (results.csv + metadata.json) into the baselines folder of its GPU model."""
     from fp8bench import baseline as baselines
 
     try:
-        saved = baselines.save(run, name, dir, force)
+        saved = baselines.save(run, name, root, force)
     except (OSError, ValueError) as err:
         raise typer.BadParameter(str(err)) from None
     console.print(f"baseline {name!r} saved to {saved}")

@@ -600,3 +600,17 @@ def test_a_comparison_with_nothing_compared_is_inconclusive_and_every_output_sti
     )
     assert ET.fromstring(junit(comparison)).find(".//skipped") is not None
     assert "cases not compared" in markdown(comparison)
+
+
+def test_gate_reports_a_bad_option_in_a_suite_entry_as_a_usage_error(tmp_path, monkeypatch):
+    """The suite's entries run in-process; one that `fp8bench matmul` refuses is exit 2, not a traceback.
+    (The GPU check is bypassed: option parsing fails before anything would touch a GPU.)"""
+    import fp8bench.cli
+
+    _save_baseline(tmp_path)
+    suite = tmp_path / "bad-entry.toml"
+    suite.write_text(GATE_SUITE.replace('timer = "cuda-events"', "bogus = 1"))
+    monkeypatch.setattr(fp8bench.cli, "require_cuda", lambda command: H100)
+    result = cli("gate", "--suite", suite, "--baseline", "main", "--baseline-dir", tmp_path / "baselines", "--out", tmp_path / "o")
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert "No such option: --bogus" in result.output and "Traceback" not in result.output
