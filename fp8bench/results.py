@@ -102,6 +102,11 @@ class RunWriter:
         self.csv_path = self.run_dir / RESULTS_CSV
         write_metadata(self.run_dir, metadata)
         fresh = not self.csv_path.exists() or self.csv_path.stat().st_size == 0
+        if not fresh:
+            with self.csv_path.open(newline="") as existing:
+                header = next(csv.reader(existing), [])
+            if tuple(header) != COLUMNS:
+                raise ValueError(f"{self.csv_path} was written with another result schema; give the run a new folder")
         self._file = self.csv_path.open("a", newline="")
         self._csv = csv.writer(self._file)
         if fresh:
@@ -138,9 +143,13 @@ def load_results(path: Path) -> pd.DataFrame:
     if not csv_path.exists():
         raise FileNotFoundError(f"no results at {csv_path}")
     frame = pd.read_csv(csv_path, dtype=str, keep_default_na=False)
-    missing = [c for c in COLUMNS if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{csv_path} does not follow the result schema: missing {missing}")
+    missing_ids = [c for c in (*ID_COLUMNS, "status") if c not in frame.columns]
+    if missing_ids:
+        raise ValueError(f"{csv_path} does not follow the result schema: missing {missing_ids}")
+    # Files outlive the schema: measurement columns added after a run was written read as empty.
+    for column in COLUMNS:
+        if column not in frame.columns:
+            frame[column] = ""
     for column in SCHEMA:
         if column.dtype in ("int", "float"):
             frame[column.name] = pd.to_numeric(frame[column.name].replace("", None), errors="coerce")
