@@ -32,6 +32,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from fp8bench.backends.base import fp8_shape_problem
 from fp8bench.calibrate import REQUIRED_FP8, CalibrationProfile, fp8_key
 from fp8bench.config import FastAccum, GemmShape, Granularity, Status
 from fp8bench.hardware import GpuSpec
@@ -508,7 +509,8 @@ def public_kernels(shape: GemmShape, recipe: Recipe | None) -> list[Kernel]:
 
 @dataclass(frozen=True)
 class Prediction:
-    """BF16 and FP8 kernel times of one shape under one model, recipe, implementation and ceilings."""
+    """BF16 and FP8 kernel times of one shape under one model, recipe, implementation and ceilings.
+    The model does not check that the FP8 products can run at the shape: layer_shape_problem does."""
 
     shape: GemmShape
     model: Model
@@ -608,15 +610,31 @@ class LayerPredictions:
     refined: Mapping[tuple[Recipe, Implementation], Prediction | str]
 
 
+def layer_shape_problem(shape: GemmShape, recipe: Recipe) -> str | None:
+    """Why the recipe's FP8 products cannot run at this layer shape (fp8_shape_problem), or None."""
+    dims = _Dims(shape.M, shape.K, shape.N)
+    for gemm in GemmRole:
+        product = GemmShape(*dims.gemm(gemm))
+        problem = fp8_shape_problem(product, recipe.gemm_granularity(gemm))
+        if problem:
+            return f"the {gemm.value} product ({product.name}): {problem}"
+    return None
+
+
 def predict_layer(shape: GemmShape, config: RooflineConfig, ceilings: Ceilings) -> LayerPredictions:
     public_view = uniform_fp8(ceilings)
     return LayerPredictions(
         shape,
         ceilings,
         {Model.REFINED: _times(layer_kernels(shape, None), ceilings), Model.PUBLIC: _times(public_kernels(shape, None), public_view)},
-        {recipe: predict_public(shape, recipe, public_view) for recipe in config.recipes},
         {
-            (recipe, impl): impl.unsupported_reason(recipe) or predict(shape, recipe, impl, ceilings)
+            recipe: None if layer_shape_problem(shape, recipe) else predict_public(shape, recipe, public_view)
+            for recipe in config.recipes
+        },
+        {
+            (recipe, impl): impl.unsupported_reason(recipe)
+            or layer_shape_problem(shape, recipe)
+            or predict(shape, recipe, impl, ceilings)
             for recipe in config.recipes
             for impl in config.implementations
         },

@@ -389,3 +389,21 @@ def test_calibrate_measures_this_gpu(tmp_path):
     # ...and the roofline picks the profile up.
     run = CliRunner().invoke(app, ["roofline", "--no-measure", "--calibration", str(path), "--out", str(tmp_path / "run"), "--shape-gen", "custom", "--M", "8192", "--K", "8192", "--N", "8192"])
     assert run.exit_code == 0, run.output
+
+
+def test_shapes_fp8_cannot_run_are_unsupported_rows(tmp_path, monkeypatch):
+    """The grad_weight product reduces over M: FP8 needs M % 16, blockwise (1x128 groups) M % 128."""
+    monkeypatch.chdir(tmp_path)
+    args = ["--gpu", "h100-sxm", "--shape-gen", "custom", "--K", "4096", "--N", "4096", "--implementation", "triton"]
+    result = _roofline(tmp_path, *args, "--M", "8208", "--recipe", "blockwise", "--recipe", "tensorwise")
+    assert result.exit_code == 0, result.output
+    rows = load_results(tmp_path / "run").set_index("recipe")
+    assert rows.loc["blockwise", "status"] == (
+        "unsupported: the grad_weight product (4096x8208x4096): blockwise scaling needs K and N to be multiples of 128 (K=8208)"
+    )
+    assert rows.loc["tensorwise", "status"].tolist() == ["ok", "ok"]  # public and triton
+    result = _roofline(tmp_path, *args, "--M", "8200", "--recipe", "tensorwise", "--out", str(tmp_path / "odd"))
+    rows = load_results(tmp_path / "odd")
+    assert rows[rows["recipe"] == "tensorwise"]["status"].tolist() == [
+        "unsupported: the grad_weight product (4096x8200x4096): FP8 GEMMs need K and N to be multiples of 16 (K=8200)"
+    ]
