@@ -178,7 +178,7 @@ def run_suite(
 
 
 # ---- compare / gate / baseline (fp8bench.gate; statistics in fp8bench.compare; docs/gating.md) ----
-_METRIC_HELP = "speedup (FP8 vs BF16 in the same run) | time (absolute); default: the suite's [gate] metric, else speedup"
+_METRIC_HELP = "speedup (FP8 vs BF16 in the same run) | time (absolute); default: the metric of the suite file's gate table, else speedup"
 _INCONCLUSIVE_FLAG = "--fail-on-inconclusive/--no-fail-on-inconclusive"
 
 
@@ -193,7 +193,7 @@ def compare(
     base: Path = typer.Argument(..., help="baseline: a run folder, a results CSV, or a folder of suite runs"),
     new: Path = typer.Argument(..., help="the run to judge, of the same kind as BASE"),
     metric: Optional[str] = typer.Option(None, help=_METRIC_HELP),
-    suite: Optional[Path] = typer.Option(None, help="a suite file whose [gate] table sets the thresholds"),
+    suite: Optional[Path] = typer.Option(None, help="a suite file whose gate table sets the thresholds"),
     markdown: Optional[Path] = typer.Option(None, help="write a Markdown summary (e.g. for CI job summaries)"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the comparison as JSON"),
     junit: Optional[Path] = typer.Option(None, help="write JUnit XML, one test case per benchmark case"),
@@ -210,7 +210,7 @@ def compare(
 
 @app.command()
 def gate(
-    suite: Path = typer.Option(..., help="the suite to run; its [gate] table sets the thresholds"),
+    suite: Path = typer.Option(..., help="the suite to run; its gate table sets the thresholds"),
     baseline: str = typer.Option(..., help="a baseline name (looked up under --baseline-dir/<gpu-model>/) or path"),
     baseline_dir: Path = typer.Option(Path("baselines"), help="where named baselines live"),
     out: Optional[Path] = typer.Option(None, help="folder for the new runs (default runs/<time>-gate-<suite>)"),
