@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from fp8bench.compare import CaseComparison, Comparison, Metric, Outcome
@@ -88,7 +89,7 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
     for column in shown:
         table.add_column(column, justify="left" if column in ("run", "case", "outcome") else "right")
     for case in sorted_cases(comparison):
-        cells = case_cells(case, comparison.metric)[-len(shown):]
+        cells = [escape(cell) for cell in case_cells(case, comparison.metric)[-len(shown):]]
         cells[-1] = f"[{_STYLE[case.outcome]}]{cells[-1]}[/]"
         table.add_row(*cells)
     console.print(table)
@@ -98,9 +99,9 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
         by_reason.setdefault(skipped.reason, []).append(skipped.where)
     for reason, where in by_reason.items():
         example = where[0] + (f" and {len(where) - 1} more" if len(where) > 1 else "")
-        console.print(f"[yellow]not compared[/] ({example}): {reason}")
+        console.print(f"[yellow]not compared[/] ({escape(example)}): {escape(reason)}")
     for note in comparison.notes:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(f"[yellow]note:[/] {escape(note)}")
     console.print(geomean_line(comparison))
     console.print(f"[{_STYLE[comparison.verdict]}]{headline(comparison)}[/]")
 

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from fp8bench import baseline as baselines
 from fp8bench.compare import (
@@ -221,12 +222,12 @@ def conclude(
         print_comparison(console, comparison)
         with _as_usage_error():
             for path in write_outputs(comparison, outputs):
-                console.print(f"wrote {path}")
+                console.print(f"wrote {escape(str(path))}")
     except baselines.IncompatibleBaseline as err:
-        err_console.print(f"[red]incompatible baseline:[/] {err}")
+        err_console.print(f"[red]incompatible baseline:[/] {escape(str(err))}")
         return int(ExitCode.INCOMPATIBLE_BASELINE)
     except UsageError as err:
-        err_console.print(f"[red]error:[/] {err}")
+        err_console.print(f"[red]error:[/] {escape(str(err))}")
         return int(ExitCode.USAGE)
     if comparison.verdict is Outcome.INCONCLUSIVE and not comparison.fail_on_inconclusive:
         console.print("inconclusive cases do not fail the comparison; pass --fail-on-inconclusive to exit 3 on them")

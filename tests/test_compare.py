@@ -227,7 +227,7 @@ def test_overrides_apply_in_file_order_and_only_the_keys_they_set():
 @pytest.mark.parametrize(
     "table, message",
     [
-        ({"floor": 5}, "unknown key"),
+        ({"floor": 5}, r"\[gate\]: unknown key"),
         ({"metric": "tflops"}, "metric must be one of"),
         ({"alpha": 0}, "alpha"),
         ({"floor_pct": -1}, "floor_pct"),
@@ -390,7 +390,7 @@ def test_compare_notes_a_different_power_limit_without_refusing(tmp_path):
         (("{base}", "{base}", "--metric", "tflops"), "unknown metric"),
         (("{base}", "{base}", "--suite", "{tmp}/nope.toml"), "nope.toml"),
         (("{base}", "{tmp}/suite"), "one is a single run"),
-        (("{base}", "{base}", "--suite", "{tmp}/bad.toml"), "unknown key"),
+        (("{base}", "{base}", "--suite", "{tmp}/bad.toml"), "[gate]: unknown key(s) floor"),
     ],
 )
 def test_compare_usage_errors_exit_2_with_a_message(tmp_path, args, message):
