@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fp8bench.hardware import spec_for_device_name
+from fp8bench.hardware import gpu_key
 from fp8bench.results import METADATA_JSON, RESULTS_CSV, read_metadata
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -59,8 +59,7 @@ def gpu_model(metadata: Mapping[str, Any]) -> str | None:
     name = metadata.get("gpu_name")
     if not name:
         return None
-    spec = spec_for_device_name(str(name))
-    return spec.key if spec else re.sub(r"[^a-z0-9]+", "-", str(name).lower()).strip("-")
+    return gpu_key(str(name))
 
 
 def check_same_gpu(base: Mapping[str, Any], new: Mapping[str, Any], where: str) -> list[str]:

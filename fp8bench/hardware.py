@@ -6,6 +6,7 @@ actually reaches and the roofline shows both.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -47,6 +48,13 @@ def spec_for_device_name(device_name: str) -> GpuSpec | None:
         if any(pattern.lower() in device_name.lower() for pattern in spec.name_patterns):
             return spec
     return None
+
+
+def gpu_key(device_name: str) -> str:
+    """A folder-safe key for a GPU: its table key, or a slug of its name for a GPU the table lacks.
+    Reports and baselines are filed under it."""
+    spec = spec_for_device_name(device_name)
+    return spec.key if spec else re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
 
 
 def resolve_gpu(choice: str, device_name: str | None) -> GpuSpec:

@@ -26,7 +26,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-_COMMANDS = ("matmul",)
+_COMMANDS = ("matmul", "cast")
 
 
 @dataclass(frozen=True)
@@ -55,15 +55,12 @@ class Suite:
 
 
 def detected_gpu_key() -> str:
-    """The hardware-table key of the visible GPU, for `{gpu}` in a suite's `out`."""
+    """The visible GPU's key (fp8bench.hardware.gpu_key), for `{gpu}` in a suite's `out`."""
     from fp8bench.env import cuda_device_name
-    from fp8bench.hardware import spec_for_device_name
+    from fp8bench.hardware import gpu_key
 
     name = cuda_device_name()
-    if name is None:
-        return "no-gpu"
-    spec = spec_for_device_name(name)
-    return spec.key if spec else name.lower().replace(" ", "-")
+    return "no-gpu" if name is None else gpu_key(name)
 
 
 def load_suite(path: Path) -> Suite:
