@@ -112,15 +112,55 @@ def _matmul(config, writer, spec, timer, on_row):
     return run_matmul(config, writer, spec, timer, on_row)
 
 
-def _run_benchmark(benchmark: str, label: str, out: Optional[Path], report: bool, body, spec) -> None:
+@app.command()
+def cast(
+    shape_gen: str = typer.Option("square", help="square | llama | custom (tensors M rows x K columns)"),
+    recipe: Optional[list[str]] = typer.Option(None, help="repeatable; default all: tensorwise | axiswise | blockwise-1x128 | blockwise-128x128, each also with +t (the transposed copy too)"),
+    backend: Optional[list[str]] = typer.Option(None, help="repeatable; triton | torch | torch-compile | te (default: all)"),
+    dtype: str = typer.Option("e4m3", help="fp8 format: e4m3 | e5m2"),
+    input_dtype: str = typer.Option("bf16", help="bf16 | fp16 | fp32"),
+    power_of_two: bool = typer.Option(False, help="floor scales to powers of two"),
+    M: Optional[int] = typer.Option(None, "--M", help="rows, with --shape-gen custom"),
+    K: Optional[int] = typer.Option(None, "--K", help="columns, with --shape-gen custom"),
+    repeats: int = typer.Option(5, min=1, help="independent repeats per case (each with its own warm-up)"),
+    timer: str = typer.Option("auto", help="auto | cuda-events | cupti"),
+    out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-cast-<shape-gen>)"),
+    report: bool = typer.Option(True, help="write the HTML reports when the run ends"),
+) -> None:
+    """FP8 quantize kernels: GPU time, GB/s and % of the copy bandwidth, ours against torch, torch.compile and TE."""
+    from fp8bench import cast as casts
+    from fp8bench.hardware import spec_for_device_name
+    from fp8bench.recipes import Fp8Dtype
+    from fp8bench.timing import TIMER_CHOICES, TimerChoice
+
+    recipes = tuple(dict.fromkeys(r for name in recipe or ["all"] for r in choice(name, casts.RECIPE_CHOICES, "recipe")))
+    fp8_dtype = choice(dtype, {d.value: (d,) for d in Fp8Dtype}, "fp8 dtype")[0]
+    if timer not in TIMER_CHOICES:
+        raise typer.BadParameter(f"unknown timer {timer!r}; choose one of: {', '.join(TIMER_CHOICES)}")
+    try:
+        shape_list = casts.generate_shapes(shape_gen, M, K)
+        config = casts.CastConfig(
+            tuple(shape_list), recipes, tuple(dict.fromkeys(backend or casts.IMPLEMENTATIONS)), fp8_dtype,
+            input_dtype, power_of_two, TimingConfig(repeats=repeats),
+        )  # fmt: skip
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    spec = spec_for_device_name(require_cuda("cast"))  # recorded with the run; the copy is the ceiling
+    body = lambda writer, on_row: casts.run_cast(config, writer, TimerChoice(timer, config.timing.flush_l2), on_row)  # noqa: E731
+    _run_benchmark("cast", shape_gen, out, report, body, spec, (casts.print_cast_row, casts.print_cast_summary))
+
+
+def _run_benchmark(benchmark: str, label: str, out: Optional[Path], report: bool, body, spec, printers=None) -> None:
     """Open the run folder, run `body(writer, on_row)`, print the table, write reports.
 
+    `printers` is (print_row, print_summary) for benchmarks whose rows are not GEMMs (default: console's).
     Ctrl-C stops the run; every finished case is already in the CSV and the reports cover them.
     """
-    from fp8bench.console import print_row, print_summary
+    from fp8bench import console as gemm_printers
     from fp8bench.env import run_metadata
     from fp8bench.results import RunWriter
 
+    print_row, print_summary = printers or (gemm_printers.print_row, gemm_printers.print_summary)
     run_dir = out or default_run_dir(benchmark, label)
     metadata = run_metadata(command_line(), {"benchmark": benchmark, "gpu_spec": spec.key if spec else None})
     interrupted = False

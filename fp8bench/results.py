@@ -165,3 +165,18 @@ def repeat_times(cell: str) -> list[float]:
 
 def format_repeat_times(times: Iterable[float]) -> str:
     return ";".join(f"{t:.6g}" for t in times)
+
+
+def measurement_values(m: Any) -> dict[str, Any]:
+    """The schema's measured columns from one fp8bench.timing.Measurement."""
+    return {
+        "median_ms": m.median_ms,
+        "spread_pct": m.spread_pct,
+        "repeats": len(m.repeat_ms),
+        "samples": m.samples,
+        "repeat_ms": format_repeat_times(m.repeat_ms),
+        "wall_ms": m.wall_ms,
+        "timer": m.timer,
+        "sm_clock_mhz": m.sm_clock_median,
+        "sm_clock_min_mhz": m.sm_clock_min,
+    }
