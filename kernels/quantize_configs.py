@@ -127,24 +127,17 @@ def choose(kernel: QuantizeKernel, rows: int, cols: int, columnwise: bool, sms: 
 
 
 def candidates(kernel: QuantizeKernel, rows: int, cols: int, columnwise: bool, sms: int) -> list[QuantizeConfig]:
-    """Configs worth timing against `choose`'s for tuning (the default first)."""
+    """Configs worth timing against `choose`'s for tuning, the default first: each varies one choice."""
     default = choose(kernel, rows, cols, columnwise, sms)
-    variants = {default}
-    for warps in (4, 8, 16):
-        variants.add(dataclasses.replace(default, num_warps=warps))
-    if kernel is QuantizeKernel.ROWWISE:
-        for block_rows in (1, 2, 4, 8):
-            if block_rows * default.block_cols <= 4 * _TILE_ELEMENTS:
-                variants.add(dataclasses.replace(default, block_rows=block_rows))
+    variants = {dataclasses.replace(default, num_warps=warps) for warps in (4, 8, 16)}
+    if kernel is QuantizeKernel.ROWWISE:  # rows per program, and chunked walks even where rows fit
+        variants |= {dataclasses.replace(default, block_rows=r) for r in (1, 2, 4, 8) if r * default.block_cols <= 4 * _TILE_ELEMENTS}
+        variants |= {dataclasses.replace(default, block_rows=1, block_cols=c) for c in (2048, 4096, 8192) if c < default.block_cols}
     elif kernel is QuantizeKernel.BLOCKWISE_1X128 and not columnwise:
-        for block_rows in (16, 64, 128):
-            variants.add(dataclasses.replace(default, block_rows=block_rows))
+        variants |= {dataclasses.replace(default, block_rows=r) for r in (16, 64, 128)}
     elif kernel in (QuantizeKernel.TENSORWISE, QuantizeKernel.AXISWISE_TWO_PASS):
-        shapes = ((64, 64), (64, 128), (128, 64), (128, 128)) if columnwise else ((4, 1024), (8, 512), (16, 256), (8, 1024))
-        for block_rows, block_cols in shapes:
-            variants.add(dataclasses.replace(default, block_rows=block_rows, block_cols=block_cols))
-        for per_sm in (2, 8):
-            variants.add(dataclasses.replace(default, amax_programs=per_sm * sms))
-    ordered = sorted(variants - {default}, key=lambda c: tuple(c.as_dict().values()))
-    return [default, *ordered]
-
+        tiles = ((64, 64), (64, 128), (128, 64), (128, 128)) if columnwise else ((4, 1024), (8, 512), (16, 256), (8, 1024))
+        variants |= {dataclasses.replace(default, block_rows=r, block_cols=c) for r, c in tiles}
+        variants |= {dataclasses.replace(default, amax_programs=per_sm * sms) for per_sm in (2, 8)}
+    variants.discard(default)
+    return [default, *sorted(variants, key=lambda c: tuple(c.as_dict().values()))]
