@@ -67,8 +67,11 @@ def page_granularities(rows: pd.DataFrame) -> list[Granularity]:
     return fp8 or ([Granularity.NONE] if present else [])
 
 
-def write_reports(run_dir: Path) -> list[Path]:
+def write_reports(run_dir: Path, plotly_dir: str | None = None) -> list[Path]:
     """Write index.html and one page per granularity into the run folder; return their paths, index first.
+
+    Chart pages load the folder's own copy of plotly.js, written here; with `plotly_dir` (a relative
+    URL ending in `/`) they load the copy there instead, which the caller keeps (the site has one).
 
     Raises FileNotFoundError without a results.csv and ValueError for one that breaks the schema.
     """
@@ -80,13 +83,14 @@ def write_reports(run_dir: Path) -> list[Path]:
         raise ValueError(f"{run_dir / METADATA_JSON} is not valid JSON: {err}") from None
     granularities = page_granularities(rows)
     gpu = GPUS.get(str(metadata.get("gpu_spec")))
-    if granularities:
+    if granularities and plotly_dir is None:
         write_plotly_js(run_dir)
     pages = []
     for granularity in granularities:
         path = run_dir / page_name(granularity)
         shown = rows[rows["granularity"].isin({granularity.value, Granularity.NONE.value})]
-        path.write_text(_granularity_page(run_dir, granularity, granularities, shown, metadata, gpu), encoding="utf-8")
+        text = _granularity_page(run_dir, granularity, granularities, shown, metadata, gpu, plotly_dir or "")
+        path.write_text(text, encoding="utf-8")
         pages.append(path)
     index = run_dir / INDEX_HTML
     index.write_text(_index_page(run_dir, granularities, rows, metadata), encoding="utf-8")
@@ -100,6 +104,7 @@ def _granularity_page(
     rows: pd.DataFrame,
     metadata: dict[str, Any],
     gpu: GpuSpec | None,
+    plotly_dir: str,
 ) -> str:
     if granularity is Granularity.NONE:
         title = f"{run_dir.name}: BF16 reference"
@@ -116,7 +121,7 @@ def _granularity_page(
         parts.append(f"<h3>All {html.escape(benchmark)} rows</h3><p class=\"note\">{html.escape(_SPREAD_NOTE)}</p>")
         parts.append(rows_table(table_frame(benchmark_rows, view.table_columns), _TEXT_COLUMNS))
     parts.append(f"<h2>Run metadata</h2>{metadata_table(metadata)}")
-    return page(title, "\n".join(parts), plotly=True)
+    return page(title, "\n".join(parts), plotly=True, plotly_dir=plotly_dir)
 
 
 def _index_page(run_dir: Path, granularities: list[Granularity], rows: pd.DataFrame, metadata: dict[str, Any]) -> str:

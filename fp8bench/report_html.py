@@ -1,7 +1,8 @@
 """HTML building blocks of every report page: the page skeleton, plotly.js once per folder, charts,
 and escaped tables of rows and metadata.
 
-Pages open from file:// with no network: each references the folder's one copy of `plotly.min.js`.
+Pages open from file:// with no network: each references one copy of `plotly.min.js`, its folder's
+(a run's reports) or the site root's (fp8bench.publish).
 Every string that came from a result file is escaped here (tables, metadata) or by the chart builders
 (plotly renders a subset of HTML in labels, so labels are escaped before they reach it). The head of
 every page carries a recorder of script errors that a headless browser check reads back
@@ -76,9 +77,10 @@ class Chart:
         return f"<section><h3>{html.escape(self.title)}</h3>{note}{div}</section>"
 
 
-def page(title: str, body: str, *, plotly: bool) -> str:
-    """A whole page around `body` (already HTML); `plotly` adds the script tag of the folder's bundle."""
-    script = f'<script charset="utf-8" src="{PLOTLY_JS}"></script>' if plotly else ""
+def page(title: str, body: str, *, plotly: bool, plotly_dir: str = "") -> str:
+    """A whole page around `body` (already HTML); `plotly` adds the script tag of the bundle in
+    `plotly_dir`, a relative URL ending in `/` ("" for the page's own folder; the site keeps one copy)."""
+    script = f'<script charset="utf-8" src="{html.escape(plotly_dir)}{PLOTLY_JS}"></script>' if plotly else ""
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"{_ERROR_RECORDER}<title>{html.escape(title)}</title>{_STYLE}{script}</head>\n"
