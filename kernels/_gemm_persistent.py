@@ -31,6 +31,52 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _accumulate(acc, a, b, row_scale, SCALING: tl.constexpr, FAST_ACCUM: tl.constexpr):
+    """acc + a @ b.T for one K-tile, in the regime's way of accumulating."""
+    if SCALING == 2:
+        # This K-tile's activation scale per row times the sub-tile's weight scale, applied as the product
+        # is promoted into the FP32 sum (as DeepGEMM does).
+        return acc + tl.dot(a, b.T) * row_scale[:, None]
+    elif FAST_ACCUM:
+        return tl.dot(a, b.T, acc)  # sm_90 keeps the tensor cores' own accumulator: no promotion
+    else:
+        return acc + tl.dot(a, b.T)  # the K-tile's product is added into the FP32 sum
+
+
+@triton.jit
+def _activation_scales(scale_a_ptr, rows, M, ki, stride_sa_m, stride_sa_k, SCALING: tl.constexpr):
+    """Blockwise: K-tile ki's 1 x 128 scale of each row (rows past M read 0: their products are zeros)."""
+    if SCALING == 2:
+        return tl.load(scale_a_ptr + rows * stride_sa_m + ki * stride_sa_k, mask=rows < M, other=0.0)
+    else:
+        return 0.0  # unused: the other scalings scale the finished sum
+
+
+@triton.jit
+def _weight_scale(scale_b_ptr, off_n, ki, stride_sb_n, stride_sb_k, SCALING: tl.constexpr, SCALE_BLOCK: tl.constexpr):
+    """Blockwise: the scale of the 128 x 128 weight block holding column off_n at K-tile ki."""
+    if SCALING == 2:
+        return tl.load(scale_b_ptr + (off_n // SCALE_BLOCK) * stride_sb_n + ki * stride_sb_k)
+    else:
+        return 0.0
+
+
+@triton.jit
+def _scaled(acc, off_m, off_n, M, N, tensor_scale, scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n,
+            SCALING: tl.constexpr):
+    """Tensorwise and axiswise apply their scales once, to the finished sum (blockwise already has)."""
+    if SCALING == 0:
+        acc = acc * tensor_scale
+    elif SCALING == 1:
+        rows = off_m + tl.arange(0, acc.shape[0])
+        cols = off_n + tl.arange(0, acc.shape[1])
+        sa = tl.load(scale_a_ptr + rows * stride_sa_m, mask=rows < M, other=0.0)
+        sb = tl.load(scale_b_ptr + cols * stride_sb_n, mask=cols < N, other=0.0)
+        acc = acc * sa[:, None] * sb[None, :]
+    return acc
+
+
+@triton.jit
 def _fp8_gemm_persistent_kernel(
     a_desc,
     b_desc,
@@ -51,17 +97,20 @@ def _fp8_gemm_persistent_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    SPLIT_N: tl.constexpr,  # 2: the tile's two column halves keep accumulators (and B loads) of their own
     WARP_SPECIALIZE: tl.constexpr,
     FLATTEN: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
     SCALE_BLOCK: tl.constexpr,
 ):
+    HALF_N: tl.constexpr = BLOCK_N // 2
     start_pid = tl.program_id(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     num_tiles = num_pid_m * num_pid_n
 
+    tensor_scale = 1.0
     if SCALING == 0:
         tensor_scale = tl.load(scale_a_ptr) * tl.load(scale_b_ptr)
 
@@ -72,62 +121,65 @@ def _fp8_gemm_persistent_kernel(
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if SCALING == 2:
-            rows = off_m + tl.arange(0, BLOCK_M)
-            sa_ptrs = scale_a_ptr + rows * stride_sa_m
-            sb_ptr = scale_b_ptr + (off_n // SCALE_BLOCK) * stride_sb_n  # BLOCK_N <= SCALE_BLOCK: one weight block
-        for ki in range(k_tiles):
-            off_k = ki * BLOCK_K
-            a = a_desc.load([off_m, off_k])
-            b = b_desc.load([off_n, off_k])
-            if SCALING == 2:
-                # This K-tile's activation scale per row times the tile's one weight scale, applied as the
-                # product is promoted into the FP32 sum (as DeepGEMM does). Rows past M read scale 0.
-                sa = tl.load(sa_ptrs + ki * stride_sa_k, mask=rows < M, other=0.0)
-                row_scale = sa * tl.load(sb_ptr + ki * stride_sb_k)
-                acc += tl.dot(a, b.T) * row_scale[:, None]
-            elif FAST_ACCUM:
-                acc = tl.dot(a, b.T, acc)  # sm_90 keeps the tensor cores' own accumulator: no promotion
-            else:
-                acc += tl.dot(a, b.T)  # each K-tile's product is added into the FP32 sum
+        rows = off_m + tl.arange(0, BLOCK_M)
+        if SPLIT_N == 1:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for ki in range(k_tiles):
+                off_k = ki * BLOCK_K
+                sa = _activation_scales(scale_a_ptr, rows, M, ki, stride_sa_m, stride_sa_k, SCALING)
+                sb = _weight_scale(scale_b_ptr, off_n, ki, stride_sb_n, stride_sb_k, SCALING, SCALE_BLOCK)
+                acc = _accumulate(acc, a_desc.load([off_m, off_k]), b_desc.load([off_n, off_k]), sa * sb,
+                                  SCALING, FAST_ACCUM)
+        else:
+            acc_left = tl.zeros((BLOCK_M, HALF_N), dtype=tl.float32)
+            acc_right = tl.zeros((BLOCK_M, HALF_N), dtype=tl.float32)
+            for ki in range(k_tiles):
+                off_k = ki * BLOCK_K
+                a = a_desc.load([off_m, off_k])
+                sa = _activation_scales(scale_a_ptr, rows, M, ki, stride_sa_m, stride_sa_k, SCALING)
+                sb_left = _weight_scale(scale_b_ptr, off_n, ki, stride_sb_n, stride_sb_k, SCALING, SCALE_BLOCK)
+                sb_right = _weight_scale(scale_b_ptr, off_n + HALF_N, ki, stride_sb_n, stride_sb_k, SCALING,
+                                         SCALE_BLOCK)
+                acc_left = _accumulate(acc_left, a, b_desc.load([off_n, off_k]), sa * sb_left, SCALING, FAST_ACCUM)
+                acc_right = _accumulate(acc_right, a, b_desc.load([off_n + HALF_N, off_k]), sa * sb_right, SCALING,
+                                        FAST_ACCUM)
 
         tile_id_c += num_programs
         pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        if SCALING == 0:
-            acc = acc * tensor_scale
-        elif SCALING == 1:
-            rows = off_m + tl.arange(0, BLOCK_M)
-            cols = off_n + tl.arange(0, BLOCK_N)
-            sa = tl.load(scale_a_ptr + rows * stride_sa_m, mask=rows < M, other=0.0)
-            sb = tl.load(scale_b_ptr + cols * stride_sb_n, mask=cols < N, other=0.0)
-            acc = acc * sa[:, None] * sb[None, :]
-        if EPILOGUE_SUBTILE:
-            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-            left, right = tl.split(halves)
-            c_desc.store([off_m, off_n], left.to(tl.bfloat16))
-            c_desc.store([off_m, off_n + BLOCK_N // 2], right.to(tl.bfloat16))
-        else:
-            c_desc.store([off_m, off_n], acc.to(tl.bfloat16))
+        if SPLIT_N == 1:
+            if EPILOGUE_SUBTILE:  # two half-width stores: half the epilogue's shared-memory staging
+                acc_left, acc_right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF_N)), (0, 2, 1)))
+            else:
+                acc = _scaled(acc, off_m, off_n, M, N, tensor_scale, scale_a_ptr, scale_b_ptr, stride_sa_m,
+                              stride_sb_n, SCALING)
+                c_desc.store([off_m, off_n], acc.to(tl.bfloat16))
+        if SPLIT_N == 2 or EPILOGUE_SUBTILE:
+            acc_left = _scaled(acc_left, off_m, off_n, M, N, tensor_scale, scale_a_ptr, scale_b_ptr, stride_sa_m,
+                               stride_sb_n, SCALING)
+            c_desc.store([off_m, off_n], acc_left.to(tl.bfloat16))
+            acc_right = _scaled(acc_right, off_m, off_n + HALF_N, M, N, tensor_scale, scale_a_ptr, scale_b_ptr,
+                                stride_sa_m, stride_sb_n, SCALING)
+            c_desc.store([off_m, off_n + HALF_N], acc_right.to(tl.bfloat16))
 
 
 def launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool,
-                    config: Fp8GemmConfig) -> None:
-    """Launch on validated operands (fp8kernels.gemm checks them): a[M, K], b_t[N, K], out[M, N]."""
+                    config: Fp8GemmConfig):
+    """Launch on validated operands (fp8kernels.gemm checks them): a[M, K], b_t[N, K], out[M, N]. Returns
+    Triton's compiled-kernel handle (registers, spills and shared memory for tuning reports)."""
     M, K = a.shape
     N = b_t.shape[0]
     c_block_n = config.block_n // 2 if config.epilogue_subtile else config.block_n
     a_desc = TensorDescriptor.from_tensor(a, [config.block_m, config.block_k])
-    b_desc = TensorDescriptor.from_tensor(b_t, [config.block_n, config.block_k])
+    b_desc = TensorDescriptor.from_tensor(b_t, [config.block_n // config.split_n, config.block_k])
     c_desc = TensorDescriptor.from_tensor(out, [config.block_m, c_block_n])
     # Scales are indexed by (row, K-block); tensorwise scalars and (N, 1) columns use the first stride only.
     sa_strides = tuple(scale_a.stride()) if scale_a.dim() == 2 else (0, 0)
     sb_strides = tuple(scale_b.stride()) if scale_b.dim() == 2 else (0, 0)
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
     programs = min(config.num_sms, tiles)
-    _fp8_gemm_persistent_kernel[(programs,)](
+    return _fp8_gemm_persistent_kernel[(programs,)](
         a_desc, b_desc, c_desc, scale_a, scale_b, M, N, K, *sa_strides, *sb_strides, programs,
         SCALING=SCALING_CODES[granularity],
         FAST_ACCUM=fast_accum,
@@ -135,6 +187,7 @@ def launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fas
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
         GROUP_M=config.group_m,
+        SPLIT_N=config.split_n,
         WARP_SPECIALIZE=config.warp_specialize,
         # Hopper's automatic warp specialization does not take a tile loop flattened into the K loop.
         FLATTEN=not config.warp_specialize,

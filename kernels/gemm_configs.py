@@ -40,7 +40,10 @@ class Fp8GemmConfig:
     num_warps: int
     num_sms: int  # persistent programs: min(num_sms, tiles)
     warp_specialize: bool = False  # producer/consumer warp partitions (tl.range(..., warp_specialize=True))
-    epilogue_subtile: bool = True  # store the tile as two halves, halving the epilogue's shared memory
+    epilogue_subtile: bool = True  # store the tile as two column halves, halving the epilogue's shared memory
+    # 2: each column half of the tile has its own accumulator and B loads, so a K-tile's fresh product
+    # (promoted regimes) needs registers for half the tile only; the halves are stored separately.
+    split_n: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -53,6 +56,8 @@ class Fp8GemmConfig:
             raise ValueError(f"block_k must be at least 32 (an FP8 MMA's K), got {self.block_k}")
         if self.group_m < 1 or self.num_stages < 2 or self.num_sms < 1:
             raise ValueError("need group_m >= 1, num_stages >= 2 and num_sms >= 1")
+        if self.split_n not in (1, 2) or (self.split_n == 2 and not self.epilogue_subtile):
+            raise ValueError(f"split_n must be 1 or 2, and 2 stores column halves (epilogue_subtile), got {self.split_n}")
         if self.num_warps not in (4, 8, 16):
             raise ValueError(f"num_warps must be 4, 8 or 16, got {self.num_warps}")
         if self.shared_memory_bytes > SHARED_MEMORY_BYTES:
@@ -70,10 +75,10 @@ class Fp8GemmConfig:
 
     def check_granularity(self, granularity: Granularity, fast_accum: bool) -> None:
         """Raise ValueError where this config cannot run that scaling (the promotion interval is BLOCK_K)."""
-        if granularity is Granularity.BLOCKWISE and (self.block_k != BLOCK or self.block_n > BLOCK):
+        if granularity is Granularity.BLOCKWISE and (self.block_k != BLOCK or self.block_n // self.split_n > BLOCK):
             raise ValueError(
-                f"blockwise scaling applies one scale per {BLOCK} of K and one weight scale per tile: "
-                f"block_k must be {BLOCK} and block_n at most {BLOCK}"
+                f"blockwise scaling applies one scale per {BLOCK} of K and one weight scale per accumulator: "
+                f"block_k must be {BLOCK} and block_n / split_n at most {BLOCK}"
             )
         if not fast_accum and self.block_k > BLOCK:
             raise ValueError(f"without fast accumulation the sum is promoted every block_k <= {BLOCK} of K")
@@ -85,9 +90,13 @@ class Fp8GemmConfig:
         return dataclasses.replace(self, num_sms=num_sms)
 
 
-# Named presets (num_sms is filled in from the device).
-FAST_ACCUM = Fp8GemmConfig(block_m=128, block_n=256, block_k=128, group_m=8, num_stages=3, num_warps=8, num_sms=1)
-PROMOTED = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_stages=5, num_warps=8, num_sms=1)
+# Named presets (num_sms is filled in from the device). group_m = 16 walks about sqrt(132 * 256 / 128)
+# row tiles per wave of 132 tiles, which keeps the A and B panels a wave reads from L2 about equal.
+FAST_ACCUM = Fp8GemmConfig(block_m=128, block_n=256, block_k=128, group_m=16, num_stages=3, num_warps=8, num_sms=1)
+PROMOTED = Fp8GemmConfig(block_m=128, block_n=256, block_k=128, group_m=16, num_stages=3, num_warps=8, num_sms=1,
+                         split_n=2)
+BLOCKWISE = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_stages=4, num_warps=8, num_sms=1,
+                          warp_specialize=True)
 
 
 def is_promoted(granularity: Granularity, fast_accum: bool) -> bool:
@@ -98,7 +107,10 @@ def is_promoted(granularity: Granularity, fast_accum: bool) -> bool:
 @functools.lru_cache(maxsize=1024)
 def choose_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, num_sms: int) -> Fp8GemmConfig:
     """The heuristic: the regime's preset on a persistent grid of at most `num_sms` programs."""
-    preset = PROMOTED if is_promoted(granularity, fast_accum) else FAST_ACCUM
+    if granularity is Granularity.BLOCKWISE:
+        preset = BLOCKWISE
+    else:
+        preset = FAST_ACCUM if fast_accum else PROMOTED
     return preset.with_sms(num_sms)
 
 
@@ -107,9 +119,11 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, num_sms: int) 
     preset = choose_config(BLOCK, BLOCK, BLOCK, granularity, fast_accum, num_sms)
     if is_promoted(granularity, fast_accum):
         grid = [
-            dict(block_m=bm, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=w, warp_specialize=ws)
-            for bm, bn, w in ((128, 128, 8), (64, 256, 8), (256, 128, 16), (128, 256, 16))
-            for s in (3, 4, 5)
+            dict(block_m=bm, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=ws, split_n=split)
+            # Two whole 128 x 256 accumulators would need the register file (16 warps of 128 registers spill);
+            # split in column halves, the sum and one half's fresh product fit 8 warps.
+            for bm, bn, split, stages in ((128, 128, 1, (4, 5)), (128, 256, 2, (3,)), (64, 256, 2, (4, 5)))
+            for s in stages
             for ws in (False, True)
         ]
     else:

@@ -9,6 +9,7 @@ rounds to nearest), so the error measured is the kernel's own accumulation error
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -31,8 +32,12 @@ DEVICE = "cuda" if HAS_CUDA else "cpu"
 PROMOTED_TOLERANCE = 1e-3
 # Small tiles, so that the small CPU shapes still span several tiles and every program walks several.
 SMALL_TILES = Fp8GemmConfig(block_m=64, block_n=64, block_k=64, group_m=2, num_stages=2, num_warps=4, num_sms=3)
-SMALL_BLOCKWISE_TILES = Fp8GemmConfig(block_m=64, block_n=128, block_k=128, group_m=2, num_stages=2, num_warps=4,
-                                      num_sms=3)
+SMALL_BLOCKWISE_TILES = dataclasses.replace(SMALL_TILES, block_n=128, block_k=128)
+# Column halves with accumulators of their own (split_n=2), as the promoted regimes' 128 x 256 tiles use.
+SMALL_SPLIT_TILES = {
+    False: dataclasses.replace(SMALL_TILES, block_n=128, split_n=2),
+    True: dataclasses.replace(SMALL_TILES, block_n=256, block_k=128, split_n=2),
+}
 
 CASES = [
     (Granularity.TENSORWISE, True),
@@ -96,10 +101,12 @@ def _shapes(granularity: Granularity):
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 @pytest.mark.parametrize("shape_index", range(3))
-def test_small_tiles_on_awkward_shapes(case, shape_index):
+@pytest.mark.parametrize("split_n", (1, 2), ids=lambda n: f"split_n{n}")
+def test_small_tiles_on_awkward_shapes(case, shape_index, split_n):
     granularity, fast_accum = case
     M, K, N = _shapes(granularity)[shape_index]
-    config = SMALL_BLOCKWISE_TILES if granularity is Granularity.BLOCKWISE else SMALL_TILES
+    blockwise = granularity is Granularity.BLOCKWISE
+    config = SMALL_SPLIT_TILES[blockwise] if split_n == 2 else SMALL_BLOCKWISE_TILES if blockwise else SMALL_TILES
     operands = _quantized(M, K, N, granularity, seed=100 * shape_index + len(_case_id(case)))
     out = _run_poisoned(*operands, granularity, fast_accum, config)
     rel = _relative_error(*operands, out)
@@ -201,6 +208,7 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
         (dict(num_warps=6), "num_warps"),
         (dict(num_stages=1), "num_stages"),
         (dict(block_n=256, num_stages=6), "shared memory"),
+        (dict(split_n=2, epilogue_subtile=False), "split_n"),
     ],
 )
 def test_config_is_validated_once(fields, message):
