@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp8kernels._quantize_common import cast_to_fp8, dequantization_scale, multiplier_from_amax
+from fp8kernels._quantize_common import cast_to_fp8, dequantization_scale, multiplier_from_amax, store_transposed
 
 
 @triton.jit
@@ -83,8 +83,6 @@ def _cast_axiswise_kernel(
             tl.store(scale_ptr + r, dequantization_scale(multiplier), mask=r < rows)
     if COLUMNWISE:
         multiplier_t = multiplier_from_amax(tl.load(col_amax_ptr + c, mask=c < cols, other=0.0), FP8_MAX, POWER_OF_TWO)
-        q_t = cast_to_fp8(x, multiplier_t[None, :], FP8_MAX, FP8_DTYPE)
-        # Transposed addresses: the compiler stages the tile through shared memory for coalesced stores.
-        tl.store(q_t_ptr + c[None, :] * rows + r[:, None], q_t, mask=mask)
+        store_transposed(q_t_ptr, x, multiplier_t[:, None], r, c, rows, cols, FP8_MAX, FP8_DTYPE)
         if pid_r == 0:
             tl.store(scale_t_ptr + c, dequantization_scale(multiplier_t), mask=c < cols)

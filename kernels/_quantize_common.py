@@ -49,6 +49,19 @@ def cast_to_fp8(x, multiplier, FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr):
     return tl.clamp(x * multiplier, -FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
+@triton.jit
+def store_transposed(q_t_ptr, x, multiplier_t, r, c, rows, cols, FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr):
+    """Write the tile x (rows r, columns c of the input) into the transposed copy (cols, rows), cast with
+    `multiplier_t`, shaped for x.T (per column of x: [BLOCK_COLS, 1]; or a scalar).
+
+    The tile is transposed in registers (tl.trans) and cast as its own tensor: stores then run along the
+    transposed copy's rows. (Storing the row-major cast itself at transposed addresses, leaving the
+    layout change to the compiler, gave wrong row-major values for a float32 input in the tensorwise
+    kernel with both copies -- Triton 3.6, H100; the cause was not isolated.)"""
+    q_t = cast_to_fp8(tl.trans(x), multiplier_t, FP8_MAX, FP8_DTYPE)
+    tl.store(q_t_ptr + c[:, None] * rows + r[None, :], q_t, mask=(c[:, None] < cols) & (r[None, :] < rows))
+
+
 def check_input(x: torch.Tensor) -> None:
     """Raise ValueError, saying what is wrong, for a tensor the kernels cannot quantize."""
     if not isinstance(x, torch.Tensor):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp8kernels._quantize_common import cast_to_fp8, dequantization_scale, multiplier_from_amax
+from fp8kernels._quantize_common import cast_to_fp8, dequantization_scale, multiplier_from_amax, store_transposed
 
 
 @triton.jit
@@ -40,14 +40,11 @@ def _cast_tensorwise_kernel(
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
     tl.store(scale_ptr, dequantization_scale(multiplier), mask=(pid_r == 0) & (pid_c == 0))
 
-    r = (pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS))[:, None]
-    c = (pid_c * BLOCK_COLS + tl.arange(0, BLOCK_COLS))[None, :]
-    mask = (r < rows) & (c < cols)
-    x = tl.load(x_ptr + r * cols + c, mask=mask, other=0.0).to(tl.float32)
-    q = cast_to_fp8(x, multiplier, FP8_MAX, FP8_DTYPE)
+    r = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    c = pid_c * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+    mask = (r[:, None] < rows) & (c[None, :] < cols)
+    x = tl.load(x_ptr + r[:, None] * cols + c[None, :], mask=mask, other=0.0).to(tl.float32)
     if ROWWISE:
-        tl.store(q_ptr + r * cols + c, q, mask=mask)
+        tl.store(q_ptr + r[:, None] * cols + c[None, :], cast_to_fp8(x, multiplier, FP8_MAX, FP8_DTYPE), mask=mask)
     if COLUMNWISE:
-        # The same tile at transposed addresses: the compiler stages it through shared memory so
-        # that the stores run along the transposed copy's rows.
-        tl.store(q_t_ptr + c * rows + r, q, mask=mask)
+        store_transposed(q_t_ptr, x, multiplier, r, c, rows, cols, FP8_MAX, FP8_DTYPE)

@@ -2,15 +2,16 @@
 which copies are asked for, and the device's multiprocessor count.
 
 The kernels are memory-bound, so the heuristic is about bytes in flight and coalescing:
-- a tile holds about `_TILE_ELEMENTS` inputs (16-32 per thread), enough loads in flight per SM to
-  cover HBM latency without spilling registers;
+- a row-major tile holds about `_TILE_ELEMENTS` / 2 to `_TILE_ELEMENTS` inputs, enough loads in flight
+  per SM to cover HBM latency without spilling registers;
 - a tile that writes the transposed copy is at least 64 rows tall, so each row of the transposed
   fp8 output is written in 64-byte or longer runs;
-- grid-stride passes (the tensorwise amax, the column amax) launch a few programs per SM, each
-  walking its share, rather than one program per tile;
+- grid-stride passes (the tensorwise amax, the column amax) launch `_PROGRAMS_PER_SM` programs per SM,
+  each walking its share, rather than one program per tile;
 - the one-pass rowwise kernel holds whole rows when they fit `_MAX_ROW_CHUNK` elements, so the row is
   read from HBM once; longer rows are walked twice in chunks, the second walk hitting L2.
-`candidates` lists the configs kernels/quantize_sweep.py times against each other to tune `choose`.
+Warp counts and the tiles with a transposed copy were then picked by measurement: `candidates` lists
+the configs kernels/quantize_sweep.py times against each other, and `choose` took the fastest.
 """
 
 from __future__ import annotations
@@ -104,26 +105,26 @@ def _warps_for(elements: int) -> int:
 
 
 def choose(kernel: QuantizeKernel, rows: int, cols: int, columnwise: bool, sms: int) -> QuantizeConfig:
-    """The default config for one launch (see the module docstring for why)."""
+    """The default config for one launch (see the module docstring for why). Warps and tiles marked
+    `swept` were the fastest of `candidates` on an H100 (kernels/quantize_sweep.py, 8192 x 8192 and
+    8192 x 28672 bf16; kernels/README.md has the numbers)."""
     if kernel is QuantizeKernel.ROWWISE:
         block_cols = min(triton.next_power_of_2(cols), _MAX_ROW_CHUNK)
         block_rows = max(1, min(_TILE_ELEMENTS // block_cols, triton.next_power_of_2(rows)))
         return QuantizeConfig(block_rows, block_cols, _warps_for(block_rows * block_cols))
+    if kernel is QuantizeKernel.BLOCKWISE_1X128 and not columnwise:
+        return QuantizeConfig(32, BLOCK, 4)
     if kernel in (QuantizeKernel.BLOCKWISE_1X128, QuantizeKernel.BLOCKWISE_128X128):
-        square = kernel is QuantizeKernel.BLOCKWISE_128X128 or columnwise
-        block_rows = BLOCK if square else 32
-        return QuantizeConfig(block_rows, BLOCK, _warps_for(block_rows * BLOCK))
-    if columnwise:
-        block_rows, block_cols = _TRANSPOSE_MIN_ROWS, 128
-    else:
-        block_cols = min(triton.next_power_of_2(cols), 1024)
-        block_rows = max(1, _TILE_ELEMENTS // 2 // block_cols)
+        return QuantizeConfig(BLOCK, BLOCK, 4)  # swept: 4 warps beat 8 and 16 by 5-70 %
     programs = _PROGRAMS_PER_SM * sms
-    if kernel is QuantizeKernel.TENSORWISE:
-        amax_block = _TILE_ELEMENTS
-        programs = max(1, min(programs, triton.cdiv(rows * cols, amax_block)))
-        return QuantizeConfig(block_rows, block_cols, _warps_for(block_rows * block_cols), amax_block, programs)
-    return QuantizeConfig(block_rows, block_cols, _warps_for(block_rows * block_cols), 0, programs)
+    if kernel is QuantizeKernel.AXISWISE_TWO_PASS:
+        return QuantizeConfig(128, 64, 8, 0, programs) if columnwise else QuantizeConfig(4, 1024, 8, 0, programs)  # swept
+    amax_block = _TILE_ELEMENTS
+    programs = max(1, min(programs, triton.cdiv(rows * cols, amax_block)))
+    if columnwise:
+        return QuantizeConfig(_TRANSPOSE_MIN_ROWS, 128, 16, amax_block, programs)  # swept
+    block_cols = min(triton.next_power_of_2(cols), 1024)
+    return QuantizeConfig(max(1, _TILE_ELEMENTS // 2 // block_cols), block_cols, 8, amax_block, programs)  # swept: 8 warps, not 4
 
 
 def candidates(kernel: QuantizeKernel, rows: int, cols: int, columnwise: bool, sms: int) -> list[QuantizeConfig]:
