@@ -199,6 +199,29 @@ def report(run: Path = typer.Argument(..., help="a run folder (holding results.c
         console.print(f"report: {page}")
 
 
+@app.command()
+def publish(
+    reports: Path = typer.Argument(..., help="a reports tree: <gpu-model>/<run>/results.csv, or <gpu-model>/<run>/<entry>/results.csv"),
+    out: Path = typer.Option(Path("site"), help="the site folder; an existing site is brought up to date"),
+) -> None:
+    """Build a static site of every run: per GPU model the latest runs, history charts, compare pages, reports."""
+    from rich.markup import escape
+
+    from fp8bench.publish import publish as build_site
+
+    try:
+        published = build_site(reports, out)
+    except (OSError, ValueError) as err:
+        err_console.print(f"[red]error:[/] {escape(str(err))}")
+        raise typer.Exit(2) from None
+    for skipped in published.skipped:
+        console.print(f"[yellow]skipped[/] {escape(str(skipped.path))}: {escape(skipped.reason)}")
+    console.print(
+        f"site: {escape(str(published.index))} ({len(published.rebuilt)} run folders and compare pages built, "
+        f"{len(published.unchanged)} unchanged)"
+    )
+
+
 @app.command("run")
 def run_suite(
     suite: Path = typer.Argument(..., help="a suite file, e.g. suites/square.toml"),

@@ -51,7 +51,7 @@ body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
 table { border-collapse: collapse; font-size: 0.85em; }
 th, td { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: right; white-space: nowrap; }
 th { background: #f2f2f2; }
-td.text { text-align: left; }
+td.text, table.links td { text-align: left; }
 tr.status-unsupported td { background: #fff6dd; }
 tr.status-failed td { background: #fde2e2; }
 .banner { background: #fde2e2; border: 1px solid #d88; padding: 0.6em; margin: 1em 0; }

@@ -1,0 +1,406 @@
+"""`fp8bench publish`: the static site, built from the committed reports/ tree (what CI checks) and
+from a synthetic tree with hostile names, gate results, skipped folders and two runs per entry.
+
+In headless Chromium every page must load without a script error and draw exactly the points its
+rows call for; on disk every link must resolve inside the site, plotly.js must exist once, every
+string from a result file must be escaped, and a second build must rebuild only what changed.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from browser import parse_html, render
+from fp8bench.cli import app
+from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase, Status
+from fp8bench.matmul import case_row, measured_row
+from fp8bench.publish import MANIFEST_JSON, publish
+from fp8bench.publish_tree import COMPARE_HTML, GATE_JSON, HISTORY_HTML, read_tree, slug
+from fp8bench.report import INDEX_HTML, page_name
+from fp8bench.report_html import PLOTLY_JS
+from fp8bench.results import RunWriter, load_results, status_text
+from test_report import GPU, synthetic_measurement
+
+COMMITTED_REPORTS = Path(__file__).resolve().parent.parent / "reports"
+# Strings that would run script if a page let them through: a case name that closes the script
+# element plotly's data sits in, and a run folder name (folders cannot hold `/`).
+EVIL_CASE = '</script><script>document.title="pwned"</script>'
+EVIL_RUN = """<img src=x onerror="document.title='pwned'">"""
+MODEL = "synthetic-gpu"
+SHAPES = (GemmShape(512, 512, 512), GemmShape(1024, 512, 1024, EVIL_CASE))
+SLOWER = 1.25  # the second CI run's cuBLAS fast-accum cases: 25% slower, so the gate sees a regression
+
+
+def write_run(run_dir: Path, started: str | None, seed: int, slow_fast_accum: float = 1.0) -> None:
+    """Synthetic matmul rows (fake timer): BF16 and cuBLAS tensorwise per shape, plus an unsupported row."""
+    metadata = {
+        "benchmark": "matmul",
+        "command": f"synthetic fixture of tests/test_publish.py {EVIL_CASE}",
+        "gpu_spec": GPU.key,
+        "gpu_name": "none: synthetic test fixture",
+    }
+    if started is not None:
+        metadata["started_utc"] = started
+    rng = np.random.default_rng(seed)
+    with RunWriter(run_dir, metadata) as writer:
+        for shape in SHAPES:
+            bf16_case = MatmulCase(shape, "bf16", Granularity.NONE, FastAccum.NA)
+            bf16 = synthetic_measurement(bf16_case, rng)
+            writer.append(measured_row(bf16_case, bf16, {}, GPU, None, None))
+            for fast_accum in (FastAccum.ON, FastAccum.OFF):
+                case = MatmulCase(shape, "cublas", Granularity.TENSORWISE, fast_accum)
+                measurement = synthetic_measurement(case, rng)
+                if fast_accum is FastAccum.ON:
+                    measurement = replace(measurement, repeat_ms=tuple(t * slow_fast_accum for t in measurement.repeat_ms))
+                writer.append(measured_row(case, measurement, {}, GPU, bf16.median_ms, 0.03))
+            triton = MatmulCase(shape, "triton", Granularity.TENSORWISE, FastAccum.ON)
+            writer.append(case_row(triton, status_text(Status.UNSUPPORTED, "synthetic: <no triton> here")))
+
+
+def write_synthetic_tree(root: Path) -> None:
+    """Two CI runs (folders of suite runs) of entries `square` and `thin`, the second gated against
+    the first; a single run with a hostile folder name; and folders that are no runs at all."""
+    model = root / MODEL
+    write_run(model / "ci-001" / "square", "2026-01-01T10:00:00+00:00", seed=1)
+    write_run(model / "ci-001" / "thin", None, seed=2)  # records no start time: not on the history chart
+    write_run(model / "ci-002" / "square", "2026-01-02T10:00:00+00:00", seed=3, slow_fast_accum=SLOWER)
+    write_run(model / "ci-002" / "thin", "2026-01-02T10:05:00+00:00", seed=4)
+    write_run(model / "ci-002" / "_reruns" / "square" / "case-1", "2026-01-02T10:10:00+00:00", seed=5)
+    gated = CliRunner().invoke(app, ["compare", str(model / "ci-001"), str(model / "ci-002"), "--json", str(model / "ci-002" / GATE_JSON)])
+    assert gated.exit_code == 1, gated.output  # the slowed cases are a regression
+    write_run(model / EVIL_RUN, "2026-01-03T10:00:00+00:00", seed=6)
+    (model / "ci-002" / "notes").mkdir()
+    (model / "empty-run").mkdir()
+    (model / "broken").mkdir()
+    (model / "broken" / "results.csv").write_text("benchmark,case\nmatmul,x\n")
+    (root / "empty-model").mkdir()
+
+
+@pytest.fixture(scope="module")
+def committed_site(tmp_path_factory):
+    site = tmp_path_factory.mktemp("committed") / "site"
+    return site, publish(COMMITTED_REPORTS, site)
+
+
+@pytest.fixture(scope="module")
+def synthetic_site(tmp_path_factory):
+    root = tmp_path_factory.mktemp("synthetic") / "reports"
+    write_synthetic_tree(root)
+    site = root.parent / "site"
+    return root, site, publish(root, site)
+
+
+def site_pages(site: Path) -> list[Path]:
+    return sorted(site.rglob("*.html"))
+
+
+def ok_fp8(rows):
+    return rows[(rows["status"] == "ok") & (rows["granularity"] != Granularity.NONE.value) & (rows["speedup_vs_bf16"] > 0)]
+
+
+def expected_graphs(root: Path, site: Path) -> dict[Path, dict[str, int]]:
+    """Per chart page, each plotly graph's div id and the points it must draw, from the runs' rows."""
+    tree = read_tree(root, exclude=site)
+    expected: dict[Path, dict[str, int]] = {}
+    for model in tree.models:
+        history: dict[str, int] = {}
+        for name, entries in tree.history(model).items():
+            points = sum(
+                ok_fp8(e.rows).groupby(["benchmark", "granularity", "backend", "fast_accum"]).ngroups
+                for e in entries
+                if e.started is not None
+            )
+            if points:
+                history[f"history-{slug(name)}"] = points
+            for entry in entries:
+                rows = load_results(entry.source)
+                for granularity in Granularity.fp8():
+                    shown = rows[rows["granularity"].isin({granularity.value, Granularity.NONE.value}) & (rows["status"] == "ok")]
+                    if (rows["granularity"] == granularity.value).any():
+                        expected[site / entry.site_dir / page_name(granularity)] = {
+                            "matmul-speedup": len(ok_fp8(shown)),
+                            "matmul-tflops": int(shown["tflops"].notna().sum()),
+                        }
+        expected[site / slug(model) / HISTORY_HTML] = history
+    return expected
+
+
+def render_all(pages: list[Path]) -> dict[Path, object]:
+    """Chromium on every page, two at a time (one per core of a small CI box)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(pages, pool.map(render, pages)))
+
+
+def check_in_browser(root: Path, site: Path) -> None:
+    expected = expected_graphs(root, site)
+    assert expected, "no chart page expected: the tree has no runs with charts"
+    for path, page in render_all(site_pages(site)).items():
+        where = path.relative_to(site)
+        assert page.js_errors == (), f"{where}: {page.js_errors}"
+        assert page.title != "pwned", where  # what the hostile strings would set
+        assert {g.div_id: g.points for g in page.graphs} == expected.get(path, {}), where
+
+
+def local_target(page: Path, reference: str) -> tuple[Path, str]:
+    parts = urlsplit(reference)
+    assert not parts.scheme and not parts.netloc, f"{page}: {reference} leaves the site (it must work with no network)"
+    return (page.parent / unquote(parts.path)).resolve() if parts.path else page.resolve(), parts.fragment
+
+
+def check_links(site: Path) -> int:
+    """Every href and src of every page resolves to a file inside the site (and a #fragment to an id there)."""
+    checked = 0
+    site = site.resolve()
+    for page in site_pages(site):
+        dom = parse_html(page.read_text(encoding="utf-8"))
+        references = [e.attrs["href"] for e in dom.find_all("a") if "href" in e.attrs]
+        references += [e.attrs["src"] for e in dom.find_all("script") if "src" in e.attrs]
+        for reference in references:
+            target, fragment = local_target(page, reference)
+            assert target.is_relative_to(site) and target.is_file(), f"{page.relative_to(site)}: broken link {reference}"
+            if fragment:
+                ids = {e.attrs.get("id") for e in parse_html(target.read_text(encoding="utf-8")).find_all()}
+                assert fragment in ids, f"{page.relative_to(site)}: {reference} names no element of {target.name}"
+            checked += 1
+    return checked
+
+
+def check_one_plotly(site: Path) -> None:
+    bundles = [p for p in site.rglob("*.js")]
+    assert bundles == [site / PLOTLY_JS] and bundles[0].stat().st_size > 1_000_000
+    for page in site_pages(site):
+        text = page.read_text(encoding="utf-8")
+        sources = [e.attrs["src"] for e in parse_html(text).find_all("script") if "src" in e.attrs]
+        if "Plotly.newPlot" in text:
+            assert len(sources) == 1 and local_target(page, sources[0])[0] == (site / PLOTLY_JS).resolve(), page
+        else:
+            assert sources == [], page
+        assert len(text) < bundles[0].stat().st_size / 4, f"{page} seems to inline plotly.js"
+
+
+def table(page: Path, heading: str) -> list[dict[str, str]]:
+    """The rows of the first table after an <h2> with this text, cell texts by column header."""
+    dom = parse_html(page.read_text(encoding="utf-8"))
+    elements = list(dom.iter())
+    start = next(i for i, e in enumerate(elements) if e.tag == "h2" and e.text() == heading)
+    found = next(e for e in elements[start:] if e.tag == "table")
+    header = [th.text().strip() for th in found.find_all("th")]
+    return [dict(zip(header, (td.text().strip() for td in tr.find_all("td")))) for tr in found.find_all("tbody")[0].find_all("tr")]
+
+
+# --- the committed reports (what CI publishes) ---
+
+
+def test_committed_reports_site_has_every_run_and_one_plotly(committed_site):
+    site, published = committed_site
+    runs = sorted(p.parent.name for p in COMMITTED_REPORTS.glob("*/*/results.csv"))
+    assert runs, "reports/ holds no committed run"
+    assert sorted(Path(key).name for key in published.rebuilt) == runs and published.unchanged == ()
+    for model in {p.parent.parent.name for p in COMMITTED_REPORTS.glob("*/*/results.csv")}:
+        latest = table(site / slug(model) / INDEX_HTML, "Latest run of each entry")
+        assert sorted(row["latest run"] for row in latest) == sorted(
+            p.parent.name for p in (COMMITTED_REPORTS / model).glob("*/results.csv")
+        )
+        assert all(row["gate"] == "not gated" for row in latest)
+    check_one_plotly(site)
+    assert check_links(site) > 0
+
+
+def test_committed_reports_geomeans_are_those_of_the_rows(committed_site):
+    site, _ = committed_site
+    for csv in COMMITTED_REPORTS.glob("*/*/results.csv"):
+        shown = [row for row in table(site / slug(csv.parent.parent.name) / INDEX_HTML, "Geomean speedup over BF16 of the latest runs") if row["entry"] == csv.parent.name]
+        fp8 = ok_fp8(load_results(csv))
+        assert len(shown) == fp8["granularity"].nunique() > 0
+        for (granularity, backend, fast_accum), speedups in fp8.groupby(["granularity", "backend", "fast_accum"])["speedup_vs_bf16"]:
+            (row,) = [r for r in shown if r["granularity"] == granularity]
+            geomean = float(np.exp(np.log(speedups).mean()))
+            assert row[f"{backend}, accum {fast_accum}"] == f"{geomean:.3f}x ({len(speedups)})"
+
+
+@pytest.mark.browser
+def test_committed_reports_site_renders_every_chart_without_errors(committed_site):
+    site, _ = committed_site
+    check_in_browser(COMMITTED_REPORTS, site)
+
+
+# --- a synthetic tree ---
+
+
+def test_synthetic_site_layout_skips_what_is_not_a_run(synthetic_site):
+    root, site, published = synthetic_site
+    skipped = {str(s.path.relative_to(root)): s.reason for s in published.skipped}
+    assert sorted(skipped) == sorted([f"{MODEL}/broken", f"{MODEL}/ci-002/notes", f"{MODEL}/empty-run", "empty-model"])
+    assert "does not follow the result schema" in skipped[f"{MODEL}/broken"]
+    assert skipped[f"{MODEL}/ci-002/notes"] == "holds no results.csv"
+    assert skipped[f"{MODEL}/empty-run"] == "holds no results.csv, nor entry folders with one"
+    assert skipped["empty-model"] == "holds no run folders"
+    entries = sorted(published.rebuilt)
+    assert entries == sorted(
+        [f"{MODEL}/runs/{run}/{entry}" for run in ("ci-001", "ci-002") for entry in ("square", "thin")]
+        + [f"{MODEL}/runs/{slug(EVIL_RUN)}"]
+        + [f"{MODEL}/runs/ci-002/{entry}/{COMPARE_HTML}" for entry in ("square", "thin")]
+    )
+    assert not (site / MODEL / "runs" / "ci-002" / "_reruns").exists()  # a gate's re-runs are no entry
+    index_text = (site / INDEX_HTML).read_text()
+    for reason in skipped.values():
+        assert html.escape(reason) in index_text
+    check_one_plotly(site)
+    assert check_links(site) > 0
+
+
+def test_synthetic_site_shows_the_gate_result_and_the_regression(synthetic_site):
+    root, site, _ = synthetic_site
+    gate = json.loads((root / MODEL / "ci-002" / GATE_JSON).read_text())
+    latest = {row["entry"]: row for row in table(site / MODEL / INDEX_HTML, "Latest run of each entry")}
+    for entry in ("square", "thin"):
+        outcomes = [case["outcome"] for case in gate["cases"] if case["run"] == entry]
+        counts = ", ".join(f"{outcomes.count(o)} {o}" for o in ("PASS", "REGRESSION", "INCONCLUSIVE", "IMPROVEMENT") if o in outcomes)
+        assert latest[entry]["gate"] == f"{gate['verdict']} (exit {gate['exit_code']}): {counts}"
+        assert latest[entry]["latest run"] == "ci-002" and latest[entry]["compare"] == "vs ci-001"
+    assert gate["verdict"] == "REGRESSION" and latest[EVIL_RUN]["gate"] == "not gated"
+    assert latest[EVIL_RUN]["note"] == "fake timer: not GPU measurements"
+    assert (site / MODEL / "runs" / "ci-002" / GATE_JSON).read_bytes() == (root / MODEL / "ci-002" / GATE_JSON).read_bytes()
+
+    cases = table(site / MODEL / "runs" / "ci-002" / "square" / COMPARE_HTML, "REGRESSION (exit 1): 4 cases on FP8/BF16 speedups measured in the same run (2 pass, 2 regression)")
+    outcomes = {row["case"]: row["outcome"] for row in cases}
+    assert outcomes == {
+        f"matmul/{shape.name}/tensorwise/cublas/e4m3-tensorwise/accum-{accum}": "REGRESSION" if accum == "on" else "PASS"
+        for shape in SHAPES
+        for accum in ("on", "off")
+    }
+
+
+def test_synthetic_history_says_what_it_could_not_plot(synthetic_site):
+    _, site, _ = synthetic_site
+    text = (site / MODEL / HISTORY_HTML).read_text()
+    assert "not plotted, no start time recorded: ci-001" in text  # thin's first run
+    assert text.count("One run so far") == 2  # thin (one timed run) and the hostile single run
+
+
+def test_strings_from_result_files_and_folder_names_are_escaped(synthetic_site):
+    _, site, _ = synthetic_site
+    for page in site_pages(site):
+        text = page.read_text(encoding="utf-8")
+        assert "<script>document.title" not in text and "<img src=x" not in text and "<no triton>" not in text, page
+        scripts = parse_html(text).find_all("script")
+        assert all("pwned" not in s.text() or "\\u003c" in s.text() for s in scripts), page
+    model_index = (site / MODEL / INDEX_HTML).read_text()
+    assert html.escape(EVIL_RUN) in model_index
+    assert html.escape(EVIL_CASE) in (site / MODEL / "runs" / "ci-002" / "square" / COMPARE_HTML).read_text()
+    assert slug(EVIL_RUN).startswith("img-src-x-onerror-document-title-pwned-")
+
+
+@pytest.mark.browser
+def test_synthetic_site_renders_every_chart_without_errors(synthetic_site):
+    root, site, _ = synthetic_site
+    check_in_browser(root, site)
+
+
+# --- incremental builds ---
+
+
+def test_a_second_build_rebuilds_only_what_changed(tmp_path):
+    root = tmp_path / "reports"
+    write_synthetic_tree(root)
+    site = tmp_path / "site"
+    first = publish(root, site)
+    stamps = {p: p.stat().st_mtime_ns for p in site.rglob("*") if p.is_file()}
+    second = publish(root, site)
+    assert second.rebuilt == () and sorted(second.unchanged) == sorted(first.rebuilt)
+    # what is built per entry run; the pages over many runs (indexes, history) are rewritten every time
+    run_pages = [p for p in stamps if p.parent.parent.name in ("ci-001", "ci-002") or p.parent.name == slug(EVIL_RUN)]
+    assert run_pages and all(p.stat().st_mtime_ns == stamps[p] for p in run_pages)
+
+    write_run(root / MODEL / "ci-001" / "square", "2026-01-01T10:00:00+00:00", seed=1)  # appends rows
+    third = publish(root, site)
+    assert sorted(third.rebuilt) == [f"{MODEL}/runs/ci-001/square", f"{MODEL}/runs/ci-002/square/{COMPARE_HTML}"]
+    assert (site / MODEL / "runs" / "ci-001" / "square" / "results.csv").read_bytes() == (root / MODEL / "ci-001" / "square" / "results.csv").read_bytes()
+    untouched = site / MODEL / "runs" / "ci-002" / "thin" / page_name(Granularity.TENSORWISE)
+    assert untouched.stat().st_mtime_ns == stamps[untouched]
+
+    shutil.rmtree(root / MODEL / "ci-001")
+    fourth = publish(root, site)
+    assert fourth.rebuilt == ()
+    assert not (site / MODEL / "runs" / "ci-001").exists()
+    assert not (site / MODEL / "runs" / "ci-002" / "square" / COMPARE_HTML).exists()  # no previous run left
+    manifest = json.loads((site / MANIFEST_JSON).read_text())
+    assert not any("ci-001" in key for key in manifest["pages"])
+    assert check_links(site) > 0
+
+
+def test_changed_rendering_code_rebuilds_everything(tmp_path):
+    root = tmp_path / "reports"
+    write_run(root / MODEL / "only", "2026-01-01T10:00:00+00:00", seed=1)
+    site = tmp_path / "site"
+    publish(root, site)
+    manifest = json.loads((site / MANIFEST_JSON).read_text())
+    (site / MANIFEST_JSON).write_text(json.dumps({**manifest, "code": "from an older fp8bench"}))
+    assert publish(root, site).rebuilt == (f"{MODEL}/runs/only",)
+
+
+# --- bad input ---
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, ["publish", *map(str, args)], env={"COLUMNS": "1000"})
+
+
+def test_cli_publishes_and_lists_what_it_skipped(tmp_path):
+    root = tmp_path / "reports"
+    write_synthetic_tree(root)
+    result = cli(root, "--out", tmp_path / "site")
+    assert result.exit_code == 0, result.output
+    assert "skipped" in result.output and "empty-model: holds no run folders" in result.output
+    # 5 entry runs (2 CI runs of 2 entries, 1 single run) and the 2 compare pages of the second CI run
+    assert "7 run folders and compare pages built, 0 unchanged" in result.output
+
+
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [
+        (lambda root: root.mkdir(), "no runs under"),
+        (lambda root: (root / "h100-sxm" / "nothing-here").mkdir(parents=True), "holds no results.csv, nor entry folders"),
+        (lambda root: None, "is not a folder"),
+        (lambda root: write_run(root, None, seed=1), "is a single run; publish takes the tree above it"),
+    ],
+    ids=["empty", "no-results", "missing", "single-run"],
+)
+def test_a_tree_without_runs_is_a_clear_error(tmp_path, layout, message):
+    root = tmp_path / "reports"
+    layout(root)
+    result = cli(root, "--out", tmp_path / "site")
+    assert result.exit_code == 2
+    assert message in result.output and "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert not (tmp_path / "site").exists()
+
+
+def test_publish_refuses_to_write_into_a_folder_that_is_not_a_site(tmp_path):
+    root = tmp_path / "reports"
+    write_run(root / MODEL / "only", None, seed=1)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "keep.txt").write_text("not ours")
+    result = cli(root, "--out", tmp_path / "elsewhere")
+    assert result.exit_code == 2 and "is not an fp8bench site" in result.output
+    assert os.listdir(tmp_path / "elsewhere") == ["keep.txt"]
+
+
+def test_a_malformed_gate_json_is_shown_not_fatal(tmp_path):
+    root = tmp_path / "reports"
+    write_run(root / MODEL / "ci" / "square", "2026-01-01T10:00:00+00:00", seed=1)
+    (root / MODEL / "ci" / GATE_JSON).write_text('{"verdict": "MAYBE", "cases": []}')
+    publish(root, tmp_path / "site")
+    (row,) = table(tmp_path / "site" / MODEL / INDEX_HTML, "Latest run of each entry")
+    assert row["gate"].startswith(f"{GATE_JSON} unreadable:") and "MAYBE" in row["gate"]
