@@ -404,3 +404,11 @@ def test_a_malformed_gate_json_is_shown_not_fatal(tmp_path):
     publish(root, tmp_path / "site")
     (row,) = table(tmp_path / "site" / MODEL / INDEX_HTML, "Latest run of each entry")
     assert row["gate"].startswith(f"{GATE_JSON} unreadable:") and "MAYBE" in row["gate"]
+
+
+def test_a_site_inside_the_reports_tree_is_not_read_as_runs(tmp_path):
+    root = tmp_path / "reports"
+    write_run(root / MODEL / "only", "2026-01-01T10:00:00+00:00", seed=1)
+    publish(root, root / "site")
+    again = publish(root, root / "site")
+    assert again.skipped == () and again.unchanged == (f"{MODEL}/runs/only",)
