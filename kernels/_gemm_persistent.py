@@ -31,34 +31,23 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _accumulate(acc, a, b, row_scale, SCALING: tl.constexpr, FAST_ACCUM: tl.constexpr):
-    """acc + a @ b.T for one K-tile, in the regime's way of accumulating."""
-    if SCALING == 2:
-        # This K-tile's activation scale per row times the sub-tile's weight scale, applied as the product
-        # is promoted into the FP32 sum (as DeepGEMM does).
-        return acc + tl.dot(a, b.T) * row_scale[:, None]
-    elif FAST_ACCUM:
+def _accumulate(acc, a, b, FAST_ACCUM: tl.constexpr):
+    """acc + a @ b.T for one K-tile (tensorwise and axiswise: their scales come in the epilogue)."""
+    if FAST_ACCUM:
         return tl.dot(a, b.T, acc)  # sm_90 keeps the tensor cores' own accumulator: no promotion
     else:
         return acc + tl.dot(a, b.T)  # the K-tile's product is added into the FP32 sum
 
 
 @triton.jit
-def _activation_scales(scale_a_ptr, rows, M, ki, stride_sa_m, stride_sa_k, SCALING: tl.constexpr):
-    """Blockwise: K-tile ki's 1 x 128 scale of each row (rows past M read 0: their products are zeros)."""
-    if SCALING == 2:
-        return tl.load(scale_a_ptr + rows * stride_sa_m + ki * stride_sa_k, mask=rows < M, other=0.0)
-    else:
-        return 0.0  # unused: the other scalings scale the finished sum
-
-
-@triton.jit
-def _weight_scale(scale_b_ptr, off_n, ki, stride_sb_n, stride_sb_k, SCALING: tl.constexpr, SCALE_BLOCK: tl.constexpr):
-    """Blockwise: the scale of the 128 x 128 weight block holding column off_n at K-tile ki."""
-    if SCALING == 2:
-        return tl.load(scale_b_ptr + (off_n // SCALE_BLOCK) * stride_sb_n + ki * stride_sb_k)
-    else:
-        return 0.0
+def _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, ki, k_tiles, stride_sa_m, stride_sa_k, stride_sb_n,
+                  stride_sb_k, SCALE_BLOCK: tl.constexpr):
+    """K-tile ki's 1 x 128 activation scale of each row, and the scale of the 128 x 128 weight block holding
+    column off_n. Rows past M read 0 (their products are zeros); a K-tile past the last (the prefetch
+    after the final iteration, never used) reads the last one's."""
+    ki = min(ki, k_tiles - 1)
+    sa = tl.load(scale_a_ptr + rows * stride_sa_m + ki * stride_sa_k, mask=rows < M, other=0.0)
+    return sa, tl.load(scale_b_ptr + (off_n // SCALE_BLOCK) * stride_sb_n + ki * stride_sb_k)
 
 
 @triton.jit
@@ -121,28 +110,32 @@ def _fp8_gemm_persistent_kernel(
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        rows = off_m + tl.arange(0, BLOCK_M)
-        if SPLIT_N == 1:
+        if SCALING == 2:
+            # FP32 promotion per K-tile with its scales applied, as DeepGEMM does. The scales are loaded one
+            # K-tile ahead: a load used in the same iteration would stall the MMA on its latency.
+            rows = off_m + tl.arange(0, BLOCK_M)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            sa, sb = _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, 0, k_tiles, stride_sa_m, stride_sa_k,
+                                   stride_sb_n, stride_sb_k, SCALE_BLOCK)
+            for ki in range(k_tiles):
+                next_sa, next_sb = _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, ki + 1, k_tiles,
+                                                 stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK)
+                product = tl.dot(a_desc.load([off_m, ki * BLOCK_K]), b_desc.load([off_n, ki * BLOCK_K]).T)
+                acc += product * (sa * sb)[:, None]
+                sa, sb = next_sa, next_sb
+        elif SPLIT_N == 1:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for ki in range(k_tiles):
                 off_k = ki * BLOCK_K
-                sa = _activation_scales(scale_a_ptr, rows, M, ki, stride_sa_m, stride_sa_k, SCALING)
-                sb = _weight_scale(scale_b_ptr, off_n, ki, stride_sb_n, stride_sb_k, SCALING, SCALE_BLOCK)
-                acc = _accumulate(acc, a_desc.load([off_m, off_k]), b_desc.load([off_n, off_k]), sa * sb,
-                                  SCALING, FAST_ACCUM)
+                acc = _accumulate(acc, a_desc.load([off_m, off_k]), b_desc.load([off_n, off_k]), FAST_ACCUM)
         else:
             acc_left = tl.zeros((BLOCK_M, HALF_N), dtype=tl.float32)
             acc_right = tl.zeros((BLOCK_M, HALF_N), dtype=tl.float32)
             for ki in range(k_tiles):
                 off_k = ki * BLOCK_K
                 a = a_desc.load([off_m, off_k])
-                sa = _activation_scales(scale_a_ptr, rows, M, ki, stride_sa_m, stride_sa_k, SCALING)
-                sb_left = _weight_scale(scale_b_ptr, off_n, ki, stride_sb_n, stride_sb_k, SCALING, SCALE_BLOCK)
-                sb_right = _weight_scale(scale_b_ptr, off_n + HALF_N, ki, stride_sb_n, stride_sb_k, SCALING,
-                                         SCALE_BLOCK)
-                acc_left = _accumulate(acc_left, a, b_desc.load([off_n, off_k]), sa * sb_left, SCALING, FAST_ACCUM)
-                acc_right = _accumulate(acc_right, a, b_desc.load([off_n + HALF_N, off_k]), sa * sb_right, SCALING,
-                                        FAST_ACCUM)
+                acc_left = _accumulate(acc_left, a, b_desc.load([off_n, off_k]), FAST_ACCUM)
+                acc_right = _accumulate(acc_right, a, b_desc.load([off_n + HALF_N, off_k]), FAST_ACCUM)
 
         tile_id_c += num_programs
         pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)

@@ -75,10 +75,10 @@ class Fp8GemmConfig:
 
     def check_granularity(self, granularity: Granularity, fast_accum: bool) -> None:
         """Raise ValueError where this config cannot run that scaling (the promotion interval is BLOCK_K)."""
-        if granularity is Granularity.BLOCKWISE and (self.block_k != BLOCK or self.block_n // self.split_n > BLOCK):
+        if granularity is Granularity.BLOCKWISE and (self.block_k != BLOCK or self.block_n > BLOCK or self.split_n > 1):
             raise ValueError(
-                f"blockwise scaling applies one scale per {BLOCK} of K and one weight scale per accumulator: "
-                f"block_k must be {BLOCK} and block_n / split_n at most {BLOCK}"
+                f"blockwise scaling applies one scale per {BLOCK} of K and one weight scale per tile: "
+                f"block_k must be {BLOCK}, block_n at most {BLOCK} and split_n 1"
             )
         if not fast_accum and self.block_k > BLOCK:
             raise ValueError(f"without fast accumulation the sum is promoted every block_k <= {BLOCK} of K")

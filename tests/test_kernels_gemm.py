@@ -34,10 +34,7 @@ PROMOTED_TOLERANCE = 1e-3
 SMALL_TILES = Fp8GemmConfig(block_m=64, block_n=64, block_k=64, group_m=2, num_stages=2, num_warps=4, num_sms=3)
 SMALL_BLOCKWISE_TILES = dataclasses.replace(SMALL_TILES, block_n=128, block_k=128)
 # Column halves with accumulators of their own (split_n=2), as the promoted regimes' 128 x 256 tiles use.
-SMALL_SPLIT_TILES = {
-    False: dataclasses.replace(SMALL_TILES, block_n=128, split_n=2),
-    True: dataclasses.replace(SMALL_TILES, block_n=256, block_k=128, split_n=2),
-}
+SMALL_SPLIT_TILES = dataclasses.replace(SMALL_TILES, block_n=128, split_n=2)
 
 CASES = [
     (Granularity.TENSORWISE, True),
@@ -99,14 +96,18 @@ def _shapes(granularity: Granularity):
     return AWKWARD_BLOCKWISE_SHAPES if granularity is Granularity.BLOCKWISE else AWKWARD_SHAPES
 
 
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+SMALL_CONFIGS = [
+    (case, config) for case in CASES
+    for config in ((SMALL_BLOCKWISE_TILES,) if case[0] is Granularity.BLOCKWISE else (SMALL_TILES, SMALL_SPLIT_TILES))
+]
+
+
+@pytest.mark.parametrize("case, config", SMALL_CONFIGS,
+                         ids=[f"{_case_id(case)}-split_n{config.split_n}" for case, config in SMALL_CONFIGS])
 @pytest.mark.parametrize("shape_index", range(3))
-@pytest.mark.parametrize("split_n", (1, 2), ids=lambda n: f"split_n{n}")
-def test_small_tiles_on_awkward_shapes(case, shape_index, split_n):
+def test_small_tiles_on_awkward_shapes(case, config, shape_index):
     granularity, fast_accum = case
     M, K, N = _shapes(granularity)[shape_index]
-    blockwise = granularity is Granularity.BLOCKWISE
-    config = SMALL_SPLIT_TILES[blockwise] if split_n == 2 else SMALL_BLOCKWISE_TILES if blockwise else SMALL_TILES
     operands = _quantized(M, K, N, granularity, seed=100 * shape_index + len(_case_id(case)))
     out = _run_poisoned(*operands, granularity, fast_accum, config)
     rel = _relative_error(*operands, out)
@@ -185,6 +186,8 @@ def test_bad_granularity_shape_and_config_raise_clear_errors():
         fp8_gemm(qa, qb, sa, sb, granularity="columnwise")
     with pytest.raises(ValueError, match="block_k must be 128"):
         fp8_gemm(qa, qb, sa, sb, granularity="blockwise", config=SMALL_TILES)
+    with pytest.raises(ValueError, match="split_n 1"):
+        fp8_gemm(qa, qb, sa, sb, granularity="blockwise", config=dataclasses.replace(SMALL_BLOCKWISE_TILES, split_n=2))
     with pytest.raises(ValueError, match="K and N to be multiples of 16"):
         fp8_gemm(*_quantized(32, 88, 48, Granularity.TENSORWISE, seed=1), granularity="tensorwise")
     with pytest.raises(ValueError, match="K and N to be multiples of 128"):

@@ -121,8 +121,9 @@ class SideBySide:
         self.gpu = spec_for_device_name(torch.cuda.get_device_name())
         self.records: list[dict] = []
 
-    def measure_shape(self, shape: GemmShape, regimes, configs_for) -> None:
-        """For each regime: cuBLAS, then ours with each config `configs_for(granularity, fast_accum)` gives."""
+    def measure_shape(self, shape: GemmShape, regimes, configs_for, ours_first: bool = False) -> None:
+        """For each regime, cuBLAS and ours with each config `configs_for(granularity, fast_accum)` gives;
+        `ours_first` swaps the order, so that alternating it over shapes cancels any drift of the clocks."""
         operands = random_operands(shape)
         for granularity, fast_accum in regimes:
             reason = REGISTRY["cublas"].unsupported_reason(shape, granularity, _fast(fast_accum))
@@ -131,32 +132,37 @@ class SideBySide:
                 continue
             cublas = REGISTRY["cublas"].prepare_gemm(operands, granularity, _fast(fast_accum))
             cublas_out = cublas.run()
-            cublas_ms = self._measure(shape, "cublas", granularity, fast_accum, cublas.run, cublas.options, None)
             quantized = quantize_operands(operands, granularity)
+            timed = []  # (backend, run, options, relative difference from cuBLAS)
             for config in configs_for(granularity, fast_accum):
                 def run(config=config):
                     return fp8_gemm(*quantized, granularity=granularity, fast_accum=fast_accum, config=config)
 
                 rel = ((run().float() - cublas_out.float()).norm() / cublas_out.float().norm()).item()
-                if not rel <= AGREEMENT:
+                if rel <= AGREEMENT:
+                    timed.append(("triton", run, config.as_dict(), rel))
+                else:
                     console.print(f"[red]{shape.name} {_regime_name(granularity, fast_accum)} {config.as_dict()}: "
                                   f"output differs from cuBLAS by {rel:.3g}; not timed[/]")
-                    continue
-                self._measure(shape, "triton", granularity, fast_accum, run, config.as_dict(), cublas_ms, rel)
+            timed.insert(len(timed) if ours_first else 0, ("cublas", cublas.run, cublas.options, None))
+            results = [(backend, options, rel, *self._measure(shape, granularity, fast_accum, backend, run, options))
+                       for backend, run, options, rel in timed]
+            cublas_ms = next(ms for backend, _, _, ms, _ in results if backend == "cublas")
+            for backend, options, rel, ms, row in results:
+                self.writer.append(row)
+                self.records.append({
+                    "shape": shape.name, "regime": _regime_name(granularity, fast_accum), "backend": backend,
+                    "config": _config_label(options) if backend == "triton" else "", "ms": ms,
+                    "tflops": row.values["tflops"], "ratio": cublas_ms / ms if backend == "triton" else None,
+                    "rel_diff_vs_cublas": rel, "sm_clock_mhz": row.values["sm_clock_mhz"],
+                })
             del quantized, cublas_out
 
-    def _measure(self, shape, backend, granularity, fast_accum, fn, options, cublas_ms, rel=None) -> float:
+    def _measure(self, shape, granularity, fast_accum, backend, fn, options):
+        """(median ms, result row) of one timed case."""
         case = MatmulCase(shape, backend, granularity, _fast(fast_accum))
         measurement = measure(fn, self.timing, self.timers.for_case(fn))
-        row = measured_row(case, measurement, options, self.gpu, None, None)
-        self.writer.append(row)
-        self.records.append({
-            "shape": shape.name, "regime": _regime_name(granularity, fast_accum), "backend": backend,
-            "config": _config_label(options) if backend == "triton" else "", "ms": measurement.median_ms,
-            "tflops": row.values["tflops"], "ratio": cublas_ms / measurement.median_ms if cublas_ms else None,
-            "rel_diff_vs_cublas": rel, "sm_clock_mhz": measurement.sm_clock_median,
-        })
-        return measurement.median_ms
+        return measurement.median_ms, measured_row(case, measurement, options, self.gpu, None, None)
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame.from_records(self.records)
@@ -193,8 +199,9 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
     precompile(sorted(jobs, key=str))
     with _open_run(out, "compare") as writer:
         bench = SideBySide(writer, QUICK if quick else STEADY)
-        for shape in shapes:
-            bench.measure_shape(shape, REGIMES, lambda g, f, s=shape: [gemm_config(s.M, s.N, s.K, g, f, torch.device("cuda"))])
+        for index, shape in enumerate(shapes):
+            bench.measure_shape(shape, REGIMES, lambda g, f, s=shape: [gemm_config(s.M, s.N, s.K, g, f, torch.device("cuda"))],
+                                ours_first=index % 2 == 1)
             console.print(f"{shape.name} done", highlight=False)
     frame = bench.frame()
     frame.to_csv(out / "summary.csv", index=False)
@@ -242,9 +249,9 @@ def tune(out: Path = typer.Option(..., help="folder for results.csv and metadata
 def _tune_round(bench: SideBySide, shapes, candidates: dict) -> None:
     jobs = [(g, f, c) for (g, f), configs in candidates.items() for c in configs]
     failed = precompile(jobs)
-    for shape in shapes:
+    for index, shape in enumerate(shapes):
         bench.measure_shape(shape, list(candidates),
-                            lambda g, f: [c for c in candidates[(g, f)] if (g, f, c) not in failed])
+                            lambda g, f: [c for c in candidates[(g, f)] if (g, f, c) not in failed], ours_first=index % 2 == 1)
         console.print(f"{shape.name} done", highlight=False)
 
 
