@@ -218,13 +218,15 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
 
 @app.command()
 def tune(out: Path = typer.Option(..., help="folder for results.csv and metadata.json"),
-         promoted_only: bool = typer.Option(False, help="only the regimes that promote (fast accumulation off)")) -> None:
+         promoted_only: bool = typer.Option(False, help="only the regimes that promote (fast accumulation off)"),
+         blockwise_only: bool = typer.Option(False, help="only blockwise scaling")) -> None:
     """Every candidate config on the tuning shapes; then group_m variants of the best three per regime."""
     import torch
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = [s for s in target_shapes() if s.name in TUNING_SHAPE_NAMES]
-    regimes = [(g, f) for g, f in TUNED_REGIMES if not (promoted_only and f)]
+    regimes = [(g, f) for g, f in TUNED_REGIMES
+               if not (promoted_only and f) and not (blockwise_only and g is not Granularity.BLOCKWISE)]
     candidates = {(g, f): candidate_configs(g, f, num_sms) for g, f in regimes}
     with _open_run(out, "tune") as writer:
         bench = SideBySide(writer, QUICK)
