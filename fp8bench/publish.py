@@ -36,7 +36,9 @@ from pathlib import Path, PurePosixPath
 
 import plotly
 
-from fp8bench import compare, compare_output, publish_pages, publish_tree, report, report_html, report_matmul
+from fp8bench import (
+    compare, compare_output, hardware, publish_pages, publish_tree, report, report_html, report_matmul, results,
+)
 from fp8bench.publish_tree import (
     COMPARE_HTML, GATE_JSON, HISTORY_HTML, RUNS_DIR, EntryRun, Run, Skipped, Tree, read_tree, slug,
 )
@@ -47,7 +49,7 @@ from fp8bench.results import METADATA_JSON, RESULTS_CSV
 MANIFEST_JSON = "manifest.json"
 _MANIFEST_FORMAT = 1
 # The code that renders pages: when it changes, every page is rebuilt, whatever the fingerprints say.
-_RENDERING_MODULES = (compare, compare_output, publish_pages, publish_tree, report, report_html, report_matmul)
+_RENDERING_MODULES = (compare, compare_output, hardware, publish_pages, publish_tree, report, report_html, report_matmul, results)
 
 
 @dataclass(frozen=True)
