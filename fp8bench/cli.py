@@ -346,14 +346,18 @@ def roofline(
     gpu: str = typer.Option("auto", help="GPU model whose ceilings to use: auto (detect) or a hardware-table key"),
     calibration: Optional[Path] = typer.Option(None, help="a profile from `fp8bench calibrate` (default: calibration/<gpu>.json if it exists)"),
     measure: bool = typer.Option(True, "--measure/--no-measure", help="also measure the layer (needs a GPU; predictions only without one)"),
+    shape_name: Optional[list[str]] = typer.Option(None, help="repeatable; keep the shapes whose name contains this (e.g. llama3-8b.)"),
+    repeats: int = typer.Option(5, min=1, help="measured: independent repeats per case (each with its own warm-up)"),
+    eager: bool = typer.Option(True, "--eager/--no-eager", help="measured: also our Float8Linear and the BF16 layer without torch.compile"),
     out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-roofline-<shape-gen>)"),
 ) -> None:
-    """LayerNorm -> Linear -> sigmoid, fwd + bwd: predicted FP8 speedup per recipe and implementation."""
+    """LayerNorm -> Linear -> sigmoid, fwd + bwd: predicted FP8 speedup per recipe and implementation, and
+    on a GPU the measured step of BF16, ours, torchao and TransformerEngine beside it (fp8bench.layer)."""
     from fp8bench import roofline as model
     from fp8bench import shapes
     from fp8bench.calibrate import default_profile_path, load_profile
     from fp8bench.env import cuda_device_name, run_metadata
-    from fp8bench.hardware import resolve_gpu
+    from fp8bench.hardware import resolve_gpu, spec_for_device_name
     from fp8bench.recipes import RECIPE_CHOICES
     from fp8bench.results import RunWriter
 
@@ -369,6 +373,13 @@ def roofline(
         spec = resolve_gpu(gpu, device_name)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
+    if shape_name:
+        shape_list = [s for s in shape_list if any(part in s.name for part in shape_name)]
+        if not shape_list:
+            raise typer.BadParameter(f"no {shape_gen} shape has a name containing any of {shape_name}")
+    measuring = measure and device_name is not None
+    if measuring and spec_for_device_name(device_name) is not spec:
+        raise typer.BadParameter(f"--gpu {gpu} names another GPU than this {device_name}; add --no-measure to predict for it")
     ceilings = [model.spec_ceilings(spec)]
     profile_path = calibration or default_profile_path(spec.key)
     if calibration is not None or profile_path.exists():
@@ -381,18 +392,40 @@ def roofline(
         ceilings.append(model.calibrated_ceilings(profile, profile_path))
     config = model.RooflineConfig(tuple(shape_list), tuple(recipes), impls, tuple(ceilings))
 
-    if measure:
-        reason = "no CUDA GPU here" if device_name is None else "the layer measurement is not built yet"
-        err_console.print(f"[yellow]predictions only: {reason}[/]")
+    layer_config = None
+    if measuring:
+        from fp8bench.layer import MEASURED_IMPLEMENTATIONS, LayerConfig
+
+        measured = tuple(i.name for i in impls if i.name in MEASURED_IMPLEMENTATIONS)
+        layer_config = LayerConfig(tuple(shape_list), tuple(recipes), measured, TimingConfig(repeats=repeats), eager)
+    elif measure:
+        err_console.print("[yellow]predictions only: no CUDA GPU here[/]")
     run_dir = out or default_run_dir("roofline", shape_gen)
-    metadata = run_metadata(
-        command_line(),
-        {"benchmark": "roofline", "gpu_spec": spec.key, "prediction_only": True, "ceilings": {c.source: c.label for c in ceilings}},
-    )
-    with RunWriter(run_dir, metadata) as writer:
+    extra = {"benchmark": "roofline", "gpu_spec": spec.key, "prediction_only": not measuring, "ceilings": {c.source: c.label for c in ceilings}}
+    if layer_config:
+        from dataclasses import asdict
+
+        extra["timing"] = asdict(layer_config.timing)
+    with RunWriter(run_dir, run_metadata(command_line(), extra)) as writer:
         layers = model.run_roofline(config, writer)
-    model.print_tables(console, config, layers)
-    console.print(f"predictions -> {writer.csv_path} (kernels: {run_dir / model.KERNELS_CSV})")
+        model.print_tables(console, config, layers)
+        console.print(f"predictions -> {writer.csv_path} (kernels: {run_dir / model.KERNELS_CSV})")
+        if layer_config:
+            _measure_layer(layer_config, writer, ceilings[-1])
+
+
+def _measure_layer(config, writer, ceilings) -> None:
+    """The measured half of `roofline` (fp8bench.layer); Ctrl-C keeps the finished rows."""
+    from fp8bench import layer
+    from fp8bench.timing import CuptiTimer, GpuClock
+
+    try:
+        rows = layer.run_layer(config, writer, ceilings, CuptiTimer(GpuClock()), on_row=lambda row: console.print(layer.row_line(row)))
+    except KeyboardInterrupt:
+        err_console.print(f"[yellow]interrupted: the finished cases are in {writer.csv_path}[/]")
+        raise typer.Exit(130) from None
+    layer.print_rows(console, rows)
+    console.print(f"measured -> {writer.csv_path} (kernels: {writer.run_dir / layer.KERNELS_CSV})")
 
 
 @app.command()

@@ -61,6 +61,15 @@ SCHEMA: tuple[Column, ...] = (
     Column("predicted_ms", "predicted", "float", "roofline model's GPU time (benchmark=roofline): a prediction, never measured"),
     Column("predicted_speedup", "predicted", "float", "predicted BF16 time / predicted_ms, same model and ceilings"),
     Column("bound", "predicted", "str", "compute | memory | launch: the bound holding most of the predicted time"),
+    # The measured layer of `fp8bench roofline` (fp8bench.layer): its kernel time by kind of kernel, from
+    # the CUPTI trace (mean per step), and its accuracy against the BF16 layer on the same inputs and weights.
+    Column("gemm_ms", "measure", "float", "layer step: GPU time of its matrix-product kernels, ms (by kernel name)"),
+    Column("cast_ms", "measure", "float", "layer step: GPU time of its FP8 cast, amax and scale kernels, ms"),
+    Column("other_ms", "measure", "float", "layer step: GPU time of every other kernel (LayerNorm, sigmoid, copies), ms"),
+    Column("sqnr_out_db", "derived", "float", "SQNR of the layer output vs the BF16 eager layer, dB (empty: identical)"),
+    Column("sqnr_grad_input_db", "derived", "float", "SQNR of the layer input's gradient vs the BF16 eager layer, dB"),
+    Column("sqnr_grad_weight_db", "derived", "float", "SQNR of the linear weight's gradient vs the BF16 eager layer, dB"),
+    Column("measured_vs_predicted", "derived", "float", "speedup_vs_bf16 / predicted_speedup: the share of the modelled gain measured"),
 )
 COLUMNS: tuple[str, ...] = tuple(c.name for c in SCHEMA)
 ID_COLUMNS: tuple[str, ...] = tuple(c.name for c in SCHEMA if c.kind == "id")

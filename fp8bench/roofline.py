@@ -641,7 +641,10 @@ def predict_layer(shape: GemmShape, config: RooflineConfig, ceilings: Ceilings) 
     )
 
 
-def _row(shape: GemmShape, recipe: str, granularity: Granularity, options: dict[str, str], status: str, **predicted) -> Row:
+def layer_row(
+    shape: GemmShape, recipe: str, granularity: Granularity, options: dict, status: str, backend: str = "model", **values
+) -> Row:
+    """A row of `fp8bench roofline`: a prediction (backend `model`) or a measured step (fp8bench.layer)."""
     return Row(
         {
             "benchmark": "roofline",
@@ -650,18 +653,18 @@ def _row(shape: GemmShape, recipe: str, granularity: Granularity, options: dict[
             "K": shape.K,
             "N": shape.N,
             "granularity": granularity.value,
-            "backend": "model",
+            "backend": backend,
             "recipe": recipe,
             "fast_accum": FastAccum.NA.value,  # set per product by the recipe
             "options": json.dumps(options, sort_keys=True),
             "status": status,
-            **predicted,
+            **values,
         }
     )
 
 
 def _prediction_row(p: Prediction) -> Row:
-    return _row(
+    return layer_row(
         p.shape, p.recipe.name, p.recipe.granularity, p.options(), status_text(Status.OK),
         predicted_ms=p.fp8_s * 1e3, predicted_speedup=p.speedup, bound=Prediction.bound_of(p.fp8).value,
     )
@@ -671,7 +674,7 @@ def result_rows(layer: LayerPredictions) -> list[Row]:
     """The schema's rows for one shape and ceilings: the predicted columns are set, no measured one."""
     source = layer.ceilings.source
     rows = [
-        _row(layer.shape, "bf16", Granularity.NONE, {"model": model.value, "ceilings": source}, status_text(Status.OK),
+        layer_row(layer.shape, "bf16", Granularity.NONE, {"model": model.value, "ceilings": source}, status_text(Status.OK),
              predicted_ms=sum(k.seconds for k in times) * 1e3, bound=Prediction.bound_of(times).value)
         for model, times in layer.bf16.items()
     ]
@@ -681,7 +684,7 @@ def result_rows(layer: LayerPredictions) -> list[Row]:
             rows.append(_prediction_row(outcome))
         else:
             options = {"model": Model.REFINED.value, "implementation": impl.name, "ceilings": source}
-            rows.append(_row(layer.shape, recipe.name, recipe.granularity, options, status_text(Status.UNSUPPORTED, outcome)))
+            rows.append(layer_row(layer.shape, recipe.name, recipe.granularity, options, status_text(Status.UNSUPPORTED, outcome)))
     return rows
 
 

@@ -183,6 +183,18 @@ class CuptiTimer(CudaEventTimer):
     name = "cupti"
 
     def samples(self, fn: Callable[[], object], count: int) -> list[float]:
+        return [sum(ms for _, ms in kernels) for kernels in self._kernels_per_sample(fn, count)]
+
+    def kernel_ms(self, fn: Callable[[], object], count: int) -> dict[str, float]:
+        """GPU time per call of each kernel name, ms: the mean over `count` flushed calls."""
+        totals: dict[str, float] = {}
+        for kernels in self._kernels_per_sample(fn, count):
+            for name, ms in kernels:
+                totals[name] = totals.get(name, 0.0) + ms / count
+        return totals
+
+    def _kernels_per_sample(self, fn: Callable[[], object], count: int) -> list[list[tuple[str, float]]]:
+        """(name, ms) of every kernel of each of `count` flushed calls, in launch order."""
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -194,12 +206,12 @@ class CuptiTimer(CudaEventTimer):
             (e for e in prof.events() if e.device_type == self._torch.autograd.DeviceType.CUDA),
             key=lambda e: e.time_range.start,
         )
-        per_sample: list[float] = []
+        per_sample: list[list[tuple[str, float]]] = []
         for event in kernels:
             if self.FLUSH_KERNEL_TAG in event.name:
-                per_sample.append(0.0)
+                per_sample.append([])
             elif per_sample:
-                per_sample[-1] += event.time_range.elapsed_us() / 1e3
+                per_sample[-1].append((event.name, event.time_range.elapsed_us() / 1e3))
         if len(per_sample) != count:
             raise RuntimeError(f"CUPTI saw {len(per_sample)} flushes for {count} samples")
         return per_sample

@@ -1,0 +1,161 @@
+"""The fp8kernels launches of Float8Linear as torch.library custom ops, so that torch.compile traces
+through them (each op is opaque to the compiler; its fake implementation gives output shapes, strides
+and dtypes without running a kernel) and eager mode simply calls them.
+
+- `fp8bench::quantize`: one quantize kernel (fp8kernels.quantize_*), the rowwise copy, the transposed
+  copy or both from one read where the kernel can (fp8kernels.quantize).
+- `fp8bench::quantize_delayed`: tensorwise with the scale taken from an amax history (delayed scaling);
+  records the tensor's own amax into the history, which it mutates.
+- `fp8bench::fp8_gemm`: our persistent FP8 GEMM (fp8kernels.gemm), bf16 out.
+- `fp8bench::fp8_gemm_1x128_1x128`: the blockwise product whose operands both have 1 x 128 scales
+  (grad_weight = grad_output.T @ input). fp8kernels.gemm has no such mode (its right operand takes
+  128 x 128 scales only), so on a GPU this product runs in cuBLAS (torch._scaled_mm) and on the CPU
+  (tests under TRITON_INTERPRET=1) as the reference formula.
+
+Custom ops cannot return None: a copy that was not asked for comes back as an empty tensor, and
+tensorwise copies share one scale, returned once (in `scale`, or in `scale_t` for a transposed copy alone).
+Kernel modules are imported inside the ops: whether Triton interprets is fixed when a kernel is defined,
+so nothing here may load one before a CPU caller has set TRITON_INTERPRET=1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fp8bench.config import BLOCK, Granularity
+from fp8bench.recipes import Fp8Dtype
+
+_FP8_DTYPES = {Fp8Dtype.E4M3.value: torch.float8_e4m3fn, Fp8Dtype.E5M2.value: torch.float8_e5m2}
+
+Quantized = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # data, scale, data_t, scale_t
+
+
+def _scale_layouts(rows: int, cols: int, granularity: str, block_rows: int):
+    """(shape, strides) of `scale` and of `scale_t` as the kernels return them (fp8kernels.quantize)."""
+    if granularity == Granularity.TENSORWISE.value:
+        return ((), ()), ((), ())
+    if granularity == Granularity.AXISWISE.value:
+        return ((rows, 1), (1, 1)), ((cols, 1), (1, 1))
+    if block_rows == 1:  # outer-dimension-major
+        return ((rows, cols // BLOCK), (1, rows)), ((cols, rows // BLOCK), (1, cols))
+    return ((rows // BLOCK, cols // BLOCK), (cols // BLOCK, 1)), ((cols // BLOCK, rows // BLOCK), (rows // BLOCK, 1))
+
+
+def _nothing(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(0, dtype=dtype, device=like.device)
+
+
+@torch.library.custom_op("fp8bench::quantize", mutates_args=())
+def quantize(
+    x: torch.Tensor, granularity: str, block_rows: int, fp8_dtype: str, power_of_two: bool, rowwise: bool, columnwise: bool
+) -> Quantized:
+    from fp8kernels.quantize import QuantizeSpec
+    from fp8kernels.quantize_axiswise import quantize_axiswise
+    from fp8kernels.quantize_blockwise import quantize_blockwise
+    from fp8kernels.quantize_tensorwise import quantize_tensorwise
+
+    spec = QuantizeSpec(_FP8_DTYPES[fp8_dtype], power_of_two, rowwise, columnwise)
+    if granularity == Granularity.TENSORWISE.value:
+        out = quantize_tensorwise(x, spec)
+    elif granularity == Granularity.AXISWISE.value:
+        out = quantize_axiswise(x, spec)
+    else:
+        out = quantize_blockwise(x, block_rows, spec)
+    shared = out.scale is not None and out.scale is out.scale_t
+    return (
+        out.data if rowwise else _nothing(x, spec.dtype),
+        out.scale if rowwise else _nothing(x, torch.float32),
+        out.data_t if columnwise else _nothing(x, spec.dtype),
+        out.scale_t if columnwise and not shared else _nothing(x, torch.float32),
+    )
+
+
+@quantize.register_fake
+def _quantize_fake(x, granularity, block_rows, fp8_dtype, power_of_two, rowwise, columnwise):
+    rows, cols = x.shape
+    dtype = _FP8_DTYPES[fp8_dtype]
+    (scale, scale_strides), (scale_t, scale_t_strides) = _scale_layouts(rows, cols, granularity, block_rows)
+    shared = granularity == Granularity.TENSORWISE.value and rowwise
+    return (
+        x.new_empty((rows, cols), dtype=dtype) if rowwise else _nothing(x, dtype),
+        x.new_empty_strided(scale, scale_strides, dtype=torch.float32) if rowwise else _nothing(x, torch.float32),
+        x.new_empty((cols, rows), dtype=dtype) if columnwise else _nothing(x, dtype),
+        x.new_empty_strided(scale_t, scale_t_strides, dtype=torch.float32)
+        if columnwise and not shared
+        else _nothing(x, torch.float32),
+    )
+
+
+@torch.library.custom_op("fp8bench::quantize_delayed", mutates_args=("amax_history",))
+def quantize_delayed(
+    x: torch.Tensor, amax_history: torch.Tensor, fp8_dtype: str, power_of_two: bool, rowwise: bool, columnwise: bool
+) -> Quantized:
+    """Tensorwise with the largest amax of the history (this tensor's own on the first step, when the
+    history is still all zeros); then this tensor's amax goes to the front of the history.
+
+    The amax pass still reads x before the cast (the cast kernel cannot record an amax while it
+    casts), so delayed scaling moves no fewer bytes than dynamic here; what it changes is the numerics."""
+    import triton
+
+    from fp8kernels._quantize_tensorwise import _amax_partials_kernel, _cast_tensorwise_kernel
+    from fp8kernels._quantize_common import empty_fp8, empty_scales, fp8_constants, launch_config
+    from fp8kernels.quantize import QuantizeSpec
+    from fp8kernels.quantize_configs import QuantizeKernel
+
+    spec = QuantizeSpec(_FP8_DTYPES[fp8_dtype], power_of_two, rowwise, columnwise)
+    config = launch_config(x, spec, QuantizeKernel.TENSORWISE, None)
+    partials = torch.empty(config.amax_programs, dtype=torch.float32, device=x.device)
+    _amax_partials_kernel[(config.amax_programs,)](x, partials, x.numel(), BLOCK=config.amax_block, num_warps=config.num_warps)
+    current, recorded = partials.max(), amax_history.max()
+    scaling_amax = torch.where(recorded > 0, recorded, current).reshape(1)
+
+    rows, cols = x.shape
+    data, data_t = empty_fp8((rows, cols), spec, x, rowwise), empty_fp8((cols, rows), spec, x, columnwise)
+    scale = empty_scales((), x, True)
+    _cast_tensorwise_kernel[(triton.cdiv(rows, config.block_rows), triton.cdiv(cols, config.block_cols))](
+        x, data, data_t, scale, scaling_amax, 1, rows, cols, **fp8_constants(spec),
+        ROWWISE=rowwise, COLUMNWISE=columnwise, PARTIALS=1,
+        BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols, num_warps=config.num_warps,
+    )  # fmt: skip
+    amax_history.copy_(torch.cat((current.reshape(1), amax_history[:-1])))
+    return (
+        data if rowwise else _nothing(x, spec.dtype),
+        scale if rowwise else _nothing(x, torch.float32),
+        data_t if columnwise else _nothing(x, spec.dtype),
+        _nothing(x, torch.float32) if rowwise else scale,
+    )
+
+
+@quantize_delayed.register_fake
+def _quantize_delayed_fake(x, amax_history, fp8_dtype, power_of_two, rowwise, columnwise):
+    return _quantize_fake(x, Granularity.TENSORWISE.value, 0, fp8_dtype, power_of_two, rowwise, columnwise)
+
+
+@torch.library.custom_op("fp8bench::fp8_gemm", mutates_args=())
+def fp8_gemm(
+    a: torch.Tensor, b_t: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, granularity: str, fast_accum: bool
+) -> torch.Tensor:
+    from fp8kernels.gemm import fp8_gemm as launch
+
+    return launch(a, b_t, scale_a, scale_b, granularity=granularity, fast_accum=fast_accum)
+
+
+@fp8_gemm.register_fake
+def _fp8_gemm_fake(a, b_t, scale_a, scale_b, granularity, fast_accum):
+    return a.new_empty((a.shape[0], b_t.shape[0]), dtype=torch.bfloat16)
+
+
+@torch.library.custom_op("fp8bench::fp8_gemm_1x128_1x128", mutates_args=())
+def fp8_gemm_1x128_1x128(a: torch.Tensor, b_t: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor) -> torch.Tensor:
+    """a[m, k] and b_t[n, k], both with 1 x 128 scales (m, k/128) and (n, k/128), outer-dimension-major."""
+    if a.is_cuda:
+        # _scaled_mm takes the right operand's 1 x 128 scales as (k/128, n): the transpose of ours.
+        return torch._scaled_mm(a, b_t.t(), scale_a, scale_b.t(), out_dtype=torch.bfloat16, use_fast_accum=False)
+    from fp8kernels import reference
+
+    return (reference.dequantize(a, scale_a) @ reference.dequantize(b_t, scale_b).t()).to(torch.bfloat16)
+
+
+@fp8_gemm_1x128_1x128.register_fake
+def _fp8_gemm_1x128_1x128_fake(a, b_t, scale_a, scale_b):
+    return a.new_empty((a.shape[0], b_t.shape[0]), dtype=torch.bfloat16)
