@@ -6,9 +6,11 @@ Two regimes decide the tile:
   tile can be 128 x 256 (128 registers a thread at 8 warps) and the scale is applied once, in the epilogue;
 - promoted accumulation (fast accumulation off, and blockwise, which must apply a scale per 128 of K):
   each K-tile's product lands in a fresh accumulator that is then added (scaled, for blockwise) into the
-  running FP32 sum. Two accumulators must fit the register file, so the tile is 128 x 128 and BLOCK_K is
-  the promotion interval, 128 as in DeepGEMM.
-`candidate_configs` lists what kernels/bench/gemm_sweep.py times against each other to tune `choose_config`.
+  running FP32 sum, so BLOCK_K is the promotion interval (128, as in DeepGEMM). The sum and the fresh
+  product must both fit the register file: a 128 x 256 tile does only split in column halves (split_n=2:
+  the sum plus one half's product), blockwise uses 128 x 128 tiles (one weight scale each).
+The presets were chosen by timing `candidate_configs` with kernels/bench/gemm_sweep.py on an H100
+(kernels/README.md has the numbers); the shape enters only through the grid size.
 """
 
 from __future__ import annotations
