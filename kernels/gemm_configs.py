@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import os
 from dataclasses import dataclass
 
 from fp8bench.config import BLOCK, Granularity
@@ -106,8 +108,28 @@ def is_promoted(granularity: Granularity, fast_accum: bool) -> bool:
     return granularity is Granularity.BLOCKWISE or not fast_accum
 
 
-@functools.lru_cache(maxsize=1024)
+# Fields forced onto every chosen config, as JSON (e.g. '{"block_n": 64, "num_stages": 2}'): for tuning
+# experiments, and to check that `fp8bench gate` catches a kernel put on a worse config.
+CONFIG_OVERRIDE_ENV = "FP8KERNELS_GEMM_CONFIG"
+
+
 def choose_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, num_sms: int) -> Fp8GemmConfig:
+    """The heuristic's config, with the fields of FP8KERNELS_GEMM_CONFIG (if set) forced onto it."""
+    config = _heuristic_config(M, N, K, granularity, fast_accum, num_sms)
+    override = os.environ.get(CONFIG_OVERRIDE_ENV)
+    if not override:
+        return config
+    try:
+        fields = json.loads(override)
+        forced = dataclasses.replace(config, **fields)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{CONFIG_OVERRIDE_ENV}={override!r} is not a JSON object of Fp8GemmConfig fields: {err}") from None
+    forced.check_granularity(granularity, fast_accum)
+    return forced
+
+
+@functools.lru_cache(maxsize=1024)
+def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, num_sms: int) -> Fp8GemmConfig:
     """The heuristic: the regime's preset on a persistent grid of at most `num_sms` programs."""
     if granularity is Granularity.BLOCKWISE:
         preset = BLOCKWISE

@@ -269,3 +269,15 @@ def test_gpu_fast_accumulation_error_exceeds_promoted(granularity):
     assert ours[False] <= PROMOTED_TOLERANCE
     assert ours[False] < ours[True] <= 1e-2
     assert ours[False] <= 1.5 * cublas[False]
+
+
+def test_config_override_forces_fields_and_rejects_bad_json(monkeypatch):
+    from fp8kernels.gemm_configs import CONFIG_OVERRIDE_ENV
+
+    chosen = choose_config(4096, 4096, 4096, Granularity.TENSORWISE, True, 132)
+    monkeypatch.setenv(CONFIG_OVERRIDE_ENV, '{"block_n": 64, "num_stages": 2}')
+    forced = choose_config(4096, 4096, 4096, Granularity.TENSORWISE, True, 132)
+    assert (forced.block_n, forced.num_stages) == (64, 2) and forced.block_m == chosen.block_m
+    monkeypatch.setenv(CONFIG_OVERRIDE_ENV, '{"no_such_field": 1}')
+    with pytest.raises(ValueError, match=CONFIG_OVERRIDE_ENV):
+        choose_config(4096, 4096, 4096, Granularity.TENSORWISE, True, 132)
