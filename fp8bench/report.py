@@ -145,12 +145,15 @@ def table_frame(rows: pd.DataFrame, columns: tuple[str, ...] | None) -> pd.DataF
         columns = tuple(
             c for c in COLUMNS if c not in ("median_ms", "spread_pct") and rows[c].replace("", pd.NA).notna().any()
         )
-    timed = rows["median_ms"].notna()
-    time = pd.Series("", index=rows.index)
-    time[timed] = [
-        f"{median:.4g} ms ({spread:.1f}%)" if pd.notna(spread) else f"{median:.4g} ms"
-        for median, spread in zip(rows.loc[timed, "median_ms"], rows.loc[timed, "spread_pct"])
-    ]
+    # Built as a list, not by masked assignment: pandas 3.0 and 3.1 index a boolean mask differently.
+    time = pd.Series(
+        [
+            "" if pd.isna(median) else f"{median:.4g} ms ({spread:.1f}%)" if pd.notna(spread) else f"{median:.4g} ms"
+            for median, spread in zip(rows["median_ms"], rows["spread_pct"])
+        ],
+        index=rows.index,
+        dtype=object,
+    )
     table = rows[list(columns)].copy()
     table.insert(table.columns.get_loc("status") + 1, TIME_COLUMN, time)
     return table
