@@ -226,6 +226,7 @@ def publish(
 def run_suite(
     suite: Path = typer.Argument(..., help="a suite file, e.g. suites/square.toml"),
     out: Optional[Path] = typer.Option(None, help="folder for the suite's runs (default: the suite's `out`)"),
+    parallel: bool = typer.Option(False, "--parallel/--sequential", help="one entry per GPU of this host at a time, each in its own process (log: <out>/<entry>.log)"),
 ) -> None:
     """Run every benchmark a suite file lists, each into its own run folder."""
     from fp8bench.suite import load_suite
@@ -235,6 +236,14 @@ def run_suite(
     except (OSError, ValueError) as err:
         raise typer.BadParameter(str(err)) from None
     base = out or loaded.out
+    if parallel:
+        from fp8bench.campaign import run_parallel, visible_gpus
+
+        try:
+            code = run_parallel(loaded, base, visible_gpus(), console.print)
+        except ValueError as err:
+            raise EnvironmentProblem(str(err)) from None
+        raise typer.Exit(code)
     for entry in loaded.entries:
         console.rule(f"{loaded.name}: {entry.name}")
         app(entry.argv(base), standalone_mode=False)

@@ -33,21 +33,9 @@ import torch
 from torch import nn
 
 from fp8bench import _float8_ops as ops
-from fp8bench.config import BLOCK, GemmShape, Granularity
+from fp8bench.config import BLOCK, FP8_DIM_MULTIPLE, GemmShape, Granularity
 from fp8bench.recipes import CastConfig, GemmRole, Recipe, ScalingType, TensorRole
 from fp8bench.roofline import layer_shape_problem
-
-
-class Fp8Operand(NamedTuple):
-    """One FP8 form of a tensor as a product reads it: data[rows, K] (K-major) and its scales."""
-
-    data: torch.Tensor
-    scale: torch.Tensor
-    cast: CastConfig
-
-
-# A product's operand: FP8, or a BF16 tensor [rows, K] (possibly a transposed view) for torch.mm.
-Operand = Fp8Operand | torch.Tensor
 
 
 def recipe_problem(recipe: Recipe) -> str | None:
@@ -77,104 +65,151 @@ def _delayed_roles(recipe: Recipe) -> list[TensorRole]:
     return [role for role in TensorRole if any(c.scaling_type is ScalingType.DELAYED for c in recipe.casts(role))]
 
 
-def _quantize(x: torch.Tensor, cast: CastConfig, rowwise: bool, columnwise: bool, history: torch.Tensor | None):
-    """(data, scale, data_t, scale_t) of one quantize kernel; a tensorwise scale serves both copies."""
-    if cast.scaling_type is ScalingType.DELAYED:
-        data, scale, data_t, scale_t = ops.quantize_delayed(
-            x, history, cast.dtype.value, cast.power_of_two_scale, rowwise, columnwise
-        )
-    else:
-        block_rows = cast.block[0] if cast.block else 0
-        data, scale, data_t, scale_t = ops.quantize(
-            x, cast.granularity.value, block_rows, cast.dtype.value, cast.power_of_two_scale, rowwise, columnwise
-        )
-    if cast.granularity is Granularity.TENSORWISE and rowwise:
-        scale_t = scale
-    return data, scale, data_t, scale_t
+# ---- the plan: a recipe turned into constants, once per module --------------------------------------
+# What runs inside the autograd function is decided when the module is built: the traced code only
+# indexes tuples of strings, ints and bools, which torch.compile treats as constants.
 
 
-def cast_tensor(
-    x: torch.Tensor, first: CastConfig, second: CastConfig, history: torch.Tensor | None
-) -> tuple[Fp8Operand | None, Fp8Operand | None]:
-    """The FP8 forms of x[R, C] its two uses need: first (R, C) scaled along rows, second (C, R) = x.T
-    scaled along x's columns; None for a use kept in original precision."""
+class _Cast(NamedTuple):
+    """One quantize kernel call (fp8bench._float8_ops)."""
+
+    delayed: bool
+    granularity: str
+    block_rows: int
+    fp8_dtype: str
+    power_of_two: bool
+    rowwise: bool  # makes the first use's form, x[R, C] scaled along rows
+    columnwise: bool  # makes the second use's form, x.T scaled along x's columns
+    shared_scale: bool  # tensorwise with both forms: one scale, returned once (fp8bench._float8_ops)
+
+
+class _Product(NamedTuple):
+    """How one product runs: `kernel` is "bf16" (torch.mm), a granularity of fp8kernels.gemm, or
+    BLOCKWISE_1D; `broadcast` says which operand's tensorwise scale becomes one per row."""
+
+    kernel: str
+    fast_accum: bool
+    broadcast: tuple[bool, bool]
+
+
+class _Plan(NamedTuple):
+    casts: tuple[tuple[_Cast, ...], ...]  # per tensor (input, weight, grad_output): its kernel calls
+    products: tuple[_Product, ...]  # output, grad_input, grad_weight
+
+
+BF16_PRODUCT = "bf16"
+BLOCKWISE_1D = "blockwise-1x128-1x128"  # both operands in 1 x 128 groups: fp8_gemm_1x128_1x128
+
+
+def _cast_call(cast: CastConfig, rowwise: bool, columnwise: bool) -> _Cast:
+    return _Cast(
+        cast.scaling_type is ScalingType.DELAYED, cast.granularity.value, cast.block[0] if cast.block else 0,
+        cast.dtype.value, cast.power_of_two_scale, rowwise, columnwise,
+        cast.granularity is Granularity.TENSORWISE and rowwise and columnwise,
+    )  # fmt: skip
+
+
+def _tensor_casts(first: CastConfig, second: CastConfig) -> tuple[_Cast, ...]:
+    """One kernel for both forms where both uses share a cast config (one read), else one per FP8 use."""
     if first.is_fp8 and first == second:
-        data, scale, data_t, scale_t = _quantize(x, first, True, True, history)
-        return Fp8Operand(data, scale, first), Fp8Operand(data_t, scale_t, second)
-    forms: list[Fp8Operand | None] = [None, None]
-    if first.is_fp8:
-        data, scale, _, _ = _quantize(x, first, True, False, history)
-        forms[0] = Fp8Operand(data, scale, first)
-    if second.is_fp8:
-        _, _, data_t, scale_t = _quantize(x, second, False, True, history)
-        forms[1] = Fp8Operand(data_t, scale_t, second)
-    return forms[0], forms[1]
+        return (_cast_call(first, True, True),)
+    return tuple(_cast_call(c, use == 0, use == 1) for use, c in enumerate((first, second)) if c.is_fp8)
 
 
-def _broadcast_scale(operand: Fp8Operand) -> torch.Tensor:
-    """A tensorwise scale as one per row, so that it multiplies an axiswise operand in the axiswise GEMM."""
-    if operand.cast.granularity is Granularity.TENSORWISE:
-        return operand.scale.expand(operand.data.shape[0], 1)
-    return operand.scale
-
-
-def product(gemm: GemmRole, a: Operand, b_t: Operand, recipe: Recipe) -> torch.Tensor:
-    """a[m, k] @ b_t[n, k].T in BF16 out: a BF16 torch.mm, or the FP8 GEMM the operands' scalings need."""
-    if not isinstance(a, Fp8Operand):
-        return torch.mm(a, b_t.t())
+def _product(recipe: Recipe, gemm: GemmRole) -> _Product:
     granularity = recipe.gemm_granularity(gemm)
-    if granularity is Granularity.BLOCKWISE and b_t.cast.block[0] == 1:
-        return ops.fp8_gemm_1x128_1x128(a.data, b_t.data, a.scale, b_t.scale)
-    scale_a, scale_b = a.scale, b_t.scale
-    if granularity is Granularity.AXISWISE:
-        scale_a, scale_b = _broadcast_scale(a), _broadcast_scale(b_t)
-    return ops.fp8_gemm(a.data, b_t.data, scale_a, scale_b, granularity.value, recipe.gemm_config(gemm).use_fast_accum)
+    a, b = recipe.operand_casts(gemm)
+    if granularity is Granularity.NONE:
+        return _Product(BF16_PRODUCT, False, (False, False))
+    if granularity is Granularity.BLOCKWISE and b.block[0] == 1:
+        return _Product(BLOCKWISE_1D, False, (False, False))
+    broadcast = tuple(granularity is Granularity.AXISWISE and c.granularity is Granularity.TENSORWISE for c in (a, b))
+    return _Product(granularity.value, recipe.gemm_config(gemm).use_fast_accum, broadcast)
 
 
-def _or_bf16(form: Fp8Operand | None, original: torch.Tensor) -> Operand:
+def plan(recipe: Recipe) -> _Plan:
+    """The kernel calls of one training step under `recipe` (module docstring)."""
+    return _Plan(
+        tuple(_tensor_casts(*recipe.casts(role)) for role in TensorRole),
+        tuple(_product(recipe, gemm) for gemm in GemmRole),
+    )
+
+
+# A form of a tensor as a product reads it: FP8 (data[rows, K], scale), or a BF16 [rows, K] tensor.
+Form = tuple[torch.Tensor, torch.Tensor] | torch.Tensor
+
+
+def cast_tensor(x: torch.Tensor, calls: tuple[_Cast, ...], history: torch.Tensor | None):
+    """[first form, second form] of x[R, C]: first (R, C) scaled along rows, second (C, R) = x.T scaled
+    along x's columns; None for a use kept in original precision."""
+    forms: list[tuple[torch.Tensor, torch.Tensor] | None] = [None, None]
+    for call in calls:
+        if call.delayed:
+            data, scale, data_t, scale_t = ops.quantize_delayed(
+                x, history, call.fp8_dtype, call.power_of_two, call.rowwise, call.columnwise
+            )
+        else:
+            data, scale, data_t, scale_t = ops.quantize(
+                x, call.granularity, call.block_rows, call.fp8_dtype, call.power_of_two, call.rowwise, call.columnwise
+            )
+        if call.rowwise:
+            forms[0] = (data, scale)
+        if call.columnwise:
+            forms[1] = (data_t, scale if call.shared_scale else scale_t)
+    return forms
+
+
+def product(how: _Product, a: Form, b_t: Form) -> torch.Tensor:
+    """a[m, k] @ b_t[n, k].T, bf16 out."""
+    if how.kernel == BF16_PRODUCT:
+        return torch.mm(a, b_t.t())
+    (a_data, a_scale), (b_data, b_scale) = a, b_t
+    if how.kernel == BLOCKWISE_1D:
+        return ops.fp8_gemm_1x128_1x128(a_data, b_data, a_scale, b_scale)
+    if how.broadcast[0]:
+        a_scale = a_scale.expand(a_data.shape[0], 1)
+    if how.broadcast[1]:
+        b_scale = b_scale.expand(b_data.shape[0], 1)
+    return ops.fp8_gemm(a_data, b_data, a_scale, b_scale, how.kernel, how.fast_accum)
+
+
+def _or_original(form, original: torch.Tensor) -> Form:
     """The FP8 form of a use, or the tensor itself where the use keeps its original precision."""
     return original if form is None else form
 
 
-def _save(form: Operand) -> tuple[torch.Tensor, ...]:
-    return (form.data, form.scale) if isinstance(form, Fp8Operand) else (form,)
-
-
-def _restore(cast: CastConfig, saved: list[torch.Tensor]) -> Operand:
-    """Take one saved form (see _save) off the front of `saved`."""
-    if cast.is_fp8:
-        data, scale = saved.pop(0), saved.pop(0)
-        return Fp8Operand(data, scale, cast)
-    return saved.pop(0)
+def _flat(form: Form) -> tuple[torch.Tensor, ...]:
+    return form if isinstance(form, tuple) else (form,)
 
 
 class _Float8LinearFunction(torch.autograd.Function):
-    """x[M, K] @ weight[N, K].T with the recipe's casts and GEMMs in both passes (module docstring)."""
+    """x[M, K] @ weight[N, K].T with the plan's casts and products in both passes (module docstring)."""
 
     @staticmethod
-    def forward(ctx, x, weight, input_history, weight_history, grad_output_history, recipe: Recipe):
-        x_first, x_second = cast_tensor(x, *recipe.casts(TensorRole.INPUT), input_history)
-        w_first, w_second = cast_tensor(weight, *recipe.casts(TensorRole.WEIGHT), weight_history)
-        out = product(GemmRole.OUTPUT, _or_bf16(x_first, x), _or_bf16(w_first, weight), recipe)
+    def forward(ctx, x, weight, input_history, weight_history, grad_output_history, how: _Plan):
+        x_first, x_second = cast_tensor(x, how.casts[0], input_history)
+        w_first, w_second = cast_tensor(weight, how.casts[1], weight_history)
+        out = product(how.products[0], _or_original(x_first, x), _or_original(w_first, weight))
         # Second uses, read transposed: [K, N] of the weight for grad_input, [K, M] of x for grad_weight.
-        ctx.save_for_backward(*_save(_or_bf16(w_second, weight.t())), *_save(_or_bf16(x_second, x.t())), grad_output_history)
-        ctx.recipe = recipe
+        w_saved, x_saved = _flat(_or_original(w_second, weight.t())), _flat(_or_original(x_second, x.t()))
+        ctx.save_for_backward(*w_saved, *x_saved, grad_output_history)
+        ctx.plan, ctx.weight_tensors = how, len(w_saved)
         return out.to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad_output):
-        recipe: Recipe = ctx.recipe
-        saved = list(ctx.saved_tensors)
-        w_second = _restore(recipe.cast(TensorRole.WEIGHT, True), saved)
-        x_second = _restore(recipe.cast(TensorRole.INPUT, True), saved)
-        (grad_output_history,) = saved
+        how: _Plan = ctx.plan
+        saved = ctx.saved_tensors
+        w_saved, x_saved, grad_output_history = saved[: ctx.weight_tensors], saved[ctx.weight_tensors : -1], saved[-1]
+        w_second = w_saved if len(w_saved) == 2 else w_saved[0]
+        x_second = x_saved if len(x_saved) == 2 else x_saved[0]
         grad_output = grad_output.contiguous()
-        g_first, g_second = cast_tensor(grad_output, *recipe.casts(TensorRole.GRAD_OUTPUT), grad_output_history)
+        g_first, g_second = cast_tensor(grad_output, how.casts[2], grad_output_history)
         grad_input = grad_weight = None
         if ctx.needs_input_grad[0]:
-            grad_input = product(GemmRole.GRAD_INPUT, _or_bf16(g_first, grad_output), w_second, recipe)
+            grad_input = product(how.products[1], _or_original(g_first, grad_output), w_second)
         if ctx.needs_input_grad[1]:
-            grad_weight = product(GemmRole.GRAD_WEIGHT, _or_bf16(g_second, grad_output.t()), x_second, recipe)
+            grad_weight = product(how.products[2], _or_original(g_second, grad_output.t()), x_second)
         return grad_input, grad_weight, None, None, None, None
 
 
@@ -190,6 +225,10 @@ class Float8Linear(nn.Linear):
             raise ValueError(f"Float8Linear({in_features} -> {out_features}) cannot run recipe {recipe.name!r}: {problem}")
         super().__init__(in_features, out_features, bias, device, dtype)
         self.recipe = recipe
+        self._plan = plan(recipe)
+        # The row counts the recipe takes are the multiples of this (1, 16 or 128): a cheap check per call.
+        self._rows_multiple = next(m for m in (1, FP8_DIM_MULTIPLE, BLOCK) if not shape_problem(m, in_features, out_features, recipe))
+        self._history_names = tuple(f"amax_history_{role.value}" if role in _delayed_roles(recipe) else None for role in TensorRole)
         self._register_histories(device)
 
     def _register_histories(self, device) -> None:
@@ -212,12 +251,11 @@ class Float8Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = x.reshape(-1, self.in_features)
-        problem = shape_problem(x2d.shape[0], self.in_features, self.out_features, self.recipe)
-        if problem:
+        if x2d.shape[0] % self._rows_multiple:
+            problem = shape_problem(x2d.shape[0], self.in_features, self.out_features, self.recipe)
             raise ValueError(f"Float8Linear with recipe {self.recipe.name!r} cannot take {x2d.shape[0]} rows: {problem}")
-        out = _Float8LinearFunction.apply(
-            x2d.contiguous(), self.weight, *(self.amax_history(role) for role in TensorRole), self.recipe
-        )
+        histories = [None if name is None else getattr(self, name) for name in self._history_names]
+        out = _Float8LinearFunction.apply(x2d.contiguous(), self.weight, *histories, self._plan)
         out = out.reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias.to(out.dtype)
 

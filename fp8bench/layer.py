@@ -173,8 +173,23 @@ def _compiled(layer, case: LayerCase, config: LayerConfig):
 
     if not case.compiled:
         return layer
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()  # a fresh compile per case: no recompile limit, no shapes generalised
+    counters.clear()  # for compile_report
     return torch.compile(layer, backend=config.compile_backend, dynamic=False)
+
+
+def compile_report() -> dict[str, Any]:
+    """What torch.compile made of the case compiled last: graphs and graph breaks (a compiled row whose
+    layer broke into pieces runs partly eagerly; its options say so)."""
+    from torch._dynamo.utils import counters
+
+    breaks = counters["graph_break"]
+    report: dict[str, Any] = {"dynamo_graphs": counters["stats"]["unique_graphs"], "dynamo_graph_breaks": sum(breaks.values())}
+    if breaks:
+        report["dynamo_first_break"] = next(iter(breaks))[:200]
+    return report
 
 
 def _build_torch(case: LayerCase, weight, config: LayerConfig) -> Built:
@@ -413,6 +428,8 @@ def _run_case(case, inputs, config, ceilings, timer, reference_ms) -> tuple[Row,
         # After the timing: delayed scaling's histories hold the amaxes of many steps, as in training.
         # The BF16 eager layer is the reference itself.
         sqnr = {} if case.backend == "bf16" else sqnr_columns(inputs.reference, step_results(step, built, inputs))
+        if case.compiled:
+            options.update(compile_report())
         return measured_row(case, measurement, kernels, sqnr, options, ceilings, reference_ms), kernels
     except Unsupported as err:
         return case_row(case, status_text(Status.UNSUPPORTED, str(err)), options), {}
