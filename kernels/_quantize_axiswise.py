@@ -83,6 +83,6 @@ def _cast_axiswise_kernel(
             tl.store(scale_ptr + r, dequantization_scale(multiplier), mask=r < rows)
     if COLUMNWISE:
         multiplier_t = multiplier_from_amax(tl.load(col_amax_ptr + c, mask=c < cols, other=0.0), FP8_MAX, POWER_OF_TWO)
-        store_transposed(q_t_ptr, x, multiplier_t[:, None], r, c, rows, cols, FP8_MAX, FP8_DTYPE)
+        store_transposed(q_t_ptr, cast_to_fp8(x, multiplier_t[None, :], FP8_MAX, FP8_DTYPE), r, c, rows, cols)
         if pid_r == 0:
             tl.store(scale_t_ptr + c, dequantization_scale(multiplier_t), mask=c < cols)

@@ -38,15 +38,16 @@ def _quantize_blocks_kernel(
             tl.store(scale_ptr + pid_c * rows + r, dequantization_scale(multiplier), mask=r < rows)
         if COLUMNWISE:
             multiplier_t = multiplier_from_amax(tl.max(magnitude, axis=0), FP8_MAX, POWER_OF_TWO)
-            store_transposed(q_t_ptr, x, multiplier_t[:, None], r, c, rows, cols, FP8_MAX, FP8_DTYPE)
+            store_transposed(q_t_ptr, cast_to_fp8(x, multiplier_t[None, :], FP8_MAX, FP8_DTYPE), r, c, rows, cols)
             # scale_t[c, pid_r] of a (cols, rows / 128) tensor with strides (1, cols)
             tl.store(scale_t_ptr + pid_r * cols + c, dequantization_scale(multiplier_t))
     else:
         multiplier = multiplier_from_amax(tl.max(tl.max(magnitude, axis=1), axis=0), FP8_MAX, POWER_OF_TWO)
+        q = cast_to_fp8(x, multiplier, FP8_MAX, FP8_DTYPE)
         scale = dequantization_scale(multiplier)
         if ROWWISE:
-            tl.store(q_ptr + r[:, None] * cols + c[None, :], cast_to_fp8(x, multiplier, FP8_MAX, FP8_DTYPE))
+            tl.store(q_ptr + r[:, None] * cols + c[None, :], q)
             tl.store(scale_ptr + pid_r * tl.num_programs(1) + pid_c, scale)
         if COLUMNWISE:
-            store_transposed(q_t_ptr, x, multiplier, r, c, rows, cols, FP8_MAX, FP8_DTYPE)
+            store_transposed(q_t_ptr, q, r, c, rows, cols)
             tl.store(scale_t_ptr + pid_c * tl.num_programs(0) + pid_r, scale)

@@ -50,15 +50,14 @@ def cast_to_fp8(x, multiplier, FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def store_transposed(q_t_ptr, x, multiplier_t, r, c, rows, cols, FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr):
-    """Write the tile x (rows r, columns c of the input) into the transposed copy (cols, rows), cast with
-    `multiplier_t`, shaped for x.T (per column of x: [BLOCK_COLS, 1]; or a scalar).
+def store_transposed(q_t_ptr, q, r, c, rows, cols):
+    """Write the fp8 tile q (rows r, columns c of the input, already cast with the transposed copy's
+    scales) into the transposed copy (cols, rows), along its rows.
 
-    The tile is transposed in registers (tl.trans) and cast as its own tensor: stores then run along the
-    transposed copy's rows. (Storing the row-major cast itself at transposed addresses, leaving the
-    layout change to the compiler, gave wrong row-major values for a float32 input in the tensorwise
-    kernel with both copies -- Triton 3.6, H100; the cause was not isolated.)"""
-    q_t = cast_to_fp8(tl.trans(x), multiplier_t, FP8_MAX, FP8_DTYPE)
+    The tile is transposed as 16-bit lanes: on an H100 (Triton 3.6) that was as fast as 32-bit lanes or
+    float32 and faster than transposing the 8-bit tile itself (91 % against 82 % of the copy bandwidth
+    for 128 x 128 blocks with the transposed copy, 8192 x 8192 bf16)."""
+    q_t = tl.trans(q.to(tl.uint8, bitcast=True).to(tl.uint16)).to(tl.uint8).to(q.dtype, bitcast=True)
     tl.store(q_t_ptr + c[:, None] * rows + r[None, :], q_t, mask=(c[:, None] < cols) & (r[None, :] < rows))
 
 

@@ -1,10 +1,10 @@
 """Tensorwise quantization in two kernels: the scale needs the amax of the whole tensor before any
 element can be cast, and a grid cannot wait for all its programs without a grid-wide barrier.
 
-1. `_amax_partials_kernel`: a grid-stride pass over the flat tensor; each program writes the amax of
-   its share to `partials` (one float each: no atomics and no buffer to zero first).
-2. `_cast_tensorwise_kernel`: every program reduces the few partials (from L2), derives the scale and
-   casts its tile into the row-major copy, the transposed copy, or both from one load.
+1. `_amax_kernel`: a grid-stride pass over the flat tensor; each program folds the amax of its share
+   into one zeroed float by atomic max (amaxes are >= 0, so float atomic max is exact).
+2. `_cast_tensorwise_kernel`: every program loads that amax, derives the scale and casts its tile into
+   the row-major copy, the transposed copy, or both from one load.
 The input is read twice from HBM; what is written is written once.
 """
 
@@ -17,26 +17,23 @@ from fp8kernels._quantize_common import cast_to_fp8, dequantization_scale, multi
 
 
 @triton.jit
-def _amax_partials_kernel(x_ptr, partials_ptr, numel, BLOCK: tl.constexpr):
+def _amax_kernel(x_ptr, amax_ptr, numel, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offsets = tl.arange(0, BLOCK)
     running = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(pid * BLOCK, numel, tl.num_programs(0) * BLOCK):
         x = tl.load(x_ptr + start + offsets, mask=start + offsets < numel, other=0.0)
         running = tl.maximum(running, tl.abs(x.to(tl.float32)))
-    tl.store(partials_ptr + pid, tl.max(running, axis=0))
+    tl.atomic_max(amax_ptr, tl.max(running, axis=0))
 
 
 @triton.jit
 def _cast_tensorwise_kernel(
-    x_ptr, q_ptr, q_t_ptr, scale_ptr, partials_ptr, num_partials, rows, cols,
+    x_ptr, q_ptr, q_t_ptr, scale_ptr, amax_ptr, rows, cols,
     FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr, POWER_OF_TWO: tl.constexpr,
-    ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, PARTIALS: tl.constexpr,
-    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
 ):  # fmt: skip
-    partial_index = tl.arange(0, PARTIALS)
-    partials = tl.load(partials_ptr + partial_index, mask=partial_index < num_partials, other=0.0)
-    multiplier = multiplier_from_amax(tl.max(partials, axis=0), FP8_MAX, POWER_OF_TWO)
+    multiplier = multiplier_from_amax(tl.load(amax_ptr), FP8_MAX, POWER_OF_TWO)
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
     tl.store(scale_ptr, dequantization_scale(multiplier), mask=(pid_r == 0) & (pid_c == 0))
 
@@ -44,7 +41,8 @@ def _cast_tensorwise_kernel(
     c = pid_c * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
     mask = (r[:, None] < rows) & (c[None, :] < cols)
     x = tl.load(x_ptr + r[:, None] * cols + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    q = cast_to_fp8(x, multiplier, FP8_MAX, FP8_DTYPE)
     if ROWWISE:
-        tl.store(q_ptr + r[:, None] * cols + c[None, :], cast_to_fp8(x, multiplier, FP8_MAX, FP8_DTYPE), mask=mask)
+        tl.store(q_ptr + r[:, None] * cols + c[None, :], q, mask=mask)
     if COLUMNWISE:
-        store_transposed(q_t_ptr, x, multiplier, r, c, rows, cols, FP8_MAX, FP8_DTYPE)
+        store_transposed(q_t_ptr, q, r, c, rows, cols)

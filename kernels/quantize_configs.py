@@ -4,8 +4,8 @@ which copies are asked for, and the device's multiprocessor count.
 The kernels are memory-bound, so the heuristic is about bytes in flight and coalescing:
 - a row-major tile holds about `_TILE_ELEMENTS` / 2 to `_TILE_ELEMENTS` inputs, enough loads in flight
   per SM to cover HBM latency without spilling registers;
-- a tile that writes the transposed copy is at least 64 rows tall, so each row of the transposed
-  fp8 output is written in 64-byte or longer runs;
+- a tile that writes the transposed copy is 128 rows tall, so each row of the transposed fp8 copy
+  is written in 128-byte runs;
 - grid-stride passes (the tensorwise amax, the column amax) launch `_PROGRAMS_PER_SM` programs per SM,
   each walking its share, rather than one program per tile;
 - the one-pass rowwise kernel holds whole rows when they fit `_MAX_ROW_CHUNK` elements, so the row is
@@ -33,7 +33,6 @@ INTERPRETER_SMS = 2
 _TILE_ELEMENTS = 8192
 _MAX_ROW_CHUNK = 16384
 _PROGRAMS_PER_SM = 4
-_TRANSPOSE_MIN_ROWS = 64
 
 
 class QuantizeKernel(str, enum.Enum):
@@ -59,13 +58,15 @@ class QuantizeConfig:
     num_warps: int
     amax_block: int = 0  # tensorwise: elements one program reduces per step of its grid-stride loop
     amax_programs: int = 0  # programs of the amax pass (0: the kernel has none)
+    amax_warps: int = 0  # tensorwise: warps of the amax pass (its cast pass takes num_warps)
 
     def __post_init__(self) -> None:
         for name in ("block_rows", "block_cols"):
             if not _is_power_of_two(getattr(self, name)):
                 raise ValueError(f"{name} must be a power of two, got {getattr(self, name)!r}")
-        if self.num_warps not in (1, 2, 4, 8, 16, 32):
-            raise ValueError(f"num_warps must be a power of two from 1 to 32, got {self.num_warps!r}")
+        for name in ("num_warps", "amax_warps"):
+            if getattr(self, name) not in (1, 2, 4, 8, 16, 32) and not (name == "amax_warps" and self.amax_warps == 0):
+                raise ValueError(f"{name} must be a power of two from 1 to 32, got {getattr(self, name)!r}")
         if self.amax_block and not _is_power_of_two(self.amax_block):
             raise ValueError(f"amax_block must be 0 or a power of two, got {self.amax_block!r}")
         if self.amax_programs < 0:
@@ -78,8 +79,8 @@ class QuantizeConfig:
         square = kernel is QuantizeKernel.BLOCKWISE_128X128 or (kernel is QuantizeKernel.BLOCKWISE_1X128 and columnwise)
         if square and self.block_rows != BLOCK:
             raise ValueError(f"{kernel.value} with these copies takes block_rows = {BLOCK}, got {self.block_rows}")
-        if kernel is QuantizeKernel.TENSORWISE and not (self.amax_block and self.amax_programs):
-            raise ValueError("the tensorwise kernel needs amax_block and amax_programs")
+        if kernel is QuantizeKernel.TENSORWISE and not (self.amax_block and self.amax_programs and self.amax_warps):
+            raise ValueError("the tensorwise kernel needs amax_block, amax_programs and amax_warps")
         if kernel is QuantizeKernel.AXISWISE_TWO_PASS and not self.amax_programs:
             raise ValueError("the two-pass axiswise kernel needs amax_programs")
 
@@ -121,10 +122,13 @@ def choose(kernel: QuantizeKernel, rows: int, cols: int, columnwise: bool, sms: 
         return QuantizeConfig(128, 64, 8, 0, programs) if columnwise else QuantizeConfig(4, 1024, 8, 0, programs)  # swept
     amax_block = _TILE_ELEMENTS
     programs = max(1, min(programs, triton.cdiv(rows * cols, amax_block)))
+    amax = dict(amax_block=amax_block, amax_programs=programs, amax_warps=8)  # swept: 8 warps, not 4
     if columnwise:
-        return QuantizeConfig(_TRANSPOSE_MIN_ROWS, 128, 16, amax_block, programs)  # swept
+        # The tile and warps the 128 x 128 blockwise kernel was verified with on an H100 (see
+        # kernels/README.md: the 64 x 128, 16-warp tile gave a wrong transposed copy there).
+        return QuantizeConfig(BLOCK, BLOCK, 4, **amax)
     block_cols = min(triton.next_power_of_2(cols), 1024)
-    return QuantizeConfig(max(1, _TILE_ELEMENTS // 2 // block_cols), block_cols, 8, amax_block, programs)  # swept: 8 warps, not 4
+    return QuantizeConfig(max(1, _TILE_ELEMENTS // 2 // block_cols), block_cols, 8, **amax)  # swept
 
 
 def candidates(kernel: QuantizeKernel, rows: int, cols: int, columnwise: bool, sms: int) -> list[QuantizeConfig]:
