@@ -3,7 +3,9 @@ once, then hands them to the module that does the work."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -103,7 +105,8 @@ def matmul(
             raise typer.BadParameter(str(err)) from None
         err_console.print(f"[yellow]{err}; % of peak is left empty[/]")
         spec = None
-    _run_benchmark("matmul", shape_gen, out, report, lambda writer, on_row: _matmul(config, writer, spec, timer, on_row), spec)
+    body = lambda writer, on_row: _matmul(config, writer, spec, timer, on_row)  # noqa: E731
+    _run_benchmark("matmul", shape_gen, out, report, body, spec, config.timing)
 
 
 def _matmul(config, writer, spec, timer, on_row):
@@ -147,10 +150,12 @@ def cast(
         raise typer.BadParameter(str(err)) from None
     spec = spec_for_device_name(require_cuda("cast"))  # recorded with the run; the copy is the ceiling
     body = lambda writer, on_row: casts.run_cast(config, writer, TimerChoice(timer, config.timing.flush_l2), on_row)  # noqa: E731
-    _run_benchmark("cast", shape_gen, out, report, body, spec, (casts.print_cast_row, casts.print_cast_summary))
+    _run_benchmark("cast", shape_gen, out, report, body, spec, config.timing, (casts.print_cast_row, casts.print_cast_summary))
 
 
-def _run_benchmark(benchmark: str, label: str, out: Optional[Path], report: bool, body, spec, printers=None) -> None:
+def _run_benchmark(
+    benchmark: str, label: str, out: Optional[Path], report: bool, body, spec, timing: TimingConfig, printers=None
+) -> None:
     """Open the run folder, run `body(writer, on_row)`, print the table, write reports.
 
     `printers` is (print_row, print_summary) for benchmarks whose rows are not GEMMs (default: console's).
@@ -162,7 +167,9 @@ def _run_benchmark(benchmark: str, label: str, out: Optional[Path], report: bool
 
     print_row, print_summary = printers or (gemm_printers.print_row, gemm_printers.print_summary)
     run_dir = out or default_run_dir(benchmark, label)
-    metadata = run_metadata(command_line(), {"benchmark": benchmark, "gpu_spec": spec.key if spec else None})
+    metadata = run_metadata(
+        command_line(), {"benchmark": benchmark, "gpu_spec": spec.key if spec else None, "timing": dataclasses.asdict(timing)}
+    )
     interrupted = False
     with RunWriter(run_dir, metadata) as writer:
         console.print(f"[bold]{benchmark}[/] on {metadata.get('gpu_name')} -> {writer.csv_path}")
@@ -176,23 +183,38 @@ def _run_benchmark(benchmark: str, label: str, out: Optional[Path], report: bool
     else:
         print_summary(console, rows)
     if report:
-        from fp8bench.report import write_reports
-
-        for page in write_reports(run_dir):
-            console.print(f"report: {page}")
+        try:
+            from fp8bench.report import write_reports
+        except ImportError as err:  # plotly missing on a bare GPU host: the results stand without pages
+            err_console.print(f"[yellow]no HTML reports: {err.name} is not installed; `fp8bench report {run_dir}` writes them later[/]")
+        else:
+            for page in write_reports(run_dir):
+                console.print(f"report: {page}")
     if interrupted:
         raise typer.Exit(130)
 
 
 @app.command()
-def report(run: Path = typer.Argument(..., help="a run folder (holding results.csv and metadata.json)")) -> None:
+def report(
+    run: Path = typer.Argument(..., help="a run folder (holding results.csv and metadata.json)"),
+    shared_plotly: Optional[Path] = typer.Option(
+        None, help="a folder above the run holding the one plotly.min.js many runs share (written if absent)"
+    ),
+) -> None:
     """(Re)write a run's HTML reports, one page per granularity."""
     from fp8bench.report import write_reports
+    from fp8bench.report_html import write_plotly_js
 
     if not (run / "results.csv").exists():
         raise typer.BadParameter(f"{run} holds no results.csv")
+    plotly_dir = None
+    if shared_plotly is not None:
+        if not run.resolve().is_relative_to(shared_plotly.resolve()):
+            raise typer.BadParameter(f"--shared-plotly {shared_plotly} is not a folder above {run}")
+        write_plotly_js(shared_plotly)
+        plotly_dir = Path(os.path.relpath(shared_plotly.resolve(), run.resolve())).as_posix() + "/"
     try:
-        pages = write_reports(run)
+        pages = write_reports(run, plotly_dir)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     for page in pages:
@@ -235,7 +257,9 @@ def run_suite(
         loaded = load_suite(suite)
     except (OSError, ValueError) as err:
         raise typer.BadParameter(str(err)) from None
-    base = out or loaded.out
+    from fp8bench.suite import detected_gpu_key
+
+    base = out or Path(str(loaded.out).replace("{gpu}", detected_gpu_key()))
     if parallel:
         from fp8bench.campaign import run_parallel, visible_gpus
 

@@ -202,17 +202,35 @@ def table(page: Path, heading: str) -> list[dict[str, str]]:
 # --- the committed reports (what CI publishes) ---
 
 
+def committed_run_folders() -> list[Path]:
+    """Run folders of the committed tree, <model>/<run>/ or <model>/<suite run>/<entry>/, without the
+    `_reruns` side folders of a gate."""
+    return sorted(
+        csv.parent
+        for csv in COMMITTED_REPORTS.rglob("results.csv")
+        if not any(part.startswith("_") for part in csv.relative_to(COMMITTED_REPORTS).parts)
+    )
+
+
 def test_committed_reports_site_has_every_run_and_one_plotly(committed_site):
     site, published = committed_site
-    runs = sorted(p.parent.name for p in COMMITTED_REPORTS.glob("*/*/results.csv"))
+    runs = committed_run_folders()
     assert runs, "reports/ holds no committed run"
-    assert sorted(Path(key).name for key in published.rebuilt) == runs and published.unchanged == ()
-    for model in {p.parent.parent.name for p in COMMITTED_REPORTS.glob("*/*/results.csv")}:
+    expected = sorted(
+        "/".join((slug(run.relative_to(COMMITTED_REPORTS).parts[0]), "runs", *run.relative_to(COMMITTED_REPORTS).parts[1:]))
+        for run in runs
+    )
+    assert sorted(key for key in published.rebuilt if not key.endswith(COMPARE_HTML)) == expected
+    assert published.unchanged == ()
+    for model in {run.relative_to(COMMITTED_REPORTS).parts[0] for run in runs}:
         latest = table(site / slug(model) / INDEX_HTML, "Latest run of each entry")
-        assert sorted(row["latest run"] for row in latest) == sorted(
-            p.parent.name for p in (COMMITTED_REPORTS / model).glob("*/results.csv")
-        )
-        assert all(row["gate"] == "not gated" for row in latest)
+        assert sorted(row["entry"] for row in latest) == sorted({run.name for run in runs if run.is_relative_to(COMMITTED_REPORTS / model)})
+        for row in latest:
+            gate_json = COMMITTED_REPORTS / model / row["latest run"] / GATE_JSON
+            if gate_json.exists():
+                assert row["gate"].startswith(json.loads(gate_json.read_text())["verdict"]), row
+            else:
+                assert row["gate"] == "not gated", row
     check_one_plotly(site)
     assert check_links(site) > 0
 
