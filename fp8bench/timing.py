@@ -78,9 +78,11 @@ class Timer(Protocol):
 def measure(fn: Callable[[], object], config: TimingConfig, timer: Timer) -> Measurement:
     """Time `fn` by repeats of warm-up + flushed samples (see the module docstring)."""
     timer.run(fn, 1)  # first call: compilation, autotuning, handle creation
-    estimate = statistics.median(timer.samples(fn, 3))
-    per_call = max(estimate, 1e-3)
+    per_call = max(statistics.median(timer.samples(fn, 3)), 1e-3)
     timer.run(fn, max(1, math.ceil(config.settle_ms / per_call)))
+    # Estimated again once settled: the first estimate can still carry start-up costs, and warm-up and
+    # sample counts sized from it would be too small.
+    per_call = max(statistics.median(timer.samples(fn, 3)), 1e-3)
     warmup_calls = max(1, math.ceil(config.warmup_ms / per_call))
     count = min(config.max_samples, max(config.min_samples, math.ceil(config.samples_ms / per_call)))
     repeat_ms: list[float] = []

@@ -1,0 +1,310 @@
+"""The skeleton on the CPU: shape generators, configuration, the result schema and writer, the timing
+harness (with a fake clock), the backend registry's declarations, suites and the CLI's error paths."""
+
+from __future__ import annotations
+
+import csv
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from fp8bench import shapes
+from fp8bench.backends import REGISTRY, get_backend
+from fp8bench.cli import app, main
+from fp8bench.config import (
+    GRANULARITY_CHOICES,
+    FastAccum,
+    GemmShape,
+    Granularity,
+    MatmulCase,
+    MatmulConfig,
+    TimingConfig,
+    parse_choice,
+)
+from fp8bench.results import COLUMNS, RESULTS_CSV, Row, RunWriter, load_results
+from fp8bench.suite import load_suite
+from fp8bench.timing import measure
+
+runner = CliRunner()
+
+
+# --- shapes ---
+
+
+def test_square_is_powers_of_two_from_256_to_32768():
+    got = shapes.generate("square")
+    assert [s.M for s in got] == [2**i for i in range(8, 16)]
+    assert all(s.M == s.K == s.N for s in got)
+
+
+def test_llama_shapes_cover_both_models_and_token_counts():
+    got = shapes.generate("llama")
+    assert {s.M for s in got} == {8192, 16384}
+    assert {s.name.split(".")[0] for s in got} == {"llama3-8b", "llama3-70b", "llama3-70b-tp8"}
+    assert len({s.name for s in got}) == len(got)
+    # ANCHORS.md's 70B tensor-parallel shapes are among them, e.g. 16384 x 8192 x 7168.
+    assert (16384, 8192, 7168) in {(s.M, s.K, s.N) for s in got}
+
+
+def test_sweep_and_custom():
+    assert len(shapes.generate("sweep")) == 125
+    (one,) = shapes.generate("custom", 17, 48, 96)
+    assert (one.M, one.K, one.N, one.name) == (17, 48, 96, "17x48x96")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [(("custom", 16, None, 32), "--K"), (("square", 16, 16, 16), "only go with"), (("cubes",), "choose one of")],
+)
+def test_shape_generator_errors(args, message):
+    with pytest.raises(ValueError, match=message):
+        shapes.generate(*args)
+
+
+# --- configuration ---
+
+
+def test_granularity_names_and_aliases():
+    assert parse_choice("rowwise", GRANULARITY_CHOICES, "granularity") == (Granularity.AXISWISE,)
+    assert parse_choice("ALL", GRANULARITY_CHOICES, "granularity") == Granularity.fp8()
+    with pytest.raises(ValueError, match="tensorwise, axiswise, rowwise, blockwise, all"):
+        parse_choice("colwise", GRANULARITY_CHOICES, "granularity")
+
+
+def test_frozen_configs_validate_once():
+    with pytest.raises(ValueError, match="positive integer"):
+        GemmShape(0, 16, 16)
+    with pytest.raises(ValueError, match="fast-accumulation"):
+        MatmulCase(GemmShape(16, 16, 16), "cublas", Granularity.TENSORWISE, FastAccum.NA)
+    with pytest.raises(ValueError, match="repeats"):
+        TimingConfig(repeats=0)
+
+
+def test_cases_measure_bf16_first_for_each_shape():
+    config = MatmulConfig(
+        (GemmShape(256, 256, 256), GemmShape(512, 512, 512)),
+        (Granularity.TENSORWISE, Granularity.BLOCKWISE),
+        ("bf16", "cublas"),
+        (FastAccum.ON, FastAccum.OFF),
+    )
+    cases = config.cases()
+    assert len(cases) == 2 * (1 + 2 * 2)
+    assert [c.backend for c in cases[:5]] == ["bf16", "cublas", "cublas", "cublas", "cublas"]
+    assert [c.shape.M for c in cases] == [256] * 5 + [512] * 5
+
+
+# --- backends: what each declares ---
+
+
+def test_registry_declares_capabilities():
+    assert {"bf16", "cublas", "triton"} <= set(REGISTRY)
+    with pytest.raises(ValueError, match="choose one of"):
+        get_backend("cutlass")
+
+
+@pytest.mark.parametrize(
+    "backend, shape, granularity, fast_accum, reason",
+    [
+        ("cublas", GemmShape(256, 200, 256), Granularity.TENSORWISE, FastAccum.ON, "multiples of 16"),
+        ("cublas", GemmShape(256, 256, 192), Granularity.BLOCKWISE, FastAccum.OFF, "multiples of 128"),
+        ("cublas", GemmShape(256, 256, 256), Granularity.BLOCKWISE, FastAccum.ON, "fast-accumulation"),
+        ("cublas", GemmShape(256, 384, 256), Granularity.BLOCKWISE, FastAccum.OFF, "multiple of 512"),
+        ("bf16", GemmShape(256, 256, 256), Granularity.TENSORWISE, FastAccum.ON, "no tensorwise"),
+    ],
+)
+def test_unsupported_cases_say_why(backend, shape, granularity, fast_accum, reason):
+    assert reason in get_backend(backend).unsupported_reason(shape, granularity, fast_accum)
+
+
+def test_supported_case_has_no_reason():
+    shape = GemmShape(4096, 4096, 4096)
+    assert get_backend("cublas").unsupported_reason(shape, Granularity.BLOCKWISE, FastAccum.OFF) is None
+
+
+# --- result schema and writer ---
+
+
+def _row(case: str, median: float) -> Row:
+    return Row({"benchmark": "matmul", "case": case, "M": 16, "K": 16, "N": 16, "granularity": "none",
+                "backend": "bf16", "recipe": "bf16", "fast_accum": "n/a", "options": "{}", "status": "ok",
+                "median_ms": median, "repeat_ms": f"{median};{median}"})
+
+
+def test_rows_reach_the_csv_as_they_are_appended(tmp_path):
+    with RunWriter(tmp_path, {"command": "test"}) as writer:
+        for i, median in enumerate(random.Random(1).uniform(0.1, 2.0) for _ in range(3)):
+            writer.append(_row(f"case{i}", median))
+            with (tmp_path / RESULTS_CSV).open() as f:  # read while the writer is still open
+                assert len(list(csv.reader(f))) == i + 2
+    frame = load_results(tmp_path)
+    assert list(frame.columns) == list(COLUMNS) and frame["M"].dtype == "int64"
+    assert frame["tflops"].isna().all()
+
+
+def test_writer_refuses_to_append_to_another_schema(tmp_path):
+    (tmp_path / RESULTS_CSV).write_text("case,median_ms\nx,1\n")
+    with pytest.raises(ValueError, match="another result schema"):
+        RunWriter(tmp_path, {})
+
+
+def test_old_results_read_with_new_columns_empty(tmp_path):
+    with RunWriter(tmp_path, {}) as writer:
+        writer.append(_row("a", 1.0))
+    lines = (tmp_path / RESULTS_CSV).read_text().splitlines()
+    header = lines[0].split(",")
+    keep = [i for i, name in enumerate(header) if name != "rel_err"]
+    (tmp_path / RESULTS_CSV).write_text("\n".join(",".join(line.split(",")[i] for i in keep) for line in lines) + "\n")
+    assert load_results(tmp_path)["rel_err"].isna().all()
+
+
+def test_unknown_column_is_refused():
+    with pytest.raises(KeyError, match="not in the result schema"):
+        Row({"speed": 1})
+
+
+# --- the timing harness, with a fake clock ---
+
+
+class FakeTimer:
+    """A GPU whose kernels run `ramp_factor` times slower during its first `ramp_ms` of work (a clock and
+    power ramp, compilation), then take `base_ms` with 1% noise; records what the harness asked of it."""
+
+    name = "fake"
+
+    def __init__(self, base_ms: float, ramp_ms: float = 0.0, ramp_factor: float = 1.0, seed: int = 0):
+        self.base_ms, self.ramp_ms, self.ramp_factor = base_ms, ramp_ms, ramp_factor
+        self.busy_ms = 0.0
+        self.sample_batches: list[int] = []
+        self.rng = random.Random(seed)
+
+    def _call(self) -> float:
+        ms = self.base_ms * (self.ramp_factor if self.busy_ms < self.ramp_ms else 1 + 0.01 * self.rng.gauss(0, 1))
+        self.busy_ms += ms
+        return ms
+
+    def run(self, fn, calls):
+        for _ in range(calls):
+            self._call()
+
+    def samples(self, fn, count):
+        self.sample_batches.append(count)
+        return [self._call() for _ in range(count)]
+
+    def wall_ms(self, fn, count):
+        return statistics.median(self._call() for _ in range(count)) + 0.01
+
+    def sm_clock_mhz(self):
+        return 1500.0 + self.rng.uniform(-50, 50)
+
+
+def test_warm_up_and_settling_are_not_in_the_result():
+    # 80 ms of 5x slower kernels: the first estimate sees only slow calls; settling (100 ms by that
+    # estimate) outlasts the ramp, so no timed sample falls in it.
+    timer = FakeTimer(base_ms=0.5, ramp_ms=80.0, ramp_factor=5.0)
+    config = TimingConfig(repeats=5, settle_ms=100.0, warmup_ms=10.0, samples_ms=20.0, min_samples=5, max_samples=100)
+    m = measure(lambda: None, config, timer)
+    assert len(m.repeat_ms) == 5 and len(m.sm_clock_mhz) == 5
+    assert m.median_ms == pytest.approx(0.5, rel=0.02) and max(m.repeat_ms) < 0.52
+    assert m.spread_pct < 3.0
+    assert all(abs(n - 20.0 / 0.5) <= 1 for n in timer.sample_batches[2:])  # sized from the settled estimate
+    assert m.timer == "fake" and m.wall_ms > m.median_ms
+
+
+def test_sample_count_follows_the_time_budget_within_bounds():
+    config = TimingConfig(repeats=2, settle_ms=0.0, warmup_ms=0.0, samples_ms=10.0, min_samples=4, max_samples=30)
+    fast = FakeTimer(base_ms=0.1)
+    slow = FakeTimer(base_ms=8.0)
+    measure(lambda: None, config, fast)
+    measure(lambda: None, config, slow)
+    assert fast.sample_batches[2:] == [30, 30]  # 10 ms / 0.1 ms = 100, capped
+    assert slow.sample_batches[2:] == [4, 4]  # 10 ms / 8 ms = 2, raised to the minimum
+
+
+def test_spread_is_the_interquartile_range_of_repeat_medians():
+    from fp8bench.timing import Measurement
+
+    m = Measurement((1.0, 1.1, 1.2, 1.3, 5.0), samples=10, wall_ms=1.0, timer="fake", sm_clock_mhz=())
+    assert m.median_ms == 1.2
+    assert m.spread_pct == pytest.approx(100 * (1.3 - 1.1) / 1.2)  # the odd 5.0 repeat does not dominate
+
+
+# --- suites ---
+
+
+def test_suite_entries_become_command_lines(tmp_path):
+    suite = tmp_path / "s.toml"
+    suite.write_text('name = "s"\nout = "reports/{gpu}"\n[[bench]]\nname = "a"\ncommand = "matmul"\n'
+                     'shape-gen = "square"\nbackend = ["bf16", "cublas"]\nreport = false\n')
+    (entry,) = load_suite(suite).entries
+    assert entry.argv(Path("out")) == ["matmul", "--shape-gen", "square", "--backend", "bf16", "--backend", "cublas",
+                                       "--no-report", "--out", "out/a"]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('name = "s"\n', "no \\[\\[bench\\]\\] entries"),
+        ('[[bench]]\ncommand = "train"\n', "needs command"),
+        ('[[bench]]\ncommand = "matmul"\nout = "x"\n', "sets `out`"),
+        ('[[bench]]\nname = "a"\ncommand = "matmul"\n[[bench]]\nname = "a"\ncommand = "matmul"\n', "unique"),
+        ("[[bench]\n", "not valid TOML"),
+    ],
+)
+def test_bad_suites_are_refused(tmp_path, text, message):
+    suite = tmp_path / "bad.toml"
+    suite.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_suite(suite)
+
+
+# --- CLI errors ---
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["matmul", "--granularity", "colwise"], "tensorwise, axiswise, rowwise, blockwise, all"),
+        (["matmul", "--fast-accum", "sometimes"], "on, off, both"),
+        (["matmul", "--shape-gen", "cubes"], "square, pow2-extended, llama, sweep, dsv3, custom"),
+        (["matmul", "--shape-gen", "custom", "--M", "64"], "needs --K, --N"),
+        (["matmul", "--backend", "cutlass"], "cutlass"),
+        (["matmul", "--timer", "stopwatch"], "auto, cuda-events, cupti"),
+        (["run", "no/such/suite.toml"], "No such file"),
+    ],
+)
+def test_bad_options_are_usage_errors_listing_the_choices(args, expected):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert expected in " ".join(result.output.replace("│", " ").split()), result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown where there is no GPU")
+def test_no_gpu_is_one_clear_line(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["fp8bench", "matmul", "--shape-gen", "custom", "--M", "64", "--K", "64", "--N", "64"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "measures on a CUDA GPU and none is visible" in err and "Traceback" not in err
+
+
+def test_report_can_share_one_plotly_between_runs(tmp_path):
+    root = tmp_path / "reports"
+    for name in ("run-a", "run-b"):
+        with RunWriter(root / "gpu" / name, {"gpu_name": "test"}) as writer:
+            row = _row("16x16x16", 1.0)
+            row.values.update(granularity="tensorwise", backend="cublas", recipe="e4m3-tensorwise", fast_accum="on",
+                              timer="fake", speedup_vs_bf16=1.5, tflops=10.0)
+            writer.append(row)
+        result = runner.invoke(app, ["report", str(root / "gpu" / name), "--shared-plotly", str(root)])
+        assert result.exit_code == 0, result.output
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("plotly.min.js")) == ["plotly.min.js"]
+    page = (root / "gpu" / "run-a" / "tensorwise.html").read_text()
+    assert 'src="../../plotly.min.js"' in page
+    outside = runner.invoke(app, ["report", str(root / "gpu" / "run-a"), "--shared-plotly", str(tmp_path / "elsewhere")])
+    assert outside.exit_code == 2
