@@ -12,7 +12,7 @@ from collections.abc import Callable
 from fp8bench.backends import Operands, Unsupported, get_backend
 from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase, MatmulConfig, Status
 from fp8bench.hardware import GpuSpec
-from fp8bench.results import Row, RunWriter, format_repeat_times, status_text
+from fp8bench.results import Row, RunWriter, measurement_values, status_text
 from fp8bench.timing import Measurement, TimerChoice, measure
 
 # e4m3 keeps 3 mantissa bits: on normal random operands an FP8 product lands ~4% (relative Frobenius)
@@ -61,15 +61,7 @@ def measured_row(
     tflops = case.shape.flops / (m.median_ms * 1e-3) / 1e12
     fp8 = case.granularity is not Granularity.NONE
     row.values.update(
-        median_ms=m.median_ms,
-        spread_pct=m.spread_pct,
-        repeats=len(m.repeat_ms),
-        samples=m.samples,
-        repeat_ms=format_repeat_times(m.repeat_ms),
-        wall_ms=m.wall_ms,
-        timer=m.timer,
-        sm_clock_mhz=m.sm_clock_median,
-        sm_clock_min_mhz=m.sm_clock_min,
+        measurement_values(m),
         tflops=tflops,
         pct_peak=100.0 * tflops / gpu.peak_tflops(fp8) if gpu else None,
         speedup_vs_bf16=bf16_ms / m.median_ms if bf16_ms else None,

@@ -54,7 +54,8 @@ SCHEMA: tuple[Column, ...] = (
     Column("sm_clock_mhz", "measure", "float", "median SM clock sampled after each repeat"),
     Column("sm_clock_min_mhz", "measure", "float", "lowest SM clock sampled (throttling shows here)"),
     Column("tflops", "derived", "float", "2MKN / median time"),
-    Column("pct_peak", "derived", "float", "tflops as % of the GPU's dense peak for the operand dtype"),
+    Column("pct_peak", "derived", "float", "matmul: tflops as % of the GPU's dense peak for the operand dtype; "
+           "cast: GB/s as % of the device copy bandwidth measured in the same run"),
     Column("gbps", "derived", "float", "bytes moved / median time (memory-bound benchmarks)"),
     Column("speedup_vs_bf16", "derived", "float", "BF16 reference time / this time, same shape, same run"),
     Column("rel_err", "derived", "float", "||out - bf16 out|| / ||bf16 out|| on the same random inputs"),
