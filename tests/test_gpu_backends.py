@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from fp8bench.backends import REGISTRY
-from fp8bench.config import BLOCK, FastAccum, GemmShape, Granularity
+from fp8bench.backends.base import quantize_operands
+from fp8bench.config import FastAccum, GemmShape, Granularity
 from fp8bench.matmul import random_operands
 from fp8kernels import reference as ref
 
@@ -20,17 +21,8 @@ SHAPES = [GemmShape(256, 512, 384), GemmShape(1024, 1024, 1024), GemmShape(272, 
 
 
 def _reference_product(operands, granularity):
-    a, b_t = operands.a, operands.b
-    if granularity is Granularity.TENSORWISE:
-        qa, sa = ref.quantize_tensorwise(a)
-        qb, sb = ref.quantize_tensorwise(b_t)
-    elif granularity is Granularity.AXISWISE:
-        qa, sa = ref.quantize_axiswise(a)
-        qb, sb = ref.quantize_axiswise(b_t)
-    else:
-        qa, sa = ref.quantize_blockwise(a, 1, BLOCK)
-        qb, sb = ref.quantize_blockwise(b_t, BLOCK, BLOCK)
-    return ref.dequantize(qa, sa) @ ref.dequantize(qb, sb).t()
+    qa, qb_t, sa, sb = quantize_operands(operands, granularity)
+    return ref.dequantize(qa, sa) @ ref.dequantize(qb_t, sb).t()
 
 
 @pytest.mark.parametrize("backend_name", [n for n, b in REGISTRY.items() if Granularity.NONE not in b.granularities])

@@ -21,7 +21,7 @@ if not HAS_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported: Triton reads it then
 
 from fp8bench.backends import REGISTRY, Operands  # noqa: E402
-from fp8bench.backends.triton import quantize_operands  # noqa: E402
+from fp8bench.backends.triton import kernel_operands  # noqa: E402
 from fp8bench.config import BLOCK, FastAccum, GemmShape, Granularity  # noqa: E402
 from fp8kernels import reference as ref  # noqa: E402
 from fp8kernels.gemm import fp8_gemm, gemm_config  # noqa: E402
@@ -67,7 +67,7 @@ def _random_bf16(rows: int, cols: int, generator: torch.Generator) -> torch.Tens
 def _quantized(M: int, K: int, N: int, granularity: Granularity, seed: int):
     generator = torch.Generator().manual_seed(seed)
     operands = Operands(_random_bf16(M, K, generator), _random_bf16(N, K, generator))
-    return quantize_operands(operands, granularity)
+    return kernel_operands(operands, granularity)
 
 
 def _round_like_kernel_output(x: torch.Tensor) -> torch.Tensor:
@@ -260,7 +260,7 @@ def test_gpu_fast_accumulation_error_exceeds_promoted(granularity):
     cuBLAS's errors on the same operands are measured beside ours: promoted, ours is no less accurate."""
     generator = torch.Generator().manual_seed(42)
     operands = Operands(_random_bf16(1024, 16384, generator), _random_bf16(1024, 16384, generator))
-    quantized = quantize_operands(operands, granularity)
+    quantized = kernel_operands(operands, granularity)
     ours = {fast: _relative_error(*quantized, _run_poisoned(*quantized, granularity, fast)) for fast in (True, False)}
     cublas = {fast: _relative_error(*quantized, REGISTRY["cublas"].prepare_gemm(
         operands, granularity, FastAccum.ON if fast else FastAccum.OFF).run()) for fast in (True, False)}

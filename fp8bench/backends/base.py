@@ -63,6 +63,21 @@ class Backend(ABC):
         """Quantize (untimed) and return the timed product; raise Unsupported for what it cannot do."""
 
 
+def quantize_operands(operands: Operands, granularity: Granularity) -> tuple[Any, Any, Any, Any]:
+    """(qa, qb_t, scale_a, scale_b) by fp8kernels.reference (untimed), scales in their logical shapes:
+    () / (M, 1) and (N, 1) / (M, K/128) and (N/128, K/128). Each backend lays them out as its GEMM reads."""
+    from fp8kernels import reference as ref
+
+    a, b_t = operands.a, operands.b
+    if granularity is Granularity.TENSORWISE:
+        (qa, sa), (qb_t, sb) = ref.quantize_tensorwise(a), ref.quantize_tensorwise(b_t)
+    elif granularity is Granularity.AXISWISE:
+        (qa, sa), (qb_t, sb) = ref.quantize_axiswise(a), ref.quantize_axiswise(b_t)
+    else:
+        (qa, sa), (qb_t, sb) = ref.quantize_blockwise(a, 1, BLOCK), ref.quantize_blockwise(b_t, BLOCK, BLOCK)
+    return qa, qb_t, sa, sb
+
+
 def fp8_shape_problem(shape: GemmShape, granularity: Granularity) -> str | None:
     """The hardware-level constraints every FP8 tensor-core GEMM shares."""
     if granularity is Granularity.NONE:

@@ -10,7 +10,7 @@ Scale layouts torch._scaled_mm expects (dequantization factors, float32):
 
 from __future__ import annotations
 
-from fp8bench.backends.base import Backend, Level, Operands, PreparedGemm
+from fp8bench.backends.base import Backend, Level, Operands, PreparedGemm, quantize_operands
 from fp8bench.config import BLOCK, FastAccum, GemmShape, Granularity
 
 
@@ -42,21 +42,12 @@ class CublasBackend(Backend):
     def prepare_gemm(self, operands: Operands, granularity: Granularity, fast_accum: FastAccum) -> PreparedGemm:
         import torch
 
-        from fp8kernels import reference as ref
-
-        a, b_t = operands.a, operands.b  # b_t is b.T, (N, K) contiguous
-        if granularity is Granularity.TENSORWISE:
-            qa, sa = ref.quantize_tensorwise(a)
-            qb_t, sb = ref.quantize_tensorwise(b_t)
-        elif granularity is Granularity.AXISWISE:
-            qa, sa = ref.quantize_axiswise(a)
-            qb_t, sb_t = ref.quantize_axiswise(b_t)
-            sb = sb_t.t()  # (1, N)
-        else:
-            qa, sa_logical = ref.quantize_blockwise(a, 1, BLOCK)
-            qb_t, sb_t_logical = ref.quantize_blockwise(b_t, BLOCK, BLOCK)
-            sa = sa_logical.t().contiguous().t()  # (M, K/128), stride (1, M)
-            sb = sb_t_logical.contiguous().t()  # (K/128, N/128), stride (1, K/128)
+        qa, qb_t, sa, sb = quantize_operands(operands, granularity)
+        if granularity is Granularity.AXISWISE:
+            sb = sb.t()  # (1, N)
+        elif granularity is Granularity.BLOCKWISE:
+            sa = sa.t().contiguous().t()  # (M, K/128), stride (1, M)
+            sb = sb.contiguous().t()  # (K/128, N/128), stride (1, K/128)
         qb = qb_t.t()  # (K, N) column-major
         use_fast_accum = fast_accum is FastAccum.ON
 

@@ -9,25 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from fp8bench.backends.base import Backend, Level, Operands, PreparedGemm
-from fp8bench.config import BLOCK, FastAccum, Granularity
+from fp8bench.backends.base import Backend, Level, Operands, PreparedGemm, quantize_operands
+from fp8bench.config import FastAccum, Granularity
 
 # FP8 tensor cores with the instructions our kernels use: Ada (8.9) and Hopper (9.0) and later.
 MIN_COMPUTE_CAPABILITY = (8, 9)
 
 
-def quantize_operands(operands: Operands, granularity: Granularity) -> tuple[Any, Any, Any, Any]:
-    """(a, b_t, scale_a, scale_b) for fp8kernels.gemm.fp8_gemm, quantized by fp8kernels.reference.
-    Blockwise activation scales are stored M-major, the layout the kernel reads per K-tile."""
-    from fp8kernels import reference as ref
-
-    a, b_t = operands.a, operands.b
-    if granularity is Granularity.TENSORWISE:
-        (qa, sa), (qb_t, sb) = ref.quantize_tensorwise(a), ref.quantize_tensorwise(b_t)
-    elif granularity is Granularity.AXISWISE:
-        (qa, sa), (qb_t, sb) = ref.quantize_axiswise(a), ref.quantize_axiswise(b_t)
-    else:
-        (qa, sa), (qb_t, sb) = ref.quantize_blockwise(a, 1, BLOCK), ref.quantize_blockwise(b_t, BLOCK, BLOCK)
+def kernel_operands(operands: Operands, granularity: Granularity) -> tuple[Any, Any, Any, Any]:
+    """quantize_operands in the layouts fp8_gemm reads fastest: blockwise activation scales M-major,
+    since each K-tile reads one scale per row."""
+    qa, qb_t, sa, sb = quantize_operands(operands, granularity)
+    if granularity is Granularity.BLOCKWISE:
         sa = sa.t().contiguous().t()
     return qa, qb_t, sa, sb
 
@@ -52,7 +45,7 @@ class TritonBackend(Backend):
     def prepare_gemm(self, operands: Operands, granularity: Granularity, fast_accum: FastAccum) -> PreparedGemm:
         from fp8kernels.gemm import fp8_gemm, gemm_config
 
-        qa, qb_t, sa, sb = quantize_operands(operands, granularity)
+        qa, qb_t, sa, sb = kernel_operands(operands, granularity)
         use_fast_accum = fast_accum is FastAccum.ON
         config = gemm_config(qa.shape[0], qb_t.shape[0], qa.shape[1], granularity, use_fast_accum, qa.device)
 

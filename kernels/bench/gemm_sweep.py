@@ -26,7 +26,7 @@ from rich.table import Table
 from scipy.stats import gmean
 
 from fp8bench.backends import REGISTRY
-from fp8bench.backends.triton import quantize_operands
+from fp8bench.backends.triton import kernel_operands
 from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase, TimingConfig
 from fp8bench.env import run_metadata
 from fp8bench.hardware import spec_for_device_name
@@ -89,7 +89,7 @@ def _compile_job(granularity: Granularity, fast_accum: bool, config: Fp8GemmConf
         operands = Operands(torch.randn(M, K, device="cuda", dtype=torch.bfloat16),
                             torch.randn(N, K, device="cuda", dtype=torch.bfloat16))
         out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-        kernel = launch_fp8_gemm(*quantize_operands(operands, granularity), out, granularity, fast_accum, config)
+        kernel = launch_fp8_gemm(*kernel_operands(operands, granularity), out, granularity, fast_accum, config)
         torch.cuda.synchronize()
         return True, f"{kernel.n_regs} registers, {kernel.n_spills} spilled, {kernel.metadata.shared} B shared"
     except Exception as err:  # noqa: BLE001 - a config the compiler or the GPU refuses is reported and skipped
@@ -132,7 +132,7 @@ class SideBySide:
                 continue
             cublas = REGISTRY["cublas"].prepare_gemm(operands, granularity, _fast(fast_accum))
             cublas_out = cublas.run()
-            quantized = quantize_operands(operands, granularity)
+            quantized = kernel_operands(operands, granularity)
             timed = []  # (backend, run, options, relative difference from cuBLAS)
             for config in configs_for(granularity, fast_accum):
                 def run(config=config):
