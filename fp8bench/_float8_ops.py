@@ -97,24 +97,24 @@ def quantize_delayed(
     casts), so delayed scaling moves no fewer bytes than dynamic here; what it changes is the numerics."""
     import triton
 
-    from fp8kernels._quantize_tensorwise import _amax_partials_kernel, _cast_tensorwise_kernel
     from fp8kernels._quantize_common import empty_fp8, empty_scales, fp8_constants, launch_config
+    from fp8kernels._quantize_tensorwise import _amax_kernel, _cast_tensorwise_kernel
     from fp8kernels.quantize import QuantizeSpec
     from fp8kernels.quantize_configs import QuantizeKernel
 
+    # fp8kernels.quantize_tensorwise's two kernels, but the cast reads the history's amax, not the pass's.
     spec = QuantizeSpec(_FP8_DTYPES[fp8_dtype], power_of_two, rowwise, columnwise)
     config = launch_config(x, spec, QuantizeKernel.TENSORWISE, None)
-    partials = torch.empty(config.amax_programs, dtype=torch.float32, device=x.device)
-    _amax_partials_kernel[(config.amax_programs,)](x, partials, x.numel(), BLOCK=config.amax_block, num_warps=config.num_warps)
-    current, recorded = partials.max(), amax_history.max()
-    scaling_amax = torch.where(recorded > 0, recorded, current).reshape(1)
+    current = torch.zeros((), dtype=torch.float32, device=x.device)  # the amax kernel's atomic max starts at 0
+    _amax_kernel[(config.amax_programs,)](x, current, x.numel(), BLOCK=config.amax_block, num_warps=config.amax_warps)
+    recorded = amax_history.max()
+    scaling_amax = torch.where(recorded > 0, recorded, current)
 
     rows, cols = x.shape
     data, data_t = empty_fp8((rows, cols), spec, x, rowwise), empty_fp8((cols, rows), spec, x, columnwise)
     scale = empty_scales((), x, True)
     _cast_tensorwise_kernel[(triton.cdiv(rows, config.block_rows), triton.cdiv(cols, config.block_cols))](
-        x, data, data_t, scale, scaling_amax, 1, rows, cols, **fp8_constants(spec),
-        ROWWISE=rowwise, COLUMNWISE=columnwise, PARTIALS=1,
+        x, data, data_t, scale, scaling_amax, rows, cols, **fp8_constants(spec), ROWWISE=rowwise, COLUMNWISE=columnwise,
         BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols, num_warps=config.num_warps,
     )  # fmt: skip
     amax_history.copy_(torch.cat((current.reshape(1), amax_history[:-1])))
