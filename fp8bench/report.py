@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from fp8bench import report_matmul
+from fp8bench import report_cast, report_matmul, report_roofline
 from fp8bench.config import Granularity
 from fp8bench.hardware import GPUS, GpuSpec
 from fp8bench.report_html import Chart, metadata_table, page, rows_table, write_plotly_js
@@ -48,6 +48,8 @@ VIEWS: dict[str, BenchmarkView] = {
         charts=(report_matmul.speedup_chart, report_matmul.tflops_chart, report_matmul.speedup_heatmaps),
         table_columns=report_matmul.TABLE_COLUMNS,
     ),
+    "cast": BenchmarkView(charts=report_cast.CHARTS, table_columns=report_cast.TABLE_COLUMNS),
+    "roofline": BenchmarkView(charts=report_roofline.CHARTS, table_columns=report_roofline.TABLE_COLUMNS),
 }
 
 
@@ -111,17 +113,19 @@ def _granularity_page(
     else:
         title = f"{run_dir.name}: {granularity.value} scaling against BF16"
     parts = [_navigation(granularities), _measurement_warning(rows, metadata), _summary(rows, metadata)]
+    charted = False
     for benchmark, benchmark_rows in rows.groupby("benchmark", sort=False):
         view = VIEWS.get(benchmark, BenchmarkView())
         parts.append(f"<h2>{html.escape(benchmark)}</h2>")
         charts = [chart for build in view.charts for chart in build(benchmark_rows, gpu)]
         parts.extend(chart.to_html() for chart in charts)
+        charted = charted or bool(charts)
         if not charts:
             parts.append('<p class="note">no charts for these rows; every row is in the table below</p>')
         parts.append(f"<h3>All {html.escape(benchmark)} rows</h3><p class=\"note\">{html.escape(_SPREAD_NOTE)}</p>")
         parts.append(rows_table(table_frame(benchmark_rows, view.table_columns), _TEXT_COLUMNS))
     parts.append(f"<h2>Run metadata</h2>{metadata_table(metadata)}")
-    return page(title, "\n".join(parts), plotly=True, plotly_dir=plotly_dir)
+    return page(title, "\n".join(parts), plotly=charted, plotly_dir=plotly_dir)
 
 
 def _index_page(run_dir: Path, granularities: list[Granularity], rows: pd.DataFrame, metadata: dict[str, Any]) -> str:

@@ -7,21 +7,27 @@ Every string that came from a result file is escaped here (tables, metadata) or 
 (plotly renders a subset of HTML in labels, so labels are escaped before they reach it). The head of
 every page carries a recorder of script errors that a headless browser check reads back
 (tests/browser.py); the static site's pages use the same skeleton.
+The benchmark views (fp8bench.report_*) share the data side of their charts from here too: the `ok`
+rows with their repeat bounds, whiskers and their notes, run order, colours, chart ids and heights.
 """
 
 from __future__ import annotations
 
 import html
+import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import plotly.colors
 import plotly.graph_objects as go
 import plotly.offline
 
 from fp8bench.config import Status
+from fp8bench.results import repeat_times
 
 PLOTLY_JS = "plotly.min.js"
 # The hidden element that holds the JSON list of script errors a page met while loading.
@@ -138,3 +144,73 @@ def metadata_table(metadata: Mapping[str, Any]) -> str:
         for key, value in sorted(flat.items())
     )
     return f'<table class="metadata">{rows}</table>'
+
+
+# ---- the data side of charts, shared by the benchmark views ----
+
+WHISKER_NOTE = "Markers are medians of the repeat medians; whiskers span the fastest to the slowest repeat."
+PANEL_HEIGHT_PX = 300  # one panel of a chart with a panel per shape, recipe or tensor
+
+
+def plotted_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The `ok` rows, with the fastest and slowest repeat (from `repeat_ms`) and `shape`, the case name
+    escaped for plotly (it renders HTML tags in labels)."""
+    ok = rows[rows["status"] == Status.OK.value].copy()
+    repeats = ok["repeat_ms"].map(repeat_times)
+    ok["fastest_ms"] = repeats.map(lambda times: min(times) if times else math.nan)
+    ok["slowest_ms"] = repeats.map(lambda times: max(times) if times else math.nan)
+    ok["shape"] = ok["case"].map(html.escape)
+    return ok
+
+
+def run_order(frame: pd.DataFrame, *columns: str) -> dict[str, list[str]]:
+    """Category orders for plotly: each column's values in run order (the order the suite listed them)."""
+    return {column: list(dict.fromkeys(frame[column])) for column in columns}
+
+
+def throughput_whiskers(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """`frame` (plotted_rows) with whiskers of `column`, a throughput (work / median time): its values at
+    the fastest and at the slowest repeat."""
+    return frame.assign(
+        whisker_up=frame[column] * (frame["median_ms"] / frame["fastest_ms"] - 1.0),
+        whisker_down=frame[column] * (1.0 - frame["median_ms"] / frame["slowest_ms"]),
+    )
+
+
+def ratio_whiskers(frame: pd.DataFrame, reference: pd.DataFrame, keys: list[str], column: str) -> pd.DataFrame:
+    """`frame` (plotted_rows) with whiskers of `column`, a value proportional to the reference's time over
+    the row's (a speedup, a share of the copy bandwidth): its extremes pair the row's fastest repeat with
+    the reference's slowest, and the other way round. `reference` (plotted_rows) is matched on `keys`,
+    its last row per key; a row without a reference gets no whiskers."""
+    bounds = reference.drop_duplicates(keys, keep="last")[[*keys, "median_ms", "fastest_ms", "slowest_ms"]]
+    merged = frame.merge(bounds, on=keys, how="left", suffixes=("", "_reference"))
+    # value = factor * reference time / row time: the factor is 1 for a speedup, 100 x the bytes ratio for a share.
+    factor = merged[column] * merged["median_ms"] / merged["median_ms_reference"]
+    merged["whisker_up"] = factor * merged["slowest_ms_reference"] / merged["fastest_ms"] - merged[column]
+    merged["whisker_down"] = merged[column] - factor * merged["fastest_ms_reference"] / merged["slowest_ms"]
+    return merged
+
+
+def colour_map(known: Iterable[str], labels: Iterable[str]) -> dict[str, str]:
+    """A colour per label, the same in every chart and on every page: plotly's default colours given to
+    the `known` labels first (in their order), then to the others (in theirs)."""
+    palette = plotly.colors.qualitative.Plotly
+    return {label: palette[i % len(palette)] for i, label in enumerate(dict.fromkeys([*known, *labels]))}
+
+
+def ratio_whisker_note(reference: str) -> str:
+    """The note under a chart with ratio_whiskers, against `reference` (what the ratio divides by)."""
+    return (
+        f"Markers are medians of the repeat medians; whiskers pair the row's fastest repeat with {reference}'s "
+        "slowest and the other way round."
+    )
+
+
+def chart_id(*parts: str) -> str:
+    """A chart's div id from its parts: only [a-z0-9-], whatever the parts (backend, case names) hold."""
+    return re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-")
+
+
+def panels_height(panels: int) -> int:
+    """Height of a chart with `panels` panels stacked above one axis of long shape names."""
+    return 260 + PANEL_HEIGHT_PX * panels

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import html
 import math
-import re
 
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from fp8bench.config import Granularity, Status
+from fp8bench.config import Granularity
 from fp8bench.hardware import GpuSpec
-from fp8bench.report_html import Chart
-from fp8bench.results import repeat_times
+from fp8bench.report_html import (
+    WHISKER_NOTE, Chart, chart_id, plotted_rows, ratio_whiskers, run_order, throughput_whiskers,
+)
 
 SHAPE_KEYS = ["case", "M", "K", "N"]
 TABLE_COLUMNS = (
@@ -31,24 +31,14 @@ TABLE_COLUMNS = (
 CHART_HEIGHT_PX = 560  # room for long shape names under the axis
 _HOVER = {"M": True, "K": True, "N": True, "median_ms": ":.4g", "spread_pct": ":.1f"}
 _LABELS = {"backend_label": "backend", "accum_label": "fast-accum", "shape": "shape"}
-_WHISKER_NOTE = "Markers are medians of the repeat medians; whiskers span the fastest to the slowest repeat."
 
 
 def _plotted(rows: pd.DataFrame) -> pd.DataFrame:
-    """The `ok` rows with labels escaped for plotly (it renders HTML tags in labels) and repeat bounds."""
-    ok = rows[rows["status"] == Status.OK.value].copy()
-    repeats = ok["repeat_ms"].map(repeat_times)
-    ok["fastest_ms"] = repeats.map(lambda times: min(times) if times else math.nan)
-    ok["slowest_ms"] = repeats.map(lambda times: max(times) if times else math.nan)
-    ok["shape"] = ok["case"].map(html.escape)
+    """The `ok` rows with their repeat bounds and labels escaped for plotly (report_html.plotted_rows)."""
+    ok = plotted_rows(rows)
     ok["backend_label"] = ok["backend"].map(html.escape)
     ok["accum_label"] = ok["fast_accum"].map(html.escape)
     return ok
-
-
-def _shape_order(frame: pd.DataFrame) -> dict[str, list[str]]:
-    """Shapes along the x axis in run order (the order the suite listed them)."""
-    return {"shape": list(dict.fromkeys(frame["shape"]))}
 
 
 def speedup_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
@@ -57,19 +47,16 @@ def speedup_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
     fp8 = ok[(ok["granularity"] != Granularity.NONE.value) & ok["speedup_vs_bf16"].notna()]
     if fp8.empty:
         return []
-    bf16 = ok[ok["granularity"] == Granularity.NONE.value].drop_duplicates(SHAPE_KEYS, keep="last")
-    fp8 = fp8.merge(bf16[[*SHAPE_KEYS, "fastest_ms", "slowest_ms"]], on=SHAPE_KEYS, how="left", suffixes=("", "_bf16"))
-    # The extremes of the ratio: slowest BF16 repeat over fastest FP8 repeat, and the other way round.
-    fp8["whisker_up"] = fp8["slowest_ms_bf16"] / fp8["fastest_ms"] - fp8["speedup_vs_bf16"]
-    fp8["whisker_down"] = fp8["speedup_vs_bf16"] - fp8["fastest_ms_bf16"] / fp8["slowest_ms"]
+    bf16 = ok[ok["granularity"] == Granularity.NONE.value]
+    fp8 = ratio_whiskers(fp8, bf16, SHAPE_KEYS, "speedup_vs_bf16")
     figure = px.bar(
         fp8, x="shape", y="speedup_vs_bf16", color="backend_label", pattern_shape="accum_label", barmode="group",
-        error_y="whisker_up", error_y_minus="whisker_down", category_orders=_shape_order(fp8),
+        error_y="whisker_up", error_y_minus="whisker_down", category_orders=run_order(fp8, "shape"),
         hover_data=_HOVER, labels={**_LABELS, "speedup_vs_bf16": "speedup over BF16"},
     )
     figure.update_layout(height=CHART_HEIGHT_PX)
     figure.add_hline(y=1.0, line_dash="dot", annotation_text="BF16", annotation_position="top left")
-    return [Chart("matmul-speedup", "Speedup over BF16 (same shape, same run)", figure, _WHISKER_NOTE)]
+    return [Chart("matmul-speedup", "Speedup over BF16 (same shape, same run)", figure, WHISKER_NOTE)]
 
 
 def tflops_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
@@ -78,16 +65,15 @@ def tflops_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
     ok = ok[ok["tflops"].notna()]
     if ok.empty:
         return []
-    ok["whisker_up"] = ok["tflops"] * (ok["median_ms"] / ok["fastest_ms"] - 1.0)
-    ok["whisker_down"] = ok["tflops"] * (1.0 - ok["median_ms"] / ok["slowest_ms"])
+    ok = throughput_whiskers(ok, "tflops")
     figure = px.scatter(
         ok, x="shape", y="tflops", color="backend_label", symbol="accum_label", error_y="whisker_up",
-        error_y_minus="whisker_down", category_orders=_shape_order(ok),
+        error_y_minus="whisker_down", category_orders=run_order(ok, "shape"),
         hover_data={**_HOVER, "pct_peak": ":.1f"}, labels={**_LABELS, "tflops": "TFLOPS"},
     )
     figure.update_traces(marker_size=9)
     figure.update_layout(height=CHART_HEIGHT_PX)
-    note = _WHISKER_NOTE
+    note = WHISKER_NOTE
     if gpu is None:
         note += " The run names no GPU model from the hardware table, so no peak is drawn."
     else:
@@ -108,7 +94,7 @@ def is_grid(rows: pd.DataFrame) -> bool:
 
 def heatmap_id(backend: str, fast_accum: str) -> str:
     """The div id of a series' heatmap: only [a-z0-9-], whatever the backend is called."""
-    return "matmul-heatmap-" + re.sub(r"[^a-z0-9]+", "-", f"{backend}-{fast_accum}".lower()).strip("-")
+    return chart_id("matmul-heatmap", backend, fast_accum)
 
 
 def speedup_heatmaps(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
