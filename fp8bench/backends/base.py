@@ -63,6 +63,22 @@ class Backend(ABC):
         """Quantize (untimed) and return the timed product; raise Unsupported for what it cannot do."""
 
 
+# FP8 tensor cores: Ada (8.9), Hopper (9.0) and later.
+FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
+
+
+def fp8_device_problem() -> str | None:
+    """Why this machine cannot run FP8 GEMMs (no CUDA GPU, or one without FP8 tensor cores), or None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    capability = torch.cuda.get_device_capability()
+    if capability < FP8_MIN_COMPUTE_CAPABILITY:
+        return f"needs FP8 tensor cores (compute capability >= 8.9), this GPU has {capability[0]}.{capability[1]}"
+    return None
+
+
 def quantize_operands(operands: Operands, granularity: Granularity) -> tuple[Any, Any, Any, Any]:
     """(qa, qb_t, scale_a, scale_b) by fp8kernels.reference (untimed), scales in their logical shapes:
     () / (M, 1) and (N, 1) / (M, K/128) and (N/128, K/128). Each backend lays them out as its GEMM reads."""

@@ -10,7 +10,7 @@ Scale layouts torch._scaled_mm expects (dequantization factors, float32):
 
 from __future__ import annotations
 
-from fp8bench.backends.base import Backend, Level, Operands, PreparedGemm, quantize_operands
+from fp8bench.backends.base import Backend, Level, Operands, PreparedGemm, fp8_device_problem, quantize_operands
 from fp8bench.config import BLOCK, FastAccum, GemmShape, Granularity
 
 
@@ -28,7 +28,7 @@ class CublasBackend(Backend):
 
         if not hasattr(torch, "_scaled_mm"):
             return f"torch {torch.__version__} has no _scaled_mm"
-        return None
+        return fp8_device_problem()
 
     def unsupported_reason(self, shape: GemmShape, granularity: Granularity, fast_accum: FastAccum) -> str | None:
         # Measured on an H100 with torch 2.11 / CUDA 13.0: with 128x128 block scales and K/128 not a

@@ -9,12 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fp8bench.backends.base import Backend, Level, Operands, PreparedGemm, quantize_operands
+from fp8bench.backends.base import Backend, Level, Operands, PreparedGemm, fp8_device_problem, quantize_operands
 from fp8bench.config import FastAccum, Granularity
-
-# FP8 tensor cores with the instructions our kernels use: Ada (8.9) and Hopper (9.0) and later.
-MIN_COMPUTE_CAPABILITY = (8, 9)
-
 
 def kernel_operands(operands: Operands, granularity: Granularity) -> tuple[Any, Any, Any, Any]:
     """quantize_operands in the layouts fp8_gemm reads fastest: blockwise activation scales M-major,
@@ -33,14 +29,7 @@ class TritonBackend(Backend):
     fast_accum_granularities = frozenset({Granularity.TENSORWISE, Granularity.AXISWISE})
 
     def unavailable_reason(self) -> str | None:
-        import torch
-
-        if not torch.cuda.is_available():
-            return "needs a CUDA GPU"
-        capability = torch.cuda.get_device_capability()
-        if capability < MIN_COMPUTE_CAPABILITY:
-            return f"needs FP8 tensor cores (compute capability >= 8.9), this GPU has {capability[0]}.{capability[1]}"
-        return None
+        return fp8_device_problem()
 
     def prepare_gemm(self, operands: Operands, granularity: Granularity, fast_accum: FastAccum) -> PreparedGemm:
         from fp8kernels.gemm import fp8_gemm, gemm_config
