@@ -105,14 +105,10 @@ def matmul(
             raise typer.BadParameter(str(err)) from None
         err_console.print(f"[yellow]{err}; % of peak is left empty[/]")
         spec = None
-    body = lambda writer, on_row: _matmul(config, writer, spec, timer, on_row)  # noqa: E731
-    _run_benchmark("matmul", shape_gen, out, report, body, spec, config.timing)
-
-
-def _matmul(config, writer, spec, timer, on_row):
     from fp8bench.matmul import run_matmul
 
-    return run_matmul(config, writer, spec, timer, on_row)
+    body = lambda writer, on_row: run_matmul(config, writer, spec, timer, on_row)  # noqa: E731
+    _run_benchmark("matmul", shape_gen, out, report, body, spec, config.timing)
 
 
 @app.command()
