@@ -112,9 +112,14 @@ class TimingConfig:
     # state (an H100 at 700 W drops from 1980 MHz to ~1300 MHz under large FP8 GEMMs).
     settle_ms: float = 300.0
     warmup_ms: float = 50.0  # per repeat, run and discarded
-    samples_ms: float = 100.0  # per repeat, the time budget that decides the sample count
+    samples_ms: float = 100.0  # per repeat: how long its flushed samples run, which decides their count
+    # Under its power cap an H100 swings its SM clock by up to 30% with a period near one second (the
+    # trace in docs/timing.md): a 100 ms repeat samples one phase of that swing. When the settled clock
+    # is below `throttled_below` of the GPU's maximum, each repeat runs `throttled_samples_ms` instead.
+    throttled_samples_ms: float = 1000.0
+    throttled_below: float = 0.9
     min_samples: int = 5
-    max_samples: int = 200
+    max_samples: int = 5000
     flush_l2: bool = True
 
     def __post_init__(self) -> None:
@@ -122,8 +127,10 @@ class TimingConfig:
             raise ValueError("repeats must be at least 1")
         if not 1 <= self.min_samples <= self.max_samples:
             raise ValueError("need 1 <= min_samples <= max_samples")
-        if self.settle_ms < 0 or self.warmup_ms < 0 or self.samples_ms <= 0:
-            raise ValueError("settle and warm-up must be >= 0 ms and the sample budget > 0 ms")
+        if self.settle_ms < 0 or self.warmup_ms < 0 or self.samples_ms <= 0 or self.throttled_samples_ms <= 0:
+            raise ValueError("settle and warm-up must be >= 0 ms and the sample budgets > 0 ms")
+        if not 0 < self.throttled_below <= 1:
+            raise ValueError("throttled_below is a fraction of the maximum SM clock, in (0, 1]")
 
 
 @dataclass(frozen=True)

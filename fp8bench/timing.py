@@ -3,7 +3,15 @@
 A measurement is a number of independent *repeats*. Each repeat warms up (runs that are discarded),
 then takes timed *samples*, each preceded by an L2 flush so every sample starts from cold cache; the
 repeat is summarised by its median. Before the first repeat the work runs untimed for `settle_ms`, so
-clocks and power reach the state they hold under load. The case's time is the median of the repeat
+clocks and power reach the state they hold under load. Warm-up and settling run exactly what the samples
+run, flush included: back-to-back calls without the flush draw more power than the timed sequence, push
+a power-capped GPU into throttling, and the samples then catch its clock recovering (an H100 measured
+4096^3 FP8 at 1400-1875 MHz that way, at a steady 1980 MHz when settled on flushed calls).
+
+A repeat's samples run for `samples_ms` of wall time (kernel plus flush). When the settled SM clock is
+below `throttled_below` of the GPU's maximum, the power cap is steering the clock, which swings with a
+period near one second; a repeat then runs `throttled_samples_ms` so that it spans that swing instead of
+sampling one phase of it (docs/timing.md has the trace). The case's time is the median of the repeat
 medians; the spread is their interquartile range over that median (asv's statistic: one odd repeat does
 not dominate it), and `repeat_ms` keeps every repeat for anyone who wants another statistic. Comparisons (fp8bench.compare) treat the repeat as the unit.
 
@@ -38,6 +46,7 @@ class Measurement:
     wall_ms: float
     timer: str
     sm_clock_mhz: tuple[float, ...]  # one sample per repeat; empty when unknown
+    throttled: bool = False  # the settled clock was below TimingConfig.throttled_below of the maximum
 
     @property
     def median_ms(self) -> float:
@@ -61,9 +70,10 @@ class Timer(Protocol):
     """What the harness needs from a clock; fakes implement it for CPU tests."""
 
     name: str
+    sample_overhead_ms: float  # what each sample adds to `fn`'s own time: the L2 flush
 
     def run(self, fn: Callable[[], object], calls: int) -> None:
-        """Run `fn` untimed (warm-up)."""
+        """Run `fn` untimed (warm-up), each call preceded by the flush the samples have."""
 
     def samples(self, fn: Callable[[], object], count: int) -> list[float]:
         """`count` flushed, timed calls; milliseconds of GPU time each."""
@@ -74,17 +84,24 @@ class Timer(Protocol):
     def sm_clock_mhz(self) -> float | None:
         """The SM clock now, or None where it cannot be read."""
 
+    def max_sm_clock_mhz(self) -> float | None:
+        """The GPU's highest SM clock, or None where it cannot be read."""
+
 
 def measure(fn: Callable[[], object], config: TimingConfig, timer: Timer) -> Measurement:
     """Time `fn` by repeats of warm-up + flushed samples (see the module docstring)."""
     timer.run(fn, 1)  # first call: compilation, autotuning, handle creation
     per_call = max(statistics.median(timer.samples(fn, 3)), 1e-3)
-    timer.run(fn, max(1, math.ceil(config.settle_ms / per_call)))
+    timer.run(fn, max(1, math.ceil(config.settle_ms / (per_call + timer.sample_overhead_ms))))
     # Estimated again once settled: the first estimate can still carry start-up costs, and warm-up and
     # sample counts sized from it would be too small.
     per_call = max(statistics.median(timer.samples(fn, 3)), 1e-3)
-    warmup_calls = max(1, math.ceil(config.warmup_ms / per_call))
-    count = min(config.max_samples, max(config.min_samples, math.ceil(config.samples_ms / per_call)))
+    settled_clock, max_clock = timer.sm_clock_mhz(), timer.max_sm_clock_mhz()
+    throttled = settled_clock is not None and bool(max_clock) and settled_clock < config.throttled_below * max_clock
+    window_ms = config.throttled_samples_ms if throttled else config.samples_ms
+    per_sample = per_call + timer.sample_overhead_ms
+    warmup_calls = max(1, math.ceil(config.warmup_ms / per_sample))
+    count = min(config.max_samples, max(config.min_samples, math.ceil(window_ms / per_sample)))
     repeat_ms: list[float] = []
     clocks: list[float] = []
     for _ in range(config.repeats):
@@ -94,7 +111,7 @@ def measure(fn: Callable[[], object], config: TimingConfig, timer: Timer) -> Mea
         if clock is not None:
             clocks.append(clock)
     wall = timer.wall_ms(fn, min(count, 20))
-    return Measurement(tuple(repeat_ms), count, wall, timer.name, tuple(clocks))
+    return Measurement(tuple(repeat_ms), count, wall, timer.name, tuple(clocks), throttled)
 
 
 class _Nvml:
@@ -115,6 +132,11 @@ class _Nvml:
             return None
         return float(self._pynvml.nvmlDeviceGetClockInfo(self._handle, self._pynvml.NVML_CLOCK_SM))
 
+    def max_sm_clock_mhz(self) -> float | None:
+        if self._pynvml is None:
+            return None
+        return float(self._pynvml.nvmlDeviceGetMaxClockInfo(self._handle, self._pynvml.NVML_CLOCK_SM))
+
 
 class GpuClock:
     """What both CUDA timers share: the L2-flush buffer (several times L2) and the NVML handle."""
@@ -128,6 +150,18 @@ class GpuClock:
         words = max(256 * 2**20, 4 * l2_bytes) // 4 if flush_l2 else 0
         self.flush_buffer = torch.empty(words, dtype=torch.int32, device="cuda") if words else None
         self.nvml = _Nvml(device)
+        self.flush_ms = self._time_flush() if words else 0.0
+
+    def _time_flush(self) -> float:
+        cuda = self.torch.cuda
+        self.flush_buffer.bitwise_not_()
+        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(10):
+            self.flush_buffer.bitwise_not_()
+        end.record()
+        cuda.synchronize()
+        return start.elapsed_time(end) / 10
 
 
 class CudaEventTimer:
@@ -142,6 +176,7 @@ class CudaEventTimer:
         self._torch = gpu.torch
         self._flush_buffer = gpu.flush_buffer
         self._nvml = gpu.nvml
+        self.sample_overhead_ms = gpu.flush_ms
 
     def _flush(self) -> None:
         if self._flush_buffer is not None:
@@ -149,6 +184,7 @@ class CudaEventTimer:
 
     def run(self, fn: Callable[[], object], calls: int) -> None:
         for _ in range(calls):
+            self._flush()
             fn()
         self._torch.cuda.synchronize()
 
@@ -177,6 +213,9 @@ class CudaEventTimer:
 
     def sm_clock_mhz(self) -> float | None:
         return self._nvml.sm_clock_mhz()
+
+    def max_sm_clock_mhz(self) -> float | None:
+        return self._nvml.max_sm_clock_mhz()
 
 
 class CuptiTimer(CudaEventTimer):

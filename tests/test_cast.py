@@ -44,6 +44,7 @@ class FakeTimer:
     """Runs the case once (so it must work) and reports random milliseconds; never a GPU number."""
 
     name = "fake"
+    sample_overhead_ms = 0.0
 
     def __init__(self, seed: int = 0):
         self.rng = random.Random(seed)
@@ -58,6 +59,9 @@ class FakeTimer:
         return self.rng.uniform(1.0, 2.0)
 
     def sm_clock_mhz(self):
+        return None
+
+    def max_sm_clock_mhz(self):
         return None
 
 

@@ -175,8 +175,10 @@ class FakeTimer:
 
     name = "fake"
 
-    def __init__(self, base_ms: float, ramp_ms: float = 0.0, ramp_factor: float = 1.0, seed: int = 0):
+    def __init__(self, base_ms: float, ramp_ms: float = 0.0, ramp_factor: float = 1.0, seed: int = 0,
+                 clock_mhz: float = 1500.0, max_clock_mhz: float | None = None, flush_ms: float = 0.0):
         self.base_ms, self.ramp_ms, self.ramp_factor = base_ms, ramp_ms, ramp_factor
+        self.clock_mhz, self.max_clock_mhz, self.sample_overhead_ms = clock_mhz, max_clock_mhz, flush_ms
         self.busy_ms = 0.0
         self.sample_batches: list[int] = []
         self.rng = random.Random(seed)
@@ -198,7 +200,10 @@ class FakeTimer:
         return statistics.median(self._call() for _ in range(count)) + 0.01
 
     def sm_clock_mhz(self):
-        return 1500.0 + self.rng.uniform(-50, 50)
+        return self.clock_mhz + self.rng.uniform(-50, 50)
+
+    def max_sm_clock_mhz(self):
+        return self.max_clock_mhz
 
 
 def test_warm_up_and_settling_are_not_in_the_result():
@@ -222,6 +227,20 @@ def test_sample_count_follows_the_time_budget_within_bounds():
     measure(lambda: None, config, slow)
     assert fast.sample_batches[2:] == [30, 30]  # 10 ms / 0.1 ms = 100, capped
     assert slow.sample_batches[2:] == [4, 4]  # 10 ms / 8 ms = 2, raised to the minimum
+
+
+def test_a_throttled_clock_gets_repeats_long_enough_to_span_its_swing():
+    """Settled below 90% of the maximum clock, each repeat runs throttled_samples_ms; a sample's
+    length counts its flush, so the window is wall time, not kernel time alone."""
+    config = TimingConfig(repeats=2, settle_ms=0.0, warmup_ms=0.0, samples_ms=10.0, throttled_samples_ms=100.0)
+    capped = FakeTimer(base_ms=0.8, clock_mhz=1400.0, max_clock_mhz=1980.0, flush_ms=0.2)
+    boost = FakeTimer(base_ms=0.8, clock_mhz=1950.0, max_clock_mhz=1980.0, flush_ms=0.2)
+    unknown = FakeTimer(base_ms=0.8, clock_mhz=1400.0, max_clock_mhz=None, flush_ms=0.2)
+    results = {name: measure(lambda: None, config, timer) for name, timer in (("capped", capped), ("boost", boost), ("unknown", unknown))}
+    assert all(abs(n - 100) <= 2 for n in capped.sample_batches[2:]) and results["capped"].throttled  # 100 ms / (0.8 + 0.2) ms
+    for name in ("boost", "unknown"):
+        timer = {"boost": boost, "unknown": unknown}[name]
+        assert all(abs(n - 10) <= 1 for n in timer.sample_batches[2:]) and not results[name].throttled
 
 
 def test_spread_is_the_interquartile_range_of_repeat_medians():

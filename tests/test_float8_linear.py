@@ -409,6 +409,7 @@ class FakeLayerTimer:
     times are made up -- a test's run folder, never a measurement (timer column `fake`)."""
 
     name = "fake"
+    sample_overhead_ms = 0.0
 
     def __init__(self):
         self.first_step = None
@@ -424,6 +425,9 @@ class FakeLayerTimer:
         return 3.0
 
     def sm_clock_mhz(self):
+        return None
+
+    def max_sm_clock_mhz(self):
         return None
 
     def kernel_ms(self, fn, count):
