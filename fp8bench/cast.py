@@ -79,8 +79,9 @@ class CastRecipe:
 
     def input_reads(self) -> int:
         """How many times our kernel reads x from HBM, by design (see kernels/_quantize_*.py)."""
-        two_pass = self.granularity is Granularity.TENSORWISE or (self.granularity is Granularity.AXISWISE and self.columnwise)
-        return 2 if two_pass else 1
+        if self.granularity is Granularity.TENSORWISE:
+            return 3 if self.columnwise else 2  # the amax pass, then a cast pass per copy
+        return 2 if self.granularity is Granularity.AXISWISE and self.columnwise else 1
 
 
 CAST_RECIPES: dict[str, CastRecipe] = {

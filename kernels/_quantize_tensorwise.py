@@ -4,8 +4,9 @@ element can be cast, and a grid cannot wait for all its programs without a grid-
 1. `_amax_kernel`: a grid-stride pass over the flat tensor; each program folds the amax of its share
    into one zeroed float by atomic max (amaxes are >= 0, so float atomic max is exact).
 2. `_cast_tensorwise_kernel`: every program loads that amax, derives the scale and casts its tile into
-   the row-major copy, the transposed copy, or both from one load.
-The input is read twice from HBM; what is written is written once.
+   the row-major copy or the transposed copy; a launch for each copy asked for (quantize_tensorwise
+   says why not both from one load).
+The input is read once per pass from HBM; what is written is written once.
 """
 
 from __future__ import annotations

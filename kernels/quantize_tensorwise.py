@@ -18,7 +18,11 @@ def quantize_tensorwise(
 ) -> QuantizedTensor:
     """x[R, C] (bf16/fp16/fp32, contiguous) -> fp8 copies sharing one 0-d scale.
 
-    Two passes whatever the copies: the amax, then the cast (both copies from one load of each tile)."""
+    The amax pass, then one cast pass per copy. Both copies from one load of each tile -- one launch
+    storing the tile and its transpose -- wrote a wrong transposed copy on an H100 (Triton 3.6: a quarter
+    to a half of its values, for bf16 and fp32 input, whichever way the tile was transposed, with or
+    without a barrier between the stores; kernels/README.md), while each store alone is exact. So the
+    transposed copy costs one more read of x."""
     config = launch_config(x, spec, QuantizeKernel.TENSORWISE, config)
     rows, cols = x.shape
     amax = torch.zeros((), dtype=torch.float32, device=x.device)  # atomic max needs a zero start
@@ -27,8 +31,10 @@ def quantize_tensorwise(
     q, q_t = empty_fp8((rows, cols), spec, x, spec.rowwise), empty_fp8((cols, rows), spec, x, spec.columnwise)
     scale = empty_scales((), x, True)
     grid = (triton.cdiv(rows, config.block_rows), triton.cdiv(cols, config.block_cols))
-    _cast_tensorwise_kernel[grid](
-        x, q, q_t, scale, amax, rows, cols, **fp8_constants(spec), ROWWISE=spec.rowwise, COLUMNWISE=spec.columnwise,
-        BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols, num_warps=config.num_warps,
-    )  # fmt: skip
+    for rowwise, columnwise in ((True, False), (False, True)):
+        if (rowwise and spec.rowwise) or (columnwise and spec.columnwise):
+            _cast_tensorwise_kernel[grid](
+                x, q, q_t, scale, amax, rows, cols, **fp8_constants(spec), ROWWISE=rowwise, COLUMNWISE=columnwise,
+                BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols, num_warps=config.num_warps,
+            )  # fmt: skip
     return QuantizedTensor(q, scale if spec.rowwise else None, q_t, scale if spec.columnwise else None)
