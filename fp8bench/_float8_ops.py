@@ -95,34 +95,25 @@ def quantize_delayed(
 
     The amax pass still reads x before the cast (the cast kernel cannot record an amax while it
     casts), so delayed scaling moves no fewer bytes than dynamic here; what it changes is the numerics."""
-    import triton
-
-    from fp8kernels._quantize_common import empty_fp8, empty_scales, fp8_constants, launch_config
-    from fp8kernels._quantize_tensorwise import _amax_kernel, _cast_tensorwise_kernel
+    from fp8kernels._quantize_common import launch_config
+    from fp8kernels._quantize_tensorwise import _amax_kernel
     from fp8kernels.quantize import QuantizeSpec
     from fp8kernels.quantize_configs import QuantizeKernel
+    from fp8kernels.quantize_tensorwise import cast_tensorwise
 
-    # fp8kernels.quantize_tensorwise's two kernels, but the cast reads the history's amax, not the pass's.
+    # fp8kernels.quantize_tensorwise's passes, but the cast reads the history's amax, not the pass's.
     spec = QuantizeSpec(_FP8_DTYPES[fp8_dtype], power_of_two, rowwise, columnwise)
     config = launch_config(x, spec, QuantizeKernel.TENSORWISE, None)
     current = torch.zeros((), dtype=torch.float32, device=x.device)  # the amax kernel's atomic max starts at 0
     _amax_kernel[(config.amax_programs,)](x, current, x.numel(), BLOCK=config.amax_block, num_warps=config.amax_warps)
     recorded = amax_history.max()
-    scaling_amax = torch.where(recorded > 0, recorded, current)
-
-    rows, cols = x.shape
-    data, data_t = empty_fp8((rows, cols), spec, x, rowwise), empty_fp8((cols, rows), spec, x, columnwise)
-    scale = empty_scales((), x, True)
-    _cast_tensorwise_kernel[(triton.cdiv(rows, config.block_rows), triton.cdiv(cols, config.block_cols))](
-        x, data, data_t, scale, scaling_amax, rows, cols, **fp8_constants(spec), ROWWISE=rowwise, COLUMNWISE=columnwise,
-        BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols, num_warps=config.num_warps,
-    )  # fmt: skip
+    out = cast_tensorwise(x, torch.where(recorded > 0, recorded, current), spec, config)
     amax_history.copy_(torch.cat((current.reshape(1), amax_history[:-1])))
     return (
-        data if rowwise else _nothing(x, spec.dtype),
-        scale if rowwise else _nothing(x, torch.float32),
-        data_t if columnwise else _nothing(x, spec.dtype),
-        _nothing(x, torch.float32) if rowwise else scale,
+        out.data if rowwise else _nothing(x, spec.dtype),
+        out.scale if rowwise else _nothing(x, torch.float32),
+        out.data_t if columnwise else _nothing(x, spec.dtype),
+        _nothing(x, torch.float32) if rowwise else out.scale_t,
     )
 
 

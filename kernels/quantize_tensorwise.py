@@ -28,6 +28,13 @@ def quantize_tensorwise(
     amax = torch.zeros((), dtype=torch.float32, device=x.device)  # atomic max needs a zero start
     _amax_kernel[(config.amax_programs,)](x, amax, x.numel(), BLOCK=config.amax_block, num_warps=config.amax_warps)
 
+    return cast_tensorwise(x, amax, spec, config)
+
+
+def cast_tensorwise(x: torch.Tensor, amax: torch.Tensor, spec: QuantizeSpec, config: QuantizeConfig) -> QuantizedTensor:
+    """The cast passes alone, scaled from `amax` (a 0-d float32 tensor on x's device): the tensor's own
+    amax, or, for delayed scaling, one from its history. One launch per copy asked for."""
+    rows, cols = x.shape
     q, q_t = empty_fp8((rows, cols), spec, x, spec.rowwise), empty_fp8((cols, rows), spec, x, spec.columnwise)
     scale = empty_scales((), x, True)
     grid = (triton.cdiv(rows, config.block_rows), triton.cdiv(cols, config.block_cols))
