@@ -245,14 +245,23 @@ def run_suite(
     suite: Path = typer.Argument(..., help="a suite file, e.g. suites/square.toml"),
     out: Optional[Path] = typer.Option(None, help="folder for the suite's runs (default: the suite's `out`)"),
     parallel: bool = typer.Option(False, "--parallel/--sequential", help="one entry per GPU of this host at a time, each in its own process (log: <out>/<entry>.log)"),
+    only: Optional[list[str]] = typer.Option(None, "--only", help="run only the entry of this name (repeatable)"),
 ) -> None:
-    """Run every benchmark a suite file lists, each into its own run folder."""
+    """Run every benchmark a suite file lists (or those named by --only), each into its own run folder."""
+    import dataclasses
+
     from fp8bench.suite import load_suite
 
     try:
         loaded = load_suite(suite)
     except (OSError, ValueError) as err:
         raise typer.BadParameter(str(err)) from None
+    if only:
+        names = [entry.name for entry in loaded.entries]
+        unknown = [name for name in only if name not in names]
+        if unknown:
+            raise typer.BadParameter(f"no entry named {', '.join(unknown)} in {suite}; its entries: {', '.join(names)}")
+        loaded = dataclasses.replace(loaded, entries=tuple(entry for entry in loaded.entries if entry.name in only))
     from fp8bench.suite import detected_gpu_key
 
     base = out or Path(str(loaded.out).replace("{gpu}", detected_gpu_key()))

@@ -70,6 +70,11 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
+# Below this SQNR against the BF16 layer a result is wrong, not noisy: FP8 recipes land at 24-45 dB, and a
+# zero or garbage gradient at 0 dB or below.
+WRONG_RESULT_SQNR_DB = 15.0
+
+
 def sqnr_db(reference, actual) -> float:
     """Signal-to-quantization-noise ratio of `actual` against `reference`, dB: 20 log10(|ref| / |ref - actual|)
     (Frobenius norms, float64). +inf when they are equal; ValueError for a zero or mismatched reference."""
@@ -428,6 +433,10 @@ def _run_case(case, inputs, config, ceilings, timer, reference_ms) -> tuple[Row,
         # After the timing: delayed scaling's histories hold the amaxes of many steps, as in training.
         # The BF16 eager layer is the reference itself.
         sqnr = {} if case.backend == "bf16" else sqnr_columns(inputs.reference, step_results(step, built, inputs))
+        wrong = {column: db for column, db in sqnr.items() if not db >= WRONG_RESULT_SQNR_DB}  # NaN is wrong too
+        if wrong:  # the time of a step that computes garbage is no measurement of this implementation
+            found = ", ".join(f"{column} {db:.1f} dB" for column, db in wrong.items())
+            return case_row(case, status_text(Status.FAILED, f"wrong result: {found} vs the BF16 layer (< {WRONG_RESULT_SQNR_DB:g} dB)"), options), {}
         if case.compiled:
             options.update(compile_report())
         return measured_row(case, measurement, kernels, sqnr, options, ceilings, reference_ms), kernels

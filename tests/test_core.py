@@ -293,6 +293,8 @@ def test_bad_suites_are_refused(tmp_path, text, message):
         (["matmul", "--backend", "cutlass"], "cutlass"),
         (["matmul", "--timer", "stopwatch"], "auto, cuda-events, cupti"),
         (["run", "no/such/suite.toml"], "No such file"),
+        (["run", str(Path(__file__).parents[1] / "suites" / "roofline.toml"), "--only", "roofline-2"],
+         "no entry named roofline-2 in"),
     ],
 )
 def test_bad_options_are_usage_errors_listing_the_choices(args, expected):

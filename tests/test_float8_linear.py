@@ -468,6 +468,25 @@ def test_layer_run_writes_measured_rows_beside_predictions(tmp_path):
     assert kernels[0] == "case,backend,recipe,kernel,kind,ms_per_step" and len(kernels) > 3
 
 
+def test_a_layer_step_with_a_wrong_gradient_is_a_failed_row_not_a_time(tmp_path, monkeypatch):
+    real = layer.sqnr_columns
+
+    def zero_grad_input(reference, results):
+        return {**real(reference, results), "sqnr_grad_input_db": 0.0}
+
+    monkeypatch.setattr(layer, "sqnr_columns", zero_grad_input)
+    shape = GemmShape(128, 128, 128)
+    config = layer.LayerConfig((shape,), (RECIPES["rowwise"],), ("triton",), timing=TimingConfig(repeats=2), compile_backend="aot_eager")
+    with RunWriter(tmp_path, {}) as writer:
+        layer.run_layer(config, writer, model.spec_ceilings(GPUS["h100-sxm"]), FakeLayerTimer(), device=DEVICE)
+    rows = load_results(tmp_path).set_index(["backend", "recipe"])
+    for backend in ("triton", "triton-compile"):
+        row = rows.loc[(backend, "rowwise")]
+        assert row["status"] == "failed: wrong result: sqnr_grad_input_db 0.0 dB vs the BF16 layer (< 15 dB)"
+        assert row["median_ms"] != row["median_ms"]  # no time published for it
+    assert rows.loc[("bf16", "bf16"), "status"] == "ok"  # the reference itself: no SQNR, no check
+
+
 def test_roofline_cli_without_a_gpu_predicts_only(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     run = tmp_path / "run"
