@@ -29,7 +29,10 @@ def _version(module: str) -> str | None:
 
 
 def git_revision() -> str:
-    """The checkout's commit (+ "-dirty"), or FP8BENCH_GIT_REV where the tree travelled without .git."""
+    """FP8BENCH_GIT_REV where set -- a tree copied to a GPU host may carry a stale .git, or none --,
+    else the checkout's commit (+ "-dirty")."""
+    if os.environ.get("FP8BENCH_GIT_REV"):
+        return os.environ["FP8BENCH_GIT_REV"]
     try:
         rev = subprocess.run(
             ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
@@ -40,7 +43,7 @@ def git_revision() -> str:
         ).stdout.strip()
         return rev + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("FP8BENCH_GIT_REV", "unknown")
+        return "unknown"
 
 
 def cuda_device_name() -> str | None:

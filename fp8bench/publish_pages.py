@@ -250,7 +250,7 @@ def history_chart(name: str, entries: list[EntryRun]) -> Chart | None:
         # plotly would span a millisecond around a single time
         day = pd.Timedelta(days=1)
         figure.update_xaxes(range=[frame["started"].iloc[0] - day, frame["started"].iloc[0] + day])
-    return Chart(_history_id(name), f"{name}: geomean speedup over BF16, run by run", figure, note)
+    return Chart(f"{_history_id(name)}-chart", f"{name}: geomean speedup over BF16, run by run", figure, note)
 
 
 def history_page(tree: Tree, model: str) -> str:
@@ -258,7 +258,8 @@ def history_page(tree: Tree, model: str) -> str:
     previous = _previous(tree, model)
     parts = [_nav(here, model)]
     for name, entries in tree.history(model).items():
-        parts.append(f"<h2>{html.escape(name)}</h2>")
+        # the anchor the index links to, there whether or not the entry has a chart (cast runs have none)
+        parts.append(f'<h2 id="{html.escape(_history_id(name))}">{html.escape(name)}</h2>')
         chart = history_chart(name, entries)
         untimed = [e.run for e in entries if e.started is None]
         if untimed:

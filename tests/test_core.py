@@ -329,3 +329,12 @@ def test_report_can_share_one_plotly_between_runs(tmp_path):
     assert 'src="../../plotly.min.js"' in page
     outside = runner.invoke(app, ["report", str(root / "gpu" / "run-a"), "--shared-plotly", str(tmp_path / "elsewhere")])
     assert outside.exit_code == 2
+
+
+def test_the_git_revision_named_by_the_environment_wins(monkeypatch):
+    from fp8bench import env
+
+    monkeypatch.setenv("FP8BENCH_GIT_REV", "abc1234")
+    assert env.git_revision() == "abc1234"  # a GPU host's copied tree may hold a stale .git
+    monkeypatch.delenv("FP8BENCH_GIT_REV")
+    assert env.git_revision() != "abc1234"
