@@ -194,7 +194,9 @@ class _Float8LinearFunction(torch.autograd.Function):
         w_saved, x_saved = _flat(_or_original(w_second, weight.t())), _flat(_or_original(x_second, x.t()))
         ctx.save_for_backward(*w_saved, *x_saved, grad_output_history)
         ctx.plan, ctx.weight_tensors = how, len(w_saved)
-        return out.to(x.dtype)
+        # Not `out.to(x.dtype)` when the dtypes already agree: torch 2.11's dynamo then traces the backward
+        # with a zero gradient for this output, silently (torch 2.13 does not).
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad_output):
