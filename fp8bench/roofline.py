@@ -209,6 +209,8 @@ class Implementation:
       with `cast_in_producer_needs_known_scale` only when the scale is known before it runs (delayed
       scaling, TransformerEngine's LayerNorm), else also for scales local to a row (axiswise, 1x128).
     - cast_transpose: one kernel writes both layouts (row- and column-major) from one read.
+    - tensorwise_pass_per_copy: except for tensorwise scaling, where each layout takes its own cast pass
+      (ours: one Triton 3.6 launch writing both gave a wrong transposed copy; kernels/README.md).
     - column_scales_in_place: second-use axiswise scales come from a tiled amax pass (one read that
       finds row and column amaxes), not from transposing the tensor in BF16 and scaling its rows.
     - weight_fp8_saved: the weight is cast once per step, in the forward, and both forms are kept for
@@ -225,6 +227,7 @@ class Implementation:
     cast_in_producer: frozenset[TensorRole] = frozenset()
     cast_in_producer_needs_known_scale: bool = False
     cast_transpose: bool = False
+    tensorwise_pass_per_copy: bool = False
     column_scales_in_place: bool = False
     weight_fp8_saved: bool = False
     amax_finish_kernel: bool = True
@@ -243,9 +246,11 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
     for impl in (
         Implementation(
             "triton",
-            "ours (kernels/): one cast+transpose kernel per tensor, tiled amax pass for global and column "
+            "ours (kernels/): one cast+transpose kernel per tensor (a cast pass per layout for tensorwise "
+            "scales), tiled amax pass for global and column "
             "scales, weight cast once per step; LayerNorm and sigmoid are not fused",
             cast_transpose=True,
+            tensorwise_pass_per_copy=True,
             column_scales_in_place=True,
             weight_fp8_saved=True,
             amax_finish_kernel=False,
@@ -399,6 +404,9 @@ def _plan_casts(role: TensorRole, n: int, recipe: Recipe, impl: Implementation) 
         if first_in_producer:
             plan.producer_writes += fp8
             plan.kernels.append(kernel("transpose fp8", fp8, fp8, reads_stored_bf16=False))
+        elif impl.cast_transpose and not split and impl.tensorwise_pass_per_copy and first.granularity is Granularity.TENSORWISE:
+            plan.kernels.append(kernel("cast to fp8", bf16, fp8))
+            plan.kernels.append(kernel("cast to fp8 transposed", bf16, fp8))
         elif impl.cast_transpose and not split:
             plan.kernels.append(kernel("cast + transpose to fp8", bf16, 2 * fp8))
         elif split:

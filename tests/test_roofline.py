@@ -153,8 +153,13 @@ def _cast_bytes(shape, recipe_name, impl_name, role=None):
 
 def test_fused_cast_transpose_moves_fewer_bytes_than_unfused_casts():
     shape = GemmShape(8192, 8192, 8192)
-    for name in RECIPES:
-        assert _cast_bytes(shape, name, "triton") <= _cast_bytes(shape, name, "unfused"), name
+    for name, recipe in RECIPES.items():
+        if recipe.granularity is Granularity.TENSORWISE:
+            # Ours casts each layout in its own pass at tensorwise (kernels/README.md says why): one more
+            # BF16 read than a cast followed by an fp8 transpose.
+            assert _cast_bytes(shape, name, "triton") > _cast_bytes(shape, name, "unfused"), name
+        else:
+            assert _cast_bytes(shape, name, "triton") <= _cast_bytes(shape, name, "unfused"), name
     # Column scales from an amax pass instead of a BF16 transpose: the rowwise saving in particular.
     assert _cast_bytes(shape, "rowwise", "triton") < 0.8 * _cast_bytes(shape, "rowwise", "unfused")
 
