@@ -4,8 +4,8 @@ element can be cast, and a grid cannot wait for all its programs without a grid-
 1. `_amax_kernel`: a grid-stride pass over the flat tensor; each program folds the amax of its share
    into one zeroed float by atomic max (amaxes are >= 0, so float atomic max is exact).
 2. `_cast_tensorwise_kernel`: every program loads that amax, derives the scale and casts its tile into
-   the row-major copy or the transposed copy; a launch for each copy asked for (quantize_tensorwise
-   says why not both from one load).
+   the row-major copy or (TRANSPOSED) the transposed one; a launch for each copy asked for
+   (quantize_tensorwise says why not both from one load).
 The input is read once per pass from HBM; what is written is written once.
 """
 
@@ -30,9 +30,9 @@ def _amax_kernel(x_ptr, amax_ptr, numel, BLOCK: tl.constexpr):
 
 @triton.jit
 def _cast_tensorwise_kernel(
-    x_ptr, q_ptr, q_t_ptr, scale_ptr, amax_ptr, rows, cols,
+    x_ptr, out_ptr, scale_ptr, amax_ptr, rows, cols,
     FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr, POWER_OF_TWO: tl.constexpr,
-    ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    TRANSPOSED: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
 ):  # fmt: skip
     multiplier = multiplier_from_amax(tl.load(amax_ptr), FP8_MAX, POWER_OF_TWO)
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
@@ -43,7 +43,7 @@ def _cast_tensorwise_kernel(
     mask = (r[:, None] < rows) & (c[None, :] < cols)
     x = tl.load(x_ptr + r[:, None] * cols + c[None, :], mask=mask, other=0.0).to(tl.float32)
     q = cast_to_fp8(x, multiplier, FP8_MAX, FP8_DTYPE)
-    if ROWWISE:
-        tl.store(q_ptr + r[:, None] * cols + c[None, :], q, mask=mask)
-    if COLUMNWISE:
-        store_transposed(q_t_ptr, q, r, c, rows, cols)
+    if TRANSPOSED:
+        store_transposed(out_ptr, q, r, c, rows, cols)
+    else:
+        tl.store(out_ptr + r[:, None] * cols + c[None, :], q, mask=mask)

@@ -24,7 +24,6 @@ def quantize_tensorwise(
     without a barrier between the stores; kernels/README.md), while each store alone is exact. So the
     transposed copy costs one more read of x."""
     config = launch_config(x, spec, QuantizeKernel.TENSORWISE, config)
-    rows, cols = x.shape
     amax = torch.zeros((), dtype=torch.float32, device=x.device)  # atomic max needs a zero start
     _amax_kernel[(config.amax_programs,)](x, amax, x.numel(), BLOCK=config.amax_block, num_warps=config.amax_warps)
 
@@ -38,10 +37,10 @@ def cast_tensorwise(x: torch.Tensor, amax: torch.Tensor, spec: QuantizeSpec, con
     q, q_t = empty_fp8((rows, cols), spec, x, spec.rowwise), empty_fp8((cols, rows), spec, x, spec.columnwise)
     scale = empty_scales((), x, True)
     grid = (triton.cdiv(rows, config.block_rows), triton.cdiv(cols, config.block_cols))
-    for rowwise, columnwise in ((True, False), (False, True)):
-        if (rowwise and spec.rowwise) or (columnwise and spec.columnwise):
+    for out, transposed in ((q, False), (q_t, True)):
+        if out is not None:
             _cast_tensorwise_kernel[grid](
-                x, q, q_t, scale, amax, rows, cols, **fp8_constants(spec), ROWWISE=rowwise, COLUMNWISE=columnwise,
+                x, out, scale, amax, rows, cols, **fp8_constants(spec), TRANSPOSED=transposed,
                 BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols, num_warps=config.num_warps,
             )  # fmt: skip
     return QuantizedTensor(q, scale if spec.rowwise else None, q_t, scale if spec.columnwise else None)
