@@ -45,6 +45,18 @@ def _nothing(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(0, dtype=dtype, device=like.device)
 
 
+def _outputs(out, x: torch.Tensor, spec) -> Quantized:
+    """A fp8kernels QuantizedTensor as the ops return it: empty tensors for what was not asked for, and
+    a scale both copies share returned once, in `scale`."""
+    shared = out.scale is not None and out.scale is out.scale_t
+    return (
+        out.data if spec.rowwise else _nothing(x, spec.dtype),
+        out.scale if spec.rowwise else _nothing(x, torch.float32),
+        out.data_t if spec.columnwise else _nothing(x, spec.dtype),
+        out.scale_t if spec.columnwise and not shared else _nothing(x, torch.float32),
+    )
+
+
 @torch.library.custom_op("fp8bench::quantize", mutates_args=())
 def quantize(
     x: torch.Tensor, granularity: str, block_rows: int, fp8_dtype: str, power_of_two: bool, rowwise: bool, columnwise: bool
@@ -61,13 +73,7 @@ def quantize(
         out = quantize_axiswise(x, spec)
     else:
         out = quantize_blockwise(x, block_rows, spec)
-    shared = out.scale is not None and out.scale is out.scale_t
-    return (
-        out.data if rowwise else _nothing(x, spec.dtype),
-        out.scale if rowwise else _nothing(x, torch.float32),
-        out.data_t if columnwise else _nothing(x, spec.dtype),
-        out.scale_t if columnwise and not shared else _nothing(x, torch.float32),
-    )
+    return _outputs(out, x, spec)
 
 
 @quantize.register_fake
@@ -96,25 +102,18 @@ def quantize_delayed(
     The amax pass still reads x before the cast (the cast kernel cannot record an amax while it
     casts), so delayed scaling moves no fewer bytes than dynamic here; what it changes is the numerics."""
     from fp8kernels._quantize_common import launch_config
-    from fp8kernels._quantize_tensorwise import _amax_kernel
     from fp8kernels.quantize import QuantizeSpec
     from fp8kernels.quantize_configs import QuantizeKernel
-    from fp8kernels.quantize_tensorwise import cast_tensorwise
+    from fp8kernels.quantize_tensorwise import cast_tensorwise, tensor_amax
 
     # fp8kernels.quantize_tensorwise's passes, but the cast reads the history's amax, not the pass's.
     spec = QuantizeSpec(_FP8_DTYPES[fp8_dtype], power_of_two, rowwise, columnwise)
     config = launch_config(x, spec, QuantizeKernel.TENSORWISE, None)
-    current = torch.zeros((), dtype=torch.float32, device=x.device)  # the amax kernel's atomic max starts at 0
-    _amax_kernel[(config.amax_programs,)](x, current, x.numel(), BLOCK=config.amax_block, num_warps=config.amax_warps)
+    current = tensor_amax(x, config)
     recorded = amax_history.max()
     out = cast_tensorwise(x, torch.where(recorded > 0, recorded, current), spec, config)
     amax_history.copy_(torch.cat((current.reshape(1), amax_history[:-1])))
-    return (
-        out.data if rowwise else _nothing(x, spec.dtype),
-        out.scale if rowwise else _nothing(x, torch.float32),
-        out.data_t if columnwise else _nothing(x, spec.dtype),
-        _nothing(x, torch.float32) if rowwise else out.scale_t,
-    )
+    return _outputs(out, x, spec)
 
 
 @quantize_delayed.register_fake

@@ -24,10 +24,14 @@ def quantize_tensorwise(
     without a barrier between the stores; kernels/README.md), while each store alone is exact. So the
     transposed copy costs one more read of x."""
     config = launch_config(x, spec, QuantizeKernel.TENSORWISE, config)
+    return cast_tensorwise(x, tensor_amax(x, config), spec, config)
+
+
+def tensor_amax(x: torch.Tensor, config: QuantizeConfig) -> torch.Tensor:
+    """The amax pass alone: max |x| as a 0-d float32 tensor on x's device."""
     amax = torch.zeros((), dtype=torch.float32, device=x.device)  # atomic max needs a zero start
     _amax_kernel[(config.amax_programs,)](x, amax, x.numel(), BLOCK=config.amax_block, num_warps=config.amax_warps)
-
-    return cast_tensorwise(x, amax, spec, config)
+    return amax
 
 
 def cast_tensorwise(x: torch.Tensor, amax: torch.Tensor, spec: QuantizeSpec, config: QuantizeConfig) -> QuantizedTensor:
