@@ -404,14 +404,13 @@ def _plan_casts(role: TensorRole, n: int, recipe: Recipe, impl: Implementation) 
         if first_in_producer:
             plan.producer_writes += fp8
             plan.kernels.append(kernel("transpose fp8", fp8, fp8, reads_stored_bf16=False))
-        elif impl.cast_transpose and not split and impl.tensorwise_pass_per_copy and first.granularity is Granularity.TENSORWISE:
-            plan.kernels.append(kernel("cast to fp8", bf16, fp8))
-            plan.kernels.append(kernel("cast to fp8 transposed", bf16, fp8))
-        elif impl.cast_transpose and not split:
+        elif split or (impl.tensorwise_pass_per_copy and first.granularity is Granularity.TENSORWISE):
+            # A cast pass per form: the weight's second one in the backward when it is not saved.
+            forward, backward = (" (forward)", " (backward)") if split else ("", "")
+            plan.kernels.append(kernel(f"cast to fp8{forward}", bf16, fp8))
+            plan.kernels.append(kernel(f"cast to fp8 transposed{backward}", bf16, fp8))
+        elif impl.cast_transpose:
             plan.kernels.append(kernel("cast + transpose to fp8", bf16, 2 * fp8))
-        elif split:
-            plan.kernels.append(kernel("cast to fp8 (forward)", bf16, fp8))
-            plan.kernels.append(kernel("cast to fp8 transposed (backward)", bf16, fp8))
         else:
             plan.kernels.append(kernel("cast to fp8", bf16, fp8))
             plan.kernels.append(kernel("transpose fp8", fp8, fp8, reads_stored_bf16=False))
