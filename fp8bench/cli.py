@@ -75,6 +75,9 @@ def matmul(
     timer: str = typer.Option("auto", help="auto | cuda-events | cupti"),
     gpu: str = typer.Option("auto", help="GPU model for % of peak: auto (detect) or a hardware-table key"),
     out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-matmul-<shape-gen>)"),
+    resume: bool = typer.Option(
+        False, help="continue the run in --out with the same options: its finished shapes are kept, the rest measured"
+    ),
     report: bool = typer.Option(True, help="write the HTML reports when the run ends"),
 ) -> None:
     """One FP8 GEMM per backend and granularity against BF16: time, TFLOPS, % of peak, speedup."""
@@ -96,8 +99,10 @@ def matmul(
     if unknown:
         raise typer.BadParameter(f"unknown backend {unknown[0]!r}; choose from: {', '.join(REGISTRY)}")
     config = MatmulConfig(tuple(shape_list), granularities, backends, fast_accums, TimingConfig(repeats=repeats))
-
     device_name = require_cuda("matmul")
+    resumed_from = None
+    if resume:
+        config, resumed_from = _resume(config, out)
     try:
         spec = resolve_gpu(gpu, device_name)
     except ValueError as err:
@@ -108,7 +113,26 @@ def matmul(
     from fp8bench.matmul import run_matmul
 
     body = lambda writer, on_row: run_matmul(config, writer, spec, timer, on_row)  # noqa: E731
-    _run_benchmark("matmul", shape_gen, out, report, body, spec, config.timing)
+    _run_benchmark("matmul", shape_gen, out, report, body, spec, config.timing, resumed_from=resumed_from)
+
+
+def _resume(config, out: Optional[Path]) -> tuple:
+    """`config` narrowed to the shapes the run in `out` has not finished (a shape's BF16 reference and FP8
+    cases are measured together, so a half-done shape is measured again, its rows dropped), and the earlier
+    run's metadata for the new one to carry."""
+    from fp8bench.matmul import finished_shapes
+    from fp8bench.results import RESULTS_CSV, keep_cases, load_results, read_metadata
+
+    if out is None or not (out / RESULTS_CSV).exists():
+        raise typer.BadParameter("--resume continues a run: give its folder with --out")
+    try:
+        done = finished_shapes(config, load_results(out))
+        keep_cases(out, done)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    config = dataclasses.replace(config, shapes=tuple(s for s in config.shapes if s.name not in done))
+    console.print(f"resuming {out}: {len(done)} shapes finished, {len(config.shapes)} to measure")
+    return config, read_metadata(out)
 
 
 @app.command()
@@ -150,11 +174,13 @@ def cast(
 
 
 def _run_benchmark(
-    benchmark: str, label: str, out: Optional[Path], report: bool, body, spec, timing: TimingConfig, printers=None
+    benchmark: str, label: str, out: Optional[Path], report: bool, body, spec, timing: TimingConfig, printers=None,
+    resumed_from: Optional[dict] = None,
 ) -> None:
     """Open the run folder, run `body(writer, on_row)`, print the table, write reports.
 
     `printers` is (print_row, print_summary) for benchmarks whose rows are not GEMMs (default: console's).
+    `resumed_from`: the metadata of the run this one continues, kept inside the new metadata.
     Ctrl-C stops the run; every finished case is already in the CSV and the reports cover them.
     """
     from fp8bench import console as gemm_printers
@@ -166,6 +192,8 @@ def _run_benchmark(
     metadata = run_metadata(
         command_line(), {"benchmark": benchmark, "gpu_spec": spec.key if spec else None, "timing": dataclasses.asdict(timing)}
     )
+    if resumed_from is not None:
+        metadata["resumed_from"] = resumed_from
     interrupted = False
     with RunWriter(run_dir, metadata) as writer:
         console.print(f"[bold]{benchmark}[/] on {metadata.get('gpu_name')} -> {writer.csv_path}")

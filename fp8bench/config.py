@@ -118,6 +118,10 @@ class TimingConfig:
     # is below `throttled_below` of the GPU's maximum, each repeat runs `throttled_samples_ms` instead.
     throttled_samples_ms: float = 1000.0
     throttled_below: float = 0.9
+    # Stop on a stable window (fp8bench.timing): while the last `repeats` spread more than this, take
+    # another repeat and drop the oldest, at most `max_dropped_repeats` times.
+    stable_spread_pct: float = 1.5
+    max_dropped_repeats: int = 5
     min_samples: int = 5
     max_samples: int = 5000
     flush_l2: bool = True
@@ -129,6 +133,8 @@ class TimingConfig:
             raise ValueError("need 1 <= min_samples <= max_samples")
         if self.settle_ms < 0 or self.warmup_ms < 0 or self.samples_ms <= 0 or self.throttled_samples_ms <= 0:
             raise ValueError("settle and warm-up must be >= 0 ms and the sample budgets > 0 ms")
+        if self.stable_spread_pct < 0 or self.max_dropped_repeats < 0:
+            raise ValueError("stable_spread_pct and max_dropped_repeats must be >= 0")
         if not 0 < self.throttled_below <= 1:
             raise ValueError("throttled_below is a fraction of the maximum SM clock, in (0, 1]")
 

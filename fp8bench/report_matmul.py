@@ -25,7 +25,7 @@ from fp8bench.report_html import (
 SHAPE_KEYS = ["case", "M", "K", "N"]
 TABLE_COLUMNS = (
     "case", "M", "K", "N", "backend", "fast_accum", "recipe", "status", "tflops", "pct_peak",
-    "speedup_vs_bf16", "rel_err", "wall_ms", "sm_clock_mhz", "sm_clock_min_mhz", "repeats", "samples",
+    "speedup_vs_bf16", "rel_err", "wall_ms", "sm_clock_mhz", "sm_clock_min_mhz", "throttled", "repeats", "dropped_repeats", "samples",
     "timer", "options",
 )
 CHART_HEIGHT_PX = 560  # room for long shape names under the axis

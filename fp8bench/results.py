@@ -53,6 +53,10 @@ SCHEMA: tuple[Column, ...] = (
     Column("timer", "measure", "str", "cuda-events | cupti | fake"),
     Column("sm_clock_mhz", "measure", "float", "median SM clock sampled after each repeat"),
     Column("sm_clock_min_mhz", "measure", "float", "lowest SM clock sampled (throttling shows here)"),
+    Column("throttled", "measure", "str", "yes: the settled SM clock was under the power cap's control, so each "
+           "repeat sampled 1 s (fp8bench.timing) | no"),
+    Column("dropped_repeats", "measure", "int", "repeats taken and dropped because the window of the last "
+           "`repeats` still drifted (fp8bench.timing)"),
     Column("tflops", "derived", "float", "2MKN / median time"),
     Column("pct_peak", "derived", "float", "matmul: tflops as % of the GPU's dense peak for the operand dtype; "
            "cast: GB/s as % of the device copy bandwidth measured in the same run"),
@@ -137,6 +141,18 @@ class RunWriter:
         self.close()
 
 
+def keep_cases(run_dir: Path, cases: set[str]) -> None:
+    """Rewrite a run's CSV with only the rows of `cases` (a resumed run re-measures the rest)."""
+    csv_path = Path(run_dir) / RESULTS_CSV
+    with csv_path.open(newline="") as existing:
+        rows = list(csv.reader(existing))
+    if not rows or tuple(rows[0]) != COLUMNS:
+        raise ValueError(f"{csv_path} was written with another result schema; it cannot be resumed")
+    case_index = COLUMNS.index("case")
+    with csv_path.open("w", newline="") as rewritten:
+        csv.writer(rewritten).writerows([rows[0], *(row for row in rows[1:] if row[case_index] in cases)])
+
+
 def write_metadata(run_dir: Path, metadata: Mapping[str, Any]) -> None:
     (Path(run_dir) / METADATA_JSON).write_text(json.dumps(dict(metadata), indent=2, sort_keys=True, default=str))
 
@@ -189,4 +205,6 @@ def measurement_values(m: Any) -> dict[str, Any]:
         "timer": m.timer,
         "sm_clock_mhz": m.sm_clock_median,
         "sm_clock_min_mhz": m.sm_clock_min,
+        "throttled": "yes" if m.throttled else "no",
+        "dropped_repeats": m.dropped_repeats,
     }

@@ -15,6 +15,12 @@ sampling one phase of it (docs/timing.md has the trace). The case's time is the 
 medians; the spread is their interquartile range over that median (asv's statistic: one odd repeat does
 not dominate it), and `repeat_ms` keeps every repeat for anyone who wants another statistic. Comparisons (fp8bench.compare) treat the repeat as the unit.
 
+A card that has just come under its cap keeps heating, and its clock keeps sinking, for seconds after
+the settle: the first capped case of a run drifts from repeat to repeat. So the harness stops on a
+stable window, as nvbench stops on convergence: while the last `repeats` repeats spread more than
+`stable_spread_pct`, it takes another repeat and drops the oldest, at most `max_dropped_repeats` times.
+The dropped count is stored (`dropped_repeats`), and a case that never settled keeps its wide spread.
+
 Timers:
 - `cuda-events`: a CUDA event pair around each sample, all recorded before one synchronize
   (what triton.testing.do_bench does). Right for kernels well above launch overhead.
@@ -29,7 +35,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -47,6 +53,7 @@ class Measurement:
     timer: str
     sm_clock_mhz: tuple[float, ...]  # one sample per repeat; empty when unknown
     throttled: bool = False  # the settled clock was below TimingConfig.throttled_below of the maximum
+    dropped_repeats: int = 0  # earlier repeats dropped while the window was still drifting
 
     @property
     def median_ms(self) -> float:
@@ -54,8 +61,7 @@ class Measurement:
 
     @property
     def spread_pct(self) -> float:
-        q1, _, q3 = statistics.quantiles(self.repeat_ms, n=4, method="inclusive") if len(self.repeat_ms) > 1 else (0, 0, 0)
-        return 100.0 * (q3 - q1) / self.median_ms
+        return spread_pct(self.repeat_ms)
 
     @property
     def sm_clock_median(self) -> float | None:
@@ -64,6 +70,14 @@ class Measurement:
     @property
     def sm_clock_min(self) -> float | None:
         return min(self.sm_clock_mhz) if self.sm_clock_mhz else None
+
+
+def spread_pct(repeat_ms: Sequence[float]) -> float:
+    """Interquartile range of the repeat medians over their median, in %."""
+    if len(repeat_ms) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(repeat_ms, n=4, method="inclusive")
+    return 100.0 * (q3 - q1) / statistics.median(repeat_ms)
 
 
 class Timer(Protocol):
@@ -103,15 +117,22 @@ def measure(fn: Callable[[], object], config: TimingConfig, timer: Timer) -> Mea
     warmup_calls = max(1, math.ceil(config.warmup_ms / per_sample))
     count = min(config.max_samples, max(config.min_samples, math.ceil(window_ms / per_sample)))
     repeat_ms: list[float] = []
-    clocks: list[float] = []
-    for _ in range(config.repeats):
+    clocks: list[float | None] = []
+    dropped = 0
+    while True:
         timer.run(fn, warmup_calls)
         repeat_ms.append(statistics.median(timer.samples(fn, count)))
-        clock = timer.sm_clock_mhz()
-        if clock is not None:
-            clocks.append(clock)
+        clocks.append(timer.sm_clock_mhz())
+        if len(repeat_ms) > config.repeats:
+            del repeat_ms[0], clocks[0]
+            dropped += 1
+        if len(repeat_ms) == config.repeats and (
+            spread_pct(repeat_ms) <= config.stable_spread_pct or dropped == config.max_dropped_repeats
+        ):
+            break
     wall = timer.wall_ms(fn, min(count, 20))
-    return Measurement(tuple(repeat_ms), count, wall, timer.name, tuple(clocks), throttled)
+    sampled_clocks = tuple(c for c in clocks if c is not None)
+    return Measurement(tuple(repeat_ms), count, wall, timer.name, sampled_clocks, throttled, dropped)
 
 
 class _Nvml:

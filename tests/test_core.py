@@ -4,6 +4,7 @@ harness (with a fake clock), the backend registry's declarations, suites and the
 from __future__ import annotations
 
 import csv
+import math
 import random
 import statistics
 from pathlib import Path
@@ -151,6 +152,26 @@ def test_writer_refuses_to_append_to_another_schema(tmp_path):
         RunWriter(tmp_path, {})
 
 
+def test_a_resumed_run_keeps_finished_shapes_and_measures_the_rest(tmp_path):
+    from fp8bench.matmul import finished_shapes
+    from fp8bench.results import keep_cases
+
+    square = shapes.generate("square", None, None, None)[:3]
+    config = MatmulConfig(tuple(square), (Granularity.TENSORWISE,), ("bf16", "cublas"), (FastAccum.ON, FastAccum.OFF))
+    cases = config.cases()  # per shape: bf16, then cublas on / off
+    with RunWriter(tmp_path, {}) as writer:
+        for case in cases[:5]:  # the first shape whole, the second without its last case
+            writer.append(Row({"benchmark": "matmul", "case": case.shape.name, "backend": case.backend,
+                               "granularity": case.granularity.value, "fast_accum": case.fast_accum.value, "status": "ok"}))
+    done = finished_shapes(config, load_results(tmp_path))
+    assert done == {square[0].name}
+    keep_cases(tmp_path, done)
+    assert list(load_results(tmp_path)["case"]) == [square[0].name] * 3
+    with RunWriter(tmp_path, {}) as writer:  # the resumed run appends under the same header
+        writer.append(Row({"case": square[1].name, "status": "ok"}))
+    assert len(load_results(tmp_path)) == 4
+
+
 def test_old_results_read_with_new_columns_empty(tmp_path):
     with RunWriter(tmp_path, {}) as writer:
         writer.append(_row("a", 1.0))
@@ -171,20 +192,27 @@ def test_unknown_column_is_refused():
 
 class FakeTimer:
     """A GPU whose kernels run `ramp_factor` times slower during its first `ramp_ms` of work (a clock and
-    power ramp, compilation), then take `base_ms` with 1% noise; records what the harness asked of it."""
+    power ramp, compilation), then take `base_ms` with `noise` relative noise, and `step_factor` times
+    that from `step_ms` of work on (a card heating under its cap); records what the harness asked of it."""
 
     name = "fake"
 
     def __init__(self, base_ms: float, ramp_ms: float = 0.0, ramp_factor: float = 1.0, seed: int = 0,
-                 clock_mhz: float = 1500.0, max_clock_mhz: float | None = None, flush_ms: float = 0.0):
+                 clock_mhz: float = 1500.0, max_clock_mhz: float | None = None, flush_ms: float = 0.0,
+                 noise: float = 0.01, step_ms: float = math.inf, step_factor: float = 1.0):
         self.base_ms, self.ramp_ms, self.ramp_factor = base_ms, ramp_ms, ramp_factor
+        self.noise, self.step_ms, self.step_factor = noise, step_ms, step_factor
         self.clock_mhz, self.max_clock_mhz, self.sample_overhead_ms = clock_mhz, max_clock_mhz, flush_ms
         self.busy_ms = 0.0
         self.sample_batches: list[int] = []
         self.rng = random.Random(seed)
 
     def _call(self) -> float:
-        ms = self.base_ms * (self.ramp_factor if self.busy_ms < self.ramp_ms else 1 + 0.01 * self.rng.gauss(0, 1))
+        if self.busy_ms < self.ramp_ms:
+            ms = self.base_ms * self.ramp_factor
+        else:
+            step = self.step_factor if self.busy_ms >= self.step_ms else 1.0
+            ms = self.base_ms * step * (1 + self.noise * self.rng.gauss(0, 1))
         self.busy_ms += ms
         return ms
 
@@ -241,6 +269,28 @@ def test_a_throttled_clock_gets_repeats_long_enough_to_span_its_swing():
     for timer in (boost, unknown):
         assert not measure(lambda: None, config, timer).throttled
         assert all(abs(n - 10) <= 1 for n in timer.sample_batches[2:])
+
+
+def test_a_drifting_case_is_timed_on_its_first_stable_window():
+    """Kernels 5% slower from the third repeat on (a card still heating): the harness drops repeats
+    until its last five agree, and says how many it dropped."""
+    config = TimingConfig(repeats=5, settle_ms=0.0, warmup_ms=0.0, samples_ms=10.0, min_samples=5)
+    drifting = FakeTimer(base_ms=1.0, noise=0.001, step_ms=26.0, step_factor=1.05)  # 6 estimate calls + 2 repeats
+    m = measure(lambda: None, config, drifting)
+    assert 1 <= m.dropped_repeats <= config.max_dropped_repeats
+    assert len(m.repeat_ms) == 5 and len(m.sm_clock_mhz) == 5
+    assert m.median_ms == pytest.approx(1.05, rel=0.005) and m.spread_pct <= config.stable_spread_pct
+    steady = measure(lambda: None, config, FakeTimer(base_ms=1.0, noise=0.001))
+    assert steady.dropped_repeats == 0
+
+
+def test_a_case_that_never_settles_keeps_its_spread():
+    config = TimingConfig(repeats=5, settle_ms=0.0, warmup_ms=0.0, samples_ms=5.0, min_samples=5, max_samples=5)
+    timer = FakeTimer(base_ms=1.0, noise=0.3, seed=3)
+    m = measure(lambda: None, config, timer)
+    assert m.dropped_repeats == config.max_dropped_repeats
+    assert len(timer.sample_batches) == 2 + config.repeats + config.max_dropped_repeats
+    assert m.spread_pct > config.stable_spread_pct
 
 
 def test_spread_is_the_interquartile_range_of_repeat_medians():
