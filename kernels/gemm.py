@@ -64,9 +64,16 @@ def fp8_gemm(
         raise ValueError(f"out must be a contiguous bfloat16 ({M}, {N}) tensor on {a.device}")
     # Imported here: whether Triton interprets or compiles is fixed when the kernel is defined, so the
     # kernel module must not be loaded before a CPU caller has set TRITON_INTERPRET=1.
-    from fp8kernels._gemm_persistent import launch_fp8_gemm
+    if config.pingpong:
+        if a.device.type != "cuda":
+            raise ValueError("the ping-pong kernel is written in Gluon, which TRITON_INTERPRET does not run: use a GPU")
+        from fp8kernels._gemm_promoted import launch_promoted_gemm
 
-    launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity, bool(fast_accum), config)
+        launch_promoted_gemm(a, b_t, scale_a, scale_b, out, granularity, config)
+    else:
+        from fp8kernels._gemm_persistent import launch_fp8_gemm
+
+        launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity, bool(fast_accum), config)
     return out
 
 

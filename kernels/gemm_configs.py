@@ -48,6 +48,10 @@ class Fp8GemmConfig:
     # 2: each column half of the tile has its own accumulator and B loads, so a K-tile's fresh product
     # (promoted regimes) needs registers for half the tile only; the halves are stored separately.
     split_n: int = 1
+    # The Gluon kernel (kernels/_gemm_promoted.py) for the promoted regimes: two K-tile products in flight
+    # so the FP32 promotion overlaps the tensor cores. It takes 128 x {64, 128} x 128 tiles, 8 warps,
+    # whole-tile stores and no Triton warp specialization; GPU only (the interpreter does not run Gluon).
+    pingpong: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -64,6 +68,14 @@ class Fp8GemmConfig:
             raise ValueError(f"split_n must be 1 or 2, and 2 stores column halves (epilogue_subtile), got {self.split_n}")
         if self.num_warps not in (4, 8, 16):
             raise ValueError(f"num_warps must be 4, 8 or 16, got {self.num_warps}")
+        if self.pingpong and (
+            (self.block_m, self.block_k, self.num_warps) != (128, BLOCK, 8) or self.block_n not in (64, 128)
+            or self.split_n != 1 or self.warp_specialize or self.epilogue_subtile
+        ):
+            raise ValueError(
+                "the ping-pong kernel takes block_m 128, block_n 64 or 128, block_k 128, 8 warps, split_n 1, "
+                "whole-tile stores (epilogue_subtile False) and no warp_specialize"
+            )
         if self.shared_memory_bytes > SHARED_MEMORY_BYTES:
             raise ValueError(
                 f"{self.num_stages} stages of {self.block_m}x{self.block_n}x{self.block_k} need "
@@ -86,6 +98,8 @@ class Fp8GemmConfig:
             )
         if not fast_accum and self.block_k > BLOCK:
             raise ValueError(f"without fast accumulation the sum is promoted every block_k <= {BLOCK} of K")
+        if self.pingpong and not is_promoted(granularity, fast_accum):
+            raise ValueError("the ping-pong kernel promotes every K-tile: it has no fast accumulation")
 
     def as_dict(self) -> dict[str, int | bool]:
         return dataclasses.asdict(self)
@@ -101,6 +115,8 @@ PROMOTED = Fp8GemmConfig(block_m=128, block_n=256, block_k=128, group_m=16, num_
                          split_n=2)
 BLOCKWISE = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_stages=4, num_warps=8, num_sms=1,
                           warp_specialize=True)
+PINGPONG = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_stages=4, num_warps=8, num_sms=1,
+                         epilogue_subtile=False, pingpong=True)
 
 
 def is_promoted(granularity: Granularity, fast_accum: bool) -> bool:
@@ -149,6 +165,11 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, num_sms: int) 
             for bm, bn, split, stages in ((128, 128, 1, (4, 5)), (128, 256, 2, (3,)), (64, 256, 2, (4, 5)))
             for s in stages
             for ws in (False, True)
+        ] + [
+            dict(block_m=128, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=False, split_n=1,
+                 epilogue_subtile=False, pingpong=True)
+            for bn in (128, 64)
+            for s in (4, 5)
         ]
     else:
         grid = [

@@ -191,7 +191,8 @@ def test_a_whole_run_writes_one_row_per_case(tmp_path, monkeypatch):
         assert status[key] == "ok", key
     ok = frame[(frame.status == "ok") & (frame.recipe != "copy")]
     copies = frame[frame.recipe == "copy"].set_index("case")["gbps"]
-    assert (ok["pct_peak"] - 100 * ok["gbps"] / ok["case"].map(copies)).abs().max() < 1e-3
+    recomputed = 100 * ok["gbps"] / ok["case"].map(copies)
+    assert ((ok["pct_peak"] - recomputed).abs() / recomputed).max() < 1e-5  # the CSV keeps 6 significant digits
     assert (ok["rel_err"] == 0).all()  # exact inputs come back exactly from every implementation
     options = json.loads(frame[(frame.backend == "triton") & (frame.status == "ok")].iloc[0]["options"])
     assert {"config", "bytes", "bytes_moved", "fp8"} <= set(options) and options["fp8"] == "e5m2"

@@ -211,6 +211,8 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
         (dict(num_stages=1), "num_stages"),
         (dict(block_n=256, num_stages=6), "shared memory"),
         (dict(split_n=2, epilogue_subtile=False), "split_n"),
+        (dict(pingpong=True, block_n=128, epilogue_subtile=True), "ping-pong"),
+        (dict(pingpong=True, block_n=256, epilogue_subtile=False), "ping-pong"),
     ],
 )
 def test_config_is_validated_once(fields, message):
@@ -269,6 +271,39 @@ def test_gpu_fast_accumulation_error_exceeds_promoted(granularity):
     assert ours[False] <= PROMOTED_TOLERANCE
     assert ours[False] < ours[True] <= 1e-2
     assert ours[False] <= 1.5 * cublas[False]
+
+
+PROMOTED_CASES = [case for case in CASES if not case[1]]
+PINGPONG_CONFIGS = [c for c in candidate_configs(Granularity.TENSORWISE, False, 132) if c.pingpong]
+# Ragged edges on every side, one row, an odd number of K-tiles (the kernel pads a zero K-tile) and a
+# last K-tile that is partial (tensorwise / axiswise: K = 33 x 128 + 16).
+PINGPONG_SHAPES = [(1, 4112, 1040), (17, 4112, 1040), (5000, 1040, 2064), (4096, 4096, 4096)]
+PINGPONG_BLOCKWISE_SHAPES = [(1, 1152, 384), (17, 1152, 384), (5000, 1280, 1024), (4096, 4096, 4096)]
+
+
+def test_pingpong_configs_are_refused_fast_accumulation_and_the_interpreter():
+    with pytest.raises(ValueError, match="no fast accumulation"):
+        PINGPONG_CONFIGS[0].check_granularity(Granularity.TENSORWISE, True)
+    if HAS_CUDA:
+        return
+    operands = _quantized(64, 256, 128, Granularity.TENSORWISE, seed=3)
+    with pytest.raises(ValueError, match="Gluon"):
+        fp8_gemm(*operands, granularity="tensorwise", config=PINGPONG_CONFIGS[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PROMOTED_CASES, ids=_case_id)
+@pytest.mark.parametrize("config", PINGPONG_CONFIGS,
+                         ids=lambda c: f"n{c.block_n}-stages{c.num_stages}")
+def test_gpu_pingpong_kernel(case, config):
+    """The Gluon kernel (which the interpreter cannot run) on every promoted regime and awkward shape."""
+    granularity, fast_accum = case
+    config = config.with_sms(torch.cuda.get_device_properties(0).multi_processor_count)
+    shapes = PINGPONG_BLOCKWISE_SHAPES if granularity is Granularity.BLOCKWISE else PINGPONG_SHAPES
+    for shape in shapes:
+        operands = _quantized(*shape, granularity, seed=sum(shape))
+        rel = _relative_error(*operands, _run_poisoned(*operands, granularity, fast_accum, config))
+        assert rel <= PROMOTED_TOLERANCE, f"{_case_id(case)} {shape}: relative error {rel:.2e}"
 
 
 def test_config_override_forces_fields_and_rejects_bad_json(monkeypatch):

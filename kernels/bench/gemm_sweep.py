@@ -81,7 +81,6 @@ def _compile_job(granularity: Granularity, fast_accum: bool, config: Fp8GemmConf
     import torch
 
     from fp8bench.backends import Operands
-    from fp8kernels._gemm_persistent import launch_fp8_gemm
 
     try:
         torch.manual_seed(0)
@@ -89,7 +88,15 @@ def _compile_job(granularity: Granularity, fast_accum: bool, config: Fp8GemmConf
         operands = Operands(torch.randn(M, K, device="cuda", dtype=torch.bfloat16),
                             torch.randn(N, K, device="cuda", dtype=torch.bfloat16))
         out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-        kernel = launch_fp8_gemm(*kernel_operands(operands, granularity), out, granularity, fast_accum, config)
+        quantized = kernel_operands(operands, granularity)
+        if config.pingpong:
+            from fp8kernels._gemm_promoted import launch_promoted_gemm
+
+            kernel = launch_promoted_gemm(*quantized, out, granularity, config)
+        else:
+            from fp8kernels._gemm_persistent import launch_fp8_gemm
+
+            kernel = launch_fp8_gemm(*quantized, out, granularity, fast_accum, config)
         torch.cuda.synchronize()
         return True, f"{kernel.n_regs} registers, {kernel.n_spills} spilled, {kernel.metadata.shared} B shared"
     except Exception as err:  # noqa: BLE001 - a config the compiler or the GPU refuses is reported and skipped
