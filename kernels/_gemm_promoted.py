@@ -35,22 +35,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from fp8bench.config import BLOCK, Granularity
+from fp8kernels._gemm_persistent import _tile_coords
 from fp8kernels.gemm_configs import Fp8GemmConfig
 
 # SCALING constexpr values, as in kernels/_gemm_persistent.py.
 SCALING_CODES = {Granularity.TENSORWISE: 0, Granularity.AXISWISE: 1, Granularity.BLOCKWISE: 2}
 _GL_DTYPES = {"float8_e4m3fn": gl.float8e4nv, "float8_e5m2": gl.float8e5, "bfloat16": gl.bfloat16}
-
-
-@gluon.jit
-def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
-    """Grouped order: GROUP_M row tiles advance together along N, so B's column tiles are reused from L2."""
-    tiles_per_group = GROUP_M * num_pid_n
-    first_pid_m = (tile_id // tiles_per_group) * GROUP_M
-    group_rows = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (tile_id % tiles_per_group) % group_rows
-    pid_n = (tile_id % tiles_per_group) // group_rows
-    return pid_m, pid_n
 
 
 @gluon.jit
@@ -100,19 +90,8 @@ def _k_tile_scale(row_scale, scale_a_ptr, scale_b_ptr, rows, M, off_n, ki, k_til
 
 @gluon.jit
 def _fp8_gemm_promoted_kernel(
-    a_desc,
-    b_desc,
-    c_desc,
-    scale_a_ptr,
-    scale_b_ptr,
-    M,
-    N,
-    K,
-    stride_sa_m,
-    stride_sa_k,
-    stride_sb_n,
-    stride_sb_k,
-    num_programs,
+    a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, M, N, K,
+    stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs,
     SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (SCALING_CODES)
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
