@@ -110,8 +110,8 @@ class TimingConfig:
     repeats: int = 5
     # Before the first repeat: long enough for SM clock and power draw to reach their loaded steady
     # state (an H100 at 700 W drops from 1980 MHz to ~1300 MHz under large FP8 GEMMs).
-    settle_ms: float = 300.0
-    warmup_ms: float = 50.0  # per repeat, run and discarded
+    settle_ms: float = 200.0
+    warmup_ms: float = 25.0  # per repeat, run and discarded (the repeat before it left the GPU busy)
     samples_ms: float = 100.0  # per repeat: how long its flushed samples run, which decides their count
     # Under its power cap an H100 swings its SM clock by up to 30% with a period near one second (the
     # trace in docs/timing.md): a 100 ms repeat samples one phase of that swing. When the settled clock
@@ -122,6 +122,7 @@ class TimingConfig:
     # another repeat and drop the oldest, at most `max_dropped_repeats` times.
     stable_spread_pct: float = 1.5
     max_dropped_repeats: int = 5
+    wall_ms_budget: float = 100.0  # host-timed calls for wall_ms (fp8bench.timing.WALL_MIN_CALLS .. MAX)
     min_samples: int = 5
     max_samples: int = 5000
     flush_l2: bool = True
@@ -133,6 +134,8 @@ class TimingConfig:
             raise ValueError("need 1 <= min_samples <= max_samples")
         if self.settle_ms < 0 or self.warmup_ms < 0 or self.samples_ms <= 0 or self.throttled_samples_ms <= 0:
             raise ValueError("settle and warm-up must be >= 0 ms and the sample budgets > 0 ms")
+        if self.wall_ms_budget <= 0:
+            raise ValueError("wall_ms_budget must be > 0 ms")
         if self.stable_spread_pct < 0 or self.max_dropped_repeats < 0:
             raise ValueError("stable_spread_pct and max_dropped_repeats must be >= 0")
         if not 0 < self.throttled_below <= 1:

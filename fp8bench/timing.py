@@ -42,6 +42,9 @@ from typing import Protocol
 from fp8bench.config import TimingConfig
 
 CUPTI_BELOW_MS = 0.05
+# Wall time is a median of synchronized calls: at least 3, at most 20, as many as `wall_ms_budget` holds.
+WALL_MIN_CALLS = 3
+WALL_MAX_CALLS = 20
 TIMER_CHOICES = ("auto", "cuda-events", "cupti")
 
 
@@ -130,7 +133,7 @@ def measure(fn: Callable[[], object], config: TimingConfig, timer: Timer) -> Mea
             spread_pct(repeat_ms) <= config.stable_spread_pct or dropped == config.max_dropped_repeats
         ):
             break
-    wall = timer.wall_ms(fn, min(count, 20))
+    wall = timer.wall_ms(fn, max(WALL_MIN_CALLS, min(WALL_MAX_CALLS, math.ceil(config.wall_ms_budget / per_sample))))
     sampled_clocks = tuple(c for c in clocks if c is not None)
     return Measurement(tuple(repeat_ms), count, wall, timer.name, sampled_clocks, throttled, dropped)
 
