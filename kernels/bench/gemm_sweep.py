@@ -2,6 +2,7 @@
 
     python kernels/bench/gemm_sweep.py compare --out DIR   # the heuristic's configs on the target shapes
     python kernels/bench/gemm_sweep.py tune --out DIR      # every candidate config on a few tuning shapes
+    python kernels/bench/gemm_sweep.py pingpong --out DIR  # the Gluon ping-pong kernel against the Triton one
 
 Both time with fp8bench.timing (measure + TimerChoice), cuBLAS first and ours right after on the same
 operands, and write result-schema rows (fp8bench.results) to DIR/results.csv with the config in
@@ -27,7 +28,7 @@ from scipy.stats import gmean
 
 from fp8bench.backends import REGISTRY
 from fp8bench.backends.triton import kernel_operands
-from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase, TimingConfig
+from fp8bench.config import BLOCK, FastAccum, GemmShape, Granularity, MatmulCase, TimingConfig
 from fp8bench.env import run_metadata
 from fp8bench.hardware import spec_for_device_name
 from fp8bench.matmul import measured_row, random_operands
@@ -35,7 +36,7 @@ from fp8bench.results import RunWriter
 from fp8bench.shapes import llama, square
 from fp8bench.timing import TimerChoice, measure
 from fp8kernels.gemm import fp8_gemm, gemm_config
-from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs
+from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 console = Console(width=200)
@@ -54,6 +55,12 @@ TUNING_SHAPE_NAMES = (
     "8192x8192x8192", "4096x4096x4096", "llama3-8b.wqkv.M8192", "llama3-8b.w2.M8192",
     "llama3-70b-tp8.wqkv.M16384", "llama3-70b-tp8.wo.M16384",
 )
+PINGPONG_SHAPE_NAMES = (
+    "4096x4096x4096", "8192x8192x8192", "16384x16384x16384", "llama3-8b.w2.M8192", "llama3-70b-tp8.wo.M16384",
+)
+# Lighter than STEADY: 1 s repeats under the power cap would make the 90 cases of `pingpong` take 10 minutes.
+PINGPONG_TIMING = TimingConfig(repeats=3, settle_ms=200, warmup_ms=25, samples_ms=60, throttled_samples_ms=300,
+                               max_dropped_repeats=2)
 GROUP_M_VARIANTS = (4, 8, 16)  # row tiles walked together, tried on the best candidates
 # Our output against cuBLAS's on the same quantized operands: both round to bf16 (~2e-3 apart) and
 # fast accumulation adds a little; a wrong kernel is far beyond this.
@@ -253,6 +260,28 @@ def tune(out: Path = typer.Option(..., help="folder for results.csv and metadata
         mine = frame[(frame.regime == regime) & (frame.backend == "triton")]
         best = mine.loc[mine.groupby("shape")["ratio"].idxmax(), ["shape", "config", "tflops", "ratio"]]
         _print_frame(best, f"{regime}: best config per shape")
+
+
+@app.command()
+def pingpong(out: Path = typer.Option(..., help="folder for results.csv, summary.csv and metadata.json")) -> None:
+    """The ping-pong candidates (kernels/_gemm_promoted.py) beside the Triton kernel's preset, every
+    promoted regime against cuBLAS, on a few shapes."""
+    import torch
+
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    shapes = [s for s in target_shapes() if s.name in PINGPONG_SHAPE_NAMES]
+    candidates = {
+        (g, False): [choose_config(BLOCK, BLOCK, BLOCK, g, False, num_sms)]
+        + [c for c in candidate_configs(g, False, num_sms) if c.pingpong]
+        for g in Granularity.fp8()
+    }
+    with _open_run(out, "pingpong") as writer:
+        bench = SideBySide(writer, PINGPONG_TIMING)
+        _tune_round(bench, shapes, candidates)
+    frame = bench.frame()
+    frame.to_csv(out / "summary.csv", index=False)
+    for g, f in candidates:
+        _print_frame(_rank(frame, _regime_name(g, f)).reset_index(), f"{_regime_name(g, f)}: geomean of our/cuBLAS speed per config")
 
 
 def _tune_round(bench: SideBySide, shapes, candidates: dict) -> None:
