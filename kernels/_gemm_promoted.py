@@ -17,7 +17,8 @@ buffers filled by TMA (out-of-bounds rows and K columns read as zeros, stores ar
 one mbarrier per slot; the loads run ahead across tile boundaries of the persistent walk. An odd number of
 K-tiles is padded by one all-zero K-tile. Gluon does not run under TRITON_INTERPRET: on the CPU,
 fp8kernels.gemm runs kernels/_gemm_persistent.py, which the interpreter checks, and this kernel is checked
-by the GPU tests.
+by the GPU tests. On the H100 it measured slower than the Triton kernel (reports/h100-sxm/gemm-pingpong:
+a fixed cost per K-tile pair, see kernels/README.md), so the heuristic does not choose it.
 """
 
 from __future__ import annotations
