@@ -31,8 +31,9 @@ def visible_gpus() -> list[str]:
     return [str(index) for index in range(torch.cuda.device_count())]
 
 
-def run_parallel(suite: Suite, base: Path, gpus: list[str], echo: Callable[[str], None]) -> int:
-    """Run every entry of `suite` into `base`, at most one per GPU at a time; the worst exit code."""
+def run_parallel(suite: Suite, base: Path, gpus: list[str], echo: Callable[[str], None], resume: bool = False) -> int:
+    """Run every entry of `suite` into `base`, at most one per GPU at a time; the worst exit code.
+    `resume`: entries whose run folder holds results continue it (SuiteEntry.argv)."""
     if not gpus:
         raise ValueError("--parallel spreads the entries over GPUs, and none is visible here")
     base.mkdir(parents=True, exist_ok=True)
@@ -45,7 +46,7 @@ def run_parallel(suite: Suite, base: Path, gpus: list[str], echo: Callable[[str]
                 if gpu not in running and queue:
                     entry = queue.pop(0)
                     with (base / f"{entry.name}.log").open("w") as log:
-                        command = [sys.executable, "-m", "fp8bench.cli", *entry.argv(base)]
+                        command = [sys.executable, "-m", "fp8bench.cli", *entry.argv(base, resume)]
                         env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
                         running[gpu] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), entry)
                     echo(f"GPU {gpu}: {entry.name} -> {base / entry.name} (log {base / entry.name}.log)")

@@ -116,23 +116,36 @@ def matmul(
     _run_benchmark("matmul", shape_gen, out, report, body, spec, config.timing, resumed_from=resumed_from)
 
 
+MATMUL_ROW_KEY = ("case", "backend", "granularity", "fast_accum")
+
+
 def _resume(config, out: Optional[Path]) -> tuple:
     """`config` narrowed to the shapes the run in `out` has not finished (a shape's BF16 reference and FP8
     cases are measured together, so a half-done shape is measured again, its rows dropped), and the earlier
     run's metadata for the new one to carry."""
-    from fp8bench.matmul import finished_shapes
-    from fp8bench.results import RESULTS_CSV, keep_cases, load_results, read_metadata
+    from fp8bench.matmul import expected_rows
+
+    done = _finished_shapes(out, expected_rows(config), MATMUL_ROW_KEY, keep_other_rows=lambda row: False)
+    config = dataclasses.replace(config, shapes=tuple(s for s in config.shapes if s.name not in done))
+    console.print(f"resuming {out}: {len(done)} shapes finished, {len(config.shapes)} to measure")
+    from fp8bench.results import read_metadata
+
+    return config, read_metadata(out)
+
+
+def _finished_shapes(out: Optional[Path], expected: dict, key_columns: tuple[str, ...], keep_other_rows) -> set[str]:
+    """The shapes of the run in `out` that hold every expected row; its CSV keeps their rows and those
+    `keep_other_rows` accepts, and loses the rest (they are measured again)."""
+    from fp8bench.results import RESULTS_CSV, finished_shapes, keep_rows, load_results
 
     if out is None or not (out / RESULTS_CSV).exists():
         raise typer.BadParameter("--resume continues a run: give its folder with --out")
     try:
-        done = finished_shapes(config, load_results(out))
-        keep_cases(out, done)
+        done = finished_shapes(load_results(out), expected, key_columns)
+        keep_rows(out, lambda row: row["case"] in done or keep_other_rows(row))
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
-    config = dataclasses.replace(config, shapes=tuple(s for s in config.shapes if s.name not in done))
-    console.print(f"resuming {out}: {len(done)} shapes finished, {len(config.shapes)} to measure")
-    return config, read_metadata(out)
+    return done
 
 
 @app.command()
@@ -274,6 +287,7 @@ def run_suite(
     out: Optional[Path] = typer.Option(None, help="folder for the suite's runs (default: the suite's `out`)"),
     parallel: bool = typer.Option(False, "--parallel/--sequential", help="one entry per GPU of this host at a time, each in its own process (log: <out>/<entry>.log)"),
     only: Optional[list[str]] = typer.Option(None, "--only", help="run only the entry of this name (repeatable)"),
+    resume: bool = typer.Option(False, help="matmul and roofline entries whose run folder holds results continue it (--resume)"),
 ) -> None:
     """Run every benchmark a suite file lists (or those named by --only), each into its own run folder."""
     import dataclasses
@@ -297,13 +311,13 @@ def run_suite(
         from fp8bench.campaign import run_parallel, visible_gpus
 
         try:
-            code = run_parallel(loaded, base, visible_gpus(), console.print)
+            code = run_parallel(loaded, base, visible_gpus(), console.print, resume)
         except ValueError as err:
             raise EnvironmentProblem(str(err)) from None
         raise typer.Exit(code)
     for entry in loaded.entries:
         console.rule(f"{loaded.name}: {entry.name}")
-        app(entry.argv(base), standalone_mode=False)
+        app(entry.argv(base, resume), standalone_mode=False)
 
 
 # ---- compare / gate / baseline (fp8bench.gate; statistics in fp8bench.compare; docs/gating.md) ----
@@ -416,6 +430,9 @@ def roofline(
     repeats: int = typer.Option(5, min=1, help="measured: independent repeats per case (each with its own warm-up)"),
     eager: bool = typer.Option(True, "--eager/--no-eager", help="measured: also our Float8Linear and the BF16 layer without torch.compile"),
     out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-roofline-<shape-gen>)"),
+    resume: bool = typer.Option(
+        False, help="continue the measured run in --out with the same options: its finished shapes are kept, the rest measured"
+    ),
 ) -> None:
     """LayerNorm -> Linear -> sigmoid, fwd + bwd: predicted FP8 speedup per recipe and implementation, and
     on a GPU the measured step of BF16, ours, torchao and TransformerEngine beside it (fp8bench.layer)."""
@@ -466,27 +483,55 @@ def roofline(
         layer_config = LayerConfig(tuple(shape_list), tuple(recipes), measured, TimingConfig(repeats=repeats), eager)
     elif measure:
         err_console.print("[yellow]predictions only: no CUDA GPU here[/]")
+    if resume and not layer_config:
+        raise typer.BadParameter("--resume continues a measured run; it needs a CUDA GPU and --measure")
     run_dir = out or default_run_dir("roofline", shape_gen)
     extra = {"benchmark": "roofline", "gpu_spec": spec.key, "prediction_only": not measuring, "ceilings": {c.source: c.label for c in ceilings}}
     if layer_config:
         from dataclasses import asdict
 
         extra["timing"] = asdict(layer_config.timing)
+    resumed = _resume_roofline(layer_config, out) if resume else None
+    if resumed:
+        layer_config, extra["resumed_from"], earlier_kernels = resumed
     with RunWriter(run_dir, run_metadata(command_line(), extra)) as writer:
-        layers = model.run_roofline(config, writer)
-        model.print_tables(console, config, layers)
-        console.print(f"predictions -> {writer.csv_path} (kernels: {run_dir / model.KERNELS_CSV})")
+        if resumed:  # the first call wrote every shape's predictions
+            console.print(f"predictions: kept from the first call in {writer.csv_path}")
+        else:
+            layers = model.run_roofline(config, writer)
+            model.print_tables(console, config, layers)
+            console.print(f"predictions -> {writer.csv_path} (kernels: {run_dir / model.KERNELS_CSV})")
         if layer_config:
-            _measure_layer(layer_config, writer, ceilings[-1])
+            _measure_layer(layer_config, writer, ceilings[-1], earlier_kernels if resumed else ())
 
 
-def _measure_layer(config, writer, ceilings) -> None:
+def _resume_roofline(config, out: Optional[Path]) -> tuple:
+    """The measured layer's config narrowed to the shapes the run in `out` has not finished (None when
+    none is left), the earlier run's metadata, and its measured kernels of the finished shapes. Prediction
+    rows stay: the first call wrote them for every shape."""
+    import pandas as pd
+
+    from fp8bench.layer import KERNELS_CSV
+    from fp8bench.results import read_metadata
+
+    expected = {shape.name: {(shape.name, c.backend, c.recipe_name) for c in config.cases(shape)} for shape in config.shapes}
+    done = _finished_shapes(out, expected, ("case", "backend", "recipe"), keep_other_rows=lambda row: row["backend"] == "model")
+    kernels_csv = out / KERNELS_CSV
+    kernels = pd.read_csv(kernels_csv) if kernels_csv.exists() else pd.DataFrame(columns=["case"])
+    left = tuple(s for s in config.shapes if s.name not in done)
+    console.print(f"resuming {out}: {len(done)} shapes finished, {len(left)} to measure")
+    return (dataclasses.replace(config, shapes=left) if left else None, read_metadata(out),
+            kernels[kernels["case"].isin(done)].to_dict("records"))
+
+
+def _measure_layer(config, writer, ceilings, earlier_kernels=()) -> None:
     """The measured half of `roofline` (fp8bench.layer); Ctrl-C keeps the finished rows."""
     from fp8bench import layer
     from fp8bench.timing import CuptiTimer, GpuClock
 
     try:
-        rows = layer.run_layer(config, writer, ceilings, CuptiTimer(GpuClock()), on_row=lambda row: console.print(layer.row_line(row)))
+        rows = layer.run_layer(config, writer, ceilings, CuptiTimer(GpuClock()), on_row=lambda row: console.print(layer.row_line(row)),
+                               earlier_kernels=earlier_kernels)
     except KeyboardInterrupt:
         err_console.print(f"[yellow]interrupted: the finished cases are in {writer.csv_path}[/]")
         raise typer.Exit(130) from None

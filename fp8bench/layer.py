@@ -30,7 +30,7 @@ layer's on the same inputs as SQNR in dB.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -371,13 +371,15 @@ def run_layer(
     timer: LayerTimer,
     device: str = "cuda",
     on_row: Callable[[Row], None] = lambda row: None,
+    earlier_kernels: Iterable[dict[str, Any]] = (),
 ) -> list[Row]:
     """Measure every case of every shape, appending each row to `writer` as it finishes, and every
-    kernel of every measured case to the run's measured_kernels.csv."""
+    kernel of every measured case to the run's measured_kernels.csv (after `earlier_kernels`: those of a
+    resumed run's finished shapes)."""
     import torch
 
     rows: list[Row] = []
-    kernel_records: list[dict[str, Any]] = []
+    kernel_records: list[dict[str, Any]] = list(earlier_kernels)
 
     def emit(row: Row) -> None:
         writer.append(row)

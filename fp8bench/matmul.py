@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from fp8bench.backends import Operands, Unsupported, get_backend
 from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase, MatmulConfig, Status
 from fp8bench.hardware import GpuSpec
 from fp8bench.results import Row, RunWriter, measurement_values, status_text
 from fp8bench.timing import Measurement, TimerChoice, measure
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 # e4m3 keeps 3 mantissa bits: on normal random operands an FP8 product lands ~4% (relative Frobenius)
 # from the bf16 product, whatever the scaling. Far beyond that, the kernel computed something else.
@@ -78,15 +74,14 @@ def _relative_error(out, ref) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
-def finished_shapes(config: MatmulConfig, results: pd.DataFrame) -> set[str]:
-    """Names of the shapes of `config` whose every case has a row in `results` (a run to resume)."""
-    present = set(zip(results["case"], results["backend"], results["granularity"], results["fast_accum"]))
-    expected: dict[str, set[tuple[str, str, str, str]]] = {}
+def expected_rows(config: MatmulConfig) -> dict[str, set[tuple[str, ...]]]:
+    """Per shape, the (case, backend, granularity, fast_accum) of its rows: what a finished shape holds."""
+    expected: dict[str, set[tuple[str, ...]]] = {}
     for case in config.cases():
         expected.setdefault(case.shape.name, set()).add(
             (case.shape.name, case.backend, case.granularity.value, case.fast_accum.value)
         )
-    return {name for name, keys in expected.items() if keys <= present}
+    return expected
 
 
 def run_matmul(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,16 +141,22 @@ class RunWriter:
         self.close()
 
 
-def keep_cases(run_dir: Path, cases: set[str]) -> None:
-    """Rewrite a run's CSV with only the rows of `cases` (a resumed run re-measures the rest)."""
+def finished_shapes(results: pd.DataFrame, expected: Mapping[str, set[tuple[str, ...]]], key_columns: tuple[str, ...]) -> set[str]:
+    """Names of the shapes of `expected` (shape name -> the keys of its rows, over `key_columns`) whose
+    every row is in `results`: what a resumed run keeps."""
+    present = set(zip(*(results[c].astype(str) for c in key_columns)))
+    return {name for name, keys in expected.items() if keys <= present}
+
+
+def keep_rows(run_dir: Path, keep: Callable[[dict[str, str]], bool]) -> None:
+    """Rewrite a run's CSV with only the rows `keep` accepts (a resumed run measures the rest again)."""
     csv_path = Path(run_dir) / RESULTS_CSV
     with csv_path.open(newline="") as existing:
         rows = list(csv.reader(existing))
     if not rows or tuple(rows[0]) != COLUMNS:
         raise ValueError(f"{csv_path} was written with another result schema; it cannot be resumed")
-    case_index = COLUMNS.index("case")
     with csv_path.open("w", newline="") as rewritten:
-        csv.writer(rewritten).writerows([rows[0], *(row for row in rows[1:] if row[case_index] in cases)])
+        csv.writer(rewritten).writerows([rows[0], *(row for row in rows[1:] if keep(dict(zip(COLUMNS, row))))])
 
 
 def write_metadata(run_dir: Path, metadata: Mapping[str, Any]) -> None:

@@ -27,6 +27,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 _COMMANDS = ("matmul", "cast", "roofline")
+RESUMABLE_COMMANDS = ("matmul", "roofline")  # those with --resume
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ class SuiteEntry:
     command: str
     options: dict[str, Any]
 
-    def argv(self, base: Path) -> list[str]:
+    def argv(self, base: Path, resume: bool = False) -> list[str]:
+        """The command line; `resume` continues the entry's run folder where it holds results already."""
         args = [self.command]
         for key, value in self.options.items():
             if isinstance(value, bool):
@@ -43,7 +45,10 @@ class SuiteEntry:
             else:
                 for item in value if isinstance(value, list) else [value]:
                     args += [f"--{key}", str(item)]
-        return [*args, "--out", str(base / self.name)]
+        run_dir = base / self.name
+        if resume and self.command in RESUMABLE_COMMANDS and (run_dir / "results.csv").exists():
+            args.append("--resume")
+        return [*args, "--out", str(run_dir)]
 
 
 @dataclass(frozen=True)

@@ -153,8 +153,9 @@ def test_writer_refuses_to_append_to_another_schema(tmp_path):
 
 
 def test_a_resumed_run_keeps_finished_shapes_and_measures_the_rest(tmp_path):
-    from fp8bench.matmul import finished_shapes
-    from fp8bench.results import keep_cases
+    from fp8bench.cli import MATMUL_ROW_KEY
+    from fp8bench.matmul import expected_rows
+    from fp8bench.results import finished_shapes, keep_rows
 
     square = shapes.generate("square", None, None, None)[:3]
     config = MatmulConfig(tuple(square), (Granularity.TENSORWISE,), ("bf16", "cublas"), (FastAccum.ON, FastAccum.OFF))
@@ -163,9 +164,9 @@ def test_a_resumed_run_keeps_finished_shapes_and_measures_the_rest(tmp_path):
         for case in cases[:5]:  # the first shape whole, the second without its last case
             writer.append(Row({"benchmark": "matmul", "case": case.shape.name, "backend": case.backend,
                                "granularity": case.granularity.value, "fast_accum": case.fast_accum.value, "status": "ok"}))
-    done = finished_shapes(config, load_results(tmp_path))
+    done = finished_shapes(load_results(tmp_path), expected_rows(config), MATMUL_ROW_KEY)
     assert done == {square[0].name}
-    keep_cases(tmp_path, done)
+    keep_rows(tmp_path, lambda row: row["case"] in done)
     assert list(load_results(tmp_path)["case"]) == [square[0].name] * 3
     with RunWriter(tmp_path, {}) as writer:  # the resumed run appends under the same header
         writer.append(Row({"case": square[1].name, "status": "ok"}))
@@ -311,6 +312,12 @@ def test_suite_entries_become_command_lines(tmp_path):
     (entry,) = load_suite(suite).entries
     assert entry.argv(Path("out")) == ["matmul", "--shape-gen", "square", "--backend", "bf16", "--backend", "cublas",
                                        "--no-report", "--out", "out/a"]
+    base = tmp_path / "runs"
+    assert "--resume" not in entry.argv(base, resume=True)  # nothing to continue yet
+    (base / "a").mkdir(parents=True)
+    (base / "a" / "results.csv").write_text("benchmark\n")
+    assert entry.argv(base, resume=True)[-3:] == ["--resume", "--out", str(base / "a")]
+    assert "--resume" not in entry.argv(base)
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import json
 import math
 import os
 
+import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -34,7 +35,7 @@ from fp8bench.config import BLOCK, GemmShape, Granularity, TimingConfig  # noqa:
 from fp8bench.float8_linear import Float8Linear, convert_to_float8, recipe_problem  # noqa: E402
 from fp8bench.hardware import GPUS  # noqa: E402
 from fp8bench.recipes import RECIPES, CastConfig, Fp8Dtype, Recipe, ScalingType, TensorRole  # noqa: E402
-from fp8bench.results import RunWriter, load_results  # noqa: E402
+from fp8bench.results import Row, RunWriter, load_results  # noqa: E402
 from fp8kernels import reference as ref  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
@@ -485,6 +486,44 @@ def test_a_layer_step_with_a_wrong_gradient_is_a_failed_row_not_a_time(tmp_path,
         assert row["status"] == "failed: wrong result: sqnr_grad_input_db 0.0 dB vs the BF16 layer (< 15 dB)"
         assert row["median_ms"] != row["median_ms"]  # no time published for it
     assert rows.loc[("bf16", "bf16"), "status"] == "ok"  # the reference itself: no SQNR, no check
+
+
+def test_a_resumed_roofline_run_measures_only_the_unfinished_shapes(tmp_path):
+    """The first call finished one shape and part of the next; the resumed call keeps the prediction
+    rows and the finished shape (rows and kernels), and measures the other shape whole."""
+    from fp8bench.cli import _resume_roofline
+    from fp8bench.results import RESULTS_CSV
+
+    shapes = (GemmShape(128, 128, 128), GemmShape(256, 128, 128))
+    config = layer.LayerConfig(shapes, (RECIPES["rowwise"],), ("triton",), timing=TimingConfig(repeats=2),
+                               eager=False, compile_backend="aot_eager")
+    ceilings = model.spec_ceilings(GPUS["h100-sxm"])
+    with RunWriter(tmp_path, {"call": "first"}) as writer:
+        writer.append(Row({"case": shapes[0].name, "backend": "model", "status": "ok"}))  # a prediction row
+        layer.run_layer(config, writer, ceilings, FakeLayerTimer(), device=DEVICE)
+    lines = (tmp_path / RESULTS_CSV).read_text().splitlines()
+    (tmp_path / RESULTS_CSV).write_text("\n".join(lines[:-1]) + "\n")  # interrupted before its last case
+
+    left, earlier_metadata, kernels = _resume_roofline(config, tmp_path)
+    assert left.shapes == shapes[1:] and earlier_metadata["call"] == "first"
+    assert kernels and {k["case"] for k in kernels} == {shapes[0].name}
+    kept = load_results(tmp_path)
+    assert set(kept["case"]) == {shapes[0].name} and (kept["backend"] == "model").sum() == 1
+    with RunWriter(tmp_path, {"call": "resumed"}) as writer:
+        layer.run_layer(left, writer, ceilings, FakeLayerTimer(), device=DEVICE, earlier_kernels=kernels)
+    rows = load_results(tmp_path)
+    measured = rows[rows["backend"] != "model"]
+    for shape in shapes:
+        assert sorted(measured.loc[measured["case"] == shape.name, "backend"]) == sorted(c.backend for c in config.cases(shape))
+    assert set(pd.read_csv(tmp_path / layer.KERNELS_CSV)["case"]) == {s.name for s in shapes}
+
+
+def test_roofline_resume_needs_a_measured_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = ["roofline", "--gpu", "h100-sxm", "--shape-gen", "custom", "--M", "256", "--K", "256", "--N", "256",
+            "--out", str(tmp_path), "--resume"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "--resume continues a measured run" in " ".join(result.output.split())
 
 
 def test_roofline_cli_without_a_gpu_predicts_only(tmp_path, monkeypatch):
