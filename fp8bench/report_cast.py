@@ -26,7 +26,7 @@ from fp8bench.report_html import (
 CASE_KEYS = ["case", "M", "K"]
 TABLE_COLUMNS = (
     "case", "M", "K", "backend", "recipe", "status", "gbps", "pct_peak", "rel_err", "wall_ms", "sm_clock_mhz",
-    "sm_clock_min_mhz", "repeats", "samples", "timer", "options",
+    "sm_clock_min_mhz", "throttled", "repeats", "dropped_repeats", "samples", "timer", "options",
 )
 # The bar a quantize kernel is held to (kernels/README.md): 85 % of the copy bandwidth on the least
 # bytes, for tensors of 64 MiB and more.

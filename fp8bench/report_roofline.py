@@ -32,7 +32,7 @@ CASE_KEYS = ["case", "M", "K", "N"]
 TABLE_COLUMNS = (
     "case", "M", "K", "N", "backend", "recipe", "status", "speedup_vs_bf16", "predicted_speedup",
     "measured_vs_predicted", "predicted_ms", "bound", "gemm_ms", "cast_ms", "other_ms", "sqnr_out_db",
-    "sqnr_grad_input_db", "sqnr_grad_weight_db", "wall_ms", "sm_clock_mhz", "sm_clock_min_mhz", "repeats",
+    "sqnr_grad_input_db", "sqnr_grad_weight_db", "wall_ms", "sm_clock_mhz", "sm_clock_min_mhz", "throttled", "repeats", "dropped_repeats",
     "samples", "timer", "options",
 )
 MODEL_BACKEND = "model"  # the backend of prediction rows (fp8bench.roofline.layer_row)
