@@ -124,12 +124,11 @@ def _resume(config, out: Optional[Path]) -> tuple:
     cases are measured together, so a half-done shape is measured again, its rows dropped), and the earlier
     run's metadata for the new one to carry."""
     from fp8bench.matmul import expected_rows
+    from fp8bench.results import read_metadata
 
     done = _finished_shapes(out, expected_rows(config), MATMUL_ROW_KEY, keep_other_rows=lambda row: False)
     config = dataclasses.replace(config, shapes=tuple(s for s in config.shapes if s.name not in done))
     console.print(f"resuming {out}: {len(done)} shapes finished, {len(config.shapes)} to measure")
-    from fp8bench.results import read_metadata
-
     return config, read_metadata(out)
 
 
