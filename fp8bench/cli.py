@@ -491,6 +491,7 @@ def roofline(
 
         extra["timing"] = asdict(layer_config.timing)
     resumed = _resume_roofline(layer_config, out) if resume else None
+    earlier_kernels = ()
     if resumed:
         layer_config, extra["resumed_from"], earlier_kernels = resumed
     with RunWriter(run_dir, run_metadata(command_line(), extra)) as writer:
@@ -501,7 +502,7 @@ def roofline(
             model.print_tables(console, config, layers)
             console.print(f"predictions -> {writer.csv_path} (kernels: {run_dir / model.KERNELS_CSV})")
         if layer_config:
-            _measure_layer(layer_config, writer, ceilings[-1], earlier_kernels if resumed else ())
+            _measure_layer(layer_config, writer, ceilings[-1], earlier_kernels)
 
 
 def _resume_roofline(config, out: Optional[Path]) -> tuple:

@@ -157,6 +157,17 @@ def _fp8_gemm_persistent_kernel(
             c_desc.store([off_m, off_n + HALF_N], acc_right.to(tl.bfloat16))
 
 
+def scale_strides(scale_a, scale_b) -> tuple[int, int, int, int]:
+    """The kernels index scales by (row, K-block); tensorwise scalars and (N, 1) columns use the first
+    stride only."""
+    return tuple(s for scale in (scale_a, scale_b) for s in (scale.stride() if scale.dim() == 2 else (0, 0)))
+
+
+def persistent_programs(M: int, N: int, config: Fp8GemmConfig) -> int:
+    """The persistent grid: one program per SM, or per tile where there are fewer tiles."""
+    return min(config.num_sms, triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n))
+
+
 def launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool,
                     config: Fp8GemmConfig):
     """Launch on validated operands (fp8kernels.gemm checks them): a[M, K], b_t[N, K], out[M, N]. Returns
@@ -167,13 +178,9 @@ def launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fas
     a_desc = TensorDescriptor.from_tensor(a, [config.block_m, config.block_k])
     b_desc = TensorDescriptor.from_tensor(b_t, [config.block_n // config.split_n, config.block_k])
     c_desc = TensorDescriptor.from_tensor(out, [config.block_m, c_block_n])
-    # Scales are indexed by (row, K-block); tensorwise scalars and (N, 1) columns use the first stride only.
-    sa_strides = tuple(scale_a.stride()) if scale_a.dim() == 2 else (0, 0)
-    sb_strides = tuple(scale_b.stride()) if scale_b.dim() == 2 else (0, 0)
-    tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
-    programs = min(config.num_sms, tiles)
+    programs = persistent_programs(M, N, config)
     return _fp8_gemm_persistent_kernel[(programs,)](
-        a_desc, b_desc, c_desc, scale_a, scale_b, M, N, K, *sa_strides, *sb_strides, programs,
+        a_desc, b_desc, c_desc, scale_a, scale_b, M, N, K, *scale_strides(scale_a, scale_b), programs,
         SCALING=SCALING_CODES[granularity],
         FAST_ACCUM=fast_accum,
         BLOCK_M=config.block_m,

@@ -23,7 +23,6 @@ a fixed cost per K-tile pair, see kernels/README.md), so the heuristic does not 
 
 from __future__ import annotations
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -36,11 +35,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from fp8bench.config import BLOCK, Granularity
-from fp8kernels._gemm_persistent import _tile_coords
+from fp8kernels._gemm_persistent import SCALING_CODES, _tile_coords, persistent_programs, scale_strides
 from fp8kernels.gemm_configs import Fp8GemmConfig
 
-# SCALING constexpr values, as in kernels/_gemm_persistent.py.
-SCALING_CODES = {Granularity.TENSORWISE: 0, Granularity.AXISWISE: 1, Granularity.BLOCKWISE: 2}
 _GL_DTYPES = {"float8_e4m3fn": gl.float8e4nv, "float8_e5m2": gl.float8e5, "bfloat16": gl.bfloat16}
 
 
@@ -93,7 +90,7 @@ def _k_tile_scale(row_scale, scale_a_ptr, scale_b_ptr, rows, M, off_n, ki, k_til
 def _fp8_gemm_promoted_kernel(
     a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, M, N, K,
     stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs,
-    SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (SCALING_CODES)
+    SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (_gemm_persistent.SCALING_CODES)
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     SCALE_BLOCK: gl.constexpr,
@@ -187,12 +184,9 @@ def launch_promoted_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk], shared_layout([bm, bk], dtype_name))
     b_desc = TensorDescriptor.from_tensor(b_t, [bn, bk], shared_layout([bn, bk], str(b_t.dtype).removeprefix("torch.")))
     c_desc = TensorDescriptor.from_tensor(out, [bm, bn], shared_layout([bm, bn], "bfloat16"))
-    # Scales are indexed by (row, K-block); tensorwise scalars and (N, 1) columns use the first stride only.
-    sa_strides = tuple(scale_a.stride()) if scale_a.dim() == 2 else (0, 0)
-    sb_strides = tuple(scale_b.stride()) if scale_b.dim() == 2 else (0, 0)
-    programs = min(config.num_sms, triton.cdiv(M, bm) * triton.cdiv(N, bn))
+    programs = persistent_programs(M, N, config)
     return _fp8_gemm_promoted_kernel[(programs,)](
-        a_desc, b_desc, c_desc, scale_a, scale_b, M, N, K, *sa_strides, *sb_strides, programs,
+        a_desc, b_desc, c_desc, scale_a, scale_b, M, N, K, *scale_strides(scale_a, scale_b), programs,
         SCALING=SCALING_CODES[granularity],
         GROUP_M=config.group_m,
         STAGES=config.num_stages,

@@ -62,6 +62,13 @@ def fp8_gemm(
         out = torch.empty((M, N), dtype=torch.bfloat16, device=a.device)
     elif out.shape != (M, N) or out.dtype != torch.bfloat16 or not out.is_contiguous() or out.device != a.device:
         raise ValueError(f"out must be a contiguous bfloat16 ({M}, {N}) tensor on {a.device}")
+    launch_kernel(a, b_t, scale_a, scale_b, out, granularity, bool(fast_accum), config)
+    return out
+
+
+def launch_kernel(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig):
+    """Launch the kernel `config` names on operands `fp8_gemm` has checked; returns its compiled-kernel
+    handle (registers, spills and shared memory for tuning reports)."""
     # Imported here: whether Triton interprets or compiles is fixed when the kernel is defined, so the
     # kernel module must not be loaded before a CPU caller has set TRITON_INTERPRET=1.
     if config.pingpong:
@@ -69,12 +76,10 @@ def fp8_gemm(
             raise ValueError("the ping-pong kernel is written in Gluon, which TRITON_INTERPRET does not run: use a GPU")
         from fp8kernels._gemm_promoted import launch_promoted_gemm
 
-        launch_promoted_gemm(a, b_t, scale_a, scale_b, out, granularity, config)
-    else:
-        from fp8kernels._gemm_persistent import launch_fp8_gemm
+        return launch_promoted_gemm(a, b_t, scale_a, scale_b, out, granularity, config)
+    from fp8kernels._gemm_persistent import launch_fp8_gemm
 
-        launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity, bool(fast_accum), config)
-    return out
+    return launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity, fast_accum, config)
 
 
 def _granularity(value: Granularity | str) -> Granularity:

@@ -115,8 +115,6 @@ PROMOTED = Fp8GemmConfig(block_m=128, block_n=256, block_k=128, group_m=16, num_
                          split_n=2)
 BLOCKWISE = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_stages=4, num_warps=8, num_sms=1,
                           warp_specialize=True)
-PINGPONG = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_stages=4, num_warps=8, num_sms=1,
-                         epilogue_subtile=False, pingpong=True)
 
 
 def is_promoted(granularity: Granularity, fast_accum: bool) -> bool:

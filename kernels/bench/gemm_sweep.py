@@ -35,7 +35,7 @@ from fp8bench.matmul import measured_row, random_operands
 from fp8bench.results import RunWriter
 from fp8bench.shapes import llama, square
 from fp8bench.timing import TimerChoice, measure
-from fp8kernels.gemm import fp8_gemm, gemm_config
+from fp8kernels.gemm import fp8_gemm, gemm_config, launch_kernel
 from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
@@ -95,15 +95,7 @@ def _compile_job(granularity: Granularity, fast_accum: bool, config: Fp8GemmConf
         operands = Operands(torch.randn(M, K, device="cuda", dtype=torch.bfloat16),
                             torch.randn(N, K, device="cuda", dtype=torch.bfloat16))
         out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-        quantized = kernel_operands(operands, granularity)
-        if config.pingpong:
-            from fp8kernels._gemm_promoted import launch_promoted_gemm
-
-            kernel = launch_promoted_gemm(*quantized, out, granularity, config)
-        else:
-            from fp8kernels._gemm_persistent import launch_fp8_gemm
-
-            kernel = launch_fp8_gemm(*quantized, out, granularity, fast_accum, config)
+        kernel = launch_kernel(*kernel_operands(operands, granularity), out, granularity, fast_accum, config)
         torch.cuda.synchronize()
         return True, f"{kernel.n_regs} registers, {kernel.n_spills} spilled, {kernel.metadata.shared} B shared"
     except Exception as err:  # noqa: BLE001 - a config the compiler or the GPU refuses is reported and skipped
