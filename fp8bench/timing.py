@@ -20,6 +20,8 @@ the settle: the first capped case of a run drifts from repeat to repeat. So the 
 stable window, as nvbench stops on convergence: while the last `repeats` repeats spread more than
 `stable_spread_pct`, it takes another repeat and drops the oldest, at most `max_dropped_repeats` times.
 The dropped count is stored (`dropped_repeats`), and a case that never settled keeps its wide spread.
+It also stops early, as nvbench does on reaching its noise target: once `min_repeats` repeats spread at
+most `converged_spread_pct`, the case ends there (the row's `repeats` says how many it took).
 
 Timers:
 - `cuda-events`: a CUDA event pair around each sample, all recorded before one synchronize
@@ -129,9 +131,10 @@ def measure(fn: Callable[[], object], config: TimingConfig, timer: Timer) -> Mea
         if len(repeat_ms) > config.repeats:
             del repeat_ms[0], clocks[0]
             dropped += 1
-        if len(repeat_ms) == config.repeats and (
-            spread_pct(repeat_ms) <= config.stable_spread_pct or dropped == config.max_dropped_repeats
-        ):
+        spread = spread_pct(repeat_ms)
+        if len(repeat_ms) >= config.min_repeats and spread <= config.converged_spread_pct:
+            break
+        if len(repeat_ms) == config.repeats and (spread <= config.stable_spread_pct or dropped == config.max_dropped_repeats):
             break
     wall = timer.wall_ms(fn, max(WALL_MIN_CALLS, min(WALL_MAX_CALLS, math.ceil(config.wall_ms_budget / per_sample))))
     sampled_clocks = tuple(c for c in clocks if c is not None)

@@ -7,6 +7,7 @@ import csv
 import math
 import random
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -241,7 +242,7 @@ def test_warm_up_and_settling_are_not_in_the_result():
     timer = FakeTimer(base_ms=0.5, ramp_ms=80.0, ramp_factor=5.0)
     config = TimingConfig(repeats=5, settle_ms=100.0, warmup_ms=10.0, samples_ms=20.0, min_samples=5, max_samples=100)
     m = measure(lambda: None, config, timer)
-    assert len(m.repeat_ms) == 5 and len(m.sm_clock_mhz) == 5
+    assert len(m.repeat_ms) == len(m.sm_clock_mhz) >= config.min_repeats
     assert m.median_ms == pytest.approx(0.5, rel=0.02) and max(m.repeat_ms) < 0.52
     assert m.spread_pct < 3.0
     assert all(abs(n - 20.0 / 0.5) <= 1 for n in timer.sample_batches[2:])  # sized from the settled estimate
@@ -283,6 +284,21 @@ def test_a_drifting_case_is_timed_on_its_first_stable_window():
     assert m.median_ms == pytest.approx(1.05, rel=0.005) and m.spread_pct <= config.stable_spread_pct
     steady = measure(lambda: None, config, FakeTimer(base_ms=1.0, noise=0.001))
     assert steady.dropped_repeats == 0
+
+
+def test_repeats_that_agree_end_the_case_at_min_repeats():
+    """Steady kernels converge after `min_repeats`; noisy ones (2% per sample, repeats scattering above the 0.5% target)
+    take the full window of `repeats`."""
+    config = TimingConfig(repeats=5, settle_ms=0.0, warmup_ms=0.0, samples_ms=10.0, min_samples=5, max_samples=5)
+    steady = measure(lambda: None, config, FakeTimer(base_ms=1.0, noise=0.0005))
+    assert len(steady.repeat_ms) == config.min_repeats == 3 and steady.spread_pct <= config.converged_spread_pct
+    noisy_timer = FakeTimer(base_ms=1.0, noise=0.02, seed=5)
+    noisy = measure(lambda: None, config, noisy_timer)
+    assert len(noisy.repeat_ms) == config.repeats and noisy.spread_pct > config.converged_spread_pct
+    every_repeat = measure(lambda: None, replace(config, min_repeats=5), FakeTimer(base_ms=1.0, noise=0.0005))
+    assert len(every_repeat.repeat_ms) == 5
+    with pytest.raises(ValueError, match="min_repeats"):
+        TimingConfig(min_repeats=1)
 
 
 def test_a_case_that_never_settles_keeps_its_spread():
