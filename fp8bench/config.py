@@ -112,7 +112,7 @@ class TimingConfig:
     # state (an H100 at 700 W drops from 1980 MHz to ~1300 MHz under large FP8 GEMMs).
     settle_ms: float = 200.0
     warmup_ms: float = 25.0  # per repeat, run and discarded (the repeat before it left the GPU busy)
-    samples_ms: float = 100.0  # per repeat: how long its flushed samples run, which decides their count
+    samples_ms: float = 50.0  # per repeat: how long its flushed samples run, which decides their count
     # Under its power cap an H100 swings its SM clock by up to 30% with a period near one second (the
     # trace in docs/timing.md): a 100 ms repeat samples one phase of that swing. When the settled clock
     # is below `throttled_below` of the GPU's maximum, each repeat runs `throttled_samples_ms` instead.

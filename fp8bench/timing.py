@@ -97,6 +97,9 @@ class Timer(Protocol):
     def samples(self, fn: Callable[[], object], count: int) -> list[float]:
         """`count` flushed, timed calls; milliseconds of GPU time each."""
 
+    def estimate_ms(self, fn: Callable[[], object], count: int) -> float:
+        """Median time of `count` flushed calls, to size warm-up and sample counts (may be coarser)."""
+
     def wall_ms(self, fn: Callable[[], object], count: int) -> float:
         """Median host time of a flushed, synchronized call."""
 
@@ -110,11 +113,11 @@ class Timer(Protocol):
 def measure(fn: Callable[[], object], config: TimingConfig, timer: Timer) -> Measurement:
     """Time `fn` by repeats of warm-up + flushed samples (see the module docstring)."""
     timer.run(fn, 1)  # first call: compilation, autotuning, handle creation
-    per_call = max(statistics.median(timer.samples(fn, 3)), 1e-3)
+    per_call = max(timer.estimate_ms(fn, 3), 1e-3)
     timer.run(fn, max(1, math.ceil(config.settle_ms / (per_call + timer.sample_overhead_ms))))
     # Estimated again once settled: the first estimate can still carry start-up costs, and warm-up and
     # sample counts sized from it would be too small.
-    per_call = max(statistics.median(timer.samples(fn, 3)), 1e-3)
+    per_call = max(timer.estimate_ms(fn, 3), 1e-3)
     settled_clock, max_clock = timer.sm_clock_mhz(), timer.max_sm_clock_mhz()
     throttled = settled_clock is not None and bool(max_clock) and settled_clock < config.throttled_below * max_clock
     window_ms = config.throttled_samples_ms if throttled else config.samples_ms
@@ -226,6 +229,11 @@ class CudaEventTimer:
             end.record()
         cuda.synchronize()
         return [start.elapsed_time(end) for start, end in zip(starts, ends)]
+
+    def estimate_ms(self, fn: Callable[[], object], count: int) -> float:
+        # Events for both timers: a profiler session costs the CUPTI timer ~0.1 s of set-up and parsing, and
+        # an estimate only sizes counts (events read a tiny kernel a little long, so its counts come out lower).
+        return statistics.median(CudaEventTimer.samples(self, fn, count))
 
     def wall_ms(self, fn: Callable[[], object], count: int) -> float:
         times = []

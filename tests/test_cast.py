@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import statistics
 
 import pytest
 import torch
@@ -51,6 +52,9 @@ class FakeTimer:
 
     def run(self, fn, calls):
         fn()
+
+    def estimate_ms(self, fn, count):
+        return statistics.median(self.samples(fn, count))
 
     def samples(self, fn, count):
         return [self.rng.uniform(0.5, 1.5) for _ in range(count)]

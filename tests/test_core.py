@@ -222,6 +222,9 @@ class FakeTimer:
         for _ in range(calls):
             self._call()
 
+    def estimate_ms(self, fn, count):
+        return statistics.median(self.samples(fn, count))
+
     def samples(self, fn, count):
         self.sample_batches.append(count)
         return [self._call() for _ in range(count)]
