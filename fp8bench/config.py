@@ -114,8 +114,8 @@ class TimingConfig:
     warmup_ms: float = 25.0  # per repeat, run and discarded (the repeat before it left the GPU busy)
     samples_ms: float = 50.0  # per repeat: how long its flushed samples run, which decides their count
     # Under its power cap an H100 swings its SM clock by up to 30% with a period near one second (the
-    # trace in docs/timing.md): a 100 ms repeat samples one phase of that swing. When the settled clock
-    # is below `throttled_below` of the GPU's maximum, each repeat runs `throttled_samples_ms` instead.
+    # trace in docs/timing.md): a 100 ms repeat samples one phase of that swing. When a clock read
+    # during the settle is below `throttled_below` of the GPU's maximum, each repeat runs `throttled_samples_ms` instead.
     throttled_samples_ms: float = 1000.0
     throttled_below: float = 0.9
     # Stop on a stable window (fp8bench.timing): while the last `repeats` spread more than this, take

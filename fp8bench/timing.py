@@ -8,8 +8,8 @@ run, flush included: back-to-back calls without the flush draw more power than t
 a power-capped GPU into throttling, and the samples then catch its clock recovering (an H100 measured
 4096^3 FP8 at 1400-1875 MHz that way, at a steady 1980 MHz when settled on flushed calls).
 
-A repeat's samples run for `samples_ms` of wall time (kernel plus flush). When the settled SM clock is
-below `throttled_below` of the GPU's maximum, the power cap is steering the clock, which swings with a
+A repeat's samples run for `samples_ms` of wall time (kernel plus flush). When any of the SM clock reads
+spread over the settle is below `throttled_below` of the GPU's maximum, the power cap is steering the clock, which swings with a
 period near one second; a repeat then runs `throttled_samples_ms` so that it spans that swing instead of
 sampling one phase of it (docs/timing.md has the trace). The case's time is the median of the repeat
 medians; the spread is their interquartile range over that median (asv's statistic: one odd repeat does
@@ -28,7 +28,8 @@ Timers:
   (what triton.testing.do_bench does). Right for kernels well above launch overhead.
 - `cupti`: kernel durations from torch.profiler (CUPTI), summed per sample. Launch gaps and host
   overhead vanish, so this is the kernel time of short or multi-kernel work.
-`auto` takes events unless a first estimate is under `CUPTI_BELOW_MS`.
+`auto` takes events unless a first estimate is under `CUPTI_BELOW_MS` or the host's launches would
+keep the GPU waiting (`LAUNCH_BOUND_FRACTION`).
 Wall time (host clock around one synchronized call) is measured beside either.
 """
 
@@ -44,6 +45,12 @@ from typing import Protocol
 from fp8bench.config import TimingConfig
 
 CUPTI_BELOW_MS = 0.05
+# `auto` also takes CUPTI when enqueueing one flushed call costs the host at least this fraction of what the
+# GPU spends on it: the GPU then waits on the launches and an event pair would time the wait (Triton's
+# Python launcher made 1024^3 read 0.04 ms by events where its kernel runs 0.009 ms).
+LAUNCH_BOUND_FRACTION = 0.5
+# Clock reads spread over the settle, to tell a capped clock from one at its maximum.
+SETTLE_CLOCK_READS = 4
 # Wall time is a median of synchronized calls: at least 3, at most 20, as many as `wall_ms_budget` holds.
 WALL_MIN_CALLS = 3
 WALL_MAX_CALLS = 20
@@ -57,7 +64,7 @@ class Measurement:
     wall_ms: float
     timer: str
     sm_clock_mhz: tuple[float, ...]  # one sample per repeat; empty when unknown
-    throttled: bool = False  # the settled clock was below TimingConfig.throttled_below of the maximum
+    throttled: bool = False  # a clock read during the settle was below TimingConfig.throttled_below of the maximum
     dropped_repeats: int = 0  # earlier repeats dropped while the window was still drifting
 
     @property
@@ -114,12 +121,15 @@ def measure(fn: Callable[[], object], config: TimingConfig, timer: Timer) -> Mea
     """Time `fn` by repeats of warm-up + flushed samples (see the module docstring)."""
     timer.run(fn, 1)  # first call: compilation, autotuning, handle creation
     per_call = max(timer.estimate_ms(fn, 3), 1e-3)
-    timer.run(fn, max(1, math.ceil(config.settle_ms / (per_call + timer.sample_overhead_ms))))
+    settle_calls = max(1, math.ceil(config.settle_ms / (per_call + timer.sample_overhead_ms)))
+    settle_clocks = []
+    for chunk in _split(settle_calls, SETTLE_CLOCK_READS):
+        timer.run(fn, chunk)
+        settle_clocks.append(timer.sm_clock_mhz())
     # Estimated again once settled: the first estimate can still carry start-up costs, and warm-up and
     # sample counts sized from it would be too small.
     per_call = max(timer.estimate_ms(fn, 3), 1e-3)
-    settled_clock, max_clock = timer.sm_clock_mhz(), timer.max_sm_clock_mhz()
-    throttled = settled_clock is not None and bool(max_clock) and settled_clock < config.throttled_below * max_clock
+    throttled = _throttled([c for c in settle_clocks if c is not None], timer.max_sm_clock_mhz(), config.throttled_below)
     window_ms = config.throttled_samples_ms if throttled else config.samples_ms
     per_sample = per_call + timer.sample_overhead_ms
     warmup_calls = max(1, math.ceil(config.warmup_ms / per_sample))
@@ -142,6 +152,18 @@ def measure(fn: Callable[[], object], config: TimingConfig, timer: Timer) -> Mea
     wall = timer.wall_ms(fn, max(WALL_MIN_CALLS, min(WALL_MAX_CALLS, math.ceil(config.wall_ms_budget / per_sample))))
     sampled_clocks = tuple(c for c in clocks if c is not None)
     return Measurement(tuple(repeat_ms), count, wall, timer.name, sampled_clocks, throttled, dropped)
+
+
+def _split(calls: int, parts: int) -> list[int]:
+    """`calls` in at most `parts` non-empty chunks."""
+    parts = min(parts, calls)
+    return [calls // parts + (i < calls % parts) for i in range(parts)]
+
+
+def _throttled(clocks: Sequence[float], max_clock: float | None, below: float) -> bool:
+    """Whether the power cap steers the clock: any read during the settle under `below` of the maximum.
+    One read is not enough: the capped clock swings up to the maximum for part of each period."""
+    return bool(clocks) and bool(max_clock) and min(clocks) < below * max_clock
 
 
 class _Nvml:
@@ -235,6 +257,18 @@ class CudaEventTimer:
         # an estimate only sizes counts (events read a tiny kernel a little long, so its counts come out lower).
         return statistics.median(CudaEventTimer.samples(self, fn, count))
 
+    def enqueue_ms(self, fn: Callable[[], object], count: int) -> float:
+        """Median host time to enqueue one flushed call, without waiting for the GPU."""
+        times = []
+        self._torch.cuda.synchronize()
+        for _ in range(count):
+            start = time.perf_counter()
+            self._flush()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        self._torch.cuda.synchronize()
+        return statistics.median(times)
+
     def wall_ms(self, fn: Callable[[], object], count: int) -> float:
         times = []
         for _ in range(count):
@@ -311,6 +345,8 @@ class TimerChoice:
             return self._cupti
         if self.choice == "auto":
             self._events.run(fn, 1)
-            if statistics.median(self._events.samples(fn, 3)) < CUPTI_BELOW_MS:
+            gpu_ms = statistics.median(self._events.samples(fn, 3))
+            host_ms = self._events.enqueue_ms(fn, 3)
+            if gpu_ms < CUPTI_BELOW_MS or host_ms >= LAUNCH_BOUND_FRACTION * (gpu_ms + self._events.sample_overhead_ms):
                 return self._cupti
         return self._events

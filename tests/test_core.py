@@ -414,3 +414,20 @@ def test_the_git_revision_named_by_the_environment_wins(monkeypatch):
     assert env.git_revision() == "abc1234"  # a GPU host's copied tree may hold a stale .git
     monkeypatch.delenv("FP8BENCH_GIT_REV")
     assert env.git_revision() != "abc1234"
+
+
+def test_one_clock_read_at_the_top_of_a_capped_swing_does_not_hide_the_cap():
+    """A capped clock swings up to its maximum for part of each period: the settle reads it several times
+    and any read under `throttled_below` of the maximum makes the case throttled."""
+    from fp8bench.timing import SETTLE_CLOCK_READS
+
+    config = TimingConfig(repeats=2, settle_ms=40.0, warmup_ms=0.0, samples_ms=10.0, throttled_samples_ms=100.0)
+    swinging = FakeTimer(base_ms=1.0, clock_mhz=1600.0, max_clock_mhz=1980.0)
+    reads = iter([1980.0, 1500.0, 1980.0, 1980.0] + [1980.0] * 10)
+    swinging.sm_clock_mhz = lambda: next(reads)
+    assert measure(lambda: None, config, swinging).throttled
+    steady = FakeTimer(base_ms=1.0, clock_mhz=1960.0, max_clock_mhz=1980.0)
+    steady_reads: list[float] = []
+    steady.sm_clock_mhz = lambda: steady_reads.append(1960.0) or 1960.0
+    assert not measure(lambda: None, config, steady).throttled
+    assert len(steady_reads) >= SETTLE_CLOCK_READS  # the settle's reads, then one a repeat
