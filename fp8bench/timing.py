@@ -345,7 +345,7 @@ class TimerChoice:
             return self._cupti
         if self.choice == "auto":
             self._events.run(fn, 1)
-            gpu_ms = statistics.median(self._events.samples(fn, 3))
+            gpu_ms = self._events.estimate_ms(fn, 3)
             host_ms = self._events.enqueue_ms(fn, 3)
             if gpu_ms < CUPTI_BELOW_MS or host_ms >= LAUNCH_BOUND_FRACTION * (gpu_ms + self._events.sample_overhead_ms):
                 return self._cupti
