@@ -144,7 +144,7 @@ def measure_profile(
 
     from fp8bench.backends import Unsupported, get_backend
     from fp8bench.matmul import random_operands
-    from fp8bench.timing import TimerChoice, measure
+    from fp8bench.timing import TimerChoice
 
     timers = TimerChoice("auto", timing.flush_l2)
 
@@ -156,7 +156,7 @@ def measure_profile(
             if reason:
                 raise Unsupported(reason)
             prepared = backend.prepare_gemm(random_operands(shape), granularity, fast_accum)
-            m = measure(prepared.run, timing, timers.for_case(prepared.run))
+            m = timers.measure(prepared.run, timing)
             best = max(best, shape.flops / (m.median_ms * 1e-3) / 1e12)
             del prepared
             torch.cuda.empty_cache()
@@ -181,7 +181,7 @@ def measure_profile(
     def copy_once():
         return dst.copy_(src)
 
-    copy = measure(copy_once, timing, timers.for_case(copy_once))
+    copy = timers.measure(copy_once, timing)
     copy_tbps = 2 * COPY_BYTES / (copy.median_ms * 1e-3) / 1e12
     on_result(_line("device copy (read + write)", f"{copy_tbps:.2f} TB/s"))
     del src, dst
@@ -193,7 +193,7 @@ def measure_profile(
     def trivial_kernel():
         return one.add_(1)
 
-    floor = measure(trivial_kernel, timing, TimerChoice("cupti", timing.flush_l2).for_case(trivial_kernel))
+    floor = TimerChoice("cupti", timing.flush_l2).measure(trivial_kernel, timing)
     launch_us = floor.median_ms * 1e3
     on_result(_line("trivial kernel (launch floor)", f"{launch_us:.2f} us"))
 

@@ -28,7 +28,7 @@ from typing import Any, Optional
 from fp8bench.config import BLOCK, Granularity, Status, TimingConfig
 from fp8bench.recipes import Fp8Dtype
 from fp8bench.results import Row, RunWriter, measurement_values, status_text
-from fp8bench.timing import Measurement, TimerChoice, measure
+from fp8bench.timing import Measurement, TimerChoice
 
 BENCHMARK = "cast"
 COPY_RECIPE = "copy"
@@ -411,7 +411,7 @@ def _measure_copy(shape: CastShape, x, config: CastConfig, timers: TimerChoice, 
     try:
         destination = torch.empty_like(x)
         copy = lambda: destination.copy_(x)  # noqa: E731
-        measurement = measure(copy, config.timing, timers.for_case(copy))
+        measurement = timers.measure(copy, config.timing)
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
         emit(case_row(shape, Granularity.NONE.value, "torch", COPY_RECIPE, status_text(Status.FAILED, "out of memory"), config.options()))
@@ -454,7 +454,7 @@ class _ShapeRecipe:
         try:
             quantizer = _BUILDERS[implementation](self.recipe, self.spec)
             call = lambda: quantizer.run(self.x)  # noqa: E731
-            measurement = measure(call, self.config.timing, self.timers.for_case(call))
+            measurement = self.timers.measure(call, self.config.timing)
             out = quantizer.run(self.x)
             rel_err = float((quantizer.dequantize(out) - self.x.float()).norm() / self.x.float().norm())
             if implementation == "triton":

@@ -116,7 +116,9 @@ class TimingConfig:
     # Under its power cap an H100 swings its SM clock by up to 30% with a period near one second (the
     # trace in docs/timing.md): a 100 ms repeat samples one phase of that swing. When a clock read
     # during the settle is below `throttled_below` of the GPU's maximum, each repeat runs `throttled_samples_ms` instead.
-    throttled_samples_ms: float = 1000.0
+    # 800 ms: in that trace, three consecutive 0.8 s windows spread at most 1.4% (1 s: 1.0%; 0.7 s: 1.6%;
+    # 0.5 s: 2.5%), inside `stable_spread_pct`, at 80% of the time a capped case costs with 1 s.
+    throttled_samples_ms: float = 800.0
     throttled_below: float = 0.9
     # Stop on a stable window (fp8bench.timing): while the last `repeats` spread more than this, take
     # another repeat and drop the oldest, at most `max_dropped_repeats` times.
@@ -125,7 +127,7 @@ class TimingConfig:
     # Stop early on convergence, as nvbench does at its 0.5% noise default: once `min_repeats` repeats
     # spread at most `converged_spread_pct`, more repeats would not change the median beyond that. On the
     # committed H100 runs the median of the first three such repeats was within 0.9% of all five's, and a
-    # capped case (1 s repeats) costs two seconds less.
+    # capped case costs two long repeats less.
     min_repeats: int = 3
     converged_spread_pct: float = 0.5
     wall_ms_budget: float = 100.0  # host-timed calls for wall_ms (fp8bench.timing.WALL_MIN_CALLS .. MAX)

@@ -13,7 +13,7 @@ from fp8bench.backends import Operands, Unsupported, get_backend
 from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase, MatmulConfig, Status
 from fp8bench.hardware import GpuSpec
 from fp8bench.results import Row, RunWriter, measurement_values, status_text
-from fp8bench.timing import Measurement, TimerChoice, measure
+from fp8bench.timing import Measurement, TimerChoice
 
 # e4m3 keeps 3 mantissa bits: on normal random operands an FP8 product lands ~4% (relative Frobenius)
 # from the bf16 product, whatever the scaling. Far beyond that, the kernel computed something else.
@@ -136,8 +136,7 @@ def _run_case(case, operands, config, timers, gpu, bf16_ms, bf16_out) -> Row:
         return case_row(case, status_text(Status.UNSUPPORTED, reason))
     try:
         prepared = backend.prepare_gemm(operands, case.granularity, case.fast_accum)
-        timer = timers.for_case(prepared.run)
-        measurement = measure(prepared.run, config.timing, timer)
+        measurement = timers.measure(prepared.run, config.timing)
         rel_err = _relative_error(prepared.run(), bf16_out) if bf16_out is not None else None
         row = measured_row(case, measurement, prepared.options, gpu, bf16_ms, rel_err)
         if rel_err is not None and rel_err > WRONG_RESULT_REL_ERR:

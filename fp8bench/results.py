@@ -54,7 +54,7 @@ SCHEMA: tuple[Column, ...] = (
     Column("sm_clock_mhz", "measure", "float", "median SM clock sampled after each repeat"),
     Column("sm_clock_min_mhz", "measure", "float", "lowest SM clock sampled (throttling shows here)"),
     Column("throttled", "measure", "str", "yes: an SM clock read during the settle showed the power cap steering "
-           "the clock, so each repeat sampled 1 s (fp8bench.timing) | no"),
+           "the clock, so each repeat ran the throttled window (TimingConfig.throttled_samples_ms) | no"),
     Column("dropped_repeats", "measure", "int", "repeats taken and dropped because the window of the last "
            "`repeats` still drifted (fp8bench.timing)"),
     Column("tflops", "derived", "float", "2MKN / median time"),

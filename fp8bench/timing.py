@@ -117,10 +117,13 @@ class Timer(Protocol):
         """The GPU's highest SM clock, or None where it cannot be read."""
 
 
-def measure(fn: Callable[[], object], config: TimingConfig, timer: Timer) -> Measurement:
-    """Time `fn` by repeats of warm-up + flushed samples (see the module docstring)."""
-    timer.run(fn, 1)  # first call: compilation, autotuning, handle creation
-    per_call = max(timer.estimate_ms(fn, 3), 1e-3)
+def measure(fn: Callable[[], object], config: TimingConfig, timer: Timer, first_estimate_ms: float | None = None) -> Measurement:
+    """Time `fn` by repeats of warm-up + flushed samples (see the module docstring). `first_estimate_ms`:
+    an estimate made after `fn`'s first call (TimerChoice makes one to pick the timer), saving both here."""
+    if first_estimate_ms is None:
+        timer.run(fn, 1)  # first call: compilation, autotuning, handle creation
+        first_estimate_ms = timer.estimate_ms(fn, 3)
+    per_call = max(first_estimate_ms, 1e-3)
     settle_calls = max(1, math.ceil(config.settle_ms / (per_call + timer.sample_overhead_ms)))
     settle_clocks = []
     for chunk in _split(settle_calls, SETTLE_CLOCK_READS):
@@ -312,16 +315,18 @@ class CuptiTimer(CudaEventTimer):
                 self._flush()
                 fn()
             self._torch.cuda.synchronize()
+        # The raw CUPTI records, not prof.events(): building its event tree costs ~10x more host time
+        # (tens of ms per repeat of a few hundred samples), and only names and durations are needed here.
+        cuda = self._torch.autograd.DeviceType.CUDA
         kernels = sorted(
-            (e for e in prof.events() if e.device_type == self._torch.autograd.DeviceType.CUDA),
-            key=lambda e: e.time_range.start,
+            ((e.start_ns(), e.name(), e.duration_ns()) for e in prof.profiler.kineto_results.events() if e.device_type() == cuda),
         )
         per_sample: list[list[tuple[str, float]]] = []
-        for event in kernels:
-            if self.FLUSH_KERNEL_TAG in event.name:
+        for _, name, duration_ns in kernels:
+            if self.FLUSH_KERNEL_TAG in name:
                 per_sample.append([])
             elif per_sample:
-                per_sample[-1].append((event.name, event.time_range.elapsed_us() / 1e3))
+                per_sample[-1].append((name, duration_ns / 1e6))
         if len(per_sample) != count:
             raise RuntimeError(f"CUPTI saw {len(per_sample)} flushes for {count} samples")
         return per_sample
@@ -340,13 +345,20 @@ class TimerChoice:
         self._events = CudaEventTimer(gpu)
         self._cupti = CuptiTimer(gpu)
 
+    def measure(self, fn: Callable[[], object], config: TimingConfig) -> Measurement:
+        """`measure(fn)` with this case's timer; `auto`'s estimate is also the measurement's first."""
+        timer, estimate_ms = self._pick(fn)
+        return measure(fn, config, timer, first_estimate_ms=estimate_ms)
+
     def for_case(self, fn: Callable[[], object]) -> Timer:
-        if self.choice == "cupti":
-            return self._cupti
-        if self.choice == "auto":
-            self._events.run(fn, 1)
-            gpu_ms = self._events.estimate_ms(fn, 3)
-            host_ms = self._events.enqueue_ms(fn, 3)
-            if gpu_ms < CUPTI_BELOW_MS or host_ms >= LAUNCH_BOUND_FRACTION * (gpu_ms + self._events.sample_overhead_ms):
-                return self._cupti
-        return self._events
+        return self._pick(fn)[0]
+
+    def _pick(self, fn: Callable[[], object]) -> tuple[Timer, float | None]:
+        """The case's timer, and the estimate `auto` made after the first call to pick it (None otherwise)."""
+        if self.choice != "auto":
+            return (self._cupti if self.choice == "cupti" else self._events), None
+        self._events.run(fn, 1)
+        gpu_ms = self._events.estimate_ms(fn, 3)
+        host_ms = self._events.enqueue_ms(fn, 3)
+        launch_bound = host_ms >= LAUNCH_BOUND_FRACTION * (gpu_ms + self._events.sample_overhead_ms)
+        return (self._cupti if gpu_ms < CUPTI_BELOW_MS or launch_bound else self._events), gpu_ms

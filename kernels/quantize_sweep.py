@@ -42,7 +42,6 @@ def sweep_shape(shape, recipes, timing, timers) -> list[dict]:
     import torch
 
     from fp8bench import cast
-    from fp8bench.timing import measure
     from fp8kernels.quantize import QuantizeSpec
     from fp8kernels.quantize_configs import QuantizeKernel, candidates, multiprocessors
 
@@ -50,7 +49,7 @@ def sweep_shape(shape, recipes, timing, timers) -> list[dict]:
     destination = torch.empty_like(x)
     copy = lambda: destination.copy_(x)  # noqa: E731
     input_bytes = x.numel() * x.element_size()
-    copy_gbps = 2 * input_bytes / (measure(copy, timing, timers.for_case(copy)).median_ms * 1e6)
+    copy_gbps = 2 * input_bytes / (timers.measure(copy, timing).median_ms * 1e6)
     records = []
     for recipe in recipes:
         if recipe.problem_with(shape):
@@ -67,7 +66,7 @@ def sweep_shape(shape, recipes, timing, timers) -> list[dict]:
                 if problem:
                     raise ValueError(problem)
                 call = lambda: _run_with(recipe, x, spec, config)  # noqa: E731
-                ms = measure(call, timing, timers.for_case(call)).median_ms
+                ms = timers.measure(call, timing).median_ms
             except Exception as err:  # noqa: BLE001 - a config the compiler refuses is reported, the sweep goes on
                 console.print(f"[yellow]{shape.name} {recipe.name} {config.as_dict()}: {type(err).__name__}: {err}[/]")
                 continue

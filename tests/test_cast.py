@@ -19,6 +19,7 @@ from fp8bench import cast  # noqa: E402
 from fp8bench.config import BLOCK, Granularity, TimingConfig  # noqa: E402
 from fp8bench.recipes import Fp8Dtype  # noqa: E402
 from fp8bench.results import RunWriter, load_results  # noqa: E402
+from fp8bench.timing import measure  # noqa: E402
 from fp8kernels.quantize import QuantizedTensor  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
@@ -73,8 +74,8 @@ class FakeTimers:
     def __init__(self):
         self.timer = FakeTimer()
 
-    def for_case(self, fn):
-        return self.timer
+    def measure(self, fn, config):
+        return measure(fn, config, self.timer)
 
 
 def test_recipes_are_named_and_validated():

@@ -276,6 +276,17 @@ def test_a_throttled_clock_gets_repeats_long_enough_to_span_its_swing():
         assert all(abs(n - 10) <= 1 for n in timer.sample_batches[2:])
 
 
+def test_an_estimate_made_to_pick_the_timer_is_not_made_again():
+    """TimerChoice('auto') runs the first call and estimates to pick a timer; measure() then skips both."""
+    config = TimingConfig(repeats=3, settle_ms=0.0, warmup_ms=0.0, samples_ms=10.0)
+    fresh, given = FakeTimer(base_ms=1.0, noise=0.0), FakeTimer(base_ms=1.0, noise=0.0)
+    measure(lambda: None, config, fresh)
+    measure(lambda: None, config, given, first_estimate_ms=1.0)
+    assert fresh.sample_batches[:2] == [3, 3] and given.sample_batches[:1] == [3]  # the settled estimate only
+    assert fresh.sample_batches[2:] == given.sample_batches[1:]
+    assert given.busy_ms == pytest.approx(fresh.busy_ms - 4.0)  # one first call and three estimate calls fewer
+
+
 def test_a_drifting_case_is_timed_on_its_first_stable_window():
     """Kernels 5% slower from the third repeat on (a card still heating): the harness drops repeats
     until its last five agree, and says how many it dropped."""
