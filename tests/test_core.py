@@ -442,3 +442,23 @@ def test_one_clock_read_at_the_top_of_a_capped_swing_does_not_hide_the_cap():
     steady.sm_clock_mhz = lambda: steady_reads.append(1960.0) or 1960.0
     assert not measure(lambda: None, config, steady).throttled
     assert len(steady_reads) >= SETTLE_CLOCK_READS  # the settle's reads, then one a repeat
+
+
+def test_clock_trace_windows_spanning_the_swing_agree(tmp_path, monkeypatch):
+    """kernels/bench/clock_trace.py --windows (how docs/timing.md sized TimingConfig.throttled_samples_ms):
+    under a clock swinging with a 1 s period, 1 s windows agree and half-period windows do not."""
+    import importlib.util
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "pynvml", types.ModuleType("pynvml"))  # the trace needs it; reading one does not
+    spec = importlib.util.spec_from_file_location("clock_trace", Path(__file__).parents[1] / "kernels/bench/clock_trace.py")
+    clock_trace = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(clock_trace)
+    samples = tmp_path / "swing-samples.csv"
+    times = [i / 1000 for i in range(4000)]
+    samples.write_text("t_s,gpu_ms\n" + "".join(f"{t:.4f},{1 + 0.1 * math.sin(2 * math.pi * t):.5f}\n" for t in times))
+    whole_period = clock_trace.consecutive_window_spreads(samples, 1.0)
+    half_period = clock_trace.consecutive_window_spreads(samples, 0.5)
+    assert len(whole_period) >= 10 and len(half_period) > len(whole_period)
+    assert max(whole_period) < 0.5 < 5.0 < max(half_period)

@@ -1,12 +1,15 @@
 """Kernel time against the SM clock: why repeats of a power-capped GPU disagree (docs/timing.md).
 
     python kernels/bench/clock_trace.py OUT_DIR
+    python kernels/bench/clock_trace.py --windows TRACE_DIR CASE   # no GPU needed
 
 For a few GEMMs it runs flushed, CUDA-event-timed samples back to back for 4 s while a thread polls NVML
 every 2 ms (SM clock, power, temperature, clock-event reasons), and writes per case `<case>-samples.csv`
 (host time at each batch's synchronize, GPU ms per sample) and `<case>-nvml.csv`, plus `summary.json`: for
 windows of 100 ms, 300 ms and 1 s the range and the coefficient of variation (%) of the window medians
--- how far apart repeats of that length would land.
+-- how far apart repeats of that length would land. `--windows` reads a trace back and prints, per window
+length, the spread (fp8bench.timing.spread_pct) of three consecutive windows placed at every 50 ms from
+0.2 s on: what a case of three repeats of that length would report (TimingConfig.throttled_samples_ms).
 """
 
 from __future__ import annotations
@@ -108,7 +111,40 @@ def trace(out: Path) -> dict:
     return summary
 
 
+WINDOW_LENGTHS_S = (0.5, 0.6, 0.7, 0.8, 1.0)
+REPEAT_GAP_S = 0.03  # the warm-up and clock read between two repeats
+
+
+def consecutive_window_spreads(samples_csv: Path, window_s: float, repeats: int = 3) -> list[float]:
+    """Spread of `repeats` consecutive windows' medians, for each placement of the first one."""
+    from fp8bench.timing import spread_pct
+
+    rows = [line.split(",") for line in samples_csv.read_text().splitlines()[1:]]
+    samples = [(float(t), float(ms)) for t, ms in rows]
+    end = samples[-1][0]
+    spreads = []
+    start = 0.2  # past the first batch, which carries start-up costs
+    while start + repeats * (window_s + REPEAT_GAP_S) <= end:
+        medians = []
+        for r in range(repeats):
+            lo = start + r * (window_s + REPEAT_GAP_S)
+            medians.append(statistics.median(ms for t, ms in samples if lo <= t < lo + window_s))
+        spreads.append(spread_pct(medians))
+        start += 0.05
+    return spreads
+
+
+def print_window_spreads(trace_dir: Path, case: str) -> None:
+    print("| window | placements | spread of three: median | max |\n|---|---|---|---|")
+    for window_s in WINDOW_LENGTHS_S:
+        spreads = consecutive_window_spreads(trace_dir / f"{case}-samples.csv", window_s)
+        print(f"| {window_s:g} s | {len(spreads)} | {statistics.median(spreads):.1f}% | {max(spreads):.1f}% |")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python kernels/bench/clock_trace.py OUT_DIR")
-    trace(Path(sys.argv[1]))
+    if len(sys.argv) == 4 and sys.argv[1] == "--windows":
+        print_window_spreads(Path(sys.argv[2]), sys.argv[3])
+    elif len(sys.argv) == 2:
+        trace(Path(sys.argv[1]))
+    else:
+        sys.exit("usage: python kernels/bench/clock_trace.py OUT_DIR | --windows TRACE_DIR CASE")
