@@ -99,8 +99,8 @@ def quantize_delayed(
     """Tensorwise with the largest amax of the history (this tensor's own on the first step, when the
     history is still all zeros); then this tensor's amax goes to the front of the history.
 
-    The amax pass still reads x before the cast (the cast kernel cannot record an amax while it
-    casts), so delayed scaling moves no fewer bytes than dynamic here; what it changes is the numerics."""
+    The cast records this tensor's amax as it reads x, and the amax pass before it runs only while the
+    history is all zeros (decided on the device: no host sync), so from the second step x is read once."""
     from fp8kernels._quantize_common import launch_config
     from fp8kernels.quantize import QuantizeSpec
     from fp8kernels.quantize_configs import QuantizeKernel
@@ -109,9 +109,9 @@ def quantize_delayed(
     # fp8kernels.quantize_tensorwise's passes, but the cast reads the history's amax, not the pass's.
     spec = QuantizeSpec(_FP8_DTYPES[fp8_dtype], power_of_two, rowwise, columnwise)
     config = launch_config(x, spec, QuantizeKernel.TENSORWISE, None)
-    current = tensor_amax(x, config)
     recorded = amax_history.max()
-    out = cast_tensorwise(x, torch.where(recorded > 0, recorded, current), spec, config)
+    current = tensor_amax(x, config, unless_positive=recorded)  # zero once the history holds an amax
+    out = cast_tensorwise(x, torch.where(recorded > 0, recorded, current), spec, config, record_amax=current)
     amax_history.copy_(torch.cat((current.reshape(1), amax_history[:-1])))
     return _outputs(out, x, spec)
 

@@ -7,6 +7,10 @@ element can be cast, and a grid cannot wait for all its programs without a grid-
    the row-major copy or (TRANSPOSED) the transposed one; a launch for each copy asked for
    (quantize_tensorwise says why not both from one load).
 The input is read once per pass from HBM; what is written is written once.
+
+Delayed scaling knows its scale before the cast (an amax history), so the cast records the tensor's own
+amax as it goes (RECORD_AMAX, the same atomic max per tile) and the amax pass is skipped on the device
+once the history holds an amax (SKIP_IF_POSITIVE): one read of x instead of two, without a host sync.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ from fp8kernels._quantize_common import cast_to_fp8, dequantization_scale, multi
 
 
 @triton.jit
-def _amax_kernel(x_ptr, amax_ptr, numel, BLOCK: tl.constexpr):
+def _amax_kernel(x_ptr, amax_ptr, numel, skip_ptr, BLOCK: tl.constexpr, SKIP_IF_POSITIVE: tl.constexpr):
+    if SKIP_IF_POSITIVE:
+        if tl.load(skip_ptr) > 0:  # a known amax will scale the cast: this pass is not needed
+            return
     pid = tl.program_id(0)
     offsets = tl.arange(0, BLOCK)
     running = tl.zeros([BLOCK], dtype=tl.float32)
@@ -30,9 +37,9 @@ def _amax_kernel(x_ptr, amax_ptr, numel, BLOCK: tl.constexpr):
 
 @triton.jit
 def _cast_tensorwise_kernel(
-    x_ptr, out_ptr, scale_ptr, amax_ptr, rows, cols,
+    x_ptr, out_ptr, scale_ptr, amax_ptr, record_amax_ptr, rows, cols,
     FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr, POWER_OF_TWO: tl.constexpr,
-    TRANSPOSED: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    TRANSPOSED: tl.constexpr, RECORD_AMAX: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
 ):  # fmt: skip
     multiplier = multiplier_from_amax(tl.load(amax_ptr), FP8_MAX, POWER_OF_TWO)
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
@@ -42,6 +49,8 @@ def _cast_tensorwise_kernel(
     c = pid_c * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
     mask = (r[:, None] < rows) & (c[None, :] < cols)
     x = tl.load(x_ptr + r[:, None] * cols + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    if RECORD_AMAX:
+        tl.atomic_max(record_amax_ptr, tl.max(tl.max(tl.abs(x), axis=1), axis=0))
     q = cast_to_fp8(x, multiplier, FP8_MAX, FP8_DTYPE)
     if TRANSPOSED:
         store_transposed(out_ptr, q, r, c, rows, cols)

@@ -27,24 +27,35 @@ def quantize_tensorwise(
     return cast_tensorwise(x, tensor_amax(x, config), spec, config)
 
 
-def tensor_amax(x: torch.Tensor, config: QuantizeConfig) -> torch.Tensor:
-    """The amax pass alone: max |x| as a 0-d float32 tensor on x's device."""
+def tensor_amax(x: torch.Tensor, config: QuantizeConfig, unless_positive: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The amax pass alone: max |x| as a 0-d float32 tensor on x's device. With `unless_positive` (a 0-d
+    float32 tensor) the pass is skipped on the device where that value is positive, leaving zero."""
     amax = torch.zeros((), dtype=torch.float32, device=x.device)  # atomic max needs a zero start
-    _amax_kernel[(config.amax_programs,)](x, amax, x.numel(), BLOCK=config.amax_block, num_warps=config.amax_warps)
+    skip = unless_positive is not None
+    _amax_kernel[(config.amax_programs,)](
+        x, amax, x.numel(), unless_positive if skip else amax, BLOCK=config.amax_block, SKIP_IF_POSITIVE=skip,
+        num_warps=config.amax_warps,
+    )  # fmt: skip
     return amax
 
 
-def cast_tensorwise(x: torch.Tensor, amax: torch.Tensor, spec: QuantizeSpec, config: QuantizeConfig) -> QuantizedTensor:
+def cast_tensorwise(
+    x: torch.Tensor, amax: torch.Tensor, spec: QuantizeSpec, config: QuantizeConfig, record_amax: Optional[torch.Tensor] = None
+) -> QuantizedTensor:
     """The cast passes alone, scaled from `amax` (a 0-d float32 tensor on x's device): the tensor's own
-    amax, or, for delayed scaling, one from its history. One launch per copy asked for."""
+    amax, or, for delayed scaling, one from its history. One launch per copy asked for. `record_amax`
+    (0-d float32): the first launch folds max |x| into it by atomic max, so the amax costs no pass."""
     rows, cols = x.shape
     q, q_t = empty_fp8((rows, cols), spec, x, spec.rowwise), empty_fp8((cols, rows), spec, x, spec.columnwise)
     scale = empty_scales((), x, True)
     grid = (triton.cdiv(rows, config.block_rows), triton.cdiv(cols, config.block_cols))
+    record = record_amax is not None
     for out, transposed in ((q, False), (q_t, True)):
         if out is not None:
             _cast_tensorwise_kernel[grid](
-                x, out, scale, amax, rows, cols, **fp8_constants(spec), TRANSPOSED=transposed,
-                BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols, num_warps=config.num_warps,
+                x, out, scale, amax, record_amax if record else amax, rows, cols, **fp8_constants(spec),
+                TRANSPOSED=transposed, RECORD_AMAX=record, BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols,
+                num_warps=config.num_warps,
             )  # fmt: skip
+            record = False
     return QuantizedTensor(q, scale if spec.rowwise else None, q_t, scale if spec.columnwise else None)

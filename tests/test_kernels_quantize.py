@@ -32,7 +32,7 @@ from fp8kernels.quantize import QuantizedTensor, QuantizeSpec  # noqa: E402
 from fp8kernels.quantize_axiswise import axiswise_kernel, quantize_axiswise  # noqa: E402
 from fp8kernels.quantize_blockwise import blockwise_kernel, quantize_blockwise  # noqa: E402
 from fp8kernels.quantize_configs import QuantizeConfig, QuantizeKernel, candidates, choose  # noqa: E402
-from fp8kernels.quantize_tensorwise import quantize_tensorwise  # noqa: E402
+from fp8kernels.quantize_tensorwise import cast_tensorwise, quantize_tensorwise, tensor_amax  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -159,6 +159,25 @@ def test_dtypes_and_power_of_two_scales(poisoned, granularity, input_dtype, fp8_
     if power_of_two:
         mantissa, _ = torch.frexp(out.scale)
         assert (mantissa == 0.5).all(), "power-of-two scales must have no mantissa bits"
+
+
+@pytest.mark.parametrize("shape", [(17, 33), (256, 384)])
+def test_delayed_scaling_cast_records_the_amax_and_skips_the_amax_pass(poisoned, shape):
+    """Delayed scaling: the cast records max |x| while it casts with a given amax, and the amax pass does
+    nothing where the history's amax is positive (fp8bench._float8_ops.quantize_delayed)."""
+    x = random_input(*shape, torch.bfloat16, seed=seed_of("delayed", shape))
+    config = choose(QuantizeKernel.TENSORWISE, *shape, True, 4)
+    own = x.float().abs().max()
+    assert torch.equal(tensor_amax(x, config, unless_positive=torch.zeros((), device=DEVICE)), own)
+    assert tensor_amax(x, config, unless_positive=torch.ones((), device=DEVICE)).item() == 0.0
+    given = own * 2  # as if a larger tensor came before: the cast is scaled by it, not by x's own
+    recorded = torch.zeros((), device=DEVICE)
+    out = cast_tensorwise(x, given, BOTH_COPIES, config, record_amax=recorded)
+    assert torch.equal(recorded, own)
+    plain = cast_tensorwise(x, given, BOTH_COPIES, config)
+    assert torch.equal(out.scale, plain.scale) and out.scale.item() == pytest.approx(given.item() / BOTH_COPIES.fp8_max, rel=1e-6)
+    for copy, plain_copy in ((out.data, plain.data), (out.data_t, plain.data_t)):
+        assert torch.equal(copy.view(torch.uint8), plain_copy.view(torch.uint8))
 
 
 def test_columnwise_copy_alone(poisoned):
