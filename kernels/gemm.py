@@ -10,7 +10,8 @@ Scales may have any strides; blockwise activation scales read fastest stored M-m
 contiguous (K/128, M) tensor), since each K-tile reads one scale per row.
 
 Without fast accumulation the FP32 sum is promoted every BLOCK_K (128) of K; blockwise always is,
-since each K-tile carries its own scales. The kernel: kernels/_gemm_persistent.py; its tuning:
+since each K-tile carries its own scales. The kernels: kernels/_gemm_persistent.py (Triton; every regime),
+kernels/_gemm_ws.py (Gluon, warp-specialized; the promoted regimes on a GPU); their tuning:
 kernels/gemm_configs.py.
 """
 
@@ -19,11 +20,21 @@ from __future__ import annotations
 import os
 
 import torch
+import triton
 
 from fp8bench.config import BLOCK, FP8_DIM_MULTIPLE, Granularity
 from fp8kernels.gemm_configs import INTERPRETER_PROGRAMS, Fp8GemmConfig, choose_config
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# The Gluon kernel (kernels/_gemm_ws.py) is written against the Gluon API of these Triton releases (the
+# GPU hosts'); Gluon's API changes between releases, so elsewhere the heuristic takes the Triton kernel.
+GLUON_TRITON_RELEASES = ("3.6.",)
+
+
+def gluon_runs_on(device: torch.device) -> bool:
+    """Whether the heuristic may pick the Gluon kernel: a CUDA device (TRITON_INTERPRET does not run
+    Gluon) and a Triton release it was written for."""
+    return device.type == "cuda" and triton.__version__.startswith(GLUON_TRITON_RELEASES)
 
 
 def multiprocessor_count(device: torch.device) -> int:
@@ -36,7 +47,8 @@ def multiprocessor_count(device: torch.device) -> int:
 def gemm_config(M: int, N: int, K: int, granularity: Granularity | str, fast_accum: bool,
                 device: torch.device) -> Fp8GemmConfig:
     """The config `fp8_gemm` picks for this problem when given none (for reporting it beside a result)."""
-    return choose_config(M, N, K, _granularity(granularity), bool(fast_accum), multiprocessor_count(device))
+    return choose_config(M, N, K, _granularity(granularity), bool(fast_accum), multiprocessor_count(device),
+                         gluon_runs_on(device))
 
 
 def fp8_gemm(
@@ -56,7 +68,7 @@ def fp8_gemm(
     M, N, K = _check_operands(a, b_t, granularity)
     _check_scales(scale_a, scale_b, granularity, M, N, K, a.device)
     if config is None:
-        config = choose_config(M, N, K, granularity, bool(fast_accum), multiprocessor_count(a.device))
+        config = choose_config(M, N, K, granularity, bool(fast_accum), multiprocessor_count(a.device), gluon_runs_on(a.device))
     config.check_granularity(granularity, bool(fast_accum))
     if out is None:
         out = torch.empty((M, N), dtype=torch.bfloat16, device=a.device)
@@ -71,12 +83,12 @@ def launch_kernel(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_
     handle (registers, spills and shared memory for tuning reports)."""
     # Imported here: whether Triton interprets or compiles is fixed when the kernel is defined, so the
     # kernel module must not be loaded before a CPU caller has set TRITON_INTERPRET=1.
-    if config.pingpong:
-        if a.device.type != "cuda":
-            raise ValueError("the ping-pong kernel is written in Gluon, which TRITON_INTERPRET does not run: use a GPU")
-        from fp8kernels._gemm_promoted import launch_promoted_gemm
+    if config.gluon_ws and a.device.type != "cuda":
+        raise ValueError("the Gluon kernel (gluon_ws) does not run under TRITON_INTERPRET: use a GPU")
+    if config.gluon_ws:
+        from fp8kernels._gemm_ws import launch_ws_gemm
 
-        return launch_promoted_gemm(a, b_t, scale_a, scale_b, out, granularity, config)
+        return launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity, config)
     from fp8kernels._gemm_persistent import launch_fp8_gemm
 
     return launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity, fast_accum, config)

@@ -9,8 +9,11 @@ Two regimes decide the tile:
   running FP32 sum, so BLOCK_K is the promotion interval (128, as in DeepGEMM). The sum and the fresh
   product must both fit the register file: a 128 x 256 tile does only split in column halves (split_n=2:
   the sum plus one half's product), blockwise uses 128 x 128 tiles (one weight scale each).
-The presets were chosen by timing `candidate_configs` with kernels/bench/gemm_sweep.py on an H100
-(kernels/README.md has the numbers); the shape enters only through the grid size.
+On a GPU the promoted regimes run the warp-specialized Gluon kernel (kernels/_gemm_ws.py, `gluon_ws`),
+whose two consumer warpgroups overlap one's promotion with the other's MMA; where Gluon cannot run (the
+CPU interpreter, a Triton whose Gluon API differs from the one it is written against) they run the Triton
+kernel's presets. The presets were chosen by timing `candidate_configs` with kernels/bench/gemm_sweep.py
+on an H100 (kernels/README.md has the numbers); the shape enters only through the grid size.
 """
 
 from __future__ import annotations
@@ -48,10 +51,12 @@ class Fp8GemmConfig:
     # 2: each column half of the tile has its own accumulator and B loads, so a K-tile's fresh product
     # (promoted regimes) needs registers for half the tile only; the halves are stored separately.
     split_n: int = 1
-    # The Gluon kernel (kernels/_gemm_promoted.py) for the promoted regimes: two K-tile products in flight
-    # so the FP32 promotion overlaps the tensor cores. It takes 128 x {64, 128} x 128 tiles, 8 warps,
-    # whole-tile stores and no Triton warp specialization; GPU only (the interpreter does not run Gluon).
-    pingpong: bool = False
+    # The warp-specialized Gluon kernel (kernels/_gemm_ws.py) for the promoted regimes: a TMA producer warp
+    # and two consumer warpgroups of 64 rows each, one promoting while the other's wgmma runs. It takes
+    # 128 x {64, 128, 256} x 128 tiles (256: two 128-column halves promoted in turn), num_warps 8 (the
+    # consumers; the producer warp comes on top), whole-tile stores (each consumer stores its rows) and no
+    # Triton warp specialization; GPU only.
+    gluon_ws: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -68,13 +73,13 @@ class Fp8GemmConfig:
             raise ValueError(f"split_n must be 1 or 2, and 2 stores column halves (epilogue_subtile), got {self.split_n}")
         if self.num_warps not in (4, 8, 16):
             raise ValueError(f"num_warps must be 4, 8 or 16, got {self.num_warps}")
-        if self.pingpong and (
-            (self.block_m, self.block_k, self.num_warps) != (128, BLOCK, 8) or self.block_n not in (64, 128)
+        if self.gluon_ws and (
+            (self.block_m, self.block_k, self.num_warps) != (128, BLOCK, 8) or self.block_n not in (64, 128, 256)
             or self.split_n != 1 or self.warp_specialize or self.epilogue_subtile
         ):
             raise ValueError(
-                "the ping-pong kernel takes block_m 128, block_n 64 or 128, block_k 128, 8 warps, split_n 1, "
-                "whole-tile stores (epilogue_subtile False) and no warp_specialize"
+                "the warp-specialized Gluon kernel takes block_m 128, block_n 64, 128 or 256, block_k 128, 8 warps, "
+                "split_n 1, whole-tile stores (epilogue_subtile False) and no warp_specialize"
             )
         if self.shared_memory_bytes > SHARED_MEMORY_BYTES:
             raise ValueError(
@@ -98,8 +103,8 @@ class Fp8GemmConfig:
             )
         if not fast_accum and self.block_k > BLOCK:
             raise ValueError(f"without fast accumulation the sum is promoted every block_k <= {BLOCK} of K")
-        if self.pingpong and not is_promoted(granularity, fast_accum):
-            raise ValueError("the ping-pong kernel promotes every K-tile: it has no fast accumulation")
+        if self.gluon_ws and not is_promoted(granularity, fast_accum):
+            raise ValueError("the Gluon kernel promotes every K-tile: it has no fast accumulation")
 
     def as_dict(self) -> dict[str, int | bool]:
         return dataclasses.asdict(self)
@@ -115,6 +120,12 @@ PROMOTED = Fp8GemmConfig(block_m=128, block_n=256, block_k=128, group_m=16, num_
                          split_n=2)
 BLOCKWISE = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_stages=4, num_warps=8, num_sms=1,
                           warp_specialize=True)
+# The Gluon kernel's: 128 x 256 promoted in column halves for tensorwise / axiswise, 128 x 128 (one weight
+# scale per tile) for blockwise (`gemm_sweep.py gluon` on the H100: 1.005 / 1.046 / 0.861 of cuBLAS).
+PROMOTED_GLUON = Fp8GemmConfig(block_m=128, block_n=256, block_k=128, group_m=16, num_stages=3, num_warps=8, num_sms=1,
+                               epilogue_subtile=False, gluon_ws=True)
+BLOCKWISE_GLUON = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_stages=4, num_warps=8, num_sms=1,
+                                epilogue_subtile=False, gluon_ws=True)
 
 
 def is_promoted(granularity: Granularity, fast_accum: bool) -> bool:
@@ -127,9 +138,11 @@ def is_promoted(granularity: Granularity, fast_accum: bool) -> bool:
 CONFIG_OVERRIDE_ENV = "FP8KERNELS_GEMM_CONFIG"
 
 
-def choose_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, num_sms: int) -> Fp8GemmConfig:
-    """The heuristic's config, with the fields of FP8KERNELS_GEMM_CONFIG (if set) forced onto it."""
-    config = _heuristic_config(M, N, K, granularity, fast_accum, num_sms)
+def choose_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, num_sms: int,
+                  gluon: bool = False) -> Fp8GemmConfig:
+    """The heuristic's config, with the fields of FP8KERNELS_GEMM_CONFIG (if set) forced onto it. `gluon`:
+    whether the Gluon kernel can run here (fp8kernels.gemm.gluon_runs_on)."""
+    config = _heuristic_config(M, N, K, granularity, fast_accum, num_sms, gluon)
     override = os.environ.get(CONFIG_OVERRIDE_ENV)
     if not override:
         return config
@@ -143,18 +156,19 @@ def choose_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: 
 
 
 @functools.lru_cache(maxsize=1024)
-def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, num_sms: int) -> Fp8GemmConfig:
+def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, num_sms: int,
+                      gluon: bool) -> Fp8GemmConfig:
     """The heuristic: the regime's preset on a persistent grid of at most `num_sms` programs."""
     if granularity is Granularity.BLOCKWISE:
-        preset = BLOCKWISE
+        preset = BLOCKWISE_GLUON if gluon else BLOCKWISE
     else:
-        preset = FAST_ACCUM if fast_accum else PROMOTED
+        preset = FAST_ACCUM if fast_accum else (PROMOTED_GLUON if gluon else PROMOTED)
     return preset.with_sms(num_sms)
 
 
 def candidate_configs(granularity: Granularity, fast_accum: bool, num_sms: int) -> list[Fp8GemmConfig]:
-    """Configs worth timing against each other for one regime (the heuristic's preset first)."""
-    preset = choose_config(BLOCK, BLOCK, BLOCK, granularity, fast_accum, num_sms)
+    """Configs worth timing against each other on a GPU for one regime (the heuristic's preset first)."""
+    preset = choose_config(BLOCK, BLOCK, BLOCK, granularity, fast_accum, num_sms, gluon=True)
     if is_promoted(granularity, fast_accum):
         grid = [
             dict(block_m=bm, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=ws, split_n=split)
@@ -165,9 +179,9 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, num_sms: int) 
             for ws in (False, True)
         ] + [
             dict(block_m=128, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=False, split_n=1,
-                 epilogue_subtile=False, pingpong=True)
-            for bn in (128, 64)
-            for s in (4, 5)
+                 epilogue_subtile=False, gluon_ws=True)
+            for bn, stages in ((128, (4, 5)), (256, (3, )))
+            for s in stages
         ]
     else:
         grid = [

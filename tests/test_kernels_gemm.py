@@ -211,8 +211,10 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
         (dict(num_stages=1), "num_stages"),
         (dict(block_n=256, num_stages=6), "shared memory"),
         (dict(split_n=2, epilogue_subtile=False), "split_n"),
-        (dict(pingpong=True, block_n=128, epilogue_subtile=True), "ping-pong"),
-        (dict(pingpong=True, block_n=256, epilogue_subtile=False), "ping-pong"),
+        (dict(gluon_ws=True, block_n=128, epilogue_subtile=True), "warp-specialized Gluon"),
+        (dict(gluon_ws=True, block_n=128, epilogue_subtile=False, num_warps=4), "warp-specialized Gluon"),
+        (dict(gluon_ws=True, block_n=32, epilogue_subtile=False), "warp-specialized Gluon"),
+        (dict(gluon_ws=True, block_n=128, epilogue_subtile=False, warp_specialize=True), "warp-specialized Gluon"),
     ],
 )
 def test_config_is_validated_once(fields, message):
@@ -230,7 +232,7 @@ def test_heuristic_and_candidates_fit_their_regime(case):
         assert config.num_sms == 132
         assert json.loads(json.dumps(config.as_dict())) == config.as_dict()
     candidates = candidate_configs(granularity, fast_accum, 132)
-    assert candidates[0] == choose_config(4096, 4096, 4096, granularity, fast_accum, 132)
+    assert candidates[0] == choose_config(4096, 4096, 4096, granularity, fast_accum, 132, gluon=True)
     assert len(set(candidates)) == len(candidates) > 1
     for config in candidates:
         config.check_granularity(granularity, fast_accum)
@@ -274,36 +276,56 @@ def test_gpu_fast_accumulation_error_exceeds_promoted(granularity):
 
 
 PROMOTED_CASES = [case for case in CASES if not case[1]]
-PINGPONG_CONFIGS = [c for c in candidate_configs(Granularity.TENSORWISE, False, 132) if c.pingpong]
-# Ragged edges on every side, one row, an odd number of K-tiles (the kernel pads a zero K-tile) and a
-# last K-tile that is partial (tensorwise / axiswise: K = 33 x 128 + 16).
-PINGPONG_SHAPES = [(1, 4112, 1040), (17, 4112, 1040), (5000, 1040, 2064), (4096, 4096, 4096)]
-PINGPONG_BLOCKWISE_SHAPES = [(1, 1152, 384), (17, 1152, 384), (5000, 1280, 1024), (4096, 4096, 4096)]
+# The Gluon kernel's candidates (kernels/_gemm_ws.py), each with the promoted regimes it can run.
+GLUON_CASES = [(case, config) for case in PROMOTED_CASES for config in candidate_configs(*case, 132) if config.gluon_ws]
+# Ragged edges on every side, one row, an odd number of K-tiles and a last K-tile that is partial
+# (tensorwise / axiswise: K = 33 x 128 + 16).
+GLUON_SHAPES = [(1, 4112, 1040), (17, 4112, 1040), (5000, 1040, 2064), (4096, 4096, 4096)]
+GLUON_BLOCKWISE_SHAPES = [(1, 1152, 384), (17, 1152, 384), (5000, 1280, 1024), (4096, 4096, 4096)]
 
 
-def test_pingpong_configs_are_refused_fast_accumulation_and_the_interpreter():
-    with pytest.raises(ValueError, match="no fast accumulation"):
-        PINGPONG_CONFIGS[0].check_granularity(Granularity.TENSORWISE, True)
+def _gluon_case_id(case_config) -> str:
+    case, config = case_config
+    return f"{_case_id(case)}-n{config.block_n}-stages{config.num_stages}"
+
+
+def test_the_gluon_kernel_is_refused_fast_accumulation_and_the_interpreter():
+    assert {case for case, _ in GLUON_CASES} == set(PROMOTED_CASES)
+    for _, config in GLUON_CASES:
+        with pytest.raises(ValueError, match="no fast accumulation"):
+            config.check_granularity(Granularity.TENSORWISE, True)
     if HAS_CUDA:
         return
     operands = _quantized(64, 256, 128, Granularity.TENSORWISE, seed=3)
     with pytest.raises(ValueError, match="Gluon"):
-        fp8_gemm(*operands, granularity="tensorwise", config=PINGPONG_CONFIGS[0])
+        fp8_gemm(*operands, granularity="tensorwise", config=GLUON_CASES[0][1])
+
+
+def test_the_heuristic_takes_the_gluon_kernel_only_where_it_runs(monkeypatch):
+    from fp8kernels import gemm
+
+    for case in PROMOTED_CASES:
+        assert choose_config(4096, 4096, 4096, *case, 132, gluon=True).gluon_ws
+        assert not choose_config(4096, 4096, 4096, *case, 132, gluon=False).gluon_ws
+    assert not choose_config(4096, 4096, 4096, Granularity.TENSORWISE, True, 132, gluon=True).gluon_ws
+    assert not gemm.gluon_runs_on(torch.device("cpu"))
+    monkeypatch.setattr(gemm.triton, "__version__", "3.6.0")
+    assert gemm.gluon_runs_on(torch.device("cuda"))
+    monkeypatch.setattr(gemm.triton, "__version__", "3.9.0")
+    assert not gemm.gluon_runs_on(torch.device("cuda"))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", PROMOTED_CASES, ids=_case_id)
-@pytest.mark.parametrize("config", PINGPONG_CONFIGS,
-                         ids=lambda c: f"n{c.block_n}-stages{c.num_stages}")
-def test_gpu_pingpong_kernel(case, config):
+@pytest.mark.parametrize("case_config", GLUON_CASES, ids=_gluon_case_id)
+def test_gpu_gluon_kernel(case_config):
     """The Gluon kernel (which the interpreter cannot run) on every promoted regime and awkward shape."""
-    granularity, fast_accum = case
+    (granularity, fast_accum), config = case_config
     config = config.with_sms(torch.cuda.get_device_properties(0).multi_processor_count)
-    shapes = PINGPONG_BLOCKWISE_SHAPES if granularity is Granularity.BLOCKWISE else PINGPONG_SHAPES
+    shapes = GLUON_BLOCKWISE_SHAPES if granularity is Granularity.BLOCKWISE else GLUON_SHAPES
     for shape in shapes:
         operands = _quantized(*shape, granularity, seed=sum(shape))
         rel = _relative_error(*operands, _run_poisoned(*operands, granularity, fast_accum, config))
-        assert rel <= PROMOTED_TOLERANCE, f"{_case_id(case)} {shape}: relative error {rel:.2e}"
+        assert rel <= PROMOTED_TOLERANCE, f"{_case_id((granularity, fast_accum))} {shape}: relative error {rel:.2e}"
 
 
 def test_config_override_forces_fields_and_rejects_bad_json(monkeypatch):

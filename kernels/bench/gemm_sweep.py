@@ -2,7 +2,7 @@
 
     python kernels/bench/gemm_sweep.py compare --out DIR   # the heuristic's configs on the target shapes
     python kernels/bench/gemm_sweep.py tune --out DIR      # every candidate config on a few tuning shapes
-    python kernels/bench/gemm_sweep.py pingpong --out DIR  # the Gluon ping-pong kernel against the Triton one
+    python kernels/bench/gemm_sweep.py gluon --out DIR     # the Gluon kernel's configs against the Triton preset
 
 Both time with fp8bench.timing (measure + TimerChoice), cuBLAS first and ours right after on the same
 operands, and write result-schema rows (fp8bench.results) to DIR/results.csv with the config in
@@ -55,17 +55,18 @@ TUNING_SHAPE_NAMES = (
     "8192x8192x8192", "4096x4096x4096", "llama3-8b.wqkv.M8192", "llama3-8b.w2.M8192",
     "llama3-70b-tp8.wqkv.M16384", "llama3-70b-tp8.wo.M16384",
 )
-PINGPONG_SHAPE_NAMES = (
-    "4096x4096x4096", "8192x8192x8192", "16384x16384x16384", "llama3-8b.w2.M8192", "llama3-70b-tp8.wo.M16384",
+GLUON_SHAPE_NAMES = (
+    "4096x4096x4096", "8192x8192x8192", "16384x16384x16384", "llama3-8b.wqkv.M8192", "llama3-8b.w2.M8192",
+    "llama3-70b-tp8.wo.M16384",
 )
-# Lighter than STEADY: 1 s repeats under the power cap would make the 90 cases of `pingpong` take 10 minutes.
-PINGPONG_TIMING = TimingConfig(repeats=3, settle_ms=200, warmup_ms=25, samples_ms=60, throttled_samples_ms=300,
-                               max_dropped_repeats=2)
+# Lighter than STEADY: 1 s repeats under the power cap would make the ~90 cases of `gluon` take 6 minutes.
+GLUON_TIMING = TimingConfig(repeats=3, settle_ms=200, warmup_ms=25, samples_ms=60, throttled_samples_ms=300,
+                            max_dropped_repeats=2)
 GROUP_M_VARIANTS = (4, 8, 16)  # row tiles walked together, tried on the best candidates
 # Our output against cuBLAS's on the same quantized operands: both round to bf16 (~2e-3 apart) and
 # fast accumulation adds a little; a wrong kernel is far beyond this.
 AGREEMENT = 1e-2
-QUICK = TimingConfig(repeats=2, settle_ms=50, warmup_ms=10, samples_ms=25)
+QUICK = TimingConfig(repeats=2, settle_ms=50, warmup_ms=10, samples_ms=25, throttled_samples_ms=300)
 STEADY = TimingConfig(repeats=3, settle_ms=200, warmup_ms=25, samples_ms=50)
 
 
@@ -177,7 +178,8 @@ class SideBySide:
 def _config_label(options: dict) -> str:
     o = options
     return (f"{o['block_m']}x{o['block_n']}x{o['block_k']} s{o['num_stages']} w{o['num_warps']} g{o['group_m']}"
-            + (" split" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else ""))
+            + (" split" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
+            + (" gluon-ws" if o.get("gluon_ws") else ""))
 
 
 def _print_frame(frame: pd.DataFrame, title: str) -> None:
@@ -255,20 +257,20 @@ def tune(out: Path = typer.Option(..., help="folder for results.csv and metadata
 
 
 @app.command()
-def pingpong(out: Path = typer.Option(..., help="folder for results.csv, summary.csv and metadata.json")) -> None:
-    """The ping-pong candidates (kernels/_gemm_promoted.py) beside the Triton kernel's preset, every
-    promoted regime against cuBLAS, on a few shapes."""
+def gluon(out: Path = typer.Option(..., help="folder for results.csv, summary.csv and metadata.json")) -> None:
+    """The Gluon kernel's candidates (warp-specialized, kernels/_gemm_ws.py) beside the Triton kernel's
+    preset, every promoted regime against cuBLAS, on a few shapes."""
     import torch
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    shapes = [s for s in target_shapes() if s.name in PINGPONG_SHAPE_NAMES]
+    shapes = [s for s in target_shapes() if s.name in GLUON_SHAPE_NAMES]
     candidates = {
-        (g, False): [choose_config(BLOCK, BLOCK, BLOCK, g, False, num_sms)]
-        + [c for c in candidate_configs(g, False, num_sms) if c.pingpong]
+        (g, False): [choose_config(BLOCK, BLOCK, BLOCK, g, False, num_sms, gluon=False)]
+        + [c for c in candidate_configs(g, False, num_sms) if c.gluon_ws]
         for g in Granularity.fp8()
     }
-    with _open_run(out, "pingpong") as writer:
-        bench = SideBySide(writer, PINGPONG_TIMING)
+    with _open_run(out, "gluon") as writer:
+        bench = SideBySide(writer, GLUON_TIMING)
         _tune_round(bench, shapes, candidates)
     frame = bench.frame()
     frame.to_csv(out / "summary.csv", index=False)

@@ -1,0 +1,274 @@
+"""The warp-specialized Hopper kernel for FP8 GEMMs that promote every 128 of K (tensorwise / axiswise
+without fast accumulation, and blockwise), written in Gluon, and its launch wrapper.
+
+Why: per 128-wide K-tile each product must be added (scaled, for blockwise) into an FP32 sum, and those
+FP32 instructions leave the tensor cores idle unless other warps have wgmma queued meanwhile. The
+single-partition kernels (kernels/_gemm_persistent.py, and the ping-pong Gluon kernel it replaced) keep all their warps in
+step with CTA-wide barriers before every mbarrier wait and TMA issue, so the promotion runs in series with
+the MMA. Here, as in DeepGEMM, three partitions share one persistent walk over 128 x BLOCK_N tiles:
+
+- a producer warp issues the TMA loads of each K-tile (A 128 x 128, B BLOCK_N x 128) into a `STAGES`-deep
+  ring of shared buffers, each slot guarded by a `ready` mbarrier (TMA bytes landed) and an `empty` one
+  (both consumers have read it); it runs ahead across tiles;
+- two consumer warpgroups (the default partition and a 4-warp worker) each own 64 rows of the tile: wait
+  `ready`, issue the wgmma into a fresh accumulator, wait for it, arrive on `empty`, then promote. Each
+  waits and arrives on its own, so while one promotes the other's wgmma keeps the tensor cores busy; no
+  barrier spans more than a warpgroup.
+
+Two 64 x 128 FP32 sets (sum and product) are 128 registers a thread, inside the 232 the consumers get
+(setmaxnreg; the producer keeps 40); a 128 x 256 tile is promoted in two 128-column halves (192).
+Blockwise scales are loaded two K-tiles ahead (see _consumer). Each consumer stores its rows through
+shared buffers of its own, waiting for a store only when its buffer is needed again. Gluon does not run
+under TRITON_INTERPRET: on the CPU, fp8kernels.gemm runs kernels/_gemm_persistent.py, and this kernel is
+checked by the GPU tests.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from fp8bench.config import BLOCK, Granularity
+from fp8kernels._gemm_persistent import SCALING_CODES, _tile_coords, persistent_programs, scale_strides
+from fp8kernels.gemm_configs import Fp8GemmConfig
+
+_GL_DTYPES = {"float8_e4m3fn": gl.float8e4nv, "float8_e5m2": gl.float8e5, "bfloat16": gl.bfloat16}
+# Rows of the tile each consumer warpgroup owns: one m64 wgmma.
+CONSUMER_ROWS = gl.constexpr(64)
+# Widest product a consumer computes at once: a 256-wide tile is promoted in two 128-column halves.
+HALF_N = 128
+# Registers per thread after setmaxnreg. The kernel launches 4 + 4 + 1 warps, rounded up to three
+# warpgroups, under maxnreg = 168 (65536 / 384, rounded down to a multiple of 8): the producer gives up
+# all it can spare, so each consumer warpgroup gets (3 * 168 - 40) / 2 = 232.
+MAX_REGISTERS = 168
+PRODUCER_REGISTERS = gl.constexpr(40)
+CONSUMER_REGISTERS = gl.constexpr(232)
+
+
+@gluon.jit
+def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, num_programs, GROUP_M: gl.constexpr):
+    """One warp: TMA loads of every K-tile of this program's tiles, each into the next free ring slot."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    loaded = 0
+    for tile_id in range(gl.program_id(axis=0), num_pid_m * num_pid_n, num_programs):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        for ki in range(k_tiles):
+            slot = loaded % STAGES
+            # mbarriers start in phase 0 with phase "-1" complete: the first pass over the ring does not wait.
+            mbarrier.wait(empty.index(slot), ((loaded // STAGES) & 1) ^ 1)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, ki * BLOCK_K], bar, a_bufs.index(slot))
+            tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, ki * BLOCK_K], bar, b_bufs.index(slot))
+            loaded += 1
+
+
+@gluon.jit
+def _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, ki, k_tiles, stride_sa_m, stride_sa_k, stride_sb_n,
+                  stride_sb_k, SCALE_BLOCK: gl.constexpr):
+    """Blockwise: K-tile ki's 1 x 128 activation scale of each row, and the scale of the 128 x 128 weight
+    block holding column off_n. Rows past M read 0; K-tiles past the last (the prefetches after the final
+    one, never used) read the last one's. Returned apart, not multiplied: a product here would make the
+    warpgroup wait for the loads in the iteration that issues them."""
+    ki = gl.minimum(ki, k_tiles - 1)
+    sa = gl.load(scale_a_ptr + rows * stride_sa_m + ki * stride_sa_k, mask=rows < M, other=0.0)
+    # The weight scale is loaded per row too, masked like the rows: as a scalar (or any value the same in
+    # every thread), ptxas moves it into a uniform register right after the load, which waits for it there.
+    sb = gl.load(scale_b_ptr + (off_n // SCALE_BLOCK) * stride_sb_n + ki * stride_sb_k + rows * 0, mask=rows < M,
+                 other=0.0)
+    return sa, sb
+
+
+@gluon.jit
+def _mma_promote(acc, a, b, zero, sa, sb, SCALING: gl.constexpr):
+    """acc + a @ b.T: the wgmma into a fresh accumulator, waited for, then added into the FP32 sum
+    (blockwise: scaled by its row and block scales; the others scale the finished sum)."""
+    product = warpgroup_mma(a, b.permute((1, 0)), zero, use_acc=False, is_async=True)
+    product = warpgroup_mma_wait(0, deps=(product, ))
+    if SCALING == 2:
+        return acc + product * (sa * sb)[:, None]
+    else:
+        return acc + product
+
+
+@gluon.jit
+def _k_tile(a_bufs, b_bufs, ready, empty, consumed, acc, acc_right, zero, sa, sb, SCALING: gl.constexpr,
+            WARPGROUP: gl.constexpr):
+    """Promote this program's `consumed`-th K-tile into the sum (a 256-wide tile: both halves' sums), then
+    hand its ring slot back to the producer."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    ROWS: gl.constexpr = zero.shape[0]
+    HALF_N: gl.constexpr = zero.shape[1]
+    slot = consumed % STAGES
+    mbarrier.wait(ready.index(slot), (consumed // STAGES) & 1)
+    a = a_bufs.index(slot).slice(WARPGROUP * ROWS, ROWS, dim=0)
+    b = b_bufs.index(slot)
+    if b_bufs.type.shape[1] == 2 * HALF_N:
+        acc = _mma_promote(acc, a, b.slice(0, HALF_N, dim=0), zero, sa, sb, SCALING)
+        acc_right = _mma_promote(acc_right, a, b.slice(HALF_N, HALF_N, dim=0), zero, sa, sb, SCALING)
+    else:
+        acc = _mma_promote(acc, a, b, zero, sa, sb, SCALING)
+    mbarrier.arrive(empty.index(slot), count=1)
+    return acc, acc_right
+
+
+@gluon.jit
+def _store_rows(acc, c_desc, c_buf, rows, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n,
+                SCALING: gl.constexpr, OTHER_STORES: gl.constexpr):
+    """Scale (tensorwise, axiswise) and store one consumer's 64 x 128 block through its own shared buffer;
+    OTHER_STORES of this warpgroup's stores, issued since this buffer's last one, may stay in flight."""
+    if SCALING == 0:
+        acc = acc * (gl.load(scale_a_ptr) * gl.load(scale_b_ptr))
+    elif SCALING == 1:
+        cols = off_n + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
+        row_scale = gl.load(scale_a_ptr + rows * stride_sa_m, mask=rows < M, other=0.0)
+        col_scale = gl.load(scale_b_ptr + cols * stride_sb_n, mask=cols < N, other=0.0)
+        acc = acc * row_scale[:, None] * col_scale[None, :]
+    tma.store_wait(pendings=OTHER_STORES)  # this buffer's previous store has left it (stores finish in order)
+    c_buf.store(acc.to(c_desc.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_buf)
+
+
+@gluon.jit
+def _consumer(a_bufs, b_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, M, N, K,
+              stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs,
+              SCALING: gl.constexpr, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr):
+    """One warpgroup: rows [WARPGROUP * 64, WARPGROUP * 64 + 64) of every tile of this program. A 256-wide
+    tile is computed as two 128-column halves, each with a sum of its own, their products one at a time:
+    two sums and one product (192 registers) fit where two whole-width sets (256) would not."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
+    BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
+    BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
+    ROWS: gl.constexpr = c_bufs.type.shape[1]
+    HALF_N: gl.constexpr = c_bufs.type.shape[2]
+    SPLIT: gl.constexpr = BLOCK_N // HALF_N
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF_N, 256 // a_bufs.dtype.primitive_bitwidth]
+    )
+    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
+
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    zero = gl.zeros([ROWS, HALF_N], gl.float32, mma_layout)
+    consumed = 0
+    for tile_id in range(gl.program_id(axis=0), num_pid_m * num_pid_n, num_programs):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M + WARPGROUP * ROWS
+        off_n = pid_n * BLOCK_N
+        rows = off_m + gl.arange(0, ROWS, layout=row_layout)
+        acc = zero
+        acc_right = 0.0  # an unused constant unless the tile is split (Triton needs a value)
+        if SPLIT == 2:
+            acc_right = zero
+        if SCALING == 2:
+            # K-tiles go in pairs, each with its own scales (even: x, odd: y), reloaded two K-tiles ahead right
+            # after their last use: the load then lands in the registers the loop carries, with no copy at the
+            # back-edge waiting for it, and has a whole K-tile pair to arrive. (A 128 x 128 tile: unsplit.)
+            sa_x, sb_x = _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, 0, k_tiles, stride_sa_m, stride_sa_k,
+                                       stride_sb_n, stride_sb_k, SCALE_BLOCK)
+            sa_y, sb_y = _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, 1, k_tiles, stride_sa_m, stride_sa_k,
+                                       stride_sb_n, stride_sb_k, SCALE_BLOCK)
+            for kp in range(k_tiles // 2):
+                acc, acc_right = _k_tile(a_bufs, b_bufs, ready, empty, consumed, acc, acc_right, zero, sa_x, sb_x,
+                                         SCALING, WARPGROUP)
+                sa_x, sb_x = _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, 2 * kp + 2, k_tiles,
+                                           stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK)
+                acc, acc_right = _k_tile(a_bufs, b_bufs, ready, empty, consumed + 1, acc, acc_right, zero, sa_y,
+                                         sb_y, SCALING, WARPGROUP)
+                sa_y, sb_y = _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, 2 * kp + 3, k_tiles,
+                                           stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK)
+                consumed += 2
+            if k_tiles % 2 == 1:
+                acc, acc_right = _k_tile(a_bufs, b_bufs, ready, empty, consumed, acc, acc_right, zero, sa_x, sb_x,
+                                         SCALING, WARPGROUP)
+                consumed += 1
+        else:
+            for ki in range(k_tiles):
+                acc, acc_right = _k_tile(a_bufs, b_bufs, ready, empty, consumed, acc, acc_right, zero, 1.0, 1.0,
+                                         SCALING, WARPGROUP)
+                consumed += 1
+
+        _store_rows(acc, c_desc, c_bufs.index(WARPGROUP * SPLIT), rows, off_m, off_n, M, N, scale_a_ptr,
+                    scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, SPLIT - 1)
+        if SPLIT == 2:
+            _store_rows(acc_right, c_desc, c_bufs.index(WARPGROUP * SPLIT + 1), rows, off_m, off_n + HALF_N, M, N,
+                        scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, SPLIT - 1)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _fp8_gemm_ws_kernel(
+    a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, M, N, K,
+    stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs,
+    SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (_gemm_persistent.SCALING_CODES)
+    GROUP_M: gl.constexpr,
+    STAGES: gl.constexpr,
+    SCALE_BLOCK: gl.constexpr,
+):
+    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+    # One staging buffer per consumer and 128-column half, so no store waits for another's.
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2 * BLOCK_N // c_desc.block_type.shape[1]] + c_desc.block_type.shape,
+                                       c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)  # the producer's expect; TMA's bytes complete the phase
+        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
+
+    gl.warp_specialize(
+        [
+            (_consumer, (a_bufs, b_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, M, N, K, stride_sa_m,
+                         stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING, GROUP_M, SCALE_BLOCK, 0)),
+            (_consumer, (a_bufs, b_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, M, N, K, stride_sa_m,
+                         stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING, GROUP_M, SCALE_BLOCK, 1)),
+            (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, num_programs, GROUP_M)),
+        ],
+        [4, 1],
+        [CONSUMER_REGISTERS, PRODUCER_REGISTERS],
+    )
+
+
+def shared_layout(block_shape: list[int], dtype_name: str) -> gl.NVMMASharedLayout:
+    return gl.NVMMASharedLayout.get_default_for(block_shape, _GL_DTYPES[dtype_name])
+
+
+def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, config: Fp8GemmConfig):
+    """Launch on validated operands (fp8kernels.gemm checks them): a[M, K], b_t[N, K], out[M, N]."""
+    M, K = a.shape
+    N = b_t.shape[0]
+    bm, bn, bk = config.block_m, config.block_n, config.block_k
+    a_desc = TensorDescriptor.from_tensor(a, [bm, bk], shared_layout([bm, bk], str(a.dtype).removeprefix("torch.")))
+    b_desc = TensorDescriptor.from_tensor(b_t, [bn, bk], shared_layout([bn, bk], str(b_t.dtype).removeprefix("torch.")))
+    c_block = [CONSUMER_ROWS.value, min(bn, HALF_N)]
+    c_desc = TensorDescriptor.from_tensor(out, c_block, shared_layout(c_block, "bfloat16"))
+    programs = persistent_programs(M, N, config)
+    return _fp8_gemm_ws_kernel[(programs,)](
+        a_desc, b_desc, c_desc, scale_a, scale_b, M, N, K, *scale_strides(scale_a, scale_b), programs,
+        SCALING=SCALING_CODES[granularity],
+        GROUP_M=config.group_m,
+        STAGES=config.num_stages,
+        SCALE_BLOCK=BLOCK,
+        num_warps=4,  # the default partition: consumer warpgroup 0
+        maxnreg=MAX_REGISTERS,
+    )
