@@ -350,9 +350,6 @@ class TimerChoice:
         timer, estimate_ms = self._pick(fn)
         return measure(fn, config, timer, first_estimate_ms=estimate_ms)
 
-    def for_case(self, fn: Callable[[], object]) -> Timer:
-        return self._pick(fn)[0]
-
     def _pick(self, fn: Callable[[], object]) -> tuple[Timer, float | None]:
         """The case's timer, and the estimate `auto` made after the first call to pick it (None otherwise)."""
         if self.choice != "auto":

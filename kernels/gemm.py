@@ -83,9 +83,9 @@ def launch_kernel(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_
     handle (registers, spills and shared memory for tuning reports)."""
     # Imported here: whether Triton interprets or compiles is fixed when the kernel is defined, so the
     # kernel module must not be loaded before a CPU caller has set TRITON_INTERPRET=1.
-    if config.gluon_ws and a.device.type != "cuda":
-        raise ValueError("the Gluon kernel (gluon_ws) does not run under TRITON_INTERPRET: use a GPU")
     if config.gluon_ws:
+        if a.device.type != "cuda":
+            raise ValueError("the Gluon kernel (gluon_ws) does not run under TRITON_INTERPRET: use a GPU")
         from fp8kernels._gemm_ws import launch_ws_gemm
 
         return launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity, config)

@@ -81,8 +81,7 @@ def test_gemm_gpu_time(benchmark, shape, backend_name, granularity, fast_accum):
         prepared = backend.prepare_gemm(random_operands(shape), granularity, fast_accum)
     except Unsupported as err:
         pytest.skip(str(err))
-    timer = TimerChoice("cuda-events").for_case(prepared.run)
-    measurement = measure(prepared.run, TimingConfig(repeats=REPEATS), timer)
+    measurement = TimerChoice("cuda-events").measure(prepared.run, TimingConfig(repeats=REPEATS))
     tflops = shape.flops / (measurement.median_ms * 1e-3) / 1e12
     device = torch.cuda.get_device_name()
     benchmark.group = shape.name  # pytest-benchmark's table: each shape's BF16 beside its FP8 products

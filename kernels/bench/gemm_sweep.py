@@ -4,7 +4,7 @@
     python kernels/bench/gemm_sweep.py tune --out DIR      # every candidate config on a few tuning shapes
     python kernels/bench/gemm_sweep.py gluon --out DIR     # the Gluon kernel's configs against the Triton preset
 
-Both time with fp8bench.timing (measure + TimerChoice), cuBLAS first and ours right after on the same
+Both time with fp8bench.timing (TimerChoice.measure), cuBLAS first and ours right after on the same
 operands, and write result-schema rows (fp8bench.results) to DIR/results.csv with the config in
 `options`. `compare` prints TFLOPS and our/cuBLAS ratios per shape and their geometric means per
 regime; `tune` prints each candidate's geometric-mean ratio and the best config per shape. Candidate
@@ -34,7 +34,7 @@ from fp8bench.hardware import spec_for_device_name
 from fp8bench.matmul import measured_row, random_operands
 from fp8bench.results import RunWriter
 from fp8bench.shapes import llama, square
-from fp8bench.timing import TimerChoice, measure
+from fp8bench.timing import TimerChoice
 from fp8kernels.gemm import fp8_gemm, gemm_config, launch_kernel
 from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config
 
@@ -168,7 +168,7 @@ class SideBySide:
     def _measure(self, shape, granularity, fast_accum, backend, fn, options):
         """(median ms, result row) of one timed case."""
         case = MatmulCase(shape, backend, granularity, _fast(fast_accum))
-        measurement = measure(fn, self.timing, self.timers.for_case(fn))
+        measurement = self.timers.measure(fn, self.timing)
         return measurement.median_ms, measured_row(case, measurement, options, self.gpu, None, None)
 
     def frame(self) -> pd.DataFrame:
