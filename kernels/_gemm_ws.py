@@ -52,9 +52,11 @@ HALF_N = 128
 MAX_REGISTERS = 168
 PRODUCER_REGISTERS = gl.constexpr(40)
 CONSUMER_REGISTERS = gl.constexpr(232)
-# With scales_by_tma, the TMA box of weight scales: each K-tile loads 32 floats from its block's scale on
-# and uses the first. TMA moves no less than 16 bytes and writes to 128-byte aligned shared memory: a
-# 128-byte box keeps every ring slot aligned.
+# With scales_by_tma: a TMA box's first element must sit on a 16-byte boundary of global memory (a
+# misaligned coordinate is an illegal instruction), so the producer loads each K-tile's weight scale in
+# the 16-byte window holding it (SCALE_WINDOW floats) and the consumer picks it out. The box is 32 floats:
+# TMA writes to 128-byte aligned shared memory, and 128-byte boxes keep every ring slot aligned.
+SCALE_WINDOW = gl.constexpr(4)
 WEIGHT_SCALE_BOX = 32
 
 
@@ -83,13 +85,14 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs
             if sa_desc is not None:
                 mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes + sa_desc.block_type.nbytes
                                 + sb_desc.block_type.nbytes)
-                # Element (m, k) of the M-major activation scales is at m + k * stride_sa_k: the box reads
-                # the tile's rows of K-tile ki. Past M it runs into the next K-tile's scales (or past the
-                # end, where TMA fills zeros): those rows of A load as zeros, so their products are zero
-                # whatever the scale, and their outputs are never stored.
+                # Element (m, k) of the M-major activation scales is at m + k * stride_sa_k (a multiple of
+                # SCALE_WINDOW, as is BLOCK_M: an aligned start): the box reads the tile's rows of K-tile ki.
+                # Past M it runs into the padding or the next K-tile's scales (or past the end, where TMA
+                # fills zeros): those rows of A load as zeros, so their products are zero whatever the
+                # scale, and their outputs are never stored.
                 tma.async_copy_global_to_shared(sa_desc, [ki * stride_sa_k + pid_m * BLOCK_M], bar, sa_bufs.index(slot))
-                weight_block = pid_n * BLOCK_N // SCALE_BLOCK
-                tma.async_copy_global_to_shared(sb_desc, [weight_block * stride_sb_n + ki * stride_sb_k], bar,
+                weight_scale = (pid_n * BLOCK_N // SCALE_BLOCK) * stride_sb_n + ki * stride_sb_k
+                tma.async_copy_global_to_shared(sb_desc, [weight_scale - weight_scale % SCALE_WINDOW], bar,
                                                 sb_bufs.index(slot))
             else:
                 mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
@@ -131,7 +134,8 @@ def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_r
             SCALING: gl.constexpr, WARPGROUP: gl.constexpr):
     """Promote this program's `consumed`-th K-tile into the sum (a 256-wide tile: both halves' sums), then
     hand its ring slot back to the producer. Blockwise scales come in sa and sb, or, with scales by TMA
-    (sa_bufs not None), from the ring slot, read before the slot is handed back."""
+    (sa_bufs not None), from the ring slot, read before the slot is handed back; sb is then the weight
+    scale's place in the slot's window (see SCALE_WINDOW)."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     ROWS: gl.constexpr = zero.shape[0]
     HALF_N: gl.constexpr = zero.shape[1]
@@ -140,9 +144,10 @@ def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_r
     if sa_bufs is not None:
         row_layout: gl.constexpr = gl.SliceLayout(1, zero.type.layout)
         sa = sa_bufs.index(slot).slice(WARPGROUP * ROWS, ROWS).load(row_layout)
-        # The weight scale as a one-element tensor in the row layout (each thread reads it and the product
-        # broadcasts it over the rows): a scalar would go through a uniform register.
-        sb = sb_bufs.index(slot).slice(0, 1).load(row_layout)
+        window_layout: gl.constexpr = gl.BlockedLayout([SCALE_WINDOW], [32], [4], [0])
+        window = sb_bufs.index(slot).slice(0, SCALE_WINDOW).load(window_layout)
+        place = gl.arange(0, SCALE_WINDOW, layout=window_layout)
+        sb = gl.sum(gl.where(place == sb, window, 0.0), axis=0)
     a = a_bufs.index(slot).slice(WARPGROUP * ROWS, ROWS, dim=0)
     b = b_bufs.index(slot)
     if b_bufs.type.shape[1] == 2 * HALF_N:
@@ -228,11 +233,15 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
                                          sa_x, sb_x, SCALING, WARPGROUP)
                 consumed += 1
         else:
-            # Tensorwise and axiswise (scales applied to the finished sum), and blockwise with its scales in
-            # the ring (the 1.0s are then replaced by the slot's).
+            # Tensorwise and axiswise (scales applied to the finished sum; the 1.0s are unused), and blockwise
+            # with its scales in the ring (then the second is the weight scale's place in its window).
+            weight_scales = (off_n // SCALE_BLOCK) * stride_sb_n
             for ki in range(k_tiles):
+                sb = 1.0
+                if sa_bufs is not None:
+                    sb = (weight_scales + ki * stride_sb_k) % SCALE_WINDOW
                 acc, acc_right = _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right,
-                                         zero, 1.0, 1.0, SCALING, WARPGROUP)
+                                         zero, 1.0, sb, SCALING, WARPGROUP)
                 consumed += 1
 
         _store_rows(acc, c_desc, c_bufs.index(WARPGROUP * SPLIT), rows, off_m, off_n, M, N, scale_a_ptr,
@@ -296,13 +305,17 @@ def shared_layout(block_shape: list[int], dtype_name: str) -> gl.NVMMASharedLayo
 
 
 def tma_ready_scales(scale_a, scale_b):
-    """The blockwise scales in layouts _scale_descriptors can read: activation scales M-major (element
-    (m, k) at m + k * stride) and both 16-byte aligned, as TMA needs; anything else is copied (scale_a
-    into the M-major layout kernel_operands and the quantizers give, which needs no copy). The copy is
+    """The blockwise scales in layouts _scale_descriptors can read: both 16-byte aligned, and activation
+    scales M-major (element (m, k) at m + k * stride) with each K-block's column starting on a 16-byte
+    boundary, since every TMA box must; anything else is copied (scale_a into that layout with M padded to
+    a multiple of SCALE_WINDOW: the quantizers' M-major layout needs no copy when M is one). The copy is
     M * K / 128 floats, 1/32 of A's bytes, and is part of the call."""
     M, k_blocks = scale_a.shape
-    if scale_a.stride(0) != 1 or scale_a.data_ptr() % 16:
-        scale_a = scale_a.new_empty_strided((M, k_blocks), (1, M)).copy_(scale_a)
+    window = SCALE_WINDOW.value
+    column_aligned = k_blocks == 1 or scale_a.stride(1) % window == 0
+    if scale_a.stride(0) != 1 or not column_aligned or scale_a.data_ptr() % 16:
+        padded_m = (M + window - 1) // window * window
+        scale_a = scale_a.new_empty_strided((M, k_blocks), (1, padded_m)).copy_(scale_a)
     if scale_b.data_ptr() % 16:
         scale_b = scale_b.new_empty(scale_b.shape).copy_(scale_b)
     return scale_a, scale_b

@@ -320,11 +320,12 @@ def _misaligned(rows: int, cols: int, m_major: bool) -> torch.Tensor:
     return storage.view(cols, rows).t() if m_major else storage.view(rows, cols)
 
 
-@pytest.mark.parametrize("M", [1, 17, 130])
+@pytest.mark.parametrize("M", [1, 17, 128, 130])
 def test_scales_by_tma_see_every_scale_layout(M):
-    """The launcher's scales for the TMA producer: 16-byte aligned, activation scales M-major, and at the
-    offsets the producer computes from their strides, whatever layout fp8_gemm was given (pure torch:
-    the descriptors over them need a GPU)."""
+    """The launcher's scales for the TMA producer: 16-byte aligned, activation scales M-major with each
+    K-block's column on a 16-byte boundary (a TMA box must start on one), and at the offsets the producer
+    computes from their strides, whatever layout fp8_gemm was given (pure torch: the descriptors over them
+    need a GPU)."""
     from fp8kernels._gemm_ws import scale_storage, tma_ready_scales
 
     k_blocks, n_blocks = 3, 2
@@ -339,8 +340,9 @@ def test_scales_by_tma_see_every_scale_layout(M):
         sa, sb = tma_ready_scales(sa_given, sb_given)
         assert sa.data_ptr() % 16 == 0 and sb.data_ptr() % 16 == 0
         assert sa.stride(0) == 1 or M == 1
+        assert sa.stride(1) % 4 == 0
         assert torch.equal(sa, sa_values) and torch.equal(sb, sb_values)
-        if sa_given.stride(0) == 1 and sa_given.data_ptr() % 16 == 0:
+        if sa_given.stride(0) == 1 and sa_given.data_ptr() % 16 == 0 and M % 4 == 0:
             assert sa.data_ptr() == sa_given.data_ptr(), "the quantizers' layout needs no copy"
         sa_flat, sb_flat = scale_storage(sa), scale_storage(sb)
         for k in range(k_blocks):
