@@ -17,10 +17,11 @@ the MMA. Here, as in DeepGEMM, three partitions share one persistent walk over 1
 
 Two 64 x 128 FP32 sets (sum and product) are 128 registers a thread, inside the 232 the consumers get
 (setmaxnreg; the producer keeps 40); a 128 x 256 tile is promoted in two 128-column halves (192).
-Blockwise scales are loaded two K-tiles ahead (see _consumer). Each consumer stores its rows through
-shared buffers of its own, waiting for a store only when its buffer is needed again. Gluon does not run
-under TRITON_INTERPRET: on the CPU, fp8kernels.gemm runs kernels/_gemm_persistent.py, and this kernel is
-checked by the GPU tests.
+Blockwise scales are loaded by the consumers two K-tiles ahead (see _consumer), or, with
+`scales_by_tma`, by the producer into the ring beside each K-tile's operands (see _producer). Each
+consumer stores its rows through shared buffers of its own, waiting for a store only when its buffer is
+needed again. Gluon does not run under TRITON_INTERPRET: on the CPU, fp8kernels.gemm runs
+kernels/_gemm_persistent.py, and this kernel is checked by the GPU tests.
 """
 
 from __future__ import annotations
@@ -51,11 +52,21 @@ HALF_N = 128
 MAX_REGISTERS = 168
 PRODUCER_REGISTERS = gl.constexpr(40)
 CONSUMER_REGISTERS = gl.constexpr(232)
+# With scales_by_tma: a TMA box's first element must sit on a 16-byte boundary of global memory (a
+# misaligned coordinate is an illegal instruction), so the producer loads each K-tile's weight scale in
+# the 16-byte window holding it (SCALE_WINDOW floats) and the consumer picks it out. The box is 32 floats:
+# TMA writes to 128-byte aligned shared memory, and 128-byte boxes keep every ring slot aligned.
+SCALE_WINDOW = gl.constexpr(4)
+WEIGHT_SCALE_BOX = 32
 
 
 @gluon.jit
-def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, num_programs, GROUP_M: gl.constexpr):
-    """One warp: TMA loads of every K-tile of this program's tiles, each into the next free ring slot."""
+def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, M, N, K,
+              stride_sa_k, stride_sb_n, stride_sb_k, num_programs, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr):
+    """One warp: TMA loads of every K-tile of this program's tiles, each into the next free ring slot.
+    With blockwise scales by TMA (sa_desc not None) the slot also gets the K-tile's activation scales of
+    the tile's BLOCK_M rows and its weight block's scale, through 1-D descriptors over the scales' storage
+    (see _scale_descriptors), under the same `ready` barrier."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
@@ -71,7 +82,20 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, num_program
             # mbarriers start in phase 0 with phase "-1" complete: the first pass over the ring does not wait.
             mbarrier.wait(empty.index(slot), ((loaded // STAGES) & 1) ^ 1)
             bar = ready.index(slot)
-            mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            if sa_desc is not None:
+                mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes + sa_desc.block_type.nbytes
+                                + sb_desc.block_type.nbytes)
+                # Element (m, k) of the M-major activation scales is at m + k * stride_sa_k (a multiple of
+                # SCALE_WINDOW, as is BLOCK_M: an aligned start): the box reads the tile's rows of K-tile ki.
+                # Past M it runs into the padding or the next K-tile's scales (or past the end, where TMA
+                # fills zeros): those rows of A load as zeros, so their products are zero whatever the
+                # scale, and their outputs are never stored.
+                tma.async_copy_global_to_shared(sa_desc, [ki * stride_sa_k + pid_m * BLOCK_M], bar, sa_bufs.index(slot))
+                weight_scale = (pid_n * BLOCK_N // SCALE_BLOCK) * stride_sb_n + ki * stride_sb_k
+                tma.async_copy_global_to_shared(sb_desc, [weight_scale - weight_scale % SCALE_WINDOW], bar,
+                                                sb_bufs.index(slot))
+            else:
+                mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, ki * BLOCK_K], bar, a_bufs.index(slot))
             tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, ki * BLOCK_K], bar, b_bufs.index(slot))
             loaded += 1
@@ -106,15 +130,24 @@ def _mma_promote(acc, a, b, zero, sa, sb, SCALING: gl.constexpr):
 
 
 @gluon.jit
-def _k_tile(a_bufs, b_bufs, ready, empty, consumed, acc, acc_right, zero, sa, sb, SCALING: gl.constexpr,
-            WARPGROUP: gl.constexpr):
+def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right, zero, sa, sb,
+            SCALING: gl.constexpr, WARPGROUP: gl.constexpr):
     """Promote this program's `consumed`-th K-tile into the sum (a 256-wide tile: both halves' sums), then
-    hand its ring slot back to the producer."""
+    hand its ring slot back to the producer. Blockwise scales come in sa and sb, or, with scales by TMA
+    (sa_bufs not None), from the ring slot, read before the slot is handed back; sb is then the weight
+    scale's place in the slot's window (see SCALE_WINDOW)."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     ROWS: gl.constexpr = zero.shape[0]
     HALF_N: gl.constexpr = zero.shape[1]
     slot = consumed % STAGES
     mbarrier.wait(ready.index(slot), (consumed // STAGES) & 1)
+    if sa_bufs is not None:
+        row_layout: gl.constexpr = gl.SliceLayout(1, zero.type.layout)
+        sa = sa_bufs.index(slot).slice(WARPGROUP * ROWS, ROWS).load(row_layout)
+        window_layout: gl.constexpr = gl.BlockedLayout([SCALE_WINDOW], [32], [4], [0])
+        window = sb_bufs.index(slot).slice(0, SCALE_WINDOW).load(window_layout)
+        place = gl.arange(0, SCALE_WINDOW, layout=window_layout)
+        sb = gl.sum(gl.where(place == sb, window, 0.0), axis=0)
     a = a_bufs.index(slot).slice(WARPGROUP * ROWS, ROWS, dim=0)
     b = b_bufs.index(slot)
     if b_bufs.type.shape[1] == 2 * HALF_N:
@@ -145,7 +178,7 @@ def _store_rows(acc, c_desc, c_buf, rows, off_m, off_n, M, N, scale_a_ptr, scale
 
 
 @gluon.jit
-def _consumer(a_bufs, b_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, M, N, K,
+def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, M, N, K,
               stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs,
               SCALING: gl.constexpr, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr):
     """One warpgroup: rows [WARPGROUP * 64, WARPGROUP * 64 + 64) of every tile of this program. A 256-wide
@@ -177,7 +210,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b
         acc_right = 0.0  # an unused constant unless the tile is split (Triton needs a value)
         if SPLIT == 2:
             acc_right = zero
-        if SCALING == 2:
+        if SCALING == 2 and sa_bufs is None:
             # K-tiles go in pairs, each with its own scales (even: x, odd: y), reloaded two K-tiles ahead right
             # after their last use: the load then lands in the registers the loop carries, with no copy at the
             # back-edge waiting for it, and has a whole K-tile pair to arrive. (A 128 x 128 tile: unsplit.)
@@ -186,23 +219,29 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b
             sa_y, sb_y = _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, 1, k_tiles, stride_sa_m, stride_sa_k,
                                        stride_sb_n, stride_sb_k, SCALE_BLOCK)
             for kp in range(k_tiles // 2):
-                acc, acc_right = _k_tile(a_bufs, b_bufs, ready, empty, consumed, acc, acc_right, zero, sa_x, sb_x,
-                                         SCALING, WARPGROUP)
+                acc, acc_right = _k_tile(a_bufs, b_bufs, None, None, ready, empty, consumed, acc, acc_right, zero,
+                                         sa_x, sb_x, SCALING, WARPGROUP)
                 sa_x, sb_x = _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, 2 * kp + 2, k_tiles,
                                            stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK)
-                acc, acc_right = _k_tile(a_bufs, b_bufs, ready, empty, consumed + 1, acc, acc_right, zero, sa_y,
-                                         sb_y, SCALING, WARPGROUP)
+                acc, acc_right = _k_tile(a_bufs, b_bufs, None, None, ready, empty, consumed + 1, acc, acc_right,
+                                         zero, sa_y, sb_y, SCALING, WARPGROUP)
                 sa_y, sb_y = _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, 2 * kp + 3, k_tiles,
                                            stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK)
                 consumed += 2
             if k_tiles % 2 == 1:
-                acc, acc_right = _k_tile(a_bufs, b_bufs, ready, empty, consumed, acc, acc_right, zero, sa_x, sb_x,
-                                         SCALING, WARPGROUP)
+                acc, acc_right = _k_tile(a_bufs, b_bufs, None, None, ready, empty, consumed, acc, acc_right, zero,
+                                         sa_x, sb_x, SCALING, WARPGROUP)
                 consumed += 1
         else:
+            # Tensorwise and axiswise (scales applied to the finished sum; the 1.0s are unused), and blockwise
+            # with its scales in the ring (then the second is the weight scale's place in its window).
+            weight_scales = (off_n // SCALE_BLOCK) * stride_sb_n
             for ki in range(k_tiles):
-                acc, acc_right = _k_tile(a_bufs, b_bufs, ready, empty, consumed, acc, acc_right, zero, 1.0, 1.0,
-                                         SCALING, WARPGROUP)
+                sb = 1.0
+                if sa_bufs is not None:
+                    sb = (weight_scales + ki * stride_sb_k) % SCALE_WINDOW
+                acc, acc_right = _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right,
+                                         zero, 1.0, sb, SCALING, WARPGROUP)
                 consumed += 1
 
         _store_rows(acc, c_desc, c_bufs.index(WARPGROUP * SPLIT), rows, off_m, off_n, M, N, scale_a_ptr,
@@ -215,7 +254,7 @@ def _consumer(a_bufs, b_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b
 
 @gluon.jit
 def _fp8_gemm_ws_kernel(
-    a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, M, N, K,
+    a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, sa_desc, sb_desc, M, N, K,
     stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs,
     SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (_gemm_persistent.SCALING_CODES)
     GROUP_M: gl.constexpr,
@@ -230,6 +269,15 @@ def _fp8_gemm_ws_kernel(
     # One staging buffer per consumer and 128-column half, so no store waits for another's.
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2 * BLOCK_N // c_desc.block_type.shape[1]] + c_desc.block_type.shape,
                                        c_desc.layout)
+    # Blockwise scales by TMA (sa_desc, sb_desc: descriptors, else None): a ring of their own beside A's and
+    # B's. Without, constexpr Nones (warp_specialize passes only values with a type; a plain assignment
+    # would store a bare None).
+    if sa_desc is not None:
+        sa_bufs = gl.allocate_shared_memory(sa_desc.dtype, [STAGES] + sa_desc.block_type.shape, sa_desc.layout)
+        sb_bufs = gl.allocate_shared_memory(sb_desc.dtype, [STAGES] + sb_desc.block_type.shape, sb_desc.layout)
+    else:
+        sa_bufs: gl.constexpr = None
+        sb_bufs: gl.constexpr = None
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -238,11 +286,14 @@ def _fp8_gemm_ws_kernel(
 
     gl.warp_specialize(
         [
-            (_consumer, (a_bufs, b_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, M, N, K, stride_sa_m,
-                         stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING, GROUP_M, SCALE_BLOCK, 0)),
-            (_consumer, (a_bufs, b_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, M, N, K, stride_sa_m,
-                         stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING, GROUP_M, SCALE_BLOCK, 1)),
-            (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, num_programs, GROUP_M)),
+            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, M, N,
+                         K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING, GROUP_M,
+                         SCALE_BLOCK, 0)),
+            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, M, N,
+                         K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING, GROUP_M,
+                         SCALE_BLOCK, 1)),
+            (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, M, N, K,
+                         stride_sa_k, stride_sb_n, stride_sb_k, num_programs, GROUP_M, SCALE_BLOCK)),
         ],
         [4, 1],
         [CONSUMER_REGISTERS, PRODUCER_REGISTERS],
@@ -251,6 +302,39 @@ def _fp8_gemm_ws_kernel(
 
 def shared_layout(block_shape: list[int], dtype_name: str) -> gl.NVMMASharedLayout:
     return gl.NVMMASharedLayout.get_default_for(block_shape, _GL_DTYPES[dtype_name])
+
+
+def tma_ready_scales(scale_a, scale_b):
+    """The blockwise scales in layouts _scale_descriptors can read: both 16-byte aligned, and activation
+    scales M-major (element (m, k) at m + k * stride) with each K-block's column starting on a 16-byte
+    boundary, since every TMA box must; anything else is copied (scale_a into that layout with M padded to
+    a multiple of SCALE_WINDOW: the quantizers' M-major layout needs no copy when M is one). The copy is
+    M * K / 128 floats, 1/32 of A's bytes, and is part of the call."""
+    M, k_blocks = scale_a.shape
+    window = SCALE_WINDOW.value
+    column_aligned = k_blocks == 1 or scale_a.stride(1) % window == 0
+    if scale_a.stride(0) != 1 or not column_aligned or scale_a.data_ptr() % 16:
+        padded_m = (M + window - 1) // window * window
+        scale_a = scale_a.new_empty_strided((M, k_blocks), (1, padded_m)).copy_(scale_a)
+    if scale_b.data_ptr() % 16:
+        scale_b = scale_b.new_empty(scale_b.shape).copy_(scale_b)
+    return scale_a, scale_b
+
+
+def scale_storage(scale):
+    """The 1-D view of a scale tensor's storage from its first element to its last: element (i, j) is at
+    i * stride(0) + j * stride(1), the offsets the producer computes."""
+    span = 1 + sum((size - 1) * stride for size, stride in zip(scale.shape, scale.stride()))
+    return scale.as_strided((span,), (1,))
+
+
+def _scale_descriptors(scale_a, scale_b, block_m: int):
+    """1-D TMA descriptors over the storage of tma_ready_scales' output. A 1-D view has no stride to
+    align, so M need not be a multiple of 4 (a 2-D (K/128, M) descriptor's row stride would have to be
+    16-byte aligned)."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+    return [TensorDescriptor.from_tensor(scale_storage(scale), [box], layout)
+            for scale, box in ((scale_a, block_m), (scale_b, WEIGHT_SCALE_BOX))]
 
 
 def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, config: Fp8GemmConfig):
@@ -262,9 +346,14 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, conf
     b_desc = TensorDescriptor.from_tensor(b_t, [bn, bk], shared_layout([bn, bk], str(b_t.dtype).removeprefix("torch.")))
     c_block = [CONSUMER_ROWS.value, min(bn, HALF_N)]
     c_desc = TensorDescriptor.from_tensor(out, c_block, shared_layout(c_block, "bfloat16"))
+    sa_desc = sb_desc = None
+    if config.scales_by_tma:
+        scale_a, scale_b = tma_ready_scales(scale_a, scale_b)
+        sa_desc, sb_desc = _scale_descriptors(scale_a, scale_b, bm)
     programs = persistent_programs(M, N, config)
     return _fp8_gemm_ws_kernel[(programs,)](
-        a_desc, b_desc, c_desc, scale_a, scale_b, M, N, K, *scale_strides(scale_a, scale_b), programs,
+        a_desc, b_desc, c_desc, scale_a, scale_b, sa_desc, sb_desc, M, N, K, *scale_strides(scale_a, scale_b),
+        programs,
         SCALING=SCALING_CODES[granularity],
         GROUP_M=config.group_m,
         STAGES=config.num_stages,

@@ -179,7 +179,7 @@ def _config_label(options: dict) -> str:
     o = options
     return (f"{o['block_m']}x{o['block_n']}x{o['block_k']} s{o['num_stages']} w{o['num_warps']} g{o['group_m']}"
             + (" split" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
-            + (" gluon-ws" if o.get("gluon_ws") else ""))
+            + (" gluon-ws" if o.get("gluon_ws") else "") + (" tma-scales" if o.get("scales_by_tma") else ""))
 
 
 def _print_frame(frame: pd.DataFrame, title: str) -> None:
@@ -257,9 +257,10 @@ def tune(out: Path = typer.Option(..., help="folder for results.csv and metadata
 
 
 @app.command()
-def gluon(out: Path = typer.Option(..., help="folder for results.csv, summary.csv and metadata.json")) -> None:
+def gluon(out: Path = typer.Option(..., help="folder for results.csv, summary.csv and metadata.json"),
+          granularity: list[Granularity] = typer.Option(list(Granularity.fp8()), help="the promoted regimes to run")) -> None:
     """The Gluon kernel's candidates (warp-specialized, kernels/_gemm_ws.py) beside the Triton kernel's
-    preset, every promoted regime against cuBLAS, on a few shapes."""
+    preset, the promoted regimes against cuBLAS, on a few shapes."""
     import torch
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -267,7 +268,7 @@ def gluon(out: Path = typer.Option(..., help="folder for results.csv, summary.cs
     candidates = {
         (g, False): [choose_config(BLOCK, BLOCK, BLOCK, g, False, num_sms, gluon=False)]
         + [c for c in candidate_configs(g, False, num_sms) if c.gluon_ws]
-        for g in Granularity.fp8()
+        for g in granularity
     }
     with _open_run(out, "gluon") as writer:
         bench = SideBySide(writer, GLUON_TIMING)
