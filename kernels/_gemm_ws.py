@@ -17,9 +17,12 @@ the MMA. Here, as in DeepGEMM, three partitions share one persistent walk over 1
 
 Two 64 x 128 FP32 sets (sum and product) are 128 registers a thread, inside the 232 the consumers get
 (setmaxnreg; the producer keeps 40); a 128 x 256 tile is promoted in two 128-column halves (192).
-Blockwise scales are loaded by the consumers two K-tiles ahead (see _consumer), or, with
-`scales_by_tma`, by the producer into the ring beside each K-tile's operands (see _producer). Each
-consumer stores its rows through shared buffers of its own, waiting for a store only when its buffer is
+Blockwise scales travel with the operands: the producer TMA-loads each K-tile's activation and weight
+scales into the ring beside A and B (see _producer), as DeepGEMM does, so the consumers read them from
+shared memory after the wait they make anyway. (Loaded by the consumers from global memory, two K-tiles
+ahead, the kernel ran at 0.86 of cuBLAS against 0.96 by TMA: ptxas puts every global load on one
+scoreboard, so a K-tile's promotion waited for loads issued just before it; reports/h100-sxm/gemm-gluon-tma-scales.)
+Each consumer stores its rows through shared buffers of its own, waiting for a store only when its buffer is
 needed again. Gluon does not run under TRITON_INTERPRET: on the CPU, fp8kernels.gemm runs
 kernels/_gemm_persistent.py, and this kernel is checked by the GPU tests.
 """
@@ -52,7 +55,7 @@ HALF_N = 128
 MAX_REGISTERS = 168
 PRODUCER_REGISTERS = gl.constexpr(40)
 CONSUMER_REGISTERS = gl.constexpr(232)
-# With scales_by_tma: a TMA box's first element must sit on a 16-byte boundary of global memory (a
+# Blockwise scales by TMA: a box's first element must sit on a 16-byte boundary of global memory (a
 # misaligned coordinate is an illegal instruction), so the producer loads each K-tile's weight scale in
 # the 16-byte window holding it (SCALE_WINDOW floats) and the consumer picks it out. The box is 32 floats:
 # TMA writes to 128-byte aligned shared memory, and 128-byte boxes keep every ring slot aligned.
@@ -102,22 +105,6 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs
 
 
 @gluon.jit
-def _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, ki, k_tiles, stride_sa_m, stride_sa_k, stride_sb_n,
-                  stride_sb_k, SCALE_BLOCK: gl.constexpr):
-    """Blockwise: K-tile ki's 1 x 128 activation scale of each row, and the scale of the 128 x 128 weight
-    block holding column off_n. Rows past M read 0; K-tiles past the last (the prefetches after the final
-    one, never used) read the last one's. Returned apart, not multiplied: a product here would make the
-    warpgroup wait for the loads in the iteration that issues them."""
-    ki = gl.minimum(ki, k_tiles - 1)
-    sa = gl.load(scale_a_ptr + rows * stride_sa_m + ki * stride_sa_k, mask=rows < M, other=0.0)
-    # The weight scale is loaded per row too, masked like the rows: as a scalar (or any value the same in
-    # every thread), ptxas moves it into a uniform register right after the load, which waits for it there.
-    sb = gl.load(scale_b_ptr + (off_n // SCALE_BLOCK) * stride_sb_n + ki * stride_sb_k + rows * 0, mask=rows < M,
-                 other=0.0)
-    return sa, sb
-
-
-@gluon.jit
 def _mma_promote(acc, a, b, zero, sa, sb, SCALING: gl.constexpr):
     """acc + a @ b.T: the wgmma into a fresh accumulator, waited for, then added into the FP32 sum
     (blockwise: scaled by its row and block scales; the others scale the finished sum)."""
@@ -130,24 +117,26 @@ def _mma_promote(acc, a, b, zero, sa, sb, SCALING: gl.constexpr):
 
 
 @gluon.jit
-def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right, zero, sa, sb,
+def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right, zero, sb_place,
             SCALING: gl.constexpr, WARPGROUP: gl.constexpr):
     """Promote this program's `consumed`-th K-tile into the sum (a 256-wide tile: both halves' sums), then
-    hand its ring slot back to the producer. Blockwise scales come in sa and sb, or, with scales by TMA
-    (sa_bufs not None), from the ring slot, read before the slot is handed back; sb is then the weight
-    scale's place in the slot's window (see SCALE_WINDOW)."""
+    hand its ring slot back to the producer. Blockwise scales come from the ring slot, read before it is
+    handed back: the activation scales of this warpgroup's rows, and the weight scale at `sb_place` of its
+    window (see SCALE_WINDOW)."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     ROWS: gl.constexpr = zero.shape[0]
     HALF_N: gl.constexpr = zero.shape[1]
     slot = consumed % STAGES
     mbarrier.wait(ready.index(slot), (consumed // STAGES) & 1)
-    if sa_bufs is not None:
+    sa = 1.0  # unused unless blockwise (Triton needs a value)
+    sb = 1.0
+    if SCALING == 2:
         row_layout: gl.constexpr = gl.SliceLayout(1, zero.type.layout)
         sa = sa_bufs.index(slot).slice(WARPGROUP * ROWS, ROWS).load(row_layout)
         window_layout: gl.constexpr = gl.BlockedLayout([SCALE_WINDOW], [32], [4], [0])
         window = sb_bufs.index(slot).slice(0, SCALE_WINDOW).load(window_layout)
         place = gl.arange(0, SCALE_WINDOW, layout=window_layout)
-        sb = gl.sum(gl.where(place == sb, window, 0.0), axis=0)
+        sb = gl.sum(gl.where(place == sb_place, window, 0.0), axis=0)
     a = a_bufs.index(slot).slice(WARPGROUP * ROWS, ROWS, dim=0)
     b = b_bufs.index(slot)
     if b_bufs.type.shape[1] == 2 * HALF_N:
@@ -210,39 +199,14 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
         acc_right = 0.0  # an unused constant unless the tile is split (Triton needs a value)
         if SPLIT == 2:
             acc_right = zero
-        if SCALING == 2 and sa_bufs is None:
-            # K-tiles go in pairs, each with its own scales (even: x, odd: y), reloaded two K-tiles ahead right
-            # after their last use: the load then lands in the registers the loop carries, with no copy at the
-            # back-edge waiting for it, and has a whole K-tile pair to arrive. (A 128 x 128 tile: unsplit.)
-            sa_x, sb_x = _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, 0, k_tiles, stride_sa_m, stride_sa_k,
-                                       stride_sb_n, stride_sb_k, SCALE_BLOCK)
-            sa_y, sb_y = _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, 1, k_tiles, stride_sa_m, stride_sa_k,
-                                       stride_sb_n, stride_sb_k, SCALE_BLOCK)
-            for kp in range(k_tiles // 2):
-                acc, acc_right = _k_tile(a_bufs, b_bufs, None, None, ready, empty, consumed, acc, acc_right, zero,
-                                         sa_x, sb_x, SCALING, WARPGROUP)
-                sa_x, sb_x = _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, 2 * kp + 2, k_tiles,
-                                           stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK)
-                acc, acc_right = _k_tile(a_bufs, b_bufs, None, None, ready, empty, consumed + 1, acc, acc_right,
-                                         zero, sa_y, sb_y, SCALING, WARPGROUP)
-                sa_y, sb_y = _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, 2 * kp + 3, k_tiles,
-                                           stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK)
-                consumed += 2
-            if k_tiles % 2 == 1:
-                acc, acc_right = _k_tile(a_bufs, b_bufs, None, None, ready, empty, consumed, acc, acc_right, zero,
-                                         sa_x, sb_x, SCALING, WARPGROUP)
-                consumed += 1
-        else:
-            # Tensorwise and axiswise (scales applied to the finished sum; the 1.0s are unused), and blockwise
-            # with its scales in the ring (then the second is the weight scale's place in its window).
-            weight_scales = (off_n // SCALE_BLOCK) * stride_sb_n
-            for ki in range(k_tiles):
-                sb = 1.0
-                if sa_bufs is not None:
-                    sb = (weight_scales + ki * stride_sb_k) % SCALE_WINDOW
-                acc, acc_right = _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right,
-                                         zero, 1.0, sb, SCALING, WARPGROUP)
-                consumed += 1
+        # Blockwise: where each K-tile's weight scale lies in the window the producer loaded (the same
+        # offsets it computes); unused otherwise.
+        weight_scales = (off_n // SCALE_BLOCK) * stride_sb_n
+        for ki in range(k_tiles):
+            sb_place = (weight_scales + ki * stride_sb_k) % SCALE_WINDOW
+            acc, acc_right = _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right, zero,
+                                     sb_place, SCALING, WARPGROUP)
+            consumed += 1
 
         _store_rows(acc, c_desc, c_bufs.index(WARPGROUP * SPLIT), rows, off_m, off_n, M, N, scale_a_ptr,
                     scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, SPLIT - 1)
@@ -329,9 +293,9 @@ def scale_storage(scale):
 
 
 def _scale_descriptors(scale_a, scale_b, block_m: int):
-    """1-D TMA descriptors over the storage of tma_ready_scales' output. A 1-D view has no stride to
-    align, so M need not be a multiple of 4 (a 2-D (K/128, M) descriptor's row stride would have to be
-    16-byte aligned)."""
+    """1-D TMA descriptors over the storage of tma_ready_scales' output: the producer computes each
+    box's start from the strides, so one descriptor serves every scale layout (a 2-D one would need its
+    row stride 16-byte aligned, and a 1-wide weight-scale box is not a TMA box)."""
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
     return [TensorDescriptor.from_tensor(scale_storage(scale), [box], layout)
             for scale, box in ((scale_a, block_m), (scale_b, WEIGHT_SCALE_BOX))]
@@ -347,7 +311,7 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, conf
     c_block = [CONSUMER_ROWS.value, min(bn, HALF_N)]
     c_desc = TensorDescriptor.from_tensor(out, c_block, shared_layout(c_block, "bfloat16"))
     sa_desc = sb_desc = None
-    if config.scales_by_tma:
+    if granularity is Granularity.BLOCKWISE:
         scale_a, scale_b = tma_ready_scales(scale_a, scale_b)
         sa_desc, sb_desc = _scale_descriptors(scale_a, scale_b, bm)
     programs = persistent_programs(M, N, config)

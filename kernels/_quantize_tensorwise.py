@@ -4,9 +4,15 @@ element can be cast, and a grid cannot wait for all its programs without a grid-
 1. `_amax_kernel`: a grid-stride pass over the flat tensor; each program folds the amax of its share
    into one zeroed float by atomic max (amaxes are >= 0, so float atomic max is exact).
 2. `_cast_tensorwise_kernel`: every program loads that amax, derives the scale and casts its tile into
-   the row-major copy or (TRANSPOSED) the transposed one; a launch for each copy asked for
-   (quantize_tensorwise says why not both from one load).
+   the row-major copy and/or the transposed one, both from one load of the tile.
 The input is read once per pass from HBM; what is written is written once.
+
+The transposed copy transposes the float32 tile before the cast. Casting first and transposing the fp8
+tile (as the blockwise kernels do, on 16-bit lanes) wrote a wrong transposed copy here on an H100 with
+Triton 3.6 -- a quarter of its values at 4096^2 and 16384^2, bf16 input, whichever store came first, by
+plain or TMA stores, with or without the tile's amax reduced beside it -- while the float32 transpose was
+exact at every size and ran as fast (93% of the copy bandwidth; .probe/tw_onepass.py,
+reports/h100-sxm/cast-tensorwise-onepass).
 
 Delayed scaling knows its scale before the cast (an amax history), so the cast records the tensor's own
 amax as it goes (RECORD_AMAX, the same atomic max per tile) and the amax pass is skipped on the device
@@ -18,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp8kernels._quantize_common import cast_to_fp8, dequantization_scale, multiplier_from_amax, store_transposed
+from fp8kernels._quantize_common import cast_to_fp8, dequantization_scale, multiplier_from_amax
 
 
 @triton.jit
@@ -37,9 +43,9 @@ def _amax_kernel(x_ptr, amax_ptr, numel, skip_ptr, BLOCK: tl.constexpr, SKIP_IF_
 
 @triton.jit
 def _cast_tensorwise_kernel(
-    x_ptr, out_ptr, scale_ptr, amax_ptr, record_amax_ptr, rows, cols,
-    FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr, POWER_OF_TWO: tl.constexpr,
-    TRANSPOSED: tl.constexpr, RECORD_AMAX: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    x_ptr, q_ptr, q_t_ptr, scale_ptr, amax_ptr, record_amax_ptr, rows, cols,
+    FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr, POWER_OF_TWO: tl.constexpr, ROWWISE: tl.constexpr,
+    COLUMNWISE: tl.constexpr, RECORD_AMAX: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
 ):  # fmt: skip
     multiplier = multiplier_from_amax(tl.load(amax_ptr), FP8_MAX, POWER_OF_TWO)
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
@@ -51,8 +57,8 @@ def _cast_tensorwise_kernel(
     x = tl.load(x_ptr + r[:, None] * cols + c[None, :], mask=mask, other=0.0).to(tl.float32)
     if RECORD_AMAX:
         tl.atomic_max(record_amax_ptr, tl.max(tl.max(tl.abs(x), axis=1), axis=0))
-    q = cast_to_fp8(x, multiplier, FP8_MAX, FP8_DTYPE)
-    if TRANSPOSED:
-        store_transposed(out_ptr, q, r, c, rows, cols)
-    else:
-        tl.store(out_ptr + r[:, None] * cols + c[None, :], q, mask=mask)
+    if ROWWISE:
+        tl.store(q_ptr + r[:, None] * cols + c[None, :], cast_to_fp8(x, multiplier, FP8_MAX, FP8_DTYPE), mask=mask)
+    if COLUMNWISE:
+        q_t = cast_to_fp8(tl.trans(x), multiplier, FP8_MAX, FP8_DTYPE)
+        tl.store(q_t_ptr + c[:, None] * rows + r[None, :], q_t, mask=(c[:, None] < cols) & (r[None, :] < rows))

@@ -55,12 +55,9 @@ class Fp8GemmConfig:
     # and two consumer warpgroups of 64 rows each, one promoting while the other's wgmma runs. It takes
     # 128 x {64, 128, 256} x 128 tiles (256: two 128-column halves promoted in turn), num_warps 8 (the
     # consumers; the producer warp comes on top), whole-tile stores (each consumer stores its rows) and no
-    # Triton warp specialization; GPU only.
+    # Triton warp specialization; GPU only. Blockwise scales go through its ring too (see
+    # shared_memory_bytes).
     gluon_ws: bool = False
-    # Blockwise on the Gluon kernel: its TMA producer also loads each K-tile's activation and weight scales
-    # into the ring, so the consumers read them from shared memory instead of waiting on global loads
-    # (DeepGEMM's way). Not yet timed on a GPU, so only a tuning candidate.
-    scales_by_tma: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -85,8 +82,6 @@ class Fp8GemmConfig:
                 "the warp-specialized Gluon kernel takes block_m 128, block_n 64, 128 or 256, block_k 128, 8 warps, "
                 "split_n 1, whole-tile stores (epilogue_subtile False) and no warp_specialize"
             )
-        if self.scales_by_tma and not self.gluon_ws:
-            raise ValueError("scales_by_tma is an option of the warp-specialized Gluon kernel (gluon_ws)")
         if self.shared_memory_bytes > SHARED_MEMORY_BYTES:
             raise ValueError(
                 f"{self.num_stages} stages of {self.block_m}x{self.block_n}x{self.block_k} need "
@@ -95,11 +90,11 @@ class Fp8GemmConfig:
 
     @property
     def shared_memory_bytes(self) -> int:
-        """FP8 operand ring (with scales_by_tma: and the float32 scales, block_m activation scales and a
-        128-byte weight-scale box per stage) plus the bf16 epilogue staging buffer (the compiler's own
-        estimate may differ)."""
+        """FP8 operand ring (the Gluon kernel's also holds blockwise scales: block_m float32 activation
+        scales and a 128-byte weight-scale box per stage, counted whatever the granularity) plus the bf16
+        epilogue staging buffer (the compiler's own estimate may differ)."""
         ring = self.num_stages * (self.block_m + self.block_n) * self.block_k
-        if self.scales_by_tma:
+        if self.gluon_ws:
             ring += self.num_stages * (4 * self.block_m + 128)
         epilogue = self.block_m * self.block_n * 2 // (2 if self.epilogue_subtile else 1)
         return ring + epilogue
@@ -115,8 +110,6 @@ class Fp8GemmConfig:
             raise ValueError(f"without fast accumulation the sum is promoted every block_k <= {BLOCK} of K")
         if self.gluon_ws and not is_promoted(granularity, fast_accum):
             raise ValueError("the Gluon kernel promotes every K-tile: it has no fast accumulation")
-        if self.scales_by_tma and granularity is not Granularity.BLOCKWISE:
-            raise ValueError("scales_by_tma loads blockwise scales: the other granularities have none per K-tile")
 
     def as_dict(self) -> dict[str, int | bool]:
         return dataclasses.asdict(self)
@@ -191,10 +184,9 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, num_sms: int) 
             for ws in (False, True)
         ] + [
             dict(block_m=128, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=False, split_n=1,
-                 epilogue_subtile=False, gluon_ws=True, scales_by_tma=by_tma)
+                 epilogue_subtile=False, gluon_ws=True)
             for bn, stages in ((128, (4, 5)), (256, (3, )))
             for s in stages
-            for by_tma in (False, True)  # blockwise only (check_granularity drops it elsewhere)
         ]
     else:
         grid = [

@@ -18,11 +18,7 @@ def quantize_tensorwise(
 ) -> QuantizedTensor:
     """x[R, C] (bf16/fp16/fp32, contiguous) -> fp8 copies sharing one 0-d scale.
 
-    The amax pass, then one cast pass per copy. Both copies from one load of each tile -- one launch
-    storing the tile and its transpose -- wrote a wrong transposed copy on an H100 (Triton 3.6: a quarter
-    to a half of its values, for bf16 and fp32 input, whichever way the tile was transposed, with or
-    without a barrier between the stores; kernels/README.md), while each store alone is exact. So the
-    transposed copy costs one more read of x."""
+    The amax pass, then the cast pass writing every copy asked for from one read of x."""
     config = launch_config(x, spec, QuantizeKernel.TENSORWISE, config)
     return cast_tensorwise(x, tensor_amax(x, config), spec, config)
 
@@ -42,20 +38,17 @@ def tensor_amax(x: torch.Tensor, config: QuantizeConfig, unless_positive: Option
 def cast_tensorwise(
     x: torch.Tensor, amax: torch.Tensor, spec: QuantizeSpec, config: QuantizeConfig, record_amax: Optional[torch.Tensor] = None
 ) -> QuantizedTensor:
-    """The cast passes alone, scaled from `amax` (a 0-d float32 tensor on x's device): the tensor's own
-    amax, or, for delayed scaling, one from its history. One launch per copy asked for. `record_amax`
-    (0-d float32): the first launch folds max |x| into it by atomic max, so the amax costs no pass."""
+    """The cast pass alone, scaled from `amax` (a 0-d float32 tensor on x's device): the tensor's own
+    amax, or, for delayed scaling, one from its history. `record_amax` (0-d float32): the pass also folds
+    max |x| into it by atomic max, so the amax costs no pass of its own."""
     rows, cols = x.shape
     q, q_t = empty_fp8((rows, cols), spec, x, spec.rowwise), empty_fp8((cols, rows), spec, x, spec.columnwise)
     scale = empty_scales((), x, True)
     grid = (triton.cdiv(rows, config.block_rows), triton.cdiv(cols, config.block_cols))
     record = record_amax is not None
-    for out, transposed in ((q, False), (q_t, True)):
-        if out is not None:
-            _cast_tensorwise_kernel[grid](
-                x, out, scale, amax, record_amax if record else amax, rows, cols, **fp8_constants(spec),
-                TRANSPOSED=transposed, RECORD_AMAX=record, BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols,
-                num_warps=config.num_warps,
-            )  # fmt: skip
-            record = False
+    _cast_tensorwise_kernel[grid](
+        x, q, q_t, scale, amax, record_amax if record else amax, rows, cols, **fp8_constants(spec),
+        ROWWISE=spec.rowwise, COLUMNWISE=spec.columnwise, RECORD_AMAX=record, BLOCK_ROWS=config.block_rows,
+        BLOCK_COLS=config.block_cols, num_warps=config.num_warps,
+    )  # fmt: skip
     return QuantizedTensor(q, scale if spec.rowwise else None, q_t, scale if spec.columnwise else None)

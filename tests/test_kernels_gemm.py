@@ -215,7 +215,6 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
         (dict(gluon_ws=True, block_n=128, epilogue_subtile=False, num_warps=4), "warp-specialized Gluon"),
         (dict(gluon_ws=True, block_n=32, epilogue_subtile=False), "warp-specialized Gluon"),
         (dict(gluon_ws=True, block_n=128, epilogue_subtile=False, warp_specialize=True), "warp-specialized Gluon"),
-        (dict(block_n=128, scales_by_tma=True), "scales_by_tma"),
     ],
 )
 def test_config_is_validated_once(fields, message):
@@ -287,8 +286,7 @@ GLUON_BLOCKWISE_SHAPES = [(1, 1152, 384), (17, 1152, 384), (5000, 1280, 1024), (
 
 def _gluon_case_id(case_config) -> str:
     case, config = case_config
-    by_tma = "-tma_scales" if config.scales_by_tma else ""
-    return f"{_case_id(case)}-n{config.block_n}-stages{config.num_stages}{by_tma}"
+    return f"{_case_id(case)}-n{config.block_n}-stages{config.num_stages}"
 
 
 def test_the_gluon_kernel_is_refused_fast_accumulation_and_the_interpreter():
@@ -303,17 +301,6 @@ def test_the_gluon_kernel_is_refused_fast_accumulation_and_the_interpreter():
         fp8_gemm(*operands, granularity="tensorwise", config=GLUON_CASES[0][1])
 
 
-def test_scales_by_tma_is_a_blockwise_candidate_only():
-    """Not yet timed on a GPU: tuned beside the current blockwise form, never the heuristic's choice."""
-    by_tma = [config for (granularity, _), config in GLUON_CASES if config.scales_by_tma]
-    assert {config.num_stages for config in by_tma} == {4, 5}
-    assert all(granularity is Granularity.BLOCKWISE for (granularity, _), config in GLUON_CASES if config.scales_by_tma)
-    for case in CASES:
-        assert not choose_config(4096, 4096, 4096, *case, 132, gluon=True).scales_by_tma
-    with pytest.raises(ValueError, match="blockwise scales"):
-        by_tma[0].check_granularity(Granularity.AXISWISE, False)
-
-
 def _misaligned(rows: int, cols: int, m_major: bool) -> torch.Tensor:
     """A (rows, cols) float32 view 4 bytes past an aligned allocation, M-major or row-major."""
     storage = torch.empty(rows * cols + 1)[1:]
@@ -321,8 +308,8 @@ def _misaligned(rows: int, cols: int, m_major: bool) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("M", [1, 17, 128, 130])
-def test_scales_by_tma_see_every_scale_layout(M):
-    """The launcher's scales for the TMA producer: 16-byte aligned, activation scales M-major with each
+def test_blockwise_scales_for_tma_in_every_layout(M):
+    """The Gluon launcher's blockwise scales for the TMA producer: 16-byte aligned, activation scales M-major with each
     K-block's column on a 16-byte boundary (a TMA box must start on one), and at the offsets the producer
     computes from their strides, whatever layout fp8_gemm was given (pure torch: the descriptors over them
     need a GPU)."""
@@ -380,10 +367,10 @@ def test_gpu_gluon_kernel(case_config):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("sa_layout", ["row-major", "misaligned"])
-def test_gpu_scales_by_tma_with_scales_the_producer_cannot_read(sa_layout):
+def test_gpu_gluon_blockwise_with_scales_tma_cannot_read(sa_layout):
     """Activation scales that are not M-major, or not 16-byte aligned (and so the weight scales), are
-    copied by the launcher into a layout TMA reads; the result is the same."""
-    config = next(config for (granularity, _), config in GLUON_CASES if config.scales_by_tma)
+    copied by the Gluon launcher into a layout TMA reads; the result is the same."""
+    config = next(config for (granularity, _), config in GLUON_CASES if granularity is Granularity.BLOCKWISE)
     config = config.with_sms(torch.cuda.get_device_properties(0).multi_processor_count)
     M, K, N = 17, 1152, 384
     qa, qb_t, sa, sb = _quantized(M, K, N, Granularity.BLOCKWISE, seed=31)

@@ -179,7 +179,7 @@ def _config_label(options: dict) -> str:
     o = options
     return (f"{o['block_m']}x{o['block_n']}x{o['block_k']} s{o['num_stages']} w{o['num_warps']} g{o['group_m']}"
             + (" split" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
-            + (" gluon-ws" if o.get("gluon_ws") else "") + (" tma-scales" if o.get("scales_by_tma") else ""))
+            + (" gluon-ws" if o.get("gluon_ws") else ""))
 
 
 def _print_frame(frame: pd.DataFrame, title: str) -> None:
