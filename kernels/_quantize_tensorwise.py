@@ -7,11 +7,13 @@ element can be cast, and a grid cannot wait for all its programs without a grid-
    the row-major copy and/or the transposed one, both from one load of the tile.
 The input is read once per pass from HBM; what is written is written once.
 
-The transposed copy transposes the float32 tile before the cast. Casting first and transposing the fp8
-tile (as the blockwise kernels do, on 16-bit lanes) wrote a wrong transposed copy here on an H100 with
-Triton 3.6 -- a quarter of its values at 4096^2 and 16384^2, bf16 input, whichever store came first, by
-plain or TMA stores, with or without the tile's amax reduced beside it -- while the float32 transpose was
-exact at every size and ran as fast (93% of the copy bandwidth; .probe/tw_onepass.py,
+The transposed copy loads the tile a second time, in transposed order, right after the first load
+(so from L2, not HBM), and casts and stores that: no `tl.trans`. Every form that transposed the tile in
+registers wrote wrong values on an H100 with Triton 3.6 when the kernel also stored the row-major copy:
+transposing the fp8 tile (as the blockwise kernels do) spoiled a quarter of the transposed copy for bf16
+input; transposing the float32 tile was exact for bf16 and fp16 but spoiled both copies for float32
+input (an eighth to a quarter of the values, depending on tile and warps) -- while the second load was
+exact in all 24 probed forms, at 84-91% of the copy bandwidth for bf16 (.probe/tw_onepass.py; logs in
 reports/h100-sxm/cast-tensorwise-onepass).
 
 Delayed scaling knows its scale before the cast (an amax history), so the cast records the tensor's own
@@ -60,5 +62,6 @@ def _cast_tensorwise_kernel(
     if ROWWISE:
         tl.store(q_ptr + r[:, None] * cols + c[None, :], cast_to_fp8(x, multiplier, FP8_MAX, FP8_DTYPE), mask=mask)
     if COLUMNWISE:
-        q_t = cast_to_fp8(tl.trans(x), multiplier, FP8_MAX, FP8_DTYPE)
-        tl.store(q_t_ptr + c[:, None] * rows + r[None, :], q_t, mask=(c[:, None] < cols) & (r[None, :] < rows))
+        t_mask = (c[:, None] < cols) & (r[None, :] < rows)
+        x_t = tl.load(x_ptr + c[:, None] + r[None, :] * cols, mask=t_mask, other=0.0).to(tl.float32)
+        tl.store(q_t_ptr + c[:, None] * rows + r[None, :], cast_to_fp8(x_t, multiplier, FP8_MAX, FP8_DTYPE), mask=t_mask)
