@@ -317,6 +317,19 @@ def test_gpu_kernel_matches_reference_exactly(poisoned, granularity, shape, inpu
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("granularity", list(GRANULARITIES))
+@pytest.mark.parametrize("input_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_gpu_both_copies_in_every_dtype_and_shape(poisoned, granularity, input_dtype):
+    """Both copies from one launch: on an H100 with Triton 3.6, register transposes next to the row-major
+    store miscompiled for some dtypes, tiles and warps only (kernels/_quantize_tensorwise.py), so every
+    kernel that writes both copies is checked across input dtypes and tall, wide and ragged shapes."""
+    kernel, reference_fn = GRANULARITIES[granularity]
+    for rows, cols in ((8192, 8192), (8192, 1280), (1280, 8192), (5000, 2048)):
+        x = random_input(rows, cols, input_dtype, seed=seed_of(granularity, (rows, cols), str(input_dtype)))
+        check_copies(kernel(x, BOTH_COPIES), x, BOTH_COPIES, reference_fn)
+
+
+@pytest.mark.gpu
 def test_gpu_rowwise_odd_sizes_match_exactly(poisoned):
     kernel, reference_fn = GRANULARITIES["axiswise"]
     for rows, cols in ((1, 4096), (17, 57344), (5000, 3000), (333, 28672)):
