@@ -42,7 +42,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from fp8bench.config import BLOCK, Granularity
 from fp8kernels._gemm_persistent import SCALING_CODES, _tile_coords, persistent_programs, scale_strides
-from fp8kernels.gemm_configs import Fp8GemmConfig
+from fp8kernels.gemm_configs import Fp8GemmConfig, is_promoted
 
 _GL_DTYPES = {"float8_e4m3fn": gl.float8e4nv, "float8_e5m2": gl.float8e5, "bfloat16": gl.bfloat16}
 # Rows of the tile each consumer warpgroup owns: one m64 wgmma.
@@ -117,8 +117,20 @@ def _mma_promote(acc, a, b, zero, sa, sb, SCALING: gl.constexpr):
 
 
 @gluon.jit
+def _mma_accumulate(acc, acc_right, a, b, HALF_N: gl.constexpr, SPLIT: gl.constexpr):
+    """Fast accumulation: a @ b.T added by the tensor cores into the sums themselves (each half's), waited for."""
+    acc = warpgroup_mma(a, b.slice(0, HALF_N, dim=0).permute((1, 0)), acc, is_async=True)
+    if SPLIT == 2:
+        acc_right = warpgroup_mma(a, b.slice(HALF_N, HALF_N, dim=0).permute((1, 0)), acc_right, is_async=True)
+        acc, acc_right = warpgroup_mma_wait(0, deps=(acc, acc_right))
+    else:
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+    return acc, acc_right
+
+
+@gluon.jit
 def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right, zero, sb_place,
-            SCALING: gl.constexpr, WARPGROUP: gl.constexpr):
+            SCALING: gl.constexpr, PROMOTE: gl.constexpr, WARPGROUP: gl.constexpr):
     """Promote this program's `consumed`-th K-tile into the sum (a 256-wide tile: both halves' sums), then
     hand its ring slot back to the producer. Blockwise scales come from the ring slot, read before it is
     handed back: the activation scales of this warpgroup's rows, and the weight scale at `sb_place` of its
@@ -139,7 +151,9 @@ def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_r
         sb = gl.sum(gl.where(place == sb_place, window, 0.0), axis=0)
     a = a_bufs.index(slot).slice(WARPGROUP * ROWS, ROWS, dim=0)
     b = b_bufs.index(slot)
-    if b_bufs.type.shape[1] == 2 * HALF_N:
+    if not PROMOTE:
+        acc, acc_right = _mma_accumulate(acc, acc_right, a, b, HALF_N, b_bufs.type.shape[1] // HALF_N)
+    elif b_bufs.type.shape[1] == 2 * HALF_N:
         acc = _mma_promote(acc, a, b.slice(0, HALF_N, dim=0), zero, sa, sb, SCALING)
         acc_right = _mma_promote(acc_right, a, b.slice(HALF_N, HALF_N, dim=0), zero, sa, sb, SCALING)
     else:
@@ -169,7 +183,8 @@ def _store_rows(acc, c_desc, c_buf, rows, off_m, off_n, M, N, scale_a_ptr, scale
 @gluon.jit
 def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, M, N, K,
               stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs,
-              SCALING: gl.constexpr, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr):
+              SCALING: gl.constexpr, PROMOTE: gl.constexpr, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr,
+              WARPGROUP: gl.constexpr):
     """One warpgroup: rows [WARPGROUP * 64, WARPGROUP * 64 + 64) of every tile of this program. A 256-wide
     tile is computed as two 128-column halves, each with a sum of its own, their products one at a time:
     two sums and one product (192 registers) fit where two whole-width sets (256) would not."""
@@ -205,7 +220,7 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
         for ki in range(k_tiles):
             sb_place = (weight_scales + ki * stride_sb_k) % SCALE_WINDOW
             acc, acc_right = _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right, zero,
-                                     sb_place, SCALING, WARPGROUP)
+                                     sb_place, SCALING, PROMOTE, WARPGROUP)
             consumed += 1
 
         _store_rows(acc, c_desc, c_bufs.index(WARPGROUP * SPLIT), rows, off_m, off_n, M, N, scale_a_ptr,
@@ -221,6 +236,7 @@ def _fp8_gemm_ws_kernel(
     a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, sa_desc, sb_desc, M, N, K,
     stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs,
     SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (_gemm_persistent.SCALING_CODES)
+    PROMOTE: gl.constexpr,  # False: fast accumulation, the products summed by the tensor cores (not blockwise)
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     SCALE_BLOCK: gl.constexpr,
@@ -251,11 +267,11 @@ def _fp8_gemm_ws_kernel(
     gl.warp_specialize(
         [
             (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, M, N,
-                         K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING, GROUP_M,
-                         SCALE_BLOCK, 0)),
+                         K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING, PROMOTE,
+                         GROUP_M, SCALE_BLOCK, 0)),
             (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, M, N,
-                         K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING, GROUP_M,
-                         SCALE_BLOCK, 1)),
+                         K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING, PROMOTE,
+                         GROUP_M, SCALE_BLOCK, 1)),
             (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, M, N, K,
                          stride_sa_k, stride_sb_n, stride_sb_k, num_programs, GROUP_M, SCALE_BLOCK)),
         ],
@@ -301,7 +317,7 @@ def _scale_descriptors(scale_a, scale_b, block_m: int):
             for scale, box in ((scale_a, block_m), (scale_b, WEIGHT_SCALE_BOX))]
 
 
-def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, config: Fp8GemmConfig):
+def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig):
     """Launch on validated operands (fp8kernels.gemm checks them): a[M, K], b_t[N, K], out[M, N]."""
     M, K = a.shape
     N = b_t.shape[0]
@@ -319,6 +335,7 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, conf
         a_desc, b_desc, c_desc, scale_a, scale_b, sa_desc, sb_desc, M, N, K, *scale_strides(scale_a, scale_b),
         programs,
         SCALING=SCALING_CODES[granularity],
+        PROMOTE=is_promoted(granularity, fast_accum),
         GROUP_M=config.group_m,
         STAGES=config.num_stages,
         SCALE_BLOCK=BLOCK,

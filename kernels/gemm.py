@@ -88,7 +88,7 @@ def launch_kernel(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_
             raise ValueError("the Gluon kernel (gluon_ws) does not run under TRITON_INTERPRET: use a GPU")
         from fp8kernels._gemm_ws import launch_ws_gemm
 
-        return launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity, config)
+        return launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity, fast_accum, config)
     from fp8kernels._gemm_persistent import launch_fp8_gemm
 
     return launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity, fast_accum, config)

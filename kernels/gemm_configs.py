@@ -108,8 +108,6 @@ class Fp8GemmConfig:
             )
         if not fast_accum and self.block_k > BLOCK:
             raise ValueError(f"without fast accumulation the sum is promoted every block_k <= {BLOCK} of K")
-        if self.gluon_ws and not is_promoted(granularity, fast_accum):
-            raise ValueError("the Gluon kernel promotes every K-tile: it has no fast accumulation")
 
     def as_dict(self) -> dict[str, int | bool]:
         return dataclasses.asdict(self)
@@ -174,6 +172,12 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
 def candidate_configs(granularity: Granularity, fast_accum: bool, num_sms: int) -> list[Fp8GemmConfig]:
     """Configs worth timing against each other on a GPU for one regime (the heuristic's preset first)."""
     preset = choose_config(BLOCK, BLOCK, BLOCK, granularity, fast_accum, num_sms, gluon=True)
+    gluon = [
+        dict(block_m=128, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=False, split_n=1,
+             epilogue_subtile=False, gluon_ws=True)
+        for bn, stages in ((128, (4, 5)), (256, (3, )))
+        for s in stages
+    ]
     if is_promoted(granularity, fast_accum):
         grid = [
             dict(block_m=bm, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=ws, split_n=split)
@@ -182,12 +186,7 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, num_sms: int) 
             for bm, bn, split, stages in ((128, 128, 1, (4, 5)), (128, 256, 2, (3,)), (64, 256, 2, (4, 5)))
             for s in stages
             for ws in (False, True)
-        ] + [
-            dict(block_m=128, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=False, split_n=1,
-                 epilogue_subtile=False, gluon_ws=True)
-            for bn, stages in ((128, (4, 5)), (256, (3, )))
-            for s in stages
-        ]
+        ] + gluon
     else:
         grid = [
             dict(block_m=bm, block_n=bn, block_k=bk, num_stages=s, num_warps=8, warp_specialize=ws)
@@ -195,7 +194,7 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, num_sms: int) 
             for bk in (64, 128)
             for s in (3, 4, 5)
             for ws in (False, True)
-        ]
+        ] + gluon
     out = [preset]
     for fields in grid:
         try:

@@ -258,17 +258,19 @@ def tune(out: Path = typer.Option(..., help="folder for results.csv and metadata
 
 @app.command()
 def gluon(out: Path = typer.Option(..., help="folder for results.csv, summary.csv and metadata.json"),
-          granularity: list[Granularity] = typer.Option(list(Granularity.fp8()), help="the promoted regimes to run")) -> None:
+          granularity: list[Granularity] = typer.Option(list(Granularity.fp8()), help="the granularities to run"),
+          fast_accum: bool = typer.Option(False, help="fast accumulation (tensorwise, axiswise) instead of promoted")) -> None:
     """The Gluon kernel's candidates (warp-specialized, kernels/_gemm_ws.py) beside the Triton kernel's
-    preset, the promoted regimes against cuBLAS, on a few shapes."""
+    preset, each regime against cuBLAS, on a few shapes."""
     import torch
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = [s for s in target_shapes() if s.name in GLUON_SHAPE_NAMES]
     candidates = {
-        (g, False): [choose_config(BLOCK, BLOCK, BLOCK, g, False, num_sms, gluon=False)]
-        + [c for c in candidate_configs(g, False, num_sms) if c.gluon_ws]
+        (g, fast_accum): [choose_config(BLOCK, BLOCK, BLOCK, g, fast_accum, num_sms, gluon=False)]
+        + [c for c in candidate_configs(g, fast_accum, num_sms) if c.gluon_ws]
         for g in granularity
+        if not (fast_accum and g is Granularity.BLOCKWISE)  # blockwise always promotes
     }
     with _open_run(out, "gluon") as writer:
         bench = SideBySide(writer, GLUON_TIMING)
