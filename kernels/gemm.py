@@ -11,7 +11,7 @@ contiguous (K/128, M) tensor), since each K-tile reads one scale per row.
 
 Without fast accumulation the FP32 sum is promoted every BLOCK_K (128) of K; blockwise always is,
 since each K-tile carries its own scales. The kernels: kernels/_gemm_persistent.py (Triton; every regime),
-kernels/_gemm_ws.py (Gluon, warp-specialized; the promoted regimes on a GPU); their tuning:
+kernels/_gemm_ws.py (Gluon, warp-specialized; every regime on a GPU with Triton 3.6); their tuning:
 kernels/gemm_configs.py.
 """
 

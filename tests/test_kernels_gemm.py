@@ -276,7 +276,6 @@ def test_gpu_fast_accumulation_error_exceeds_promoted(granularity):
     assert ours[False] <= 1.5 * cublas[False]
 
 
-PROMOTED_CASES = [case for case in CASES if not case[1]]
 # The Gluon kernel's candidates (kernels/_gemm_ws.py), each with the regimes it can run.
 GLUON_CASES = [(case, config) for case in CASES for config in candidate_configs(*case, 132) if config.gluon_ws]
 # Ragged edges on every side, one row, an odd number of K-tiles and a last K-tile that is partial
@@ -339,10 +338,9 @@ def test_blockwise_scales_for_tma_in_every_layout(M):
 def test_the_heuristic_takes_the_gluon_kernel_only_where_it_runs(monkeypatch):
     from fp8kernels import gemm
 
-    for case in PROMOTED_CASES:
+    for case in CASES:
         assert choose_config(4096, 4096, 4096, *case, 132, gluon=True).gluon_ws
         assert not choose_config(4096, 4096, 4096, *case, 132, gluon=False).gluon_ws
-    assert not choose_config(4096, 4096, 4096, Granularity.TENSORWISE, True, 132, gluon=True).gluon_ws
     assert not gemm.gluon_runs_on(torch.device("cpu"))
     monkeypatch.setattr(gemm.triton, "__version__", "3.6.0")
     assert gemm.gluon_runs_on(torch.device("cuda"))
