@@ -128,9 +128,23 @@ BLOCKWISE = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_
 # ours / cuBLAS: promoted 1.005 / 1.046, fast accumulation 1.013 / 0.990 against the Triton kernel's
 # 0.996 / 0.972 in the same run; blockwise, scales by TMA, 0.958).
 WIDE_GLUON = Fp8GemmConfig(block_m=128, block_n=256, block_k=128, group_m=16, num_stages=3, num_warps=8, num_sms=1,
-                               epilogue_subtile=False, gluon_ws=True)
+                           epilogue_subtile=False, gluon_ws=True)
+# Where 128 x 256 tiles leave the last wave of a persistent grid mostly idle (few tiles per SM, e.g.
+# M 8192, N 1280: 320 tiles, 2.4 waves of 132), 128 x 128 tiles may finish first despite their lower speed
+# per tile: NARROW_TILE_SPEED of the wide tile's, measured on the H100 (`gemm_sweep.py gluon`, Gluon
+# 128x128 s4 against 128x256 s3, same runs: 0.93 / 0.91 fast accumulation, 0.94 / 0.93 promoted,
+# tensorwise / axiswise).
+NARROW_GLUON = dataclasses.replace(WIDE_GLUON, block_n=128, num_stages=4)
+NARROW_TILE_SPEED = 0.93
 BLOCKWISE_GLUON = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_stages=4, num_warps=8, num_sms=1,
                                 epilogue_subtile=False, gluon_ws=True)
+
+
+def wave_efficiency(M: int, N: int, config: Fp8GemmConfig, num_sms: int) -> float:
+    """The share of a persistent grid's SM time spent on tiles: tiles / (waves x SMs), the last wave
+    counted whole."""
+    tiles = -(-M // config.block_m) * -(-N // config.block_n)
+    return tiles / (-(-tiles // num_sms) * num_sms)
 
 
 def is_promoted(granularity: Granularity, fast_accum: bool) -> bool:
@@ -167,7 +181,8 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
     if granularity is Granularity.BLOCKWISE:
         preset = BLOCKWISE_GLUON if gluon else BLOCKWISE
     elif gluon:
-        preset = WIDE_GLUON
+        wide, narrow = (wave_efficiency(M, N, config, num_sms) for config in (WIDE_GLUON, NARROW_GLUON))
+        preset = NARROW_GLUON if NARROW_TILE_SPEED * narrow > wide else WIDE_GLUON
     else:
         preset = FAST_ACCUM if fast_accum else PROMOTED
     return preset.with_sms(num_sms)

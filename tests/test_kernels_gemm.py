@@ -335,6 +335,20 @@ def test_blockwise_scales_for_tma_in_every_layout(M):
                 assert sb_flat[n * sb.stride(0) + k * sb.stride(1)] == sb_values[n, k]
 
 
+def test_the_heuristic_narrows_the_tile_where_wide_tiles_leave_the_last_wave_idle():
+    from fp8kernels.gemm_configs import NARROW_GLUON, WIDE_GLUON, wave_efficiency
+
+    assert wave_efficiency(8192, 1280, WIDE_GLUON, 132) == pytest.approx(320 / 396)  # 2.4 waves
+    assert wave_efficiency(8192, 1280, NARROW_GLUON, 132) == pytest.approx(640 / 660)
+    for case in CASES:
+        if case[0] is Granularity.BLOCKWISE:
+            continue
+        assert choose_config(8192, 1280, 8192, *case, 132, gluon=True).block_n == 128
+        for M, N in [(8192, 8192), (16384, 1280), (8192, 57344)]:  # full last waves either way: the wide tile
+            assert choose_config(M, N, 8192, *case, 132, gluon=True).block_n == 256
+        assert choose_config(8192, 1280, 8192, *case, 132, gluon=False).block_n == 256  # measured on Gluon only
+
+
 def test_the_heuristic_takes_the_gluon_kernel_only_where_it_runs(monkeypatch):
     from fp8kernels import gemm
 
