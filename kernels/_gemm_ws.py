@@ -134,8 +134,8 @@ def _mma_accumulate(acc, acc_right, a, b, HALF_N: gl.constexpr, SPLIT: gl.conste
 @gluon.jit
 def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right, zero, sb_place,
             SCALING: gl.constexpr, PROMOTE: gl.constexpr, WARPGROUP: gl.constexpr):
-    """Promote this program's `consumed`-th K-tile into the sum (a 256-wide tile: both halves' sums), then
-    hand its ring slot back to the producer. Blockwise scales come from the ring slot, read before it is
+    """Add this program's `consumed`-th K-tile into the sum (a 256-wide tile: both halves' sums), promoted
+    or, without PROMOTE, accumulated by the tensor cores; then hand its ring slot back to the producer. Blockwise scales come from the ring slot, read before it is
     handed back: the activation scales of this warpgroup's rows, and the weight scale at `sb_place` of its
     window (see SCALE_WINDOW)."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
