@@ -165,7 +165,7 @@ def scale_strides(scale_a, scale_b) -> tuple[int, int, int, int]:
 
 def persistent_programs(M: int, N: int, config: Fp8GemmConfig) -> int:
     """The persistent grid: one program per SM, or per tile where there are fewer tiles."""
-    return min(config.num_sms, triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n))
+    return min(config.num_sms, config.tiles(M, N))
 
 
 def launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool,

@@ -141,6 +141,7 @@ def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_r
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     ROWS: gl.constexpr = zero.shape[0]
     HALF_N: gl.constexpr = zero.shape[1]
+    SPLIT: gl.constexpr = b_bufs.type.shape[1] // HALF_N
     slot = consumed % STAGES
     mbarrier.wait(ready.index(slot), (consumed // STAGES) & 1)
     sa = 1.0  # unused unless blockwise (Triton needs a value)
@@ -155,8 +156,8 @@ def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_r
     a = a_bufs.index(slot).slice(WARPGROUP * ROWS, ROWS, dim=0)
     b = b_bufs.index(slot)
     if not PROMOTE:
-        acc, acc_right = _mma_accumulate(acc, acc_right, a, b, HALF_N, b_bufs.type.shape[1] // HALF_N)
-    elif b_bufs.type.shape[1] == 2 * HALF_N:
+        acc, acc_right = _mma_accumulate(acc, acc_right, a, b, HALF_N, SPLIT)
+    elif SPLIT == 2:
         acc = _mma_promote(acc, a, b.slice(0, HALF_N, dim=0), zero, sa, sb, SCALING)
         acc_right = _mma_promote(acc_right, a, b.slice(HALF_N, HALF_N, dim=0), zero, sa, sb, SCALING)
     else:
@@ -291,7 +292,7 @@ def tma_ready_scales(scale_a, scale_b):
     """The blockwise scales in layouts _scale_descriptors can read: both 16-byte aligned, and activation
     scales M-major (element (m, k) at m + k * stride) with each K-block's column starting on a 16-byte
     boundary, since every TMA box must; anything else is copied (scale_a into that layout with M padded to
-    a multiple of SCALE_WINDOW: the quantizers' M-major layout needs no copy when M is one). The copy is
+    a multiple of SCALE_WINDOW: the quantizers' M-major layout needs no copy when M is such a multiple). The copy is
     M * K / 128 floats, 1/32 of A's bytes, and is part of the call."""
     M, k_blocks = scale_a.shape
     window = SCALE_WINDOW.value

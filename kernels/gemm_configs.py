@@ -12,8 +12,9 @@ Two regimes decide the tile:
 On a GPU every regime runs the warp-specialized Gluon kernel (kernels/_gemm_ws.py, `gluon_ws`), whose two
 consumer warpgroups overlap one's promotion with the other's MMA (and, with fast accumulation, one's
 wait with the other's MMA); where Gluon cannot run (the CPU interpreter, a Triton whose Gluon API differs
-from the one it is written against) the Triton kernel's presets run. The presets were chosen by timing `candidate_configs` with kernels/bench/gemm_sweep.py
-on an H100 (kernels/README.md has the numbers); the shape enters only through the grid size.
+from the one it is written against) the Triton kernel's presets run. The presets were chosen by timing
+`candidate_configs` with kernels/bench/gemm_sweep.py on an H100 (kernels/README.md has the numbers); the
+shape enters through the grid size and, on the Gluon kernel, the tile width (`wave_efficiency`).
 """
 
 from __future__ import annotations
@@ -109,6 +110,10 @@ class Fp8GemmConfig:
         if not fast_accum and self.block_k > BLOCK:
             raise ValueError(f"without fast accumulation the sum is promoted every block_k <= {BLOCK} of K")
 
+    def tiles(self, M: int, N: int) -> int:
+        """Output tiles of an M x N product, the work the persistent grid walks."""
+        return -(-M // self.block_m) * -(-N // self.block_n)
+
     def as_dict(self) -> dict[str, int | bool]:
         return dataclasses.asdict(self)
 
@@ -136,14 +141,13 @@ WIDE_GLUON = Fp8GemmConfig(block_m=128, block_n=256, block_k=128, group_m=16, nu
 # tensorwise / axiswise).
 NARROW_GLUON = dataclasses.replace(WIDE_GLUON, block_n=128, num_stages=4)
 NARROW_TILE_SPEED = 0.93
-BLOCKWISE_GLUON = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_stages=4, num_warps=8, num_sms=1,
-                                epilogue_subtile=False, gluon_ws=True)
+BLOCKWISE_GLUON = dataclasses.replace(NARROW_GLUON, group_m=8)
 
 
 def wave_efficiency(M: int, N: int, config: Fp8GemmConfig, num_sms: int) -> float:
     """The share of a persistent grid's SM time spent on tiles: tiles / (waves x SMs), the last wave
     counted whole."""
-    tiles = -(-M // config.block_m) * -(-N // config.block_n)
+    tiles = config.tiles(M, N)
     return tiles / (-(-tiles // num_sms) * num_sms)
 
 
