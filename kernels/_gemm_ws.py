@@ -52,12 +52,15 @@ _GL_DTYPES = {"float8_e4m3fn": gl.float8e4nv, "float8_e5m2": gl.float8e5, "bfloa
 CONSUMER_ROWS = gl.constexpr(64)
 # Widest product a consumer computes at once: a 256-wide tile is promoted in two 128-column halves.
 HALF_N = 128
-# Registers per thread after setmaxnreg. The kernel launches 4 + 4 + 1 warps, rounded up to three
-# warpgroups, under maxnreg = 168 (65536 / 384, rounded down to a multiple of 8): the producer gives up
-# all it can spare, so each consumer warpgroup gets (3 * 168 - 40) / 2 = 232.
-MAX_REGISTERS = 168
-PRODUCER_REGISTERS = gl.constexpr(40)
-CONSUMER_REGISTERS = gl.constexpr(232)
+# Registers per thread after setmaxnreg, by the number of consumer warpgroups (block_m / 64). Two: the
+# kernel launches 4 + 4 + 1 warps, rounded up to three warpgroups, under maxnreg = 168 (65536 / 384,
+# rounded down to a multiple of 8); the producer gives up all it can spare, so each consumer warpgroup gets
+# (3 * 168 - 40) / 2 = 232. Three (a 192-row tile): four warpgroups under maxnreg 128, and each consumer
+# gets (4 * 128 - 32) / 3 = 160, room for a 64 x 128 sum and product (the two-consumer 128 x 128 blockwise
+# consumer needs 146).
+MAX_REGISTERS = {2: 168, 3: 128}
+CONSUMER_REGISTERS_OF_TWO, PRODUCER_REGISTERS_OF_TWO = gl.constexpr(232), gl.constexpr(40)
+CONSUMER_REGISTERS_OF_THREE, PRODUCER_REGISTERS_OF_THREE = gl.constexpr(160), gl.constexpr(32)
 # Blockwise scales by TMA: a box's first element must sit on a 16-byte boundary of global memory (a
 # misaligned coordinate is an illegal instruction), so the producer loads each K-tile's weight scale in
 # the 16-byte window holding it (SCALE_WINDOW floats) and the consumer picks it out. The box is 32 floats:
@@ -73,8 +76,9 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs
     With blockwise scales by TMA (sa_desc not None) the slot also gets the K-tile's activation scales of
     the tile's BLOCK_M rows and its weight block's scale, through 1-D descriptors over the scales' storage
     (see _scale_descriptors), under the same `ready` barrier."""
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+    CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // empty.type.shape[0]
+    STAGES: gl.constexpr = empty.type.shape[0]
+    BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     num_pid_m = gl.cdiv(M, BLOCK_M)
@@ -89,20 +93,24 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs
             mbarrier.wait(empty.index(slot), ((loaded // STAGES) & 1) ^ 1)
             bar = ready.index(slot)
             if sa_desc is not None:
-                mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes + sa_desc.block_type.nbytes
-                                + sb_desc.block_type.nbytes)
+                mbarrier.expect(bar, CONSUMERS * (a_desc.block_type.nbytes + sa_desc.block_type.nbytes)
+                                + b_desc.block_type.nbytes + sb_desc.block_type.nbytes)
                 # Element (m, k) of the M-major activation scales is at m + k * stride_sa_k (a multiple of
                 # SCALE_WINDOW, as is BLOCK_M: an aligned start): the box reads the tile's rows of K-tile ki.
                 # Past M it runs into the padding or the next K-tile's scales (or past the end, where TMA
                 # fills zeros): those rows of A load as zeros, so their products are zero whatever the
                 # scale, and their outputs are never stored.
-                tma.async_copy_global_to_shared(sa_desc, [ki * stride_sa_k + pid_m * BLOCK_M], bar, sa_bufs.index(slot))
+                for c in gl.static_range(CONSUMERS):
+                    tma.async_copy_global_to_shared(sa_desc, [ki * stride_sa_k + pid_m * BLOCK_M + c * CONSUMER_ROWS], bar,
+                                                    sa_bufs.index(slot * CONSUMERS + c))
                 weight_scale = (pid_n * BLOCK_N // SCALE_BLOCK) * stride_sb_n + ki * stride_sb_k
                 tma.async_copy_global_to_shared(sb_desc, [weight_scale - weight_scale % SCALE_WINDOW], bar,
                                                 sb_bufs.index(slot))
             else:
-                mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M, ki * BLOCK_K], bar, a_bufs.index(slot))
+                mbarrier.expect(bar, CONSUMERS * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            for c in gl.static_range(CONSUMERS):
+                tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M + c * CONSUMER_ROWS, ki * BLOCK_K], bar,
+                                                a_bufs.index(slot * CONSUMERS + c))
             tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, ki * BLOCK_K], bar, b_bufs.index(slot))
             loaded += 1
 
@@ -138,8 +146,8 @@ def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_r
     or, without PROMOTE, accumulated by the tensor cores; then hand its ring slot back to the producer. Blockwise scales come from the ring slot, read before it is
     handed back: the activation scales of this warpgroup's rows, and the weight scale at `sb_place` of its
     window (see SCALE_WINDOW)."""
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
-    ROWS: gl.constexpr = zero.shape[0]
+    STAGES: gl.constexpr = empty.type.shape[0]
+    CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // STAGES
     HALF_N: gl.constexpr = zero.shape[1]
     SPLIT: gl.constexpr = b_bufs.type.shape[1] // HALF_N
     slot = consumed % STAGES
@@ -148,12 +156,12 @@ def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_r
     sb = 1.0
     if SCALING == 2:
         row_layout: gl.constexpr = gl.SliceLayout(1, zero.type.layout)
-        sa = sa_bufs.index(slot).slice(WARPGROUP * ROWS, ROWS).load(row_layout)
+        sa = sa_bufs.index(slot * CONSUMERS + WARPGROUP).load(row_layout)
         window_layout: gl.constexpr = gl.BlockedLayout([SCALE_WINDOW], [32], [4], [0])
         window = sb_bufs.index(slot).slice(0, SCALE_WINDOW).load(window_layout)
         place = gl.arange(0, SCALE_WINDOW, layout=window_layout)
         sb = gl.sum(gl.where(place == sb_place, window, 0.0), axis=0)
-    a = a_bufs.index(slot).slice(WARPGROUP * ROWS, ROWS, dim=0)
+    a = a_bufs.index(slot * CONSUMERS + WARPGROUP)
     b = b_bufs.index(slot)
     if not PROMOTE:
         acc, acc_right = _mma_accumulate(acc, acc_right, a, b, HALF_N, SPLIT)
@@ -192,8 +200,8 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
     """One warpgroup: rows [WARPGROUP * 64, WARPGROUP * 64 + 64) of every tile of this program. A 256-wide
     tile is computed as two 128-column halves, each with a sum of its own, their products one at a time:
     two sums and one product (192 registers) fit where two whole-width sets (256) would not."""
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
-    BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
+    STAGES: gl.constexpr = empty.type.shape[0]
+    BLOCK_M: gl.constexpr = a_bufs.type.shape[0] // STAGES * a_bufs.type.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
     ROWS: gl.constexpr = c_bufs.type.shape[1]
@@ -239,25 +247,28 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
 def _fp8_gemm_ws_kernel(
     a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, sa_desc, sb_desc, M, N, K,
     stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs,
+    BLOCK_M: gl.constexpr,  # 64 rows per consumer warpgroup: 128 or 192
     SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (_gemm_persistent.SCALING_CODES)
     PROMOTE: gl.constexpr,  # False: fast accumulation, the products summed by the tensor cores (not blockwise)
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     SCALE_BLOCK: gl.constexpr,
 ):
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+    CONSUMERS: gl.constexpr = BLOCK_M // CONSUMER_ROWS
+    # A in 64-row boxes, one per consumer warpgroup: a tile of three (192 rows) is not a power of two.
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES * CONSUMERS, CONSUMER_ROWS, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     # One staging buffer per consumer and 128-column half, so no store waits for another's.
-    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2 * BLOCK_N // c_desc.block_type.shape[1]] + c_desc.block_type.shape,
-                                       c_desc.layout)
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype,
+                                       [BLOCK_M // CONSUMER_ROWS * BLOCK_N // c_desc.block_type.shape[1]]
+                                       + c_desc.block_type.shape, c_desc.layout)
     # Blockwise scales by TMA (sa_desc, sb_desc: descriptors, else None): a ring of their own beside A's and
     # B's. Without, constexpr Nones (warp_specialize passes only values with a type; a plain assignment
     # would store a bare None).
     if sa_desc is not None:
-        sa_bufs = gl.allocate_shared_memory(sa_desc.dtype, [STAGES] + sa_desc.block_type.shape, sa_desc.layout)
+        sa_bufs = gl.allocate_shared_memory(sa_desc.dtype, [STAGES * CONSUMERS] + sa_desc.block_type.shape, sa_desc.layout)
         sb_bufs = gl.allocate_shared_memory(sb_desc.dtype, [STAGES] + sb_desc.block_type.shape, sb_desc.layout)
     else:
         sa_bufs: gl.constexpr = None
@@ -266,22 +277,42 @@ def _fp8_gemm_ws_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)  # the producer's expect; TMA's bytes complete the phase
-        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
+        mbarrier.init(empty.index(i), count=CONSUMERS)  # one arrival per consumer warpgroup
 
-    gl.warp_specialize(
-        [
-            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, M, N,
-                         K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING, PROMOTE,
-                         GROUP_M, SCALE_BLOCK, 0)),
-            (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, M, N,
-                         K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING, PROMOTE,
-                         GROUP_M, SCALE_BLOCK, 1)),
-            (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, M, N, K,
-                         stride_sa_k, stride_sb_n, stride_sb_k, num_programs, GROUP_M, SCALE_BLOCK)),
-        ],
-        [4, 1],
-        [CONSUMER_REGISTERS, PRODUCER_REGISTERS],
-    )
+    # Each partition's arguments written out: a tuple built in the kernel would turn its constexprs into values.
+    if CONSUMERS == 3:
+        gl.warp_specialize(
+            [
+                (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
+                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING,
+                             PROMOTE, GROUP_M, SCALE_BLOCK, 0)),
+                (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
+                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING,
+                             PROMOTE, GROUP_M, SCALE_BLOCK, 1)),
+                (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
+                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING,
+                             PROMOTE, GROUP_M, SCALE_BLOCK, 2)),
+                (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, M, N, K,
+                             stride_sa_k, stride_sb_n, stride_sb_k, num_programs, GROUP_M, SCALE_BLOCK)),
+            ],
+            [4, 4, 1],
+            [CONSUMER_REGISTERS_OF_THREE, CONSUMER_REGISTERS_OF_THREE, PRODUCER_REGISTERS_OF_THREE],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
+                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING,
+                             PROMOTE, GROUP_M, SCALE_BLOCK, 0)),
+                (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
+                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING,
+                             PROMOTE, GROUP_M, SCALE_BLOCK, 1)),
+                (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, M, N, K,
+                             stride_sa_k, stride_sb_n, stride_sb_k, num_programs, GROUP_M, SCALE_BLOCK)),
+            ],
+            [4, 1],
+            [CONSUMER_REGISTERS_OF_TWO, PRODUCER_REGISTERS_OF_TWO],
+        )
 
 
 def shared_layout(block_shape: list[int], dtype_name: str) -> gl.NVMMASharedLayout:
@@ -326,23 +357,25 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
     M, K = a.shape
     N = b_t.shape[0]
     bm, bn, bk = config.block_m, config.block_n, config.block_k
-    a_desc = TensorDescriptor.from_tensor(a, [bm, bk], shared_layout([bm, bk], str(a.dtype).removeprefix("torch.")))
+    a_block = [CONSUMER_ROWS.value, bk]
+    a_desc = TensorDescriptor.from_tensor(a, a_block, shared_layout(a_block, str(a.dtype).removeprefix("torch.")))
     b_desc = TensorDescriptor.from_tensor(b_t, [bn, bk], shared_layout([bn, bk], str(b_t.dtype).removeprefix("torch.")))
     c_block = [CONSUMER_ROWS.value, min(bn, HALF_N)]
     c_desc = TensorDescriptor.from_tensor(out, c_block, shared_layout(c_block, "bfloat16"))
     sa_desc = sb_desc = None
     if granularity is Granularity.BLOCKWISE:
         scale_a, scale_b = tma_ready_scales(scale_a, scale_b)
-        sa_desc, sb_desc = _scale_descriptors(scale_a, scale_b, bm)
+        sa_desc, sb_desc = _scale_descriptors(scale_a, scale_b, CONSUMER_ROWS.value)
     programs = persistent_programs(M, N, config)
     return _fp8_gemm_ws_kernel[(programs,)](
         a_desc, b_desc, c_desc, scale_a, scale_b, sa_desc, sb_desc, M, N, K, *scale_strides(scale_a, scale_b),
         programs,
+        BLOCK_M=bm,
         SCALING=SCALING_CODES[granularity],
         PROMOTE=is_promoted(granularity, fast_accum),
         GROUP_M=config.group_m,
         STAGES=config.num_stages,
         SCALE_BLOCK=BLOCK,
         num_warps=4,  # the default partition: consumer warpgroup 0
-        maxnreg=MAX_REGISTERS,
+        maxnreg=MAX_REGISTERS[bm // CONSUMER_ROWS.value],
     )

@@ -34,6 +34,9 @@ SHARED_MEMORY_BYTES = 227 * 1024 - 4096
 INTERPRETER_PROGRAMS = 3
 
 _POWERS_OF_TWO = frozenset(2**i for i in range(4, 9))  # 16 .. 256
+# The Gluon kernel's tile of three 64-row consumer warpgroups (kernels/_gemm_ws.py): at 160 registers each
+# they hold a 64 x 128 sum and product, no wider.
+GLUON_THREE_CONSUMER_ROWS = 192
 
 
 @dataclass(frozen=True)
@@ -52,18 +55,18 @@ class Fp8GemmConfig:
     # 2: each column half of the tile has its own accumulator and B loads, so a K-tile's fresh product
     # (promoted regimes) needs registers for half the tile only; the halves are stored separately.
     split_n: int = 1
-    # The warp-specialized Gluon kernel (kernels/_gemm_ws.py): a TMA producer warp
-    # and two consumer warpgroups of 64 rows each, one promoting (or waiting) while the other's wgmma runs.
-    # It takes 128 x {64, 128, 256} x 128 tiles (256: two 128-column halves in turn), num_warps 8 (the
-    # consumers; the producer warp comes on top), whole-tile stores (each consumer stores its rows) and no
-    # Triton warp specialization; GPU only. Blockwise scales go through its ring too (see
-    # shared_memory_bytes).
+    # The warp-specialized Gluon kernel (kernels/_gemm_ws.py): a TMA producer warp and a consumer
+    # warpgroup per 64 rows of the tile, one promoting (or waiting) while the others' wgmma run. It takes
+    # 128 x {64, 128, 256} x 128 tiles (256: two 128-column halves in turn) and 192 x {64, 128} x 128 (three
+    # consumers), num_warps 8 (the first two consumers; the others come on top), whole-tile stores (each
+    # consumer stores its rows) and no Triton warp specialization; GPU only. Blockwise scales go through its
+    # ring too (see shared_memory_bytes).
     gluon_ws: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
             value = getattr(self, name)
-            if value not in _POWERS_OF_TWO:
+            if value not in _POWERS_OF_TWO and not (name == "block_m" and self.gluon_ws and value == GLUON_THREE_CONSUMER_ROWS):
                 raise ValueError(f"{name} must be a power of two from 16 to 256, got {value!r}")
         if self.block_m < 64:
             raise ValueError(f"block_m must be at least 64 (one warpgroup's MMA), got {self.block_m}")
@@ -76,12 +79,14 @@ class Fp8GemmConfig:
         if self.num_warps not in (4, 8, 16):
             raise ValueError(f"num_warps must be 4, 8 or 16, got {self.num_warps}")
         if self.gluon_ws and (
-            (self.block_m, self.block_k, self.num_warps) != (128, BLOCK, 8) or self.block_n not in (64, 128, 256)
-            or self.split_n != 1 or self.warp_specialize or self.epilogue_subtile
+            self.block_m not in (128, GLUON_THREE_CONSUMER_ROWS) or (self.block_k, self.num_warps) != (BLOCK, 8)
+            or self.block_n not in (64, 128, 256) or self.split_n != 1 or self.warp_specialize or self.epilogue_subtile
+            or (self.block_m == GLUON_THREE_CONSUMER_ROWS and self.block_n > 128)
         ):
             raise ValueError(
-                "the warp-specialized Gluon kernel takes block_m 128, block_n 64, 128 or 256, block_k 128, 8 warps, "
-                "split_n 1, whole-tile stores (epilogue_subtile False) and no warp_specialize"
+                "the warp-specialized Gluon kernel takes block_m 128 (block_n 64, 128 or 256) or 192 (block_n 64 or "
+                "128), block_k 128, 8 warps, split_n 1, whole-tile stores (epilogue_subtile False) and no "
+                "warp_specialize"
             )
         if self.shared_memory_bytes > SHARED_MEMORY_BYTES:
             raise ValueError(
@@ -196,9 +201,9 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, num_sms: int) 
     """Configs worth timing against each other on a GPU for one regime (the heuristic's preset first)."""
     preset = choose_config(BLOCK, BLOCK, BLOCK, granularity, fast_accum, num_sms, gluon=True)
     gluon = [
-        dict(block_m=128, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=False, split_n=1,
+        dict(block_m=bm, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=False, split_n=1,
              epilogue_subtile=False, gluon_ws=True)
-        for bn, stages in ((128, (4, 5)), (256, (3, )))
+        for bm, bn, stages in ((128, 128, (4, 5)), (128, 256, (3, )), (GLUON_THREE_CONSUMER_ROWS, 128, (3, 4)))
         for s in stages
     ]
     if is_promoted(granularity, fast_accum):

@@ -217,6 +217,10 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
         (dict(gluon_ws=True, block_n=128, epilogue_subtile=False, num_warps=4), "warp-specialized Gluon"),
         (dict(gluon_ws=True, block_n=32, epilogue_subtile=False), "warp-specialized Gluon"),
         (dict(gluon_ws=True, block_n=128, epilogue_subtile=False, warp_specialize=True), "warp-specialized Gluon"),
+        (dict(block_m=192), "power of two"),  # three consumer warpgroups: the Gluon kernel's only
+        (dict(gluon_ws=True, block_m=192, block_n=256, epilogue_subtile=False, num_warps=8, num_stages=2),
+         "warp-specialized Gluon"),
+        (dict(gluon_ws=True, block_m=192, block_n=128, epilogue_subtile=False, num_warps=8, num_stages=5), "shared memory"),
     ],
 )
 def test_config_is_validated_once(fields, message):
@@ -286,7 +290,7 @@ GLUON_BLOCKWISE_SHAPES = [(1, 1152, 384), (17, 1152, 384), (5000, 1280, 1024), (
 
 def _gluon_case_id(case_config) -> str:
     case, config = case_config
-    return f"{_case_id(case)}-n{config.block_n}-stages{config.num_stages}"
+    return f"{_case_id(case)}-m{config.block_m}-n{config.block_n}-stages{config.num_stages}"
 
 
 def test_the_gluon_kernel_is_a_candidate_everywhere_but_not_under_the_interpreter():
