@@ -8,18 +8,21 @@ Why: per 128-wide K-tile each product must be added (scaled, for blockwise) into
 FP32 instructions leave the tensor cores idle unless other warps have wgmma queued meanwhile. The
 single-partition kernels (kernels/_gemm_persistent.py, and the ping-pong Gluon kernel it replaced) keep all their warps in
 step with CTA-wide barriers before every mbarrier wait and TMA issue, so the promotion runs in series with
-the MMA. Here, as in DeepGEMM, three partitions share one persistent walk over 128 x BLOCK_N tiles:
+the MMA. Here, as in DeepGEMM, the partitions share one persistent walk over BLOCK_M x BLOCK_N tiles:
 
-- a producer warp issues the TMA loads of each K-tile (A 128 x 128, B BLOCK_N x 128) into a `STAGES`-deep
-  ring of shared buffers, each slot guarded by a `ready` mbarrier (TMA bytes landed) and an `empty` one
-  (both consumers have read it); it runs ahead across tiles;
-- two consumer warpgroups (the default partition and a 4-warp worker) each own 64 rows of the tile: wait
+- a producer warp issues the TMA loads of each K-tile (A in a 64 x 128 box per consumer, B BLOCK_N x 128)
+  into a `STAGES`-deep ring of shared buffers, each slot guarded by a `ready` mbarrier (TMA bytes landed)
+  and an `empty` one (every consumer has read it); it runs ahead across tiles;
+- a consumer warpgroup per 64 rows of the tile (the default partition and one or two 4-warp workers): wait
   `ready`, issue the wgmma into a fresh accumulator, wait for it, arrive on `empty`, then promote. Each
-  waits and arrives on its own, so while one promotes the other's wgmma keeps the tensor cores busy; no
+  waits and arrives on its own, so while one promotes another's wgmma keeps the tensor cores busy; no
   barrier spans more than a warpgroup.
 
-Two 64 x 128 FP32 sets (sum and product) are 128 registers a thread, inside the 232 the consumers get
-(setmaxnreg; the producer keeps 40); a 128 x 256 tile is promoted in two 128-column halves (192).
+Two 64 x 128 FP32 sets (sum and product) are 128 registers a thread, inside the 232 two consumers get
+(setmaxnreg; the producer keeps 40) and the 160 of three; a 128 x 256 tile is promoted in two 128-column
+halves (192 registers, so only with two consumers). A 192 x 128 tile (three consumers) loads a byte of A
+and B per 154 MMA flops, where 128 x 128 loads one per 128 (128 x 256: 171): blockwise, where 128 x 256 does not fit (its consumers
+spill), it ran at 1.04x the 128 x 128 tile (reports/h100-sxm/gemm-gluon-tall).
 Blockwise scales travel with the operands: the producer TMA-loads each K-tile's activation and weight
 scales into the ring beside A and B (see _producer), as DeepGEMM does, so the consumers read them from
 shared memory after the wait they make anyway. (Loaded by the consumers from global memory, two K-tiles

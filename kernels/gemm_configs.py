@@ -8,13 +8,13 @@ Two regimes decide the tile:
   each K-tile's product lands in a fresh accumulator that is then added (scaled, for blockwise) into the
   running FP32 sum, so BLOCK_K is the promotion interval (128, as in DeepGEMM). The sum and the fresh
   product must both fit the register file: a 128 x 256 tile does only split in column halves (split_n=2:
-  the sum plus one half's product), blockwise uses 128 x 128 tiles (one weight scale each).
-On a GPU every regime runs the warp-specialized Gluon kernel (kernels/_gemm_ws.py, `gluon_ws`), whose two
-consumer warpgroups overlap one's promotion with the other's MMA (and, with fast accumulation, one's
-wait with the other's MMA); where Gluon cannot run (the CPU interpreter, a Triton whose Gluon API differs
+  the sum plus one half's product), blockwise uses tiles 128 wide (one weight scale per K-tile).
+On a GPU every regime runs the warp-specialized Gluon kernel (kernels/_gemm_ws.py, `gluon_ws`), whose
+consumer warpgroups (two, or three for 192-row tiles) overlap one's promotion with the others' MMA (and,
+with fast accumulation, one's wait with the others' MMA); where Gluon cannot run (the CPU interpreter, a Triton whose Gluon API differs
 from the one it is written against) the Triton kernel's presets run. The presets were chosen by timing
 `candidate_configs` with kernels/bench/gemm_sweep.py on an H100 (kernels/README.md has the numbers); the
-shape enters through the grid size and, on the Gluon kernel, the tile width (`wave_efficiency`).
+shape enters through the grid size and, on the Gluon kernel, the tile (GLUON_TILES, `wave_efficiency`).
 """
 
 from __future__ import annotations
@@ -133,20 +133,27 @@ PROMOTED = Fp8GemmConfig(block_m=128, block_n=256, block_k=128, group_m=16, num_
                          split_n=2)
 BLOCKWISE = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_stages=4, num_warps=8, num_sms=1,
                           warp_specialize=True)
-# The Gluon kernel's: 128 x 256 in two 128-column halves for tensorwise / axiswise, promoted or with fast
-# accumulation, and 128 x 128 (one weight scale per tile) for blockwise (`gemm_sweep.py gluon` on the H100,
-# ours / cuBLAS: promoted 1.005 / 1.046, fast accumulation 1.013 / 0.990 against the Triton kernel's
-# 0.996 / 0.972 in the same run; blockwise, scales by TMA, 0.958).
+# The Gluon kernel's tiles. Each regime's candidates come with their speed relative to its fastest where
+# the persistent grid's waves are whole; the heuristic takes the one with the highest speed x
+# wave_efficiency, so a narrower tile wins where the wider one would leave the last wave mostly idle
+# (e.g. M 8192, N 1280 at 128 x 256: 320 tiles, 2.4 waves of 132). Speeds: `gemm_sweep.py gluon` on the
+# H100, the geomean of each tile's ours / cuBLAS over the same 6 shapes in one run, against the regime's
+# fastest (reports/h100-sxm/gemm-gluon-tall, session 12):
+# - 128 x 256 (two 128-column halves) for tensorwise / axiswise; promoted, 192 x 128 (three consumer
+#   warpgroups) at 0.96 / 0.96 and 128 x 128 at 0.93 / 0.93 of it; with fast accumulation 128 x 128 at
+#   0.94 / 0.91 (192 x 128 no faster);
+# - blockwise (one weight scale per 128 columns, so 128 wide): 192 x 128 s3, and 128 x 128 s4 at 0.96 of it.
 WIDE_GLUON = Fp8GemmConfig(block_m=128, block_n=256, block_k=128, group_m=16, num_stages=3, num_warps=8, num_sms=1,
                            epilogue_subtile=False, gluon_ws=True)
-# Where 128 x 256 tiles leave the last wave of a persistent grid mostly idle (few tiles per SM, e.g.
-# M 8192, N 1280: 320 tiles, 2.4 waves of 132), 128 x 128 tiles may finish first despite their lower speed
-# per tile: NARROW_TILE_SPEED of the wide tile's, measured on the H100 (`gemm_sweep.py gluon`, Gluon
-# 128x128 s4 against 128x256 s3, same runs: 0.93 / 0.91 fast accumulation, 0.94 / 0.93 promoted,
-# tensorwise / axiswise).
 NARROW_GLUON = dataclasses.replace(WIDE_GLUON, block_n=128, num_stages=4)
-NARROW_TILE_SPEED = 0.93
+TALL_GLUON = dataclasses.replace(WIDE_GLUON, block_m=GLUON_THREE_CONSUMER_ROWS, block_n=128)
 BLOCKWISE_GLUON = dataclasses.replace(NARROW_GLUON, group_m=8)
+TALL_BLOCKWISE_GLUON = dataclasses.replace(TALL_GLUON, group_m=8)
+GLUON_TILES = {
+    "fast": ((WIDE_GLUON, 1.0), (NARROW_GLUON, 0.93)),
+    "promoted": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.96), (NARROW_GLUON, 0.93)),
+    "blockwise": ((TALL_BLOCKWISE_GLUON, 1.0), (BLOCKWISE_GLUON, 0.96)),
+}
 
 
 def wave_efficiency(M: int, N: int, config: Fp8GemmConfig, num_sms: int) -> float:
@@ -159,6 +166,13 @@ def wave_efficiency(M: int, N: int, config: Fp8GemmConfig, num_sms: int) -> floa
 def is_promoted(granularity: Granularity, fast_accum: bool) -> bool:
     """Whether the kernel adds each K-tile's product into the FP32 sum itself (see the module docstring)."""
     return granularity is Granularity.BLOCKWISE or not fast_accum
+
+
+def _gluon_tiles(granularity: Granularity, fast_accum: bool) -> tuple[tuple[Fp8GemmConfig, float], ...]:
+    """The regime's Gluon tiles with their relative speeds (GLUON_TILES), fastest first."""
+    if granularity is Granularity.BLOCKWISE:
+        return GLUON_TILES["blockwise"]
+    return GLUON_TILES["promoted" if is_promoted(granularity, fast_accum) else "fast"]
 
 
 # Fields forced onto every chosen config, as JSON (e.g. '{"block_n": 64, "num_stages": 2}'): for tuning
@@ -187,19 +201,20 @@ def choose_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: 
 def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, num_sms: int,
                       gluon: bool) -> Fp8GemmConfig:
     """The heuristic: the regime's preset on a persistent grid of at most `num_sms` programs."""
-    if granularity is Granularity.BLOCKWISE:
-        preset = BLOCKWISE_GLUON if gluon else BLOCKWISE
-    elif gluon:
-        wide, narrow = (wave_efficiency(M, N, config, num_sms) for config in (WIDE_GLUON, NARROW_GLUON))
-        preset = NARROW_GLUON if NARROW_TILE_SPEED * narrow > wide else WIDE_GLUON
+    if gluon:
+        # max() keeps the first of equals: the faster tile where both fill their waves alike.
+        preset = max(_gluon_tiles(granularity, fast_accum),
+                     key=lambda tile: tile[1] * wave_efficiency(M, N, tile[0], num_sms))[0]
+    elif granularity is Granularity.BLOCKWISE:
+        preset = BLOCKWISE
     else:
         preset = FAST_ACCUM if fast_accum else PROMOTED
     return preset.with_sms(num_sms)
 
 
 def candidate_configs(granularity: Granularity, fast_accum: bool, num_sms: int) -> list[Fp8GemmConfig]:
-    """Configs worth timing against each other on a GPU for one regime (the heuristic's preset first)."""
-    preset = choose_config(BLOCK, BLOCK, BLOCK, granularity, fast_accum, num_sms, gluon=True)
+    """Configs worth timing against each other on a GPU for one regime (its fastest Gluon tile first)."""
+    preset = _gluon_tiles(granularity, fast_accum)[0][0].with_sms(num_sms)
     gluon = [
         dict(block_m=bm, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=False, split_n=1,
              epilogue_subtile=False, gluon_ws=True)

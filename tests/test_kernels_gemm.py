@@ -238,7 +238,7 @@ def test_heuristic_and_candidates_fit_their_regime(case):
         assert config.num_sms == 132
         assert json.loads(json.dumps(config.as_dict())) == config.as_dict()
     candidates = candidate_configs(granularity, fast_accum, 132)
-    assert candidates[0] == choose_config(4096, 4096, 4096, granularity, fast_accum, 132, gluon=True)
+    assert candidates[0] == choose_config(8192, 8192, 8192, granularity, fast_accum, 132, gluon=True)
     assert len(set(candidates)) == len(candidates) > 1
     for config in candidates:
         config.check_granularity(granularity, fast_accum)
@@ -351,6 +351,24 @@ def test_the_heuristic_narrows_the_tile_where_wide_tiles_leave_the_last_wave_idl
         for M, N in [(8192, 8192), (16384, 1280), (8192, 57344)]:  # full last waves either way: the wide tile
             assert choose_config(M, N, 8192, *case, 132, gluon=True).block_n == 256
         assert choose_config(8192, 1280, 8192, *case, 132, gluon=False).block_n == 256  # measured on Gluon only
+
+
+def test_the_heuristic_takes_three_consumer_tiles_where_their_waves_fill():
+    from fp8kernels.gemm_configs import GLUON_THREE_CONSUMER_ROWS as TALL
+
+    def tile(M, N, case):
+        config = choose_config(M, N, 8192, *case, 132, gluon=True)
+        return config.block_m, config.block_n
+
+    blockwise, promoted, fast = (Granularity.BLOCKWISE, False), (Granularity.TENSORWISE, False), (Granularity.TENSORWISE, True)
+    assert tile(8192, 8192, blockwise) == (TALL, 128)  # 2752 tiles, 20.8 waves, against 31.03 at 128 x 128
+    assert tile(4096, 4096, blockwise) == (128, 128)  # 704 tiles: 5.3 waves against 1024 in 7.8
+    # Promoted: the wide tile where its waves fill; where they do not, the tall one if its own do (N 1280 at
+    # M 25344: 132 x 10 tiles, 10 whole waves, against the wide tile's 198 x 5 in 7.5), else the narrow one.
+    assert tile(8192, 8192, promoted) == (128, 256)
+    assert tile(25344, 1280, promoted) == (TALL, 128)
+    assert tile(8192, 1280, promoted) == (128, 128)
+    assert tile(25344, 1280, fast) == (128, 256)  # with fast accumulation the tall tile is no candidate
 
 
 def test_the_heuristic_takes_the_gluon_kernel_only_where_it_runs(monkeypatch):
