@@ -426,3 +426,16 @@ def test_config_override_forces_fields_and_rejects_bad_json(monkeypatch):
     monkeypatch.setenv(CONFIG_OVERRIDE_ENV, '{"no_such_field": 1}')
     with pytest.raises(ValueError, match=CONFIG_OVERRIDE_ENV):
         choose_config(4096, 4096, 4096, Granularity.TENSORWISE, True, 132)
+
+
+def test_compare_refuses_shapes_it_does_not_know(tmp_path):
+    """`gemm_sweep.py compare --shape` (to split the 27 shapes over runs) names the unknown ones; no GPU needed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "kernels" / "bench" / "gemm_sweep.py"
+    done = subprocess.run([sys.executable, str(script), "compare", "--out", str(tmp_path), "--shape", "8192x8192x8192",
+                           "--shape", "no-such-shape"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "no-such-shape" in done.stderr and "8192x8192x8192" not in done.stderr.split("not target shapes")[-1]

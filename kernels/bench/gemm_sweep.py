@@ -197,11 +197,17 @@ def _open_run(out: Path, command: str) -> RunWriter:
 
 @app.command()
 def compare(out: Path = typer.Option(..., help="folder for results.csv and metadata.json"),
-            quick: bool = typer.Option(False, help="lighter timing (2 short repeats)")) -> None:
+            quick: bool = typer.Option(False, help="lighter timing (2 short repeats)"),
+            shape: list[str] = typer.Option([], help="only these target shapes, by name (repeatable): to split the "
+                                                      "27 shapes over runs that must each end within a time limit")) -> None:
     """The heuristic's config on every target shape, each regime against cuBLAS."""
     import torch
 
     shapes = target_shapes()
+    unknown = set(shape) - {s.name for s in shapes}
+    if unknown:
+        raise typer.BadParameter(f"not target shapes: {', '.join(sorted(unknown))}", param_hint="--shape")
+    shapes = [s for s in shapes if s.name in shape] if shape else shapes
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     jobs = {(g, f, gemm_config(s.M, s.N, s.K, g, f, torch.device("cuda"))) for s in shapes for g, f in REGIMES}
     precompile(sorted(jobs, key=str))
