@@ -264,8 +264,7 @@ def _fp8_gemm_ws_kernel(
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES * CONSUMERS, CONSUMER_ROWS, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     # One staging buffer per consumer and 128-column half, so no store waits for another's.
-    c_bufs = gl.allocate_shared_memory(c_desc.dtype,
-                                       [BLOCK_M // CONSUMER_ROWS * BLOCK_N // c_desc.block_type.shape[1]]
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS * BLOCK_N // c_desc.block_type.shape[1]]
                                        + c_desc.block_type.shape, c_desc.layout)
     # Blockwise scales by TMA (sa_desc, sb_desc: descriptors, else None): a ring of their own beside A's and
     # B's. Without, constexpr Nones (warp_specialize passes only values with a type; a plain assignment
@@ -346,13 +345,14 @@ def scale_storage(scale):
     return scale.as_strided((span,), (1,))
 
 
-def _scale_descriptors(scale_a, scale_b, block_m: int):
+def _scale_descriptors(scale_a, scale_b):
     """1-D TMA descriptors over the storage of tma_ready_scales' output: the producer computes each
     box's start from the strides, so one descriptor serves every scale layout (a 2-D one would need its
-    row stride 16-byte aligned, and a 1-wide weight-scale box is not a TMA box)."""
+    row stride 16-byte aligned, and a 1-wide weight-scale box is not a TMA box). Activation scales come in
+    one consumer's 64 rows a box, as A does."""
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
     return [TensorDescriptor.from_tensor(scale_storage(scale), [box], layout)
-            for scale, box in ((scale_a, block_m), (scale_b, WEIGHT_SCALE_BOX))]
+            for scale, box in ((scale_a, CONSUMER_ROWS.value), (scale_b, WEIGHT_SCALE_BOX))]
 
 
 def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig):
@@ -368,7 +368,7 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
     sa_desc = sb_desc = None
     if granularity is Granularity.BLOCKWISE:
         scale_a, scale_b = tma_ready_scales(scale_a, scale_b)
-        sa_desc, sb_desc = _scale_descriptors(scale_a, scale_b, CONSUMER_ROWS.value)
+        sa_desc, sb_desc = _scale_descriptors(scale_a, scale_b)
     programs = persistent_programs(M, N, config)
     return _fp8_gemm_ws_kernel[(programs,)](
         a_desc, b_desc, c_desc, scale_a, scale_b, sa_desc, sb_desc, M, N, K, *scale_strides(scale_a, scale_b),
