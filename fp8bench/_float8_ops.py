@@ -6,6 +6,10 @@ and dtypes without running a kernel) and eager mode simply calls them.
   copy or both from one read where the kernel can (fp8kernels.quantize).
 - `fp8bench::quantize_delayed`: tensorwise with the scale taken from an amax history (delayed scaling);
   records the tensor's own amax into the history, which it mutates.
+- `fp8bench::quantize_tensorwise_scaled`: tensorwise from an amax the caller computed, the cast pass
+  alone. Under torch.compile Float8Linear computes a dynamic tensor amax with torch ops, which inductor
+  fuses into the kernel that produces the tensor (LayerNorm, sigmoid backward): `quantize`'s amax pass
+  would read it again, as the op is opaque. Eager keeps `quantize`, whose amax kernel beats torch's.
 - `fp8bench::fp8_gemm`: our persistent FP8 GEMM (fp8kernels.gemm), bf16 out.
 - `fp8bench::fp8_gemm_1x128_1x128`: the blockwise product whose operands both have 1 x 128 scales
   (grad_weight = grad_output.T @ input). fp8kernels.gemm has no such mode (its right operand takes
@@ -92,6 +96,16 @@ def _quantize_fake(x, granularity, block_rows, fp8_dtype, power_of_two, rowwise,
     )
 
 
+def _tensorwise_launch(x: torch.Tensor, fp8_dtype: str, power_of_two: bool, rowwise: bool, columnwise: bool):
+    """The spec and launch config of fp8kernels.quantize_tensorwise's passes, as quantize_tensorwise picks them."""
+    from fp8kernels._quantize_common import launch_config
+    from fp8kernels.quantize import QuantizeSpec
+    from fp8kernels.quantize_configs import QuantizeKernel
+
+    spec = QuantizeSpec(_FP8_DTYPES[fp8_dtype], power_of_two, rowwise, columnwise)
+    return spec, launch_config(x, spec, QuantizeKernel.TENSORWISE, None)
+
+
 @torch.library.custom_op("fp8bench::quantize_delayed", mutates_args=("amax_history",))
 def quantize_delayed(
     x: torch.Tensor, amax_history: torch.Tensor, fp8_dtype: str, power_of_two: bool, rowwise: bool, columnwise: bool
@@ -101,14 +115,10 @@ def quantize_delayed(
 
     The cast records this tensor's amax as it reads x, and the amax pass before it runs only while the
     history is all zeros (decided on the device: no host sync), so from the second step x is read once."""
-    from fp8kernels._quantize_common import launch_config
-    from fp8kernels.quantize import QuantizeSpec
-    from fp8kernels.quantize_configs import QuantizeKernel
     from fp8kernels.quantize_tensorwise import cast_tensorwise, tensor_amax
 
     # fp8kernels.quantize_tensorwise's passes, but the cast reads the history's amax, not the pass's.
-    spec = QuantizeSpec(_FP8_DTYPES[fp8_dtype], power_of_two, rowwise, columnwise)
-    config = launch_config(x, spec, QuantizeKernel.TENSORWISE, None)
+    spec, config = _tensorwise_launch(x, fp8_dtype, power_of_two, rowwise, columnwise)
     recorded = amax_history.max()
     current = tensor_amax(x, config, unless_positive=recorded)  # zero once the history holds an amax
     out = cast_tensorwise(x, torch.where(recorded > 0, recorded, current), spec, config, record_amax=current)
@@ -116,8 +126,21 @@ def quantize_delayed(
     return _outputs(out, x, spec)
 
 
+@torch.library.custom_op("fp8bench::quantize_tensorwise_scaled", mutates_args=())
+def quantize_tensorwise_scaled(
+    x: torch.Tensor, amax: torch.Tensor, fp8_dtype: str, power_of_two: bool, rowwise: bool, columnwise: bool
+) -> Quantized:
+    """Tensorwise scaled from `amax` (0-d float32, max |x| as the caller computed it): the cast pass of
+    fp8kernels.quantize_tensorwise without its amax pass (module docstring)."""
+    from fp8kernels.quantize_tensorwise import cast_tensorwise
+
+    spec, config = _tensorwise_launch(x, fp8_dtype, power_of_two, rowwise, columnwise)
+    return _outputs(cast_tensorwise(x, amax, spec, config), x, spec)
+
+
 @quantize_delayed.register_fake
-def _quantize_delayed_fake(x, amax_history, fp8_dtype, power_of_two, rowwise, columnwise):
+@quantize_tensorwise_scaled.register_fake
+def _tensorwise_fake(x, amax_or_history, fp8_dtype, power_of_two, rowwise, columnwise):
     return _quantize_fake(x, Granularity.TENSORWISE.value, 0, fp8_dtype, power_of_two, rowwise, columnwise)
 
 

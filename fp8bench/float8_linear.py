@@ -13,7 +13,10 @@ transposed copy, scaled along the other dimension; when both uses have the same 
 quantize kernel writes both copies from one read (fp8kernels.quantize), else each use is its own cast.
 The weight is cast once per step, in the forward, and its second form is kept for the backward; so is
 the input's. Delayed scaling keeps an amax history per tensor in the module's buffers
-(`amax_history_<tensor>`), updated by every cast (the grad_output's in the backward).
+(`amax_history_<tensor>`), updated by every cast (the grad_output's in the backward). Under
+torch.compile a dynamic tensorwise cast takes its amax from torch ops, which inductor fuses into the
+kernel producing the tensor (LayerNorm, sigmoid backward), and runs only our cast pass
+(fp8bench._float8_ops); eager, our amax kernel is faster than torch's.
 
 Which scalings the kernels multiply: tensorwise x tensorwise, and any mix of tensorwise and axiswise
 (a tensor scale is broadcast to one per row, in the axiswise GEMM); blockwise with 1 x 128 left
@@ -144,10 +147,14 @@ def cast_tensor(x: torch.Tensor, calls: tuple[_Cast, ...], history: torch.Tensor
     along x's columns; None for a use kept in original precision."""
     forms: list[tuple[torch.Tensor, torch.Tensor] | None] = [None, None]
     for call in calls:
+        tensorwise_args = (call.fp8_dtype, call.power_of_two, call.rowwise, call.columnwise)
         if call.delayed:
-            data, scale, data_t, scale_t = ops.quantize_delayed(
-                x, history, call.fp8_dtype, call.power_of_two, call.rowwise, call.columnwise
-            )
+            data, scale, data_t, scale_t = ops.quantize_delayed(x, history, *tensorwise_args)
+        elif call.granularity == Granularity.TENSORWISE.value and torch.compiler.is_compiling():
+            # Max is exact in any dtype: our amax kernel's scale. Per row first, which inductor fuses into a
+            # pointwise producer too (sigmoid backward; a whole-tensor amax it does not, torch 2.11).
+            amax = x.abs().amax(dim=1).amax().to(torch.float32)
+            data, scale, data_t, scale_t = ops.quantize_tensorwise_scaled(x, amax, *tensorwise_args)
         else:
             data, scale, data_t, scale_t = ops.quantize(
                 x, call.granularity, call.block_rows, call.fp8_dtype, call.power_of_two, call.rowwise, call.columnwise

@@ -21,10 +21,11 @@ per step, wall_ms the host time of a synchronized step. gemm_ms / cast_ms / othe
 by kernel name (`kernel_kind`; every kernel is in the run's measured_kernels.csv); a kernel that fuses a
 cast into LayerNorm or the sigmoid counts as other. speedup_vs_bf16 is bf16-compile's median_ms over the
 row's, same shape, same run. predicted_ms / predicted_speedup / bound come from the refined model of
-the same implementation and recipe (BF16 rows: the BF16 step) under the run's ceilings (calibrated when
-a profile exists); measured_vs_predicted = speedup_vs_bf16 / predicted_speedup. Accuracy: after the timing
-one more step, whose output and gradients of x and of the weight are compared with the BF16 eager
-layer's on the same inputs as SQNR in dB.
+the same implementation and recipe (LayerCase.model_implementation: `triton-compile` for ours compiled;
+BF16 rows: the BF16 step) under the run's ceilings (calibrated when a profile exists);
+measured_vs_predicted = speedup_vs_bf16 / predicted_speedup. Accuracy: after the timing one more step,
+whose output and gradients of x and of the weight are compared with the BF16 eager layer's on the same
+inputs as SQNR in dB.
 """
 
 from __future__ import annotations
@@ -101,6 +102,12 @@ class LayerCase:
     @property
     def backend(self) -> str:
         return f"{self.implementation}-compile" if self.compiled else self.implementation
+
+    @property
+    def model_implementation(self) -> str:
+        """The roofline model's implementation of the case: its backend's where the model has one (ours
+        compiled, whose activations' amax inductor fuses), else its implementation's."""
+        return self.backend if self.backend in model.IMPLEMENTATIONS else self.implementation
 
     @property
     def recipe_name(self) -> str:
@@ -330,7 +337,7 @@ def _prediction(case: LayerCase, ceilings: model.Ceilings) -> tuple[dict[str, An
     if case.recipe is None:
         times = tuple(model.time_kernel(kernel, ceilings) for kernel in model.layer_kernels(case.shape, None))
         return {"predicted_ms": sum(t.seconds for t in times) * 1e3, "bound": model.Prediction.bound_of(times).value}, None
-    p = model.predict(case.shape, case.recipe, model.IMPLEMENTATIONS[case.implementation], ceilings)
+    p = model.predict(case.shape, case.recipe, model.IMPLEMENTATIONS[case.model_implementation], ceilings)
     columns = {"predicted_ms": p.fp8_s * 1e3, "predicted_speedup": p.speedup, "bound": model.Prediction.bound_of(p.fp8).value}
     return columns, p.speedup
 

@@ -13,7 +13,8 @@ its kernels; the predicted speedup is T_bf16 / T_fp8. Two models are built from 
   sides of the ratio; each product runs at the ceiling of its own kernel (BF16, or FP8 of its
   granularity and fast-accumulation setting); the casts are planned from the recipe's per-argument
   configs and from what an implementation fuses (`Implementation`), so that the same recipe costs
-  differently in our Triton kernels, in torch.compile'd torchao and in TransformerEngine.
+  differently in our Triton kernels (eager and compiled), in torch.compile'd torchao and in
+  TransformerEngine.
 
 Ceilings come from the hardware table (datasheet peaks times torchao's achievable fractions) or from a
 calibration profile measured on the GPU at hand (fp8bench.calibrate); predictions carry which.
@@ -209,8 +210,6 @@ class Implementation:
       with `cast_in_producer_needs_known_scale` only when the scale is known before it runs (delayed
       scaling, TransformerEngine's LayerNorm), else also for scales local to a row (axiswise, 1x128).
     - cast_transpose: one kernel writes both layouts (row- and column-major) from one read.
-    - tensorwise_pass_per_copy: except for tensorwise scaling, where each layout takes its own cast pass
-      (ours: one Triton 3.6 launch writing both gave a wrong transposed copy; kernels/README.md).
     - column_scales_in_place: second-use axiswise scales come from a tiled amax pass (one read that
       finds row and column amaxes), not from transposing the tensor in BF16 and scaling its rows.
     - weight_fp8_saved: the weight is cast once per step, in the forward, and both forms are kept for
@@ -227,7 +226,6 @@ class Implementation:
     cast_in_producer: frozenset[TensorRole] = frozenset()
     cast_in_producer_needs_known_scale: bool = False
     cast_transpose: bool = False
-    tensorwise_pass_per_copy: bool = False
     column_scales_in_place: bool = False
     weight_fp8_saved: bool = False
     amax_finish_kernel: bool = True
@@ -241,20 +239,29 @@ class Implementation:
 
 _ACTIVATIONS = frozenset({TensorRole.INPUT, TensorRole.GRAD_OUTPUT})
 
+_TRITON = Implementation(
+    "triton",
+    "ours (kernels/), eager: one cast+transpose kernel per tensor, tiled amax pass for global and column "
+    "scales, weight cast once per step; LayerNorm and sigmoid are not fused",
+    cast_transpose=True,
+    column_scales_in_place=True,
+    weight_fp8_saved=True,
+    amax_finish_kernel=False,
+)
+
+_TRITON_COMPILE = replace(
+    _TRITON,
+    name="triton-compile",
+    description="ours under torch.compile: as triton, but LayerNorm and sigmoid are compiled and inductor "
+    "fuses the activations' dynamic tensor amax into LayerNorm and sigmoid backward (fp8bench.float8_linear)",
+    amax_in_producer=_ACTIVATIONS,
+)
+
 IMPLEMENTATIONS: dict[str, Implementation] = {
     impl.name: impl
     for impl in (
-        Implementation(
-            "triton",
-            "ours (kernels/): one cast+transpose kernel per tensor (a cast pass per layout for tensorwise "
-            "scales), tiled amax pass for global and column "
-            "scales, weight cast once per step; LayerNorm and sigmoid are not fused",
-            cast_transpose=True,
-            tensorwise_pass_per_copy=True,
-            column_scales_in_place=True,
-            weight_fp8_saved=True,
-            amax_finish_kernel=False,
-        ),
+        _TRITON,
+        _TRITON_COMPILE,
         Implementation(
             "torchao",
             "torchao Float8Linear under torch.compile: amax and row-local casts fused into LayerNorm and "
@@ -282,8 +289,11 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
         ),
     )
 }
+# What `--implementation` takes: ours is measured eager and compiled (fp8bench.layer), so `triton` names
+# both of its models.
 IMPLEMENTATION_CHOICES: dict[str, tuple[Implementation, ...]] = {
-    **{name: (impl,) for name, impl in IMPLEMENTATIONS.items()},
+    **{name: (impl,) for name, impl in IMPLEMENTATIONS.items() if impl is not _TRITON_COMPILE},
+    "triton": (_TRITON, _TRITON_COMPILE),
     "all": tuple(IMPLEMENTATIONS.values()),
 }
 
@@ -404,7 +414,7 @@ def _plan_casts(role: TensorRole, n: int, recipe: Recipe, impl: Implementation) 
         if first_in_producer:
             plan.producer_writes += fp8
             plan.kernels.append(kernel("transpose fp8", fp8, fp8, reads_stored_bf16=False))
-        elif split or (impl.tensorwise_pass_per_copy and first.granularity is Granularity.TENSORWISE):
+        elif split:
             # A cast pass per form: the weight's second one in the backward when it is not saved.
             forward, backward = (" (forward)", " (backward)") if split else ("", "")
             plan.kernels.append(kernel(f"cast to fp8{forward}", bf16, fp8))
