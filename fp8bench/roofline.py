@@ -416,9 +416,8 @@ def _plan_casts(role: TensorRole, n: int, recipe: Recipe, impl: Implementation) 
             plan.kernels.append(kernel("transpose fp8", fp8, fp8, reads_stored_bf16=False))
         elif split:
             # A cast pass per form: the weight's second one in the backward when it is not saved.
-            forward, backward = (" (forward)", " (backward)") if split else ("", "")
-            plan.kernels.append(kernel(f"cast to fp8{forward}", bf16, fp8))
-            plan.kernels.append(kernel(f"cast to fp8 transposed{backward}", bf16, fp8))
+            plan.kernels.append(kernel("cast to fp8 (forward)", bf16, fp8))
+            plan.kernels.append(kernel("cast to fp8 transposed (backward)", bf16, fp8))
         elif impl.cast_transpose:
             plan.kernels.append(kernel("cast + transpose to fp8", bf16, 2 * fp8))
         else:
