@@ -10,6 +10,10 @@ and dtypes without running a kernel) and eager mode simply calls them.
   alone. Under torch.compile Float8Linear computes a dynamic tensor amax with torch ops, which inductor
   fuses into the kernel that produces the tensor (LayerNorm, sigmoid backward): `quantize`'s amax pass
   would read it again, as the op is opaque. Eager keeps `quantize`, whose amax kernel beats torch's.
+- `fp8bench::transpose_fp8` and `fp8bench::record_amax`: delayed scaling under torch.compile, where
+  Float8Linear casts with torch ops that inductor fuses into the tensor's producer (which then writes the
+  rowwise fp8 copy itself): our fp8 transpose makes the transposed copy, and the tensor's amax (also
+  computed in the producer) goes to the front of its history.
 - `fp8bench::fp8_gemm`: our persistent FP8 GEMM (fp8kernels.gemm), bf16 out.
 - `fp8bench::fp8_gemm_1x128_1x128`: the blockwise product whose operands both have 1 x 128 scales
   (grad_weight = grad_output.T @ input). fp8kernels.gemm has no such mode (its right operand takes
@@ -29,7 +33,7 @@ import torch
 from fp8bench.config import BLOCK, Granularity
 from fp8bench.recipes import Fp8Dtype
 
-_FP8_DTYPES = {Fp8Dtype.E4M3.value: torch.float8_e4m3fn, Fp8Dtype.E5M2.value: torch.float8_e5m2}
+FP8_DTYPES = {Fp8Dtype.E4M3.value: torch.float8_e4m3fn, Fp8Dtype.E5M2.value: torch.float8_e5m2}
 
 Quantized = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # data, scale, data_t, scale_t
 
@@ -70,7 +74,7 @@ def quantize(
     from fp8kernels.quantize_blockwise import quantize_blockwise
     from fp8kernels.quantize_tensorwise import quantize_tensorwise
 
-    spec = QuantizeSpec(_FP8_DTYPES[fp8_dtype], power_of_two, rowwise, columnwise)
+    spec = QuantizeSpec(FP8_DTYPES[fp8_dtype], power_of_two, rowwise, columnwise)
     if granularity == Granularity.TENSORWISE.value:
         out = quantize_tensorwise(x, spec)
     elif granularity == Granularity.AXISWISE.value:
@@ -83,7 +87,7 @@ def quantize(
 @quantize.register_fake
 def _quantize_fake(x, granularity, block_rows, fp8_dtype, power_of_two, rowwise, columnwise):
     rows, cols = x.shape
-    dtype = _FP8_DTYPES[fp8_dtype]
+    dtype = FP8_DTYPES[fp8_dtype]
     (scale, scale_strides), (scale_t, scale_t_strides) = _scale_layouts(rows, cols, granularity, block_rows)
     shared = granularity == Granularity.TENSORWISE.value and rowwise
     return (
@@ -102,7 +106,7 @@ def _tensorwise_launch(x: torch.Tensor, fp8_dtype: str, power_of_two: bool, roww
     from fp8kernels.quantize import QuantizeSpec
     from fp8kernels.quantize_configs import QuantizeKernel
 
-    spec = QuantizeSpec(_FP8_DTYPES[fp8_dtype], power_of_two, rowwise, columnwise)
+    spec = QuantizeSpec(FP8_DTYPES[fp8_dtype], power_of_two, rowwise, columnwise)
     return spec, launch_config(x, spec, QuantizeKernel.TENSORWISE, None)
 
 
@@ -122,7 +126,7 @@ def quantize_delayed(
     recorded = amax_history.max()
     current = tensor_amax(x, config, unless_positive=recorded)  # zero once the history holds an amax
     out = cast_tensorwise(x, torch.where(recorded > 0, recorded, current), spec, config, record_amax=current)
-    amax_history.copy_(torch.cat((current.reshape(1), amax_history[:-1])))
+    record_amax(amax_history, current)
     return _outputs(out, x, spec)
 
 
@@ -142,6 +146,31 @@ def quantize_tensorwise_scaled(
 @quantize_tensorwise_scaled.register_fake
 def _tensorwise_fake(x, amax_or_history, fp8_dtype, power_of_two, rowwise, columnwise):
     return _quantize_fake(x, Granularity.TENSORWISE.value, 0, fp8_dtype, power_of_two, rowwise, columnwise)
+
+
+@torch.library.custom_op("fp8bench::transpose_fp8", mutates_args=())
+def transpose_fp8(q: torch.Tensor) -> torch.Tensor:
+    """q[R, C] fp8 -> its contiguous (C, R) transpose (fp8kernels.transpose_fp8)."""
+    from fp8kernels.transpose_fp8 import transpose_fp8 as launch
+
+    return launch(q)
+
+
+@transpose_fp8.register_fake
+def _transpose_fp8_fake(q):
+    return q.new_empty((q.shape[1], q.shape[0]))
+
+
+@torch.library.custom_op("fp8bench::record_amax", mutates_args=("amax_history",))
+def record_amax(amax_history: torch.Tensor, amax: torch.Tensor) -> None:
+    """Put `amax` (0-d float32) at the front of the history (newest first), dropping the oldest: what
+    quantize_delayed does to the history after its cast."""
+    amax_history.copy_(torch.cat((amax.reshape(1), amax_history[:-1])))
+
+
+@record_amax.register_fake
+def _record_amax_fake(amax_history, amax):
+    return None
 
 
 @torch.library.custom_op("fp8bench::fp8_gemm", mutates_args=())

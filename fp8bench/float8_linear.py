@@ -13,10 +13,19 @@ transposed copy, scaled along the other dimension; when both uses have the same 
 quantize kernel writes both copies from one read (fp8kernels.quantize), else each use is its own cast.
 The weight is cast once per step, in the forward, and its second form is kept for the backward; so is
 the input's. Delayed scaling keeps an amax history per tensor in the module's buffers
-(`amax_history_<tensor>`), updated by every cast (the grad_output's in the backward). Under
-torch.compile a dynamic tensorwise cast takes its amax from torch ops, which inductor fuses into the
-kernel producing the tensor (LayerNorm, sigmoid backward), and runs only our cast pass
-(fp8bench._float8_ops); eager, our amax kernel is faster than torch's.
+(`amax_history_<tensor>`), updated by every cast (the grad_output's in the backward).
+
+Under torch.compile the activations' casts are written so that inductor fuses them into the kernel
+producing the tensor (LayerNorm forward, sigmoid backward; fp8bench._float8_ops):
+- a dynamic tensorwise cast takes its amax from torch ops (fused into the producer) and runs only our
+  cast pass; eager, our amax kernel is faster than torch's;
+- a delayed cast of the input or grad_output knows its scale before the producer runs, so from the
+  module's second training step it is torch ops (fp8kernels.reference's formula): the producer writes
+  the rowwise fp8 copy instead of BF16 and records the amax, and our fp8 transpose makes the other copy
+  from half the bytes a cast pass reads. The first step keeps our kernel, which scales an empty history
+  by the tensor's own amax; should a backward still find its history empty later (a module called twice
+  in one step), that cast scales by 1, as TransformerEngine's first step does. The weight has no producer
+  and keeps our cast+transpose kernel.
 
 Which scalings the kernels multiply: tensorwise x tensorwise, and any mix of tensorwise and axiswise
 (a tensor scale is broadcast to one per row, in the axiswise GEMM); blockwise with 1 x 128 left
@@ -39,6 +48,7 @@ from fp8bench import _float8_ops as ops
 from fp8bench.config import BLOCK, FP8_DIM_MULTIPLE, GemmShape, Granularity
 from fp8bench.recipes import CastConfig, GemmRole, Recipe, ScalingType, TensorRole
 from fp8bench.roofline import layer_shape_problem
+from fp8kernels import reference
 
 
 def recipe_problem(recipe: Recipe) -> str | None:
@@ -77,6 +87,7 @@ class _Cast(NamedTuple):
     """One quantize kernel call (fp8bench._float8_ops)."""
 
     delayed: bool
+    in_producer: bool  # delayed, of a tensor with a producer: torch ops under torch.compile (docstring)
     granularity: str
     block_rows: int
     fp8_dtype: str
@@ -104,19 +115,20 @@ BF16_PRODUCT = "bf16"
 BLOCKWISE_1D = "blockwise-1x128-1x128"  # both operands in 1 x 128 groups: fp8_gemm_1x128_1x128
 
 
-def _cast_call(cast: CastConfig, rowwise: bool, columnwise: bool) -> _Cast:
+def _cast_call(role: TensorRole, cast: CastConfig, rowwise: bool, columnwise: bool) -> _Cast:
+    delayed = cast.scaling_type is ScalingType.DELAYED
     return _Cast(
-        cast.scaling_type is ScalingType.DELAYED, cast.granularity.value, cast.block[0] if cast.block else 0,
+        delayed, delayed and rowwise and role is not TensorRole.WEIGHT, cast.granularity.value, cast.block[0] if cast.block else 0,
         cast.dtype.value, cast.power_of_two_scale, rowwise, columnwise,
         cast.granularity is Granularity.TENSORWISE and rowwise and columnwise,
     )  # fmt: skip
 
 
-def _tensor_casts(first: CastConfig, second: CastConfig) -> tuple[_Cast, ...]:
+def _tensor_casts(role: TensorRole, first: CastConfig, second: CastConfig) -> tuple[_Cast, ...]:
     """One kernel for both forms where both uses share a cast config (one read), else one per FP8 use."""
     if first.is_fp8 and first == second:
-        return (_cast_call(first, True, True),)
-    return tuple(_cast_call(c, use == 0, use == 1) for use, c in enumerate((first, second)) if c.is_fp8)
+        return (_cast_call(role, first, True, True),)
+    return tuple(_cast_call(role, c, use == 0, use == 1) for use, c in enumerate((first, second)) if c.is_fp8)
 
 
 def _product(recipe: Recipe, gemm: GemmRole) -> _Product:
@@ -133,7 +145,7 @@ def _product(recipe: Recipe, gemm: GemmRole) -> _Product:
 def plan(recipe: Recipe) -> _Plan:
     """The kernel calls of one training step under `recipe` (module docstring)."""
     return _Plan(
-        tuple(_tensor_casts(*recipe.casts(role)) for role in TensorRole),
+        tuple(_tensor_casts(role, *recipe.casts(role)) for role in TensorRole),
         tuple(_product(recipe, gemm) for gemm in GemmRole),
     )
 
@@ -142,19 +154,35 @@ def plan(recipe: Recipe) -> _Plan:
 Form = tuple[torch.Tensor, torch.Tensor] | torch.Tensor
 
 
-def cast_tensor(x: torch.Tensor, calls: tuple[_Cast, ...], history: torch.Tensor | None):
+def _row_amax(x: torch.Tensor) -> torch.Tensor:
+    """max |x| as 0-d float32 (exact in any dtype), per row first: inductor fuses that into a pointwise
+    producer too (sigmoid backward), a whole-tensor amax it does not (torch 2.11)."""
+    return x.abs().amax(dim=1).amax().to(torch.float32)
+
+
+def _delayed_in_producer(x: torch.Tensor, call: _Cast, history: torch.Tensor):
+    """A delayed cast as torch ops that inductor fuses into x's producer (module docstring); the same
+    values and scale as quantize_delayed once the history holds an amax."""
+    fp8 = ops.FP8_DTYPES[call.fp8_dtype]
+    recorded = history.max()
+    data, scale = reference.quantize_with_amax(x, torch.where(recorded > 0, recorded, reference.fp8_max(fp8)), fp8, call.power_of_two)
+    ops.record_amax(history, _row_amax(x))
+    return data, scale, ops.transpose_fp8(data) if call.columnwise else None, None
+
+
+def cast_tensor(x: torch.Tensor, calls: tuple[_Cast, ...], history: torch.Tensor | None, histories_filled: bool):
     """[first form, second form] of x[R, C]: first (R, C) scaled along rows, second (C, R) = x.T scaled
-    along x's columns; None for a use kept in original precision."""
+    along x's columns; None for a use kept in original precision. `histories_filled`: the module has run
+    a training step, so its delayed-scaling histories hold amaxes."""
     forms: list[tuple[torch.Tensor, torch.Tensor] | None] = [None, None]
     for call in calls:
         tensorwise_args = (call.fp8_dtype, call.power_of_two, call.rowwise, call.columnwise)
-        if call.delayed:
+        if call.in_producer and histories_filled and torch.compiler.is_compiling():
+            data, scale, data_t, scale_t = _delayed_in_producer(x, call, history)
+        elif call.delayed:
             data, scale, data_t, scale_t = ops.quantize_delayed(x, history, *tensorwise_args)
         elif call.granularity == Granularity.TENSORWISE.value and torch.compiler.is_compiling():
-            # Max is exact in any dtype: our amax kernel's scale. Per row first, which inductor fuses into a
-            # pointwise producer too (sigmoid backward; a whole-tensor amax it does not, torch 2.11).
-            amax = x.abs().amax(dim=1).amax().to(torch.float32)
-            data, scale, data_t, scale_t = ops.quantize_tensorwise_scaled(x, amax, *tensorwise_args)
+            data, scale, data_t, scale_t = ops.quantize_tensorwise_scaled(x, _row_amax(x), *tensorwise_args)
         else:
             data, scale, data_t, scale_t = ops.quantize(
                 x, call.granularity, call.block_rows, call.fp8_dtype, call.power_of_two, call.rowwise, call.columnwise
@@ -193,14 +221,14 @@ class _Float8LinearFunction(torch.autograd.Function):
     """x[M, K] @ weight[N, K].T with the plan's casts and products in both passes (module docstring)."""
 
     @staticmethod
-    def forward(ctx, x, weight, input_history, weight_history, grad_output_history, how: _Plan):
-        x_first, x_second = cast_tensor(x, how.casts[0], input_history)
-        w_first, w_second = cast_tensor(weight, how.casts[1], weight_history)
+    def forward(ctx, x, weight, input_history, weight_history, grad_output_history, how: _Plan, histories_filled: bool):
+        x_first, x_second = cast_tensor(x, how.casts[0], input_history, histories_filled)
+        w_first, w_second = cast_tensor(weight, how.casts[1], weight_history, histories_filled)
         out = product(how.products[0], _or_original(x_first, x), _or_original(w_first, weight))
         # Second uses, read transposed: [K, N] of the weight for grad_input, [K, M] of x for grad_weight.
         w_saved, x_saved = _flat(_or_original(w_second, weight.t())), _flat(_or_original(x_second, x.t()))
         ctx.save_for_backward(*w_saved, *x_saved, grad_output_history)
-        ctx.plan, ctx.weight_tensors = how, len(w_saved)
+        ctx.plan, ctx.weight_tensors, ctx.histories_filled = how, len(w_saved), histories_filled
         # Not `out.to(x.dtype)` when the dtypes already agree: torch 2.11's dynamo then traces the backward
         # with a zero gradient for this output, silently (torch 2.13 does not).
         return out if out.dtype == x.dtype else out.to(x.dtype)
@@ -213,13 +241,13 @@ class _Float8LinearFunction(torch.autograd.Function):
         w_second = w_saved if len(w_saved) == 2 else w_saved[0]
         x_second = x_saved if len(x_saved) == 2 else x_saved[0]
         grad_output = grad_output.contiguous()
-        g_first, g_second = cast_tensor(grad_output, how.casts[2], grad_output_history)
+        g_first, g_second = cast_tensor(grad_output, how.casts[2], grad_output_history, ctx.histories_filled)
         grad_input = grad_weight = None
         if ctx.needs_input_grad[0]:
             grad_input = product(how.products[1], _or_original(g_first, grad_output), w_second)
         if ctx.needs_input_grad[1]:
             grad_weight = product(how.products[2], _or_original(g_second, grad_output.t()), x_second)
-        return grad_input, grad_weight, None, None, None, None
+        return grad_input, grad_weight, None, None, None, None, None
 
 
 class Float8Linear(nn.Linear):
@@ -238,6 +266,10 @@ class Float8Linear(nn.Linear):
         # The row counts the recipe takes are the multiples of this (1, 16 or 128): a cheap check per call.
         self._rows_multiple = next(m for m in (1, FP8_DIM_MULTIPLE, BLOCK) if not shape_problem(m, in_features, out_features, recipe))
         self._history_names = tuple(f"amax_history_{role.value}" if role in _delayed_roles(recipe) else None for role in TensorRole)
+        # Set by the first forward that records gradients: from the next one on, every history it uses
+        # has been written (the input's and weight's in that forward, grad_output's in its backward).
+        # Only a plan with casts in the producer reads it (no recompile for the others).
+        self._histories_filled = not any(call.in_producer for calls in self._plan.casts for call in calls)
         self._register_histories(device)
 
     def _register_histories(self, device) -> None:
@@ -264,7 +296,10 @@ class Float8Linear(nn.Linear):
             problem = shape_problem(x2d.shape[0], self.in_features, self.out_features, self.recipe)
             raise ValueError(f"Float8Linear with recipe {self.recipe.name!r} cannot take {x2d.shape[0]} rows: {problem}")
         histories = [None if name is None else getattr(self, name) for name in self._history_names]
-        out = _Float8LinearFunction.apply(x2d.contiguous(), self.weight, *histories, self._plan)
+        histories_filled = self._histories_filled
+        if not histories_filled and torch.is_grad_enabled():
+            self._histories_filled = True  # a Python bool: torch.compile guards on it, compiling once more
+        out = _Float8LinearFunction.apply(x2d.contiguous(), self.weight, *histories, self._plan, histories_filled)
         out = out.reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias.to(out.dtype)
 

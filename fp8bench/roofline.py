@@ -253,8 +253,11 @@ _TRITON_COMPILE = replace(
     _TRITON,
     name="triton-compile",
     description="ours under torch.compile: as triton, but LayerNorm and sigmoid are compiled and inductor "
-    "fuses the activations' dynamic tensor amax into LayerNorm and sigmoid backward (fp8bench.float8_linear)",
+    "fuses the activations' dynamic tensor amax, and their delayed casts, into LayerNorm and sigmoid "
+    "backward; our fp8 transpose makes the delayed casts' second copy (fp8bench.float8_linear)",
     amax_in_producer=_ACTIVATIONS,
+    cast_in_producer=_ACTIVATIONS,
+    cast_in_producer_needs_known_scale=True,
 )
 
 IMPLEMENTATIONS: dict[str, Implementation] = {

@@ -61,14 +61,15 @@ def store_transposed(q_t_ptr, q, r, c, rows, cols):
     tl.store(q_t_ptr + c[:, None] * rows + r[None, :], q_t, mask=(c[:, None] < cols) & (r[None, :] < rows))
 
 
-def check_input(x: torch.Tensor) -> None:
-    """Raise ValueError, saying what is wrong, for a tensor the kernels cannot quantize."""
+def check_input(x: torch.Tensor, dtypes: tuple[torch.dtype, ...] = INPUT_DTYPES) -> None:
+    """Raise ValueError, saying what is wrong, for a tensor the kernels cannot take (`dtypes`: the
+    quantize kernels' inputs by default)."""
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"expected a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 2:
         raise ValueError(f"expected a 2-D tensor, got shape {tuple(x.shape)}")
-    if x.dtype not in INPUT_DTYPES:
-        raise ValueError(f"input dtype must be one of {', '.join(map(str, INPUT_DTYPES))}, got {x.dtype}")
+    if x.dtype not in dtypes:
+        raise ValueError(f"input dtype must be one of {', '.join(map(str, dtypes))}, got {x.dtype}")
     if not x.is_contiguous():
         raise ValueError("the input must be contiguous (row-major); call .contiguous() first")
     if x.numel() == 0 or x.numel() > MAX_NUMEL:

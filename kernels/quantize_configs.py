@@ -43,6 +43,7 @@ class QuantizeKernel(str, enum.Enum):
     AXISWISE_TWO_PASS = "axiswise-two-pass"  # axiswise with the columnwise copy: amax pass + tiled cast pass
     BLOCKWISE_1X128 = "blockwise-1x128"
     BLOCKWISE_128X128 = "blockwise-128x128"
+    TRANSPOSE_FP8 = "transpose-fp8"  # fp8 in, its transposed copy out (fp8kernels.transpose_fp8)
 
 
 def _is_power_of_two(value: int) -> bool:
@@ -117,6 +118,8 @@ def choose(kernel: QuantizeKernel, rows: int, cols: int, columnwise: bool, sms: 
         return QuantizeConfig(32, BLOCK, 4)
     if kernel in (QuantizeKernel.BLOCKWISE_1X128, QuantizeKernel.BLOCKWISE_128X128):
         return QuantizeConfig(BLOCK, BLOCK, 4)  # swept: 4 warps beat 8 and 16 by 5-70 %
+    if kernel is QuantizeKernel.TRANSPOSE_FP8:
+        return QuantizeConfig(BLOCK, BLOCK, 4)
     programs = _PROGRAMS_PER_SM * sms
     if kernel is QuantizeKernel.AXISWISE_TWO_PASS:
         return QuantizeConfig(128, 64, 8, 0, programs) if columnwise else QuantizeConfig(4, 1024, 8, 0, programs)  # swept
@@ -140,6 +143,8 @@ def candidates(kernel: QuantizeKernel, rows: int, cols: int, columnwise: bool, s
         variants |= {dataclasses.replace(default, block_rows=1, block_cols=c) for c in (2048, 4096, 8192) if c < default.block_cols}
     elif kernel is QuantizeKernel.BLOCKWISE_1X128 and not columnwise:
         variants |= {dataclasses.replace(default, block_rows=r) for r in (16, 64, 128)}
+    elif kernel is QuantizeKernel.TRANSPOSE_FP8:
+        variants |= {dataclasses.replace(default, block_rows=r, block_cols=c) for r, c in ((64, 128), (128, 64), (128, 256), (256, 128))}
     elif kernel in (QuantizeKernel.TENSORWISE, QuantizeKernel.AXISWISE_TWO_PASS):
         tiles = ((64, 64), (64, 128), (128, 64), (128, 128)) if columnwise else ((4, 1024), (8, 512), (16, 256), (8, 1024))
         variants |= {dataclasses.replace(default, block_rows=r, block_cols=c) for r, c in tiles}

@@ -1,7 +1,8 @@
-"""Times every candidate launch config (quantize_configs.candidates) of each quantize kernel against the
-device copy of the same tensor, to tune quantize_configs.choose on the GPU at hand.
+"""Times every candidate launch config (quantize_configs.candidates) of each quantize kernel, and of the
+fp8 transpose (recipe `transpose-fp8`: the shape's fp8 tensor), against the device copy of the same
+tensor, to tune quantize_configs.choose on the GPU at hand.
 
-    python -m fp8kernels.quantize_sweep --out DIR [--shape 8192x8192 --shape 8192x28672]
+    python -m fp8kernels.quantize_sweep --out DIR [--shape 8192x8192 --shape 8192x28672] [--no-transpose]
 
 Each config's output is checked against the PyTorch reference first (a config that differs is reported,
 not timed). `pct_copy_moved` is the kernel's GB/s, counting the bytes it moves by design (a two-pass
@@ -77,11 +78,35 @@ def sweep_shape(shape, recipes, timing, timers) -> list[dict]:
     return records
 
 
+def sweep_transpose(shape, timing, timers) -> list[dict]:
+    """The fp8 transpose's candidate configs on an fp8 tensor of `shape` (random bytes), against its copy."""
+    import torch
+
+    from fp8kernels.quantize_configs import QuantizeKernel, candidates, multiprocessors
+    from fp8kernels.transpose_fp8 import transpose_fp8
+
+    q = torch.randint(0, 256, (shape.rows, shape.cols), dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+    destination = torch.empty_like(q)
+    copy_gbps = 2 * q.numel() / (timers.measure(lambda: destination.copy_(q), timing).median_ms * 1e6)
+    expected = q.view(torch.uint8).t().contiguous()
+    records = []
+    for rank, config in enumerate(candidates(QuantizeKernel.TRANSPOSE_FP8, shape.rows, shape.cols, True, multiprocessors(q))):
+        if not torch.equal(transpose_fp8(q, config).view(torch.uint8), expected):
+            console.print(f"[yellow]{shape.name} transpose-fp8 {config.as_dict()}: wrong bytes[/]")
+            continue
+        ms = timers.measure(lambda: transpose_fp8(q, config), timing).median_ms  # noqa: B023 - called here
+        pct = 100 * 2 * q.numel() / (ms * 1e6) / copy_gbps
+        records.append({"shape": shape.name, "recipe": "transpose-fp8", "default": rank == 0, **config.as_dict(),
+                        "ms": ms, "pct_copy": pct, "pct_copy_moved": pct, "copy_gbps": copy_gbps})  # fmt: skip
+    return records
+
+
 @app.command()
 def main(
     out: Path = typer.Option(..., help="folder for sweep.csv"),
     shape: Optional[list[str]] = typer.Option(None, help=f"RxC, repeatable (default {' '.join(DEFAULT_SHAPES)})"),
     recipe: Optional[list[str]] = typer.Option(None, help="fp8bench cast recipe names (default: all)"),
+    transpose: bool = typer.Option(True, help="also sweep the fp8 transpose (fp8kernels.transpose_fp8)"),
 ) -> None:
     import torch
 
@@ -98,6 +123,8 @@ def main(
     timers = TimerChoice("auto")
     console.print(f"quantize sweep on {torch.cuda.get_device_name()}")
     records = [r for s in shapes for r in sweep_shape(s, recipes, timing, timers)]
+    if transpose:
+        records += [r for s in shapes for r in sweep_transpose(s, timing, timers)]
     frame = pd.DataFrame.from_records(records)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "sweep.csv", index=False)

@@ -38,7 +38,12 @@ def _cast(x: torch.Tensor, multiplier: torch.Tensor, dtype: torch.dtype) -> torc
 
 
 def quantize_tensorwise(x: torch.Tensor, dtype: torch.dtype = E4M3, power_of_two: bool = False):
-    multiplier, scale = _scales(x.abs().amax(), dtype, power_of_two)
+    return quantize_with_amax(x, x.abs().amax(), dtype, power_of_two)
+
+
+def quantize_with_amax(x: torch.Tensor, amax: torch.Tensor, dtype: torch.dtype = E4M3, power_of_two: bool = False):
+    """Tensorwise, scaled from a given 0-d amax rather than x's own (delayed scaling: its history's)."""
+    multiplier, scale = _scales(amax, dtype, power_of_two)
     return _cast(x, multiplier, dtype), scale
 
 

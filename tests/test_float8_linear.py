@@ -284,6 +284,8 @@ def test_fake_implementations_match_the_kernels():
             torch.library.opcheck(ops.quantize, (x, granularity, block_rows, "e4m3", True, rowwise, columnwise), test_utils=checks)
     torch.library.opcheck(ops.quantize_delayed, (x, torch.zeros(4), "e5m2", False, True, True), test_utils=checks)
     torch.library.opcheck(ops.quantize_tensorwise_scaled, (x, x.abs().amax().float(), "e4m3", False, False, True), test_utils=checks)
+    torch.library.opcheck(ops.transpose_fp8, (x.to(ref.E4M3),), test_utils="test_faketensor")
+    torch.library.opcheck(ops.record_amax, (torch.zeros(4), x.abs().amax().float()), test_utils=checks)
     data, scale, data_t, scale_t = ops.quantize(x, "blockwise", 1, "e4m3", False, True, True)
     # (test_schema's reference run multiplies the FP8 inputs themselves, which CPU torch cannot.)
     torch.library.opcheck(ops.fp8_gemm_1x128_1x128, (data_t, data_t, scale_t, scale_t), test_utils="test_faketensor")
@@ -355,6 +357,63 @@ def test_compiled_dynamic_tensorwise_casts_take_their_amax_from_torch_ops(recipe
     for actual, wanted in zip(run_step(compiled, x, g), expected):
         assert torch.equal(actual, wanted)
     assert launches == {"cast_tensorwise": casts}
+
+
+def test_compiled_delayed_activation_casts_run_as_torch_ops_from_the_second_step(monkeypatch):
+    """From a module's second training step torch.compile runs the input's and grad_output's delayed
+    casts as torch ops (which inductor fuses into LayerNorm and sigmoid backward) plus our fp8 transpose;
+    the weight keeps our cast kernel, as does every tensor on the first step. Outputs, gradients and
+    histories equal eager's step after step: grid data, so torch's cast and the interpreter's round
+    nothing; each step halves the activations, so the history's amax, not the tensor's, scales them."""
+    from fp8kernels import quantize_tensorwise, transpose_fp8
+
+    recipe, (M, K, N) = RECIPES["tensorwise-delayed"], (256, 128, 384)
+    tensors = {(M, K): "input", (N, K): "weight", (M, N): "grad_output"}
+    launches = collections.Counter()
+
+    def counted(module, name, kind):
+        kernel = getattr(module, name)
+
+        def launch(x, *args, **kwargs):
+            launches[kind, tensors[tuple(x.shape)]] += 1
+            return kernel(x, *args, **kwargs)
+
+        monkeypatch.setattr(module, name, launch)
+
+    counted(quantize_tensorwise, "cast_tensorwise", "cast")
+    counted(transpose_fp8, "transpose_fp8", "transpose")
+    torch._dynamo.reset()
+    x, w, g = grid_inputs(recipe, M, K, N, seed=13)
+    eager, compiled_module = float8_module(recipe, w), float8_module(recipe, w)
+    compiled = torch.compile(compiled_module, backend="aot_eager", fullgraph=True)
+    for step in range(3):
+        x_step, g_step = x * 0.5**step, g * 0.5**step
+        expected = run_step(eager, x_step, g_step)
+        launches.clear()
+        for actual, wanted in zip(run_step(compiled, x_step, g_step), expected):
+            assert torch.equal(actual, wanted), step
+        for role in TensorRole:
+            assert torch.equal(compiled_module.amax_history(role), eager.amax_history(role)), (step, role)
+        if step == 0:
+            assert launches == {("cast", "input"): 1, ("cast", "weight"): 1, ("cast", "grad_output"): 1}
+        else:
+            assert launches == {("cast", "weight"): 1, ("transpose", "input"): 1, ("transpose", "grad_output"): 1}
+    assert compiled_module.amax_history(TensorRole.INPUT)[2] == x.float().abs().max()
+
+
+def test_delayed_cast_of_an_empty_history_in_the_producer_scales_by_one():
+    """The torch-ops form of a delayed cast, reached with an empty history (a backward before any
+    earlier one filled it), scales by 1 and still records the tensor's amax."""
+    from fp8bench.float8_linear import _delayed_in_producer, plan
+
+    call = plan(RECIPES["tensorwise-delayed"]).casts[0][0]
+    x = torch.randn(64, 32).to(torch.bfloat16)
+    history = torch.zeros(4)
+    data, scale, data_t, scale_t = _delayed_in_producer(x, call, history)
+    assert scale.item() == 1.0 and scale_t is None
+    assert torch.equal(data, x.float().clamp(-448, 448).to(ref.E4M3))
+    assert torch.equal(data_t.view(torch.uint8), data.t().contiguous().view(torch.uint8))
+    assert history[0] == x.float().abs().max() and not history[1:].any()
 
 
 # ---- construction and conversion ------------------------------------------------------------------
@@ -631,7 +690,7 @@ def test_gpu_every_recipe_is_as_accurate_as_its_numerics_allow(recipe):
 @pytest.mark.parametrize("recipe", list(RECIPES.values()), ids=list(RECIPES))
 def test_gpu_inductor_compiles_the_layer_in_one_graph(recipe):
     """LayerNorm -> Float8Linear -> sigmoid under torch.compile with inductor and fullgraph (a graph break
-    is an error), as accurate as eager against the BF16 layer."""
+    is an error), as accurate as eager against the BF16 layer, on the third step."""
     shape = GemmShape(2048, 1024, 2048)
     inputs = layer.LayerInputs.random(shape, "cuda")
     config = layer.LayerConfig((shape,), (recipe,), ("triton",))
@@ -643,7 +702,9 @@ def test_gpu_inductor_compiles_the_layer_in_one_graph(recipe):
     compiled = layer.Built(torch.compile(compiled_layer.forward, fullgraph=True), compiled_layer.weight,
                            compiled_layer.parameters, {})  # fmt: skip
     for built in (eager, compiled):
-        results = layer.step_results(layer.make_step(built, inputs), built, inputs)
+        step = layer.make_step(built, inputs)
+        for _ in range(3):  # delayed scaling compiles again for the second step, then runs from its histories
+            results = layer.step_results(step, built, inputs)
         sqnr = layer.sqnr_columns(expected, results)
         if built is eager:
             eager_sqnr = sqnr

@@ -33,6 +33,7 @@ from fp8kernels.quantize_axiswise import axiswise_kernel, quantize_axiswise  # n
 from fp8kernels.quantize_blockwise import blockwise_kernel, quantize_blockwise  # noqa: E402
 from fp8kernels.quantize_configs import QuantizeConfig, QuantizeKernel, candidates, choose  # noqa: E402
 from fp8kernels.quantize_tensorwise import cast_tensorwise, quantize_tensorwise, tensor_amax  # noqa: E402
+from fp8kernels.transpose_fp8 import transpose_fp8  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -284,12 +285,34 @@ def test_bad_input_gives_clear_errors():
         (lambda: quantize_tensorwise(x, config=QuantizeConfig(64, 64, 4)), "amax_block"),
         (lambda: QuantizeConfig(48, 64, 4), "power of two"),
         (lambda: QuantizeConfig(64, 64, 3), "num_warps"),
+        (lambda: transpose_fp8(x), "input dtype"),
     ]
     for call, message in problems:
         with pytest.raises(ValueError, match=message):
             call()
     assert axiswise_kernel(True) is QuantizeKernel.AXISWISE_TWO_PASS
     assert blockwise_kernel(1) is QuantizeKernel.BLOCKWISE_1X128
+
+
+def random_fp8(rows: int, cols: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Every byte value, NaNs included: a transpose moves bytes, whatever they mean."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (rows, cols), generator=generator, dtype=torch.uint8).view(dtype).to(DEVICE)
+
+
+def assert_transposed(q_t: torch.Tensor, q: torch.Tensor) -> None:
+    assert q_t.shape == (q.shape[1], q.shape[0]) and q_t.is_contiguous() and q_t.dtype == q.dtype
+    assert torch.equal(q_t.view(torch.uint8), q.t().contiguous().view(torch.uint8))
+
+
+@pytest.mark.parametrize("fp8_dtype", [ref.E4M3, ref.E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("rows,cols", [(1, 48), (17, 33), (130, 200), (256, 384)])
+def test_transpose_fp8_moves_every_byte_with_every_candidate_config(poisoned, rows, cols, fp8_dtype):
+    q = random_fp8(rows, cols, fp8_dtype, seed_of(rows, cols, fp8_dtype))
+    configs = candidates(QuantizeKernel.TRANSPOSE_FP8, rows, cols, True, sms=2)
+    assert configs[0] == choose(QuantizeKernel.TRANSPOSE_FP8, rows, cols, True, sms=2) and len(configs) > 1
+    for config in configs:
+        assert_transposed(transpose_fp8(q, config), q)
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks the CPU-tensor guard, which needs the interpreter switched off")
@@ -337,6 +360,13 @@ def test_gpu_rowwise_odd_sizes_match_exactly(poisoned):
         x = random_input(rows, cols, torch.bfloat16, seed=rows)
         spec = QuantizeSpec(columnwise=cols <= 4096)
         check_copies(kernel(x, spec), x, spec, reference_fn)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,cols", [(8192, 4096), (5000, 3000), (16384, 128)])
+def test_gpu_transpose_fp8_at_real_sizes(poisoned, rows, cols):
+    q = random_fp8(rows, cols, ref.E4M3, seed_of(rows, cols))
+    assert_transposed(transpose_fp8(q), q)
 
 
 @pytest.mark.gpu
