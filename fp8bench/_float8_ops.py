@@ -107,7 +107,7 @@ def _tensorwise_launch(x: torch.Tensor, fp8_dtype: str, power_of_two: bool, roww
     from fp8kernels.quantize_configs import QuantizeKernel
 
     spec = QuantizeSpec(FP8_DTYPES[fp8_dtype], power_of_two, rowwise, columnwise)
-    return spec, launch_config(x, spec, QuantizeKernel.TENSORWISE, None)
+    return spec, launch_config(x, QuantizeKernel.TENSORWISE, columnwise, None)
 
 
 @torch.library.custom_op("fp8bench::quantize_delayed", mutates_args=("amax_history",))

@@ -79,12 +79,13 @@ def check_input(x: torch.Tensor, dtypes: tuple[torch.dtype, ...] = INPUT_DTYPES)
 
 
 def launch_config(
-    x: torch.Tensor, spec: QuantizeSpec, kernel: QuantizeKernel, config: Optional[QuantizeConfig]
+    x: torch.Tensor, kernel: QuantizeKernel, columnwise: bool, config: Optional[QuantizeConfig],
+    dtypes: tuple[torch.dtype, ...] = INPUT_DTYPES,
 ) -> QuantizeConfig:
-    """Check x, then take the caller's config or the heuristic's, checked against the kernel."""
-    check_input(x)
-    config = config or choose(kernel, x.shape[0], x.shape[1], spec.columnwise, multiprocessors(x))
-    config.check(kernel, spec.columnwise)
+    """Check x (check_input), then take the caller's config or the heuristic's, checked against the kernel."""
+    check_input(x, dtypes)
+    config = config or choose(kernel, x.shape[0], x.shape[1], columnwise, multiprocessors(x))
+    config.check(kernel, columnwise)
     return config
 
 

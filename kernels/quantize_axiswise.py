@@ -25,7 +25,7 @@ def quantize_axiswise(
     """x[R, C] (bf16/fp16/fp32, contiguous) -> `data` (R, C) with `scale` (R, 1), one per row, and/or
     `data_t` (C, R) with `scale_t` (C, 1), one per column of x."""
     kernel = axiswise_kernel(spec.columnwise)
-    config = launch_config(x, spec, kernel, config)
+    config = launch_config(x, kernel, spec.columnwise, config)
     rows, cols = x.shape
     q, scale = empty_fp8((rows, cols), spec, x, spec.rowwise), empty_scales((rows, 1), x, spec.rowwise)
     q_t, scale_t = empty_fp8((cols, rows), spec, x, spec.columnwise), empty_scales((cols, 1), x, spec.columnwise)

@@ -28,7 +28,7 @@ def quantize_blockwise(
     The columnwise copy `data_t` (C, R) is x.T quantized in the same groups. C must be a multiple of
     128; so must R for 128 x 128 groups and for the columnwise copy. Scale layouts: fp8kernels.quantize."""
     kernel = blockwise_kernel(block_rows)
-    config = launch_config(x, spec, kernel, config)
+    config = launch_config(x, kernel, spec.columnwise, config)
     rows, cols = x.shape
     whole_blocks_of_rows = block_rows == BLOCK or spec.columnwise  # the groups run down the rows too
     if cols % BLOCK or (whole_blocks_of_rows and rows % BLOCK):

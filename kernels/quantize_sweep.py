@@ -38,19 +38,23 @@ def _run_with(recipe, x, spec, config):
     return quantize_blockwise(x, recipe.block_rows, spec, config)
 
 
-def sweep_shape(shape, recipes, timing, timers) -> list[dict]:
-    """Every recipe's candidate configs on one tensor, against its copy; one record per config."""
+def copy_gbps(x, timing, timers) -> float:
+    """GB/s of the device copy of x (bytes read plus written): what every kernel is measured against."""
     import torch
 
+    destination = torch.empty_like(x)
+    return 2 * x.numel() * x.element_size() / (timers.measure(lambda: destination.copy_(x), timing).median_ms * 1e6)
+
+
+def sweep_shape(shape, recipes, timing, timers) -> list[dict]:
+    """Every recipe's candidate configs on one tensor, against its copy; one record per config."""
     from fp8bench import cast
     from fp8kernels.quantize import QuantizeSpec
     from fp8kernels.quantize_configs import QuantizeKernel, candidates, multiprocessors
 
     x = cast.random_input(shape, "bf16")
-    destination = torch.empty_like(x)
-    copy = lambda: destination.copy_(x)  # noqa: E731
     input_bytes = x.numel() * x.element_size()
-    copy_gbps = 2 * input_bytes / (timers.measure(copy, timing).median_ms * 1e6)
+    copy = copy_gbps(x, timing, timers)
     records = []
     for recipe in recipes:
         if recipe.problem_with(shape):
@@ -71,8 +75,8 @@ def sweep_shape(shape, recipes, timing, timers) -> list[dict]:
             except Exception as err:  # noqa: BLE001 - a config the compiler refuses is reported, the sweep goes on
                 console.print(f"[yellow]{shape.name} {recipe.name} {config.as_dict()}: {type(err).__name__}: {err}[/]")
                 continue
-            record.update(ms=ms, pct_copy=100 * least / (ms * 1e6) / copy_gbps, pct_copy_moved=100 * moved / (ms * 1e6) / copy_gbps,
-                          copy_gbps=copy_gbps)  # fmt: skip
+            record.update(ms=ms, pct_copy=100 * least / (ms * 1e6) / copy, pct_copy_moved=100 * moved / (ms * 1e6) / copy,
+                          copy_gbps=copy)  # fmt: skip
             records.append(record)
         del reference
     return records
@@ -86,8 +90,7 @@ def sweep_transpose(shape, timing, timers) -> list[dict]:
     from fp8kernels.transpose_fp8 import transpose_fp8
 
     q = torch.randint(0, 256, (shape.rows, shape.cols), dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
-    destination = torch.empty_like(q)
-    copy_gbps = 2 * q.numel() / (timers.measure(lambda: destination.copy_(q), timing).median_ms * 1e6)
+    copy = copy_gbps(q, timing, timers)
     expected = q.view(torch.uint8).t().contiguous()
     records = []
     for rank, config in enumerate(candidates(QuantizeKernel.TRANSPOSE_FP8, shape.rows, shape.cols, True, multiprocessors(q))):
@@ -95,9 +98,9 @@ def sweep_transpose(shape, timing, timers) -> list[dict]:
             console.print(f"[yellow]{shape.name} transpose-fp8 {config.as_dict()}: wrong bytes[/]")
             continue
         ms = timers.measure(lambda: transpose_fp8(q, config), timing).median_ms  # noqa: B023 - called here
-        pct = 100 * 2 * q.numel() / (ms * 1e6) / copy_gbps
+        pct = 100 * 2 * q.numel() / (ms * 1e6) / copy
         records.append({"shape": shape.name, "recipe": "transpose-fp8", "default": rank == 0, **config.as_dict(),
-                        "ms": ms, "pct_copy": pct, "pct_copy_moved": pct, "copy_gbps": copy_gbps})  # fmt: skip
+                        "ms": ms, "pct_copy": pct, "pct_copy_moved": pct, "copy_gbps": copy})  # fmt: skip
     return records
 
 

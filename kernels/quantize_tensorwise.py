@@ -19,7 +19,7 @@ def quantize_tensorwise(
     """x[R, C] (bf16/fp16/fp32, contiguous) -> fp8 copies sharing one 0-d scale.
 
     The amax pass, then the cast pass writing every copy asked for from one read of x."""
-    config = launch_config(x, spec, QuantizeKernel.TENSORWISE, config)
+    config = launch_config(x, QuantizeKernel.TENSORWISE, spec.columnwise, config)
     return cast_tensorwise(x, tensor_amax(x, config), spec, config)
 
 
