@@ -35,6 +35,7 @@ kernels/_gemm_persistent.py, and this kernel is checked by the GPU tests.
 
 from __future__ import annotations
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -47,12 +48,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from fp8bench.config import BLOCK, Granularity
-from fp8kernels._gemm_persistent import SCALING_CODES, _tile_coords, persistent_programs, scale_strides
-from fp8kernels.gemm_configs import Fp8GemmConfig, is_promoted
+from fp8kernels._gemm_persistent import SCALING_CODES, _tile_coords, scale_strides
+from fp8kernels.gemm_configs import Fp8GemmConfig, is_promoted, persistent_grid
 
 _GL_DTYPES = {"float8_e4m3fn": gl.float8e4nv, "float8_e5m2": gl.float8e5, "bfloat16": gl.bfloat16}
 # Rows of the tile each consumer warpgroup owns: one m64 wgmma.
 CONSUMER_ROWS = gl.constexpr(64)
+WARPGROUP_THREADS = gl.constexpr(128)
 # Widest product a consumer computes at once: a 256-wide tile is promoted in two 128-column halves.
 HALF_N = 128
 # Registers per thread after setmaxnreg, by the number of consumer warpgroups (block_m / 64). Two: the
@@ -73,49 +75,92 @@ WEIGHT_SCALE_BOX = 32
 
 
 @gluon.jit
-def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, M, N, K,
-              stride_sa_k, stride_sb_n, stride_sb_k, num_programs, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr):
-    """One warp: TMA loads of every K-tile of this program's tiles, each into the next free ring slot.
-    With blockwise scales by TMA (sa_desc not None) the slot also gets the K-tile's activation scales of
-    the tile's BLOCK_M rows and its weight block's scale, through 1-D descriptors over the scales' storage
-    (see _scale_descriptors), under the same `ready` barrier."""
+def _stream_k_start(program, iterations, num_programs):
+    """Where `program`'s share of the stream-K part starts, in its iteration space (tile * k_tiles + K-tile):
+    consecutive shares, differing by at most one K-tile."""
+    return program * (iterations // num_programs) + gl.minimum(program, iterations % num_programs)
+
+
+@gluon.jit
+def _stream_k_segment(end, first, k_tiles):
+    """The last segment of [first, end) in the stream-K iteration space that lies in one tile: (tile_id,
+    its first and one-past-last K-tile, and where the segment starts). A program walks its share's
+    segments from last to first, so the segments it hands to other programs come first (see
+    _consumer)."""
+    tile_id = (end - 1) // k_tiles
+    tile_first = tile_id * k_tiles
+    start = gl.maximum(tile_first, first)
+    return tile_id, start - tile_first, end - tile_first, start
+
+
+@gluon.jit
+def _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, loaded, pid_m,
+                 pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK: gl.constexpr):
+    """Load K-tile `ki` of tile (pid_m, pid_n) into the ring slot of the program's `loaded`-th K-tile, once
+    the consumers have handed it back. With blockwise scales by TMA (sa_desc not None) the slot also gets
+    the K-tile's activation scales of the tile's BLOCK_M rows and its weight block's scale, through 1-D
+    descriptors over the scales' storage (see _scale_descriptors), under the same `ready` barrier."""
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // empty.type.shape[0]
     STAGES: gl.constexpr = empty.type.shape[0]
+    BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    slot = loaded % STAGES
+    # mbarriers start in phase 0 with phase "-1" complete: the first pass over the ring does not wait.
+    mbarrier.wait(empty.index(slot), ((loaded // STAGES) & 1) ^ 1)
+    bar = ready.index(slot)
+    if sa_desc is not None:
+        mbarrier.expect(bar, CONSUMERS * (a_desc.block_type.nbytes + sa_desc.block_type.nbytes)
+                        + b_desc.block_type.nbytes + sb_desc.block_type.nbytes)
+        # Element (m, k) of the M-major activation scales is at m + k * stride_sa_k (a multiple of
+        # SCALE_WINDOW, as is BLOCK_M: an aligned start): the box reads the tile's rows of K-tile ki.
+        # Past M it runs into the padding or the next K-tile's scales (or past the end, where TMA
+        # fills zeros): those rows of A load as zeros, so their products are zero whatever the
+        # scale, and their outputs are never stored.
+        for c in gl.static_range(CONSUMERS):
+            tma.async_copy_global_to_shared(sa_desc, [ki * stride_sa_k + pid_m * BLOCK_M + c * CONSUMER_ROWS], bar,
+                                            sa_bufs.index(slot * CONSUMERS + c))
+        weight_scale = (pid_n * BLOCK_N // SCALE_BLOCK) * stride_sb_n + ki * stride_sb_k
+        tma.async_copy_global_to_shared(sb_desc, [weight_scale - weight_scale % SCALE_WINDOW], bar,
+                                        sb_bufs.index(slot))
+    else:
+        mbarrier.expect(bar, CONSUMERS * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    for c in gl.static_range(CONSUMERS):
+        tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M + c * CONSUMER_ROWS, ki * BLOCK_K], bar,
+                                        a_bufs.index(slot * CONSUMERS + c))
+    tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, ki * BLOCK_K], bar, b_bufs.index(slot))
+    return loaded + 1
+
+
+@gluon.jit
+def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, M, N, K,
+              stride_sa_k, stride_sb_n, stride_sb_k, num_programs, stream_k_tiles, GROUP_M: gl.constexpr,
+              SCALE_BLOCK: gl.constexpr):
+    """One warp: TMA loads of every K-tile of this program's work, in the order the consumers take it
+    (_consumer), each into the next free ring slot."""
+    CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // empty.type.shape[0]
     BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
+    program = gl.program_id(axis=0)
     loaded = 0
-    for tile_id in range(gl.program_id(axis=0), num_pid_m * num_pid_n, num_programs):
+    iterations = stream_k_tiles * k_tiles
+    first = _stream_k_start(program, iterations, num_programs)
+    end = _stream_k_start(program + 1, iterations, num_programs)
+    while end > first:
+        tile_id, k_first, k_end, end = _stream_k_segment(end, first, k_tiles)
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        for ki in range(k_first, k_end):
+            loaded = _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty,
+                                  loaded, pid_m, pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK)
+    for tile_id in range(stream_k_tiles + program, num_pid_m * num_pid_n, num_programs):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         for ki in range(k_tiles):
-            slot = loaded % STAGES
-            # mbarriers start in phase 0 with phase "-1" complete: the first pass over the ring does not wait.
-            mbarrier.wait(empty.index(slot), ((loaded // STAGES) & 1) ^ 1)
-            bar = ready.index(slot)
-            if sa_desc is not None:
-                mbarrier.expect(bar, CONSUMERS * (a_desc.block_type.nbytes + sa_desc.block_type.nbytes)
-                                + b_desc.block_type.nbytes + sb_desc.block_type.nbytes)
-                # Element (m, k) of the M-major activation scales is at m + k * stride_sa_k (a multiple of
-                # SCALE_WINDOW, as is BLOCK_M: an aligned start): the box reads the tile's rows of K-tile ki.
-                # Past M it runs into the padding or the next K-tile's scales (or past the end, where TMA
-                # fills zeros): those rows of A load as zeros, so their products are zero whatever the
-                # scale, and their outputs are never stored.
-                for c in gl.static_range(CONSUMERS):
-                    tma.async_copy_global_to_shared(sa_desc, [ki * stride_sa_k + pid_m * BLOCK_M + c * CONSUMER_ROWS], bar,
-                                                    sa_bufs.index(slot * CONSUMERS + c))
-                weight_scale = (pid_n * BLOCK_N // SCALE_BLOCK) * stride_sb_n + ki * stride_sb_k
-                tma.async_copy_global_to_shared(sb_desc, [weight_scale - weight_scale % SCALE_WINDOW], bar,
-                                                sb_bufs.index(slot))
-            else:
-                mbarrier.expect(bar, CONSUMERS * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-            for c in gl.static_range(CONSUMERS):
-                tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M + c * CONSUMER_ROWS, ki * BLOCK_K], bar,
-                                                a_bufs.index(slot * CONSUMERS + c))
-            tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, ki * BLOCK_K], bar, b_bufs.index(slot))
-            loaded += 1
+            loaded = _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty,
+                                  loaded, pid_m, pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK)
 
 
 @gluon.jit
@@ -196,60 +241,207 @@ def _store_rows(acc, c_desc, c_buf, rows, off_m, off_n, M, N, scale_a_ptr, scale
 
 
 @gluon.jit
-def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, M, N, K,
-              stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs,
+def _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, off_n, k_first, k_end, stride_sb_n,
+                 stride_sb_k, SCALING: gl.constexpr, PROMOTE: gl.constexpr, SCALE_BLOCK: gl.constexpr,
+                 WARPGROUP: gl.constexpr):
+    """This warpgroup's rows of a tile summed over its K-tiles [k_first, k_end), taken from the ring from
+    the program's `consumed`-th K-tile on: (sum, the right half's sum of a 256-wide tile, consumed)."""
+    SPLIT: gl.constexpr = b_bufs.type.shape[1] // zero.shape[1]
+    acc = zero
+    acc_right = 0.0  # an unused constant unless the tile is split (Triton needs a value)
+    if SPLIT == 2:
+        acc_right = zero
+    # Blockwise: where each K-tile's weight scale lies in the window the producer loaded (the same offsets
+    # it computes); unused otherwise.
+    weight_scales = (off_n // SCALE_BLOCK) * stride_sb_n
+    for ki in range(k_first, k_end):
+        sb_place = (weight_scales + ki * stride_sb_k) % SCALE_WINDOW
+        acc, acc_right = _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right, zero,
+                                 sb_place, SCALING, PROMOTE, WARPGROUP)
+        consumed += 1
+    return acc, acc_right, consumed
+
+
+@gluon.jit
+def _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
+                stride_sb_n, SCALING: gl.constexpr, CONSUMERS: gl.constexpr, SPLIT: gl.constexpr,
+                WARPGROUP: gl.constexpr):
+    """Scale and store this warpgroup's rows of a tile (a 256-wide one, SPLIT 2, as its two halves)."""
+    HALF_N: gl.constexpr = c_bufs.type.shape[2]
+    BUFFERS: gl.constexpr = c_bufs.type.shape[0] // CONSUMERS
+    rows = off_m + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
+    _store_rows(acc, c_desc, c_bufs.index(WARPGROUP * BUFFERS), rows, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr,
+                stride_sa_m, stride_sb_n, SCALING, SPLIT - 1)
+    if SPLIT == 2:
+        _store_rows(acc_right, c_desc, c_bufs.index(WARPGROUP * BUFFERS + 1), rows, off_m, off_n + HALF_N, M, N,
+                    scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, SPLIT - 1)
+@gluon.jit
+def _partial_offsets(zero, program, BLOCK_N: gl.constexpr, CONSUMERS: gl.constexpr, WARPGROUP: gl.constexpr):
+    """Where this warpgroup's rows of `program`'s partial sum lie in the workspace (BLOCK_M x BLOCK_N
+    floats a program; the left half's columns, the right half's are HALF_N further)."""
+    rows = gl.arange(0, zero.shape[0], layout=gl.SliceLayout(1, zero.type.layout))
+    cols = gl.arange(0, zero.shape[1], layout=gl.SliceLayout(0, zero.type.layout))
+    return ((program * CONSUMERS + WARPGROUP) * CONSUMER_ROWS + rows)[:, None] * BLOCK_N + cols[None, :]
+
+
+@gluon.jit
+def _partial_flags(flags_ptr, program, CONSUMERS: gl.constexpr, WARPGROUP: gl.constexpr):
+    """The flag of `program`'s partial sum of this warpgroup's rows, once for each thread of the warpgroup
+    (each signals, and waits, on its own: no barrier across the warpgroup)."""
+    one_each: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    return flags_ptr + (program * CONSUMERS + WARPGROUP) + gl.zeros([WARPGROUP_THREADS], gl.int32, one_each)
+
+
+# Each thread of a warpgroup that wrote a partial sum: wait until its TMA stores have been written (not
+# only read out of shared memory, as tma.store_wait's `.read` form waits for), order them before what
+# follows, and count itself in with a release. Only the thread that issued the stores has any to wait for;
+# the flag counts all WARPGROUP_THREADS, so the finishing program sees that one's release too.
+_RELEASE_PARTIAL_PTX = gl.constexpr("""{
+cp.async.bulk.wait_group 0;
+fence.proxy.async.global;
+red.release.gpu.global.add.u32 [$1], 1;
+mov.b32 $0, 0;
+}""")
+
+
+@gluon.jit
+def _publish_partial(acc, acc_right, workspace_desc, staging, flags_ptr, program, CONSUMERS: gl.constexpr,
+                     SPLIT: gl.constexpr, WARPGROUP: gl.constexpr):
+    """Write this warpgroup's partial sum of a tile another program finishes into the program's rows of
+    the workspace (by TMA, through `staging`: this warpgroup's two epilogue buffers seen as one FP32 half-tile),
+    then signal it on the warpgroup's flag."""
+    row = (program * CONSUMERS + WARPGROUP) * CONSUMER_ROWS
+    tma.store_wait(pendings=0)  # the epilogue's last stores from these buffers have left them
+    staging.store(acc)
+    fence_async_shared()
+    tma.async_copy_shared_to_global(workspace_desc, [row, 0], staging)
+    if SPLIT == 2:
+        tma.store_wait(pendings=0)
+        staging.store(acc_right)
+        fence_async_shared()
+        tma.async_copy_shared_to_global(workspace_desc, [row, acc.shape[1]], staging)
+    gl.inline_asm_elementwise(_RELEASE_PARTIAL_PTX, "=r,l", [_partial_flags(flags_ptr, program, CONSUMERS, WARPGROUP)],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+# A finishing thread's wait for a partial sum, per thread: spin (acquire loads) until all WARPGROUP_THREADS
+# of the contributing warpgroup have counted in (the low byte), then count itself in (256 each); the last
+# of the warpgroup to do so resets the flag to 0, so each launch finds its flags zeroed (the kernel writes
+# every flag it uses twice, and CUDA-graph replays need no memset).
+_AWAIT_PARTIAL_PTX = gl.constexpr(f"""{{
+.reg .pred %p<2>;
+.reg .b32 %r<3>;
+await_partial_${{:uid}}:
+ld.acquire.gpu.global.b32 %r0, [$1];
+and.b32 %r1, %r0, 255;
+setp.lt.u32 %p0, %r1, {WARPGROUP_THREADS.value};
+@%p0 bra await_partial_${{:uid}};
+atom.relaxed.gpu.global.add.u32 %r2, [$1], 256;
+setp.eq.u32 %p1, %r2, {WARPGROUP_THREADS.value + 256 * (WARPGROUP_THREADS.value - 1)};
+@%p1 st.relaxed.gpu.global.b32 [$1], 0;
+mov.b32 $0, %r0;
+}}""")
+
+@gluon.jit
+def _add_partials(acc, acc_right, zero, workspace_ptr, flags_ptr, program, tile_start, iterations, num_programs,
+                  BLOCK_N: gl.constexpr, CONSUMERS: gl.constexpr, SPLIT: gl.constexpr, WARPGROUP: gl.constexpr):
+    """Add into this program's sum of a tile the partial sums of the programs before it whose shares
+    cover the tile's earlier K-tiles (a finishing segment starts its program's share, so the previous
+    program's share ends in this tile; and so on back to the tile's start), waiting for each."""
+    start = _stream_k_start(program, iterations, num_programs)
+    contributor = program
+    while start > tile_start:
+        contributor -= 1
+        gl.inline_asm_elementwise(_AWAIT_PARTIAL_PTX, "=r,l", [_partial_flags(flags_ptr, contributor, CONSUMERS, WARPGROUP)],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+        offsets = _partial_offsets(zero, contributor, BLOCK_N, CONSUMERS, WARPGROUP)
+        # .cg: from L2, where the other SM's stores are; this SM's L1 may hold a previous launch's values.
+        acc = acc + gl.load(workspace_ptr + offsets, cache_modifier=".cg")
+        if SPLIT == 2:
+            acc_right = acc_right + gl.load(workspace_ptr + offsets + zero.shape[1], cache_modifier=".cg")
+        start = _stream_k_start(contributor, iterations, num_programs)
+    return acc, acc_right
+
+
+@gluon.jit
+def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, workspace_desc,
+              workspace_ptr, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, stream_k_tiles,
               SCALING: gl.constexpr, PROMOTE: gl.constexpr, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr,
               WARPGROUP: gl.constexpr):
-    """One warpgroup: rows [WARPGROUP * 64, WARPGROUP * 64 + 64) of every tile of this program. A 256-wide
-    tile is computed as two 128-column halves, each with a sum of its own, their products one at a time:
-    two sums and one product (192 registers) fit where two whole-width sets (256) would not."""
+    """One warpgroup: rows [WARPGROUP * 64, WARPGROUP * 64 + 64) of every tile of this program's work. A
+    256-wide tile is computed as two 128-column halves, each with a sum of its own, their products one at
+    a time: two sums and one product (192 registers) fit where two whole-width sets (256) would not.
+
+    The work (stream-K where the tiles do not fill the grid's last wave; gemm_configs.stream_k_tiles):
+    the first `stream_k_tiles` tiles' K-tiles, tile after tile, are cut into num_programs consecutive
+    shares, one a program; the other tiles go round the programs whole. A share's segment that ends a
+    tile finishes it, adding the partial sums other programs left in the workspace for its earlier
+    K-tiles; a segment that does not end its tile leaves its sum there. Each program walks its share's
+    segments last first, so what it leaves for others comes first and what it finishes comes last, and
+    it only ever waits for programs before it (started earlier, so the wait ends however many programs
+    the GPU runs at once)."""
     STAGES: gl.constexpr = empty.type.shape[0]
-    BLOCK_M: gl.constexpr = a_bufs.type.shape[0] // STAGES * a_bufs.type.shape[1]
+    CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // STAGES
+    BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
     ROWS: gl.constexpr = c_bufs.type.shape[1]
     HALF_N: gl.constexpr = c_bufs.type.shape[2]
     SPLIT: gl.constexpr = BLOCK_N // HALF_N
+    BUFFERS: gl.constexpr = c_bufs.type.shape[0] // CONSUMERS
+    # Stream-K: this warpgroup's two epilogue buffers hold an FP32 half-tile of its partial sums.
+    if workspace_desc is not None:
+        staging = c_bufs._reinterpret(gl.float32, [CONSUMERS] + workspace_desc.block_type.shape,
+                                      workspace_desc.layout).index(WARPGROUP)
+    else:
+        staging: gl.constexpr = None
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF_N, 256 // a_bufs.dtype.primitive_bitwidth]
     )
-    row_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
 
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
     zero = gl.zeros([ROWS, HALF_N], gl.float32, mma_layout)
+    program = gl.program_id(axis=0)
     consumed = 0
-    for tile_id in range(gl.program_id(axis=0), num_pid_m * num_pid_n, num_programs):
+    if workspace_desc is not None:  # stream-K compiled in; else stream_k_tiles is 0
+        iterations = stream_k_tiles * k_tiles
+        first = _stream_k_start(program, iterations, num_programs)
+        end = _stream_k_start(program + 1, iterations, num_programs)
+        while end > first:
+            tile_id, k_first, k_end, end = _stream_k_segment(end, first, k_tiles)
+            pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+            off_m = pid_m * BLOCK_M + WARPGROUP * ROWS
+            off_n = pid_n * BLOCK_N
+            acc, acc_right, consumed = _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, off_n,
+                                                    k_first, k_end, stride_sb_n, stride_sb_k, SCALING, PROMOTE,
+                                                    SCALE_BLOCK, WARPGROUP)
+            if k_end < k_tiles:
+                _publish_partial(acc, acc_right, workspace_desc, staging, flags_ptr, program, CONSUMERS, SPLIT, WARPGROUP)
+            else:
+                if k_first > 0:
+                    acc, acc_right = _add_partials(acc, acc_right, zero, workspace_ptr, flags_ptr, program,
+                                                   tile_id * k_tiles, iterations, num_programs, BLOCK_N, CONSUMERS,
+                                                   SPLIT, WARPGROUP)
+                _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
+                            stride_sb_n, SCALING, CONSUMERS, SPLIT, WARPGROUP)
+    for tile_id in range(stream_k_tiles + program, num_pid_m * num_pid_n, num_programs):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M + WARPGROUP * ROWS
         off_n = pid_n * BLOCK_N
-        rows = off_m + gl.arange(0, ROWS, layout=row_layout)
-        acc = zero
-        acc_right = 0.0  # an unused constant unless the tile is split (Triton needs a value)
-        if SPLIT == 2:
-            acc_right = zero
-        # Blockwise: where each K-tile's weight scale lies in the window the producer loaded (the same
-        # offsets it computes); unused otherwise.
-        weight_scales = (off_n // SCALE_BLOCK) * stride_sb_n
-        for ki in range(k_tiles):
-            sb_place = (weight_scales + ki * stride_sb_k) % SCALE_WINDOW
-            acc, acc_right = _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right, zero,
-                                     sb_place, SCALING, PROMOTE, WARPGROUP)
-            consumed += 1
-
-        _store_rows(acc, c_desc, c_bufs.index(WARPGROUP * SPLIT), rows, off_m, off_n, M, N, scale_a_ptr,
-                    scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, SPLIT - 1)
-        if SPLIT == 2:
-            _store_rows(acc_right, c_desc, c_bufs.index(WARPGROUP * SPLIT + 1), rows, off_m, off_n + HALF_N, M, N,
-                        scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, SPLIT - 1)
+        acc, acc_right, consumed = _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, off_n,
+                                                0, k_tiles, stride_sb_n, stride_sb_k, SCALING, PROMOTE, SCALE_BLOCK,
+                                                WARPGROUP)
+        _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
+                    stride_sb_n, SCALING, CONSUMERS, SPLIT, WARPGROUP)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def _fp8_gemm_ws_kernel(
-    a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, sa_desc, sb_desc, M, N, K,
-    stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs,
+    a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, sa_desc, sb_desc, workspace_desc, workspace_ptr, flags_ptr, M, N, K,
+    stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, stream_k_tiles,
     BLOCK_M: gl.constexpr,  # 64 rows per consumer warpgroup: 128 or 192
     SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (_gemm_persistent.SCALING_CODES)
     PROMOTE: gl.constexpr,  # False: fast accumulation, the products summed by the tensor cores (not blockwise)
@@ -263,9 +455,10 @@ def _fp8_gemm_ws_kernel(
     # A in 64-row boxes, one per consumer warpgroup: a tile of three (192 rows) is not a power of two.
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES * CONSUMERS, CONSUMER_ROWS, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
-    # One staging buffer per consumer and 128-column half, so no store waits for another's.
-    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS * BLOCK_N // c_desc.block_type.shape[1]]
-                                       + c_desc.block_type.shape, c_desc.layout)
+    # One staging buffer per consumer and 128-column half, so no store waits for another's; two per
+    # consumer with stream-K (workspace_desc given), where they also hold its FP32 partial sums.
+    buffers: gl.constexpr = 2 if workspace_desc is not None else BLOCK_N // c_desc.block_type.shape[1]
+    c_bufs = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS * buffers] + c_desc.block_type.shape, c_desc.layout)
     # Blockwise scales by TMA (sa_desc, sb_desc: descriptors, else None): a ring of their own beside A's and
     # B's. Without, constexpr Nones (warp_specialize passes only values with a type; a plain assignment
     # would store a bare None).
@@ -286,16 +479,17 @@ def _fp8_gemm_ws_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING,
-                             PROMOTE, GROUP_M, SCALE_BLOCK, 0)),
+                             workspace_desc, workspace_ptr, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
+                             num_programs, stream_k_tiles, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 0)),
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING,
-                             PROMOTE, GROUP_M, SCALE_BLOCK, 1)),
+                             workspace_desc, workspace_ptr, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
+                             num_programs, stream_k_tiles, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 1)),
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING,
-                             PROMOTE, GROUP_M, SCALE_BLOCK, 2)),
+                             workspace_desc, workspace_ptr, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
+                             num_programs, stream_k_tiles, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 2)),
                 (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, M, N, K,
-                             stride_sa_k, stride_sb_n, stride_sb_k, num_programs, GROUP_M, SCALE_BLOCK)),
+                             stride_sa_k, stride_sb_n, stride_sb_k, num_programs, stream_k_tiles, GROUP_M,
+                             SCALE_BLOCK)),
             ],
             [4, 4, 1],
             [CONSUMER_REGISTERS_OF_THREE, CONSUMER_REGISTERS_OF_THREE, PRODUCER_REGISTERS_OF_THREE],
@@ -304,13 +498,14 @@ def _fp8_gemm_ws_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING,
-                             PROMOTE, GROUP_M, SCALE_BLOCK, 0)),
+                             workspace_desc, workspace_ptr, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
+                             num_programs, stream_k_tiles, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 0)),
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, SCALING,
-                             PROMOTE, GROUP_M, SCALE_BLOCK, 1)),
+                             workspace_desc, workspace_ptr, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
+                             num_programs, stream_k_tiles, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 1)),
                 (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, M, N, K,
-                             stride_sa_k, stride_sb_n, stride_sb_k, num_programs, GROUP_M, SCALE_BLOCK)),
+                             stride_sa_k, stride_sb_n, stride_sb_k, num_programs, stream_k_tiles, GROUP_M,
+                             SCALE_BLOCK)),
             ],
             [4, 1],
             [CONSUMER_REGISTERS_OF_TWO, PRODUCER_REGISTERS_OF_TWO],
@@ -355,6 +550,21 @@ def _scale_descriptors(scale_a, scale_b):
             for scale, box in ((scale_a, CONSUMER_ROWS.value), (scale_b, WEIGHT_SCALE_BOX))]
 
 
+# Stream-K flags (one int32 per program and consumer warpgroup), per device and stream: the kernel leaves
+# every flag it uses zeroed, so they are allocated zeroed once and reused (two launches on different streams
+# at once get different flags).
+_STREAM_K_FLAGS: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def stream_k_flags(device: torch.device, count: int) -> torch.Tensor:
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    flags = _STREAM_K_FLAGS.get(key)
+    if flags is None or flags.numel() < count:
+        flags = torch.zeros(count, dtype=torch.int32, device=device)
+        _STREAM_K_FLAGS[key] = flags
+    return flags
+
+
 def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig):
     """Launch on validated operands (fp8kernels.gemm checks them): a[M, K], b_t[N, K], out[M, N]."""
     M, K = a.shape
@@ -369,10 +579,17 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
     if granularity is Granularity.BLOCKWISE:
         scale_a, scale_b = tma_ready_scales(scale_a, scale_b)
         sa_desc, sb_desc = _scale_descriptors(scale_a, scale_b)
-    programs = persistent_programs(M, N, config)
+    programs, split_tiles = persistent_grid(M, N, K, config)
+    workspace_desc = None
+    workspace = flags = out  # stand-ins the kernel does not touch without stream-K
+    if split_tiles:
+        # Each program's partial sums: BLOCK_M x BLOCK_N floats, written in half-tiles through the epilogue buffers.
+        workspace = torch.empty((programs * bm, bn), dtype=torch.float32, device=a.device)
+        workspace_desc = TensorDescriptor.from_tensor(workspace, c_block, gl.NVMMASharedLayout.get_default_for(c_block, gl.float32))
+        flags = stream_k_flags(a.device, programs * (bm // CONSUMER_ROWS.value))
     return _fp8_gemm_ws_kernel[(programs,)](
-        a_desc, b_desc, c_desc, scale_a, scale_b, sa_desc, sb_desc, M, N, K, *scale_strides(scale_a, scale_b),
-        programs,
+        a_desc, b_desc, c_desc, scale_a, scale_b, sa_desc, sb_desc, workspace_desc, workspace, flags, M, N, K,
+        *scale_strides(scale_a, scale_b), programs, split_tiles,
         BLOCK_M=bm,
         SCALING=SCALING_CODES[granularity],
         PROMOTE=is_promoted(granularity, fast_accum),

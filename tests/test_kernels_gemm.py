@@ -339,36 +339,90 @@ def test_blockwise_scales_for_tma_in_every_layout(M):
                 assert sb_flat[n * sb.stride(0) + k * sb.stride(1)] == sb_values[n, k]
 
 
-def test_the_heuristic_narrows_the_tile_where_wide_tiles_leave_the_last_wave_idle():
-    from fp8kernels.gemm_configs import NARROW_GLUON, WIDE_GLUON, wave_efficiency
+def test_stream_k_splits_the_last_waves_tiles_where_that_ends_sooner():
+    from fp8kernels.gemm_configs import PARTIAL_SUM_K_TILES, WIDE_GLUON, grid_efficiency, persistent_grid, stream_k_tiles
 
-    assert wave_efficiency(8192, 1280, WIDE_GLUON, 132) == pytest.approx(320 / 396)  # 2.4 waves
-    assert wave_efficiency(8192, 1280, NARROW_GLUON, 132) == pytest.approx(640 / 660)
+    wide = WIDE_GLUON.with_sms(132)
+    # M 8192, N 1280 at 128 x 256: 320 tiles, 2.4 waves of 132. The 56 of the third wave, 64 K-tiles each, in
+    # shares of 28 (a tile spans three programs: two partial sums to read), against a whole third wave.
+    assert stream_k_tiles(8192, 1280, 8192, wide) == 56
+    assert persistent_grid(8192, 1280, 8192, wide) == (132, 56)
+    busiest = 2 * 64 + 28 + PARTIAL_SUM_K_TILES * (1 + 3)
+    assert grid_efficiency(8192, 1280, 8192, wide) == pytest.approx(320 * 64 / (132 * busiest))
+    plain = dataclasses.replace(wide, stream_k=False)
+    assert stream_k_tiles(8192, 1280, 8192, plain) == 0
+    assert persistent_grid(8192, 1280, 8192, plain) == (132, 0)
+    assert grid_efficiency(8192, 1280, 8192, plain) == pytest.approx(320 / 396)
+    assert stream_k_tiles(8192, 8192, 8192, wide) == 2048 % 132  # 15.5 waves: the last half-wave is split
+    assert stream_k_tiles(33792, 256, 8192, wide) == 0  # 264 tiles: two whole waves
+    # Where handing partial sums over costs more than the idle part of the last wave: K = 1024 is 8
+    # K-tiles, and a tile cut in shares of one K-tile would hand over more than it shares.
+    assert stream_k_tiles(8192, 8192, 1024, wide) == 0
+    assert stream_k_tiles(1, 1280, 1024, wide) == 0
+    assert persistent_grid(1, 1280, 1024, wide) == (5, 0)  # fewer tiles than SMs, none split: a program each
+    # A row of 5 tiles with 64 K-tiles each: split-K in effect, every program a share of 3.
+    assert persistent_grid(1, 1280, 8192, wide) == (132, 5)
+
+
+def test_stream_k_is_a_mode_of_the_gluon_kernel_and_needs_room_for_a_partial_half_tile():
+    from fp8kernels.gemm_configs import NARROW_GLUON, WIDE_GLUON
+
+    from fp8kernels.gemm_configs import FAST_ACCUM
+
+    with pytest.raises(ValueError, match="stream_k"):
+        dataclasses.replace(FAST_ACCUM, stream_k=True)
+    # Each consumer's epilogue buffers hold an FP32 64 x 128 half-tile: twice a 128-wide tile's bf16 rows.
+    plain = dataclasses.replace(NARROW_GLUON, stream_k=False)
+    assert NARROW_GLUON.shared_memory_bytes - plain.shared_memory_bytes == 128 * 128 * 2
+    assert WIDE_GLUON.shared_memory_bytes == dataclasses.replace(WIDE_GLUON, stream_k=False).shared_memory_bytes
+    with pytest.raises(ValueError, match="shared memory"):
+        dataclasses.replace(NARROW_GLUON, num_stages=5)
+    assert dataclasses.replace(plain, num_stages=5).num_stages == 5
+
+
+def test_a_result_row_records_the_stream_k_tiles_of_its_shape():
+    from fp8kernels.gemm_configs import WIDE_GLUON
+
+    wide = WIDE_GLUON.with_sms(132)
+    assert wide.options_for(8192, 1280, 8192) == wide.as_dict() | {"stream_k_tiles": 56}
+    assert wide.options_for(33792, 256, 8192)["stream_k_tiles"] == 0
+
+
+def test_the_heuristic_weighs_each_tile_by_how_well_it_fills_the_grid(monkeypatch):
+    """Speed x grid_efficiency: with stream-K the wide tile keeps its lead where its last wave is part
+    idle (M 8192, N 1280); without (the presets' stream_k off), the narrow tile takes over there."""
+    from fp8kernels import gemm_configs
+
     for case in CASES:
         if case[0] is Granularity.BLOCKWISE:
             continue
-        assert choose_config(8192, 1280, 8192, *case, 132, gluon=True).block_n == 128
-        for M, N in [(8192, 8192), (16384, 1280), (8192, 57344)]:  # full last waves either way: the wide tile
+        for M, N in [(8192, 1280), (8192, 8192), (16384, 1280), (8192, 57344)]:
             assert choose_config(M, N, 8192, *case, 132, gluon=True).block_n == 256
-        assert choose_config(8192, 1280, 8192, *case, 132, gluon=False).block_n == 256  # measured on Gluon only
+    plain = {regime: tuple((dataclasses.replace(config, stream_k=False), speed) for config, speed in tiles)
+             for regime, tiles in gemm_configs.GLUON_TILES.items()}
+    monkeypatch.setattr(gemm_configs, "GLUON_TILES", plain)
+    gemm_configs._heuristic_config.cache_clear()
+    try:
+        fast = (Granularity.TENSORWISE, True)
+        assert choose_config(8192, 1280, 8192, *fast, 132, gluon=True).block_n == 128  # 0.93 x 640/660 > 320/396
+        assert choose_config(8192, 8192, 8192, *fast, 132, gluon=True).block_n == 256
+    finally:
+        gemm_configs._heuristic_config.cache_clear()
+    assert choose_config(8192, 1280, 8192, Granularity.TENSORWISE, True, 132, gluon=False).block_n == 256
 
 
-def test_the_heuristic_takes_three_consumer_tiles_where_their_waves_fill():
+def test_the_heuristic_takes_three_consumer_tiles_for_blockwise():
     from fp8kernels.gemm_configs import GLUON_THREE_CONSUMER_ROWS as TALL
 
-    def tile(M, N, case):
-        config = choose_config(M, N, 8192, *case, 132, gluon=True)
+    def tile(M, N, K, case):
+        config = choose_config(M, N, K, *case, 132, gluon=True)
         return config.block_m, config.block_n
 
-    blockwise, promoted, fast = (Granularity.BLOCKWISE, False), (Granularity.TENSORWISE, False), (Granularity.TENSORWISE, True)
-    assert tile(8192, 8192, blockwise) == (TALL, 128)  # 2752 tiles, 20.8 waves, against 31.03 at 128 x 128
-    assert tile(4096, 4096, blockwise) == (128, 128)  # 704 tiles: 5.3 waves against 1024 in 7.8
-    # Promoted: the wide tile where its waves fill; where they do not, the tall one if its own do (N 1280 at
-    # M 25344: 132 x 10 tiles, 10 whole waves, against the wide tile's 198 x 5 in 7.5), else the narrow one.
-    assert tile(8192, 8192, promoted) == (128, 256)
-    assert tile(25344, 1280, promoted) == (TALL, 128)
-    assert tile(8192, 1280, promoted) == (128, 128)
-    assert tile(25344, 1280, fast) == (128, 256)  # with fast accumulation the tall tile is no candidate
+    blockwise, promoted = (Granularity.BLOCKWISE, False), (Granularity.TENSORWISE, False)
+    assert tile(8192, 8192, 8192, blockwise) == (TALL, 128)  # 1.04x the 128 x 128 tile's speed
+    assert tile(4096, 4096, 4096, blockwise) == (TALL, 128)  # 5.3 waves, the last one split stream-K
+    assert tile(8192, 8192, 8192, promoted) == (128, 256)
+    assert tile(25344, 1280, 8192, promoted) == (128, 256)
 
 
 def test_the_heuristic_takes_the_gluon_kernel_only_where_it_runs(monkeypatch):
@@ -396,6 +450,37 @@ def test_gpu_gluon_kernel(case_config):
         rel = _relative_error(*operands, _run_poisoned(*operands, granularity, fast_accum, config))
         limit = FAST_ACCUM_TOLERANCE if fast_accum else PROMOTED_TOLERANCE
         assert rel <= limit, f"{_case_id((granularity, fast_accum))} {shape}: relative error {rel:.2e}"
+
+
+# Stream-K on small grids (programs, row tiles, column tiles): 7 tiles on 5 programs (the first 2 split,
+# each over three programs), on 3 (the first over three), and 3 tiles on 8 (all split). M and N ragged
+# where the granularity allows, and K (tensorwise, axiswise) ending in a partial K-tile.
+STREAM_K_GRIDS = [(5, 7, 1), (3, 7, 1), (8, 3, 1)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_gpu_stream_k_sums_split_tiles_and_leaves_its_flags_zeroed(case):
+    """Every Gluon tile of the regime, its first tiles split over programs: the same error against the
+    FP32 reference as whole tiles, bit-identical on a second run (the partial sums are added in a fixed
+    order), and the flags the programs signal on left zeroed for the next launch."""
+    from fp8kernels._gemm_ws import stream_k_flags
+    from fp8kernels.gemm_configs import _gluon_tiles, stream_k_tiles
+
+    granularity, fast_accum = case
+    limit = FAST_ACCUM_TOLERANCE if fast_accum else PROMOTED_TOLERANCE
+    for tile, _ in _gluon_tiles(granularity, fast_accum):
+        for programs, row_tiles, col_tiles in STREAM_K_GRIDS:
+            config = tile.with_sms(programs)
+            ragged = 0 if granularity is Granularity.BLOCKWISE else 16
+            M, N, K = row_tiles * tile.block_m - 5, col_tiles * tile.block_n - ragged, 8192 - ragged
+            assert stream_k_tiles(M, N, K, config) > 0, (tile, programs)
+            operands = _quantized(M, K, N, granularity, seed=M + programs)
+            out = _run_poisoned(*operands, granularity, fast_accum, config)
+            where = f"{_case_id(case)} {tile.block_m}x{tile.block_n} on {programs} programs, {M}x{N}x{K}"
+            assert _relative_error(*operands, out) <= limit, where
+            assert torch.equal(_run_poisoned(*operands, granularity, fast_accum, config), out), where
+            assert not stream_k_flags(out.device, 0).any(), where
 
 
 @pytest.mark.gpu

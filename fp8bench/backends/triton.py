@@ -36,9 +36,10 @@ class TritonBackend(Backend):
 
         qa, qb_t, sa, sb = kernel_operands(operands, granularity)
         use_fast_accum = fast_accum is FastAccum.ON
-        config = gemm_config(qa.shape[0], qb_t.shape[0], qa.shape[1], granularity, use_fast_accum, qa.device)
+        M, N, K = qa.shape[0], qb_t.shape[0], qa.shape[1]
+        config = gemm_config(M, N, K, granularity, use_fast_accum, qa.device)
 
         def run():
             return fp8_gemm(qa, qb_t, sa, sb, granularity=granularity, fast_accum=use_fast_accum, config=config)
 
-        return PreparedGemm(run, {"op": "fp8kernels.gemm.fp8_gemm", "dtype": "e4m3", **config.as_dict()})
+        return PreparedGemm(run, {"op": "fp8kernels.gemm.fp8_gemm", "dtype": "e4m3", **config.options_for(M, N, K)})

@@ -36,7 +36,7 @@ from fp8bench.results import RunWriter
 from fp8bench.shapes import llama, square
 from fp8bench.timing import TimerChoice
 from fp8kernels.gemm import fp8_gemm, gemm_config, launch_kernel
-from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config
+from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config, stream_k_tiles
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 console = Console(width=200)
@@ -147,7 +147,7 @@ class SideBySide:
 
                 rel = ((run().float() - cublas_out.float()).norm() / cublas_out.float().norm()).item()
                 if rel <= AGREEMENT:
-                    timed.append(("triton", run, config.as_dict(), rel))
+                    timed.append(("triton", run, config.options_for(shape.M, shape.N, shape.K), rel))
                 else:
                     console.print(f"[red]{shape.name} {_regime_name(granularity, fast_accum)} {config.as_dict()}: "
                                   f"output differs from cuBLAS by {rel:.3g}; not timed[/]")
@@ -162,6 +162,7 @@ class SideBySide:
                     "config": _config_label(options) if backend == "triton" else "", "ms": ms,
                     "tflops": row.values["tflops"], "ratio": cublas_ms / ms if backend == "triton" else None,
                     "rel_diff_vs_cublas": rel, "sm_clock_mhz": row.values["sm_clock_mhz"],
+                    "stream_k_tiles": options.get("stream_k_tiles", 0) if backend == "triton" else None,
                 })
             del quantized, cublas_out
 
@@ -179,7 +180,8 @@ def _config_label(options: dict) -> str:
     o = options
     return (f"{o['block_m']}x{o['block_n']}x{o['block_k']} s{o['num_stages']} w{o['num_warps']} g{o['group_m']}"
             + (" split" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
-            + (" gluon-ws" if o.get("gluon_ws") else ""))
+            + (" gluon-ws" if o.get("gluon_ws") else "")
+            + (f" stream-k {o['stream_k_tiles']}" if o.get("stream_k_tiles") else ""))
 
 
 def _print_frame(frame: pd.DataFrame, title: str) -> None:
@@ -199,7 +201,9 @@ def _open_run(out: Path, command: str) -> RunWriter:
 def compare(out: Path = typer.Option(..., help="folder for results.csv and metadata.json"),
             quick: bool = typer.Option(False, help="lighter timing (2 short repeats)"),
             shape: list[str] = typer.Option([], help="only these target shapes, by name (repeatable): to split the "
-                                                      "27 shapes over runs that must each end within a time limit")) -> None:
+                                                      "27 shapes over runs that must each end within a time limit"),
+            without_stream_k: bool = typer.Option(False, help="also time each config that walks tiles stream-K "
+                                                               "without it, side by side")) -> None:
     """The heuristic's config on every target shape, each regime against cuBLAS."""
     import torch
 
@@ -209,25 +213,40 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
         raise typer.BadParameter(f"not target shapes: {', '.join(sorted(unknown))}", param_hint="--shape")
     shapes = [s for s in shapes if s.name in shape] if shape else shapes
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    jobs = {(g, f, gemm_config(s.M, s.N, s.K, g, f, torch.device("cuda"))) for s in shapes for g, f in REGIMES}
-    precompile(sorted(jobs, key=str))
+
+    def configs(g: Granularity, f: bool, s: GemmShape) -> list[Fp8GemmConfig]:
+        config = gemm_config(s.M, s.N, s.K, g, f, torch.device("cuda"))
+        plain = [dataclasses.replace(config, stream_k=False)] if without_stream_k and stream_k_tiles(s.M, s.N, s.K, config) else []
+        return [config, *plain]
+
+    precompile(sorted({(g, f, c) for s in shapes for g, f in REGIMES for c in configs(g, f, s)}, key=str))
     with _open_run(out, "compare") as writer:
         bench = SideBySide(writer, QUICK if quick else STEADY)
         for index, shape in enumerate(shapes):
-            bench.measure_shape(shape, REGIMES, lambda g, f, s=shape: [gemm_config(s.M, s.N, s.K, g, f, torch.device("cuda"))],
-                                ours_first=index % 2 == 1)
+            bench.measure_shape(shape, REGIMES, lambda g, f, s=shape: configs(g, f, s), ours_first=index % 2 == 1)
             console.print(f"{shape.name} done", highlight=False)
     frame = bench.frame()
     frame.to_csv(out / "summary.csv", index=False)
+    ours = frame[frame.backend == "triton"]
+    # The heuristic's row of each shape and regime, and (--without-stream-k) its twin without stream-K.
+    plain = ours.duplicated(["shape", "regime"], keep=False) & (ours.stream_k_tiles == 0)
     cublas = frame[frame.backend == "cublas"][["shape", "regime", "tflops"]]
-    per_shape = frame[frame.backend == "triton"].merge(cublas.rename(columns={"tflops": "cublas_tflops"}),
-                                                         on=["shape", "regime"])
+    per_shape = ours[~plain].merge(cublas.rename(columns={"tflops": "cublas_tflops"}), on=["shape", "regime"])
     table = per_shape.pivot(index="shape", columns="regime", values="ratio").reindex([s.name for s in shapes])
     _print_frame(table.reset_index(), f"our time / cuBLAS time inverted (ratio > 1: ours faster), {num_sms} SMs")
     summary = per_shape.groupby("regime").agg(
         geomean_ratio=("ratio", gmean), min_ratio=("ratio", "min"), ours_tflops=("tflops", "median"),
         cublas_tflops=("cublas_tflops", "median"), shapes=("ratio", "size"))
     _print_frame(summary.reset_index(), f"geometric mean of our/cuBLAS speed over {len(shapes)} shapes")
+    if plain.any():
+        twins = per_shape.merge(ours[plain][["shape", "regime", "ratio"]].rename(columns={"ratio": "plain_ratio"}),
+                                on=["shape", "regime"])
+        twins["gain"] = twins.ratio / twins.plain_ratio
+        _print_frame(twins.pivot(index="shape", columns="regime", values="gain").reset_index(),
+                     "stream-K: our plain time / our stream-K time, where the heuristic walks tiles stream-K")
+        _print_frame(twins.groupby("regime").agg(geomean_gain=("gain", gmean), min_gain=("gain", "min"),
+                                                 max_gain=("gain", "max"), shapes=("gain", "size")).reset_index(),
+                     "stream-K against plain tiles, geometric mean over those shapes")
 
 
 @app.command()
