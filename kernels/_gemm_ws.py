@@ -29,7 +29,19 @@ shared memory after the wait they make anyway. (Loaded by the consumers from glo
 ahead, the kernel ran at 0.86 of cuBLAS against 0.96 by TMA: ptxas puts every global load on one
 scoreboard, so a K-tile's promotion waited for loads issued just before it; reports/h100-sxm/gemm-gluon-tma-scales.)
 Each consumer stores its rows through shared buffers of its own, waiting for a store only when its buffer is
-needed again. Gluon does not run under TRITON_INTERPRET: on the CPU, fp8kernels.gemm runs
+needed again.
+
+Stream-K (config.stream_k; gemm_configs.stream_k_tiles decides per shape): where the tiles leave the
+grid's last wave part idle (M 8192, N 1280 at 128 x 256: 320 tiles, 2.4 waves of 132 SMs), the walk starts
+with those tiles' K-tiles cut into equal consecutive shares, one per program, and then goes round the
+other tiles whole. A tile cut between programs is finished by the one holding its last K-tile, which adds
+the FP32 partial sums the others left in a workspace (see _consumer for the order that keeps every wait
+short and pointed at earlier programs). Partial sums go out by TMA through the consumer's epilogue
+buffers (register-addressed stores of 64 x 256 floats had ptxas keep 128 addresses live and spill), and
+every thread of the warpgroup signals and waits on a per-warpgroup flag itself, so no barrier spans more
+than the warpgroup here either.
+
+Gluon does not run under TRITON_INTERPRET: on the CPU, fp8kernels.gemm runs
 kernels/_gemm_persistent.py, and this kernel is checked by the GPU tests.
 """
 

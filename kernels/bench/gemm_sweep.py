@@ -66,6 +66,10 @@ GROUP_M_VARIANTS = (4, 8, 16)  # row tiles walked together, tried on the best ca
 # Our output against cuBLAS's on the same quantized operands: both round to bf16 (~2e-3 apart) and
 # fast accumulation adds a little; a wrong kernel is far beyond this.
 AGREEMENT = 1e-2
+# One timer for every case of a run. CUPTI's kernel durations by default: with event pairs, a call whose
+# host side outlasts the L2 flush before it (our Gluon launch: ~0.3 ms of Python and Triton launcher at
+# 4096^3, against cuBLAS's ~0.15) is timed with the GPU waiting for it (reports/h100-sxm/gemm-stream-k).
+TIMER = typer.Option("cupti", help="cupti (kernel durations) | cuda-events (event pairs, launch gaps included)")
 QUICK = TimingConfig(repeats=2, settle_ms=50, warmup_ms=10, samples_ms=25, throttled_samples_ms=300)
 STEADY = TimingConfig(repeats=3, settle_ms=200, warmup_ms=25, samples_ms=50)
 
@@ -120,11 +124,11 @@ def precompile(jobs: list[tuple[Granularity, bool, Fp8GemmConfig]]) -> set[tuple
 class SideBySide:
     """Measures cuBLAS and our kernel on one shape's operands and records both rows."""
 
-    def __init__(self, writer: RunWriter, timing: TimingConfig):
+    def __init__(self, writer: RunWriter, timing: TimingConfig, timer: str):
         import torch
 
         self.writer, self.timing = writer, timing
-        self.timers = TimerChoice("cuda-events")
+        self.timers = TimerChoice(timer)
         self.gpu = spec_for_device_name(torch.cuda.get_device_name())
         self.records: list[dict] = []
 
@@ -193,6 +197,12 @@ def _print_frame(frame: pd.DataFrame, title: str) -> None:
     console.print(table)
 
 
+def _timer(choice: str) -> str:
+    if choice not in ("cupti", "cuda-events"):
+        raise typer.BadParameter(f"unknown timer {choice!r}; choose cupti or cuda-events", param_hint="--timer")
+    return choice
+
+
 def _open_run(out: Path, command: str) -> RunWriter:
     return RunWriter(out, run_metadata(f"kernels/bench/gemm_sweep.py {command}"))
 
@@ -203,10 +213,12 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
             shape: list[str] = typer.Option([], help="only these target shapes, by name (repeatable): to split the "
                                                       "27 shapes over runs that must each end within a time limit"),
             without_stream_k: bool = typer.Option(False, help="also time each config that walks tiles stream-K "
-                                                               "without it, side by side")) -> None:
+                                                               "without it, side by side"),
+            timer: str = TIMER) -> None:
     """The heuristic's config on every target shape, each regime against cuBLAS."""
     import torch
 
+    timer = _timer(timer)
     shapes = target_shapes()
     unknown = set(shape) - {s.name for s in shapes}
     if unknown:
@@ -221,7 +233,7 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
 
     precompile(sorted({(g, f, c) for s in shapes for g, f in REGIMES for c in configs(g, f, s)}, key=str))
     with _open_run(out, "compare") as writer:
-        bench = SideBySide(writer, QUICK if quick else STEADY)
+        bench = SideBySide(writer, QUICK if quick else STEADY, timer)
         for index, shape in enumerate(shapes):
             bench.measure_shape(shape, REGIMES, lambda g, f, s=shape: configs(g, f, s), ours_first=index % 2 == 1)
             console.print(f"{shape.name} done", highlight=False)
@@ -252,17 +264,19 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
 @app.command()
 def tune(out: Path = typer.Option(..., help="folder for results.csv and metadata.json"),
          promoted_only: bool = typer.Option(False, help="only the regimes that promote (fast accumulation off)"),
-         blockwise_only: bool = typer.Option(False, help="only blockwise scaling")) -> None:
+         blockwise_only: bool = typer.Option(False, help="only blockwise scaling"),
+         timer: str = TIMER) -> None:
     """Every candidate config on the tuning shapes; then group_m variants of the best three per regime."""
     import torch
 
+    timer = _timer(timer)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = [s for s in target_shapes() if s.name in TUNING_SHAPE_NAMES]
     regimes = [(g, f) for g, f in TUNED_REGIMES
                if not (promoted_only and f) and not (blockwise_only and g is not Granularity.BLOCKWISE)]
     candidates = {(g, f): candidate_configs(g, f, num_sms) for g, f in regimes}
     with _open_run(out, "tune") as writer:
-        bench = SideBySide(writer, QUICK)
+        bench = SideBySide(writer, QUICK, timer)
         _tune_round(bench, shapes, candidates)
         frame = bench.frame()
         variants = {}
@@ -284,11 +298,13 @@ def tune(out: Path = typer.Option(..., help="folder for results.csv and metadata
 @app.command()
 def gluon(out: Path = typer.Option(..., help="folder for results.csv, summary.csv and metadata.json"),
           granularity: list[Granularity] = typer.Option(list(Granularity.fp8()), help="the granularities to run"),
-          fast_accum: bool = typer.Option(False, help="fast accumulation (tensorwise, axiswise) instead of promoted")) -> None:
+          fast_accum: bool = typer.Option(False, help="fast accumulation (tensorwise, axiswise) instead of promoted"),
+          timer: str = TIMER) -> None:
     """The Gluon kernel's candidates (warp-specialized, kernels/_gemm_ws.py) beside the Triton kernel's
     preset, each regime against cuBLAS, on a few shapes."""
     import torch
 
+    timer = _timer(timer)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = [s for s in target_shapes() if s.name in GLUON_SHAPE_NAMES]
     candidates = {
@@ -298,7 +314,7 @@ def gluon(out: Path = typer.Option(..., help="folder for results.csv, summary.cs
         if not (fast_accum and g is Granularity.BLOCKWISE)  # blockwise always promotes
     }
     with _open_run(out, "gluon") as writer:
-        bench = SideBySide(writer, GLUON_TIMING)
+        bench = SideBySide(writer, GLUON_TIMING, timer)
         _tune_round(bench, shapes, candidates)
     frame = bench.frame()
     frame.to_csv(out / "summary.csv", index=False)
