@@ -31,12 +31,15 @@ scoreboard, so a K-tile's promotion waited for loads issued just before it; repo
 Each consumer stores its rows through shared buffers of its own, waiting for a store only when its buffer is
 needed again.
 
-Stream-K (config.stream_k; gemm_configs.stream_k_tiles decides per shape): where the tiles leave the
-grid's last wave part idle (M 8192, N 1280 at 128 x 256: 320 tiles, 2.4 waves of 132 SMs), the walk starts
-with those tiles' K-tiles cut into equal consecutive shares, one per program, and then goes round the
-other tiles whole. A tile cut between programs is finished by the one holding its last K-tile, which adds
-the FP32 partial sums the others left in a workspace (see _consumer for the order that keeps every wait
-short and pointed at earlier programs). Partial sums go out by TMA through the consumer's epilogue
+Split last wave (config.split_last_wave; gemm_configs.last_wave_split decides per shape): where the
+tiles leave the grid's last wave part idle (M 8192, N 1280 at 128 x 256: 320 tiles, 2.4 waves of 132
+SMs), that wave's tiles are each cut along K into pieces that run side by side on otherwise idle
+programs, and the rest go round the programs whole. The last piece of a tile adds the FP32 partial sums
+the others left in a workspace (see _consumer). The pieces are aligned in K (piece j of every split tile
+covers the same K range), so the programs on one piece read the same slice of A and B; an earlier form
+gave each program an equal consecutive share of the split tiles' K-tiles (stream-K), whose programs all
+read different K slices at once and ran the split part about 3x slower than whole tiles (HBM-bound;
+reports/h100-sxm/gemm-split-last-wave). Partial sums go out by TMA through the consumer's epilogue
 buffers (register-addressed stores of 64 x 256 floats had ptxas keep 128 addresses live and spill), and
 every thread of the warpgroup signals and waits on a per-warpgroup flag itself, so no barrier spans more
 than the warpgroup here either.
@@ -87,22 +90,19 @@ WEIGHT_SCALE_BOX = 32
 
 
 @gluon.jit
-def _stream_k_start(program, iterations, num_programs):
-    """Where `program`'s share of the stream-K part starts, in its iteration space (tile * k_tiles + K-tile):
-    consecutive shares, differing by at most one K-tile."""
-    return program * (iterations // num_programs) + gl.minimum(program, iterations % num_programs)
-
-
-@gluon.jit
-def _stream_k_segment(end, first, k_tiles):
-    """The last segment of [first, end) in the stream-K iteration space that lies in one tile: (tile_id,
-    its first and one-past-last K-tile, and where the segment starts). A program walks its share's
-    segments from last to first, so the segments it hands to other programs come first (see
-    _consumer)."""
-    tile_id = (end - 1) // k_tiles
-    tile_first = tile_id * k_tiles
-    start = gl.maximum(tile_first, first)
-    return tile_id, start - tile_first, end - tile_first, start
+def _work_unit(unit, split_tiles, splits, k_tiles):
+    """The program's `unit`-th piece of work: (tile_id, first and one-past-last K-tile, piece). Units below
+    split_tiles * splits are the split tiles' K pieces, piece j of every split tile in units [j *
+    split_tiles, (j + 1) * split_tiles): the programs running one piece read the same K range (and share
+    it through L2), and the last piece of a tile, which finishes it, has the highest unit (and program).
+    The units after them are the other tiles, whole (piece -1)."""
+    pieces = split_tiles * splits
+    is_piece = unit < pieces
+    piece = gl.where(is_piece, unit // gl.maximum(split_tiles, 1), -1)
+    tile_id = gl.where(is_piece, unit % gl.maximum(split_tiles, 1), unit - pieces + split_tiles)
+    k_first = gl.where(is_piece, piece * k_tiles // splits, 0)
+    k_end = gl.where(is_piece, (piece + 1) * k_tiles // splits, k_tiles)
+    return tile_id, k_first, k_end, piece
 
 
 @gluon.jit
@@ -146,7 +146,7 @@ def _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_b
 
 @gluon.jit
 def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, M, N, K,
-              stride_sa_k, stride_sb_n, stride_sb_k, num_programs, stream_k_tiles, GROUP_M: gl.constexpr,
+              stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, GROUP_M: gl.constexpr,
               SCALE_BLOCK: gl.constexpr):
     """One warp: TMA loads of every K-tile of this program's work, in the order the consumers take it
     (_consumer), each into the next free ring slot."""
@@ -159,18 +159,11 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs
     k_tiles = gl.cdiv(K, BLOCK_K)
     program = gl.program_id(axis=0)
     loaded = 0
-    iterations = stream_k_tiles * k_tiles
-    first = _stream_k_start(program, iterations, num_programs)
-    end = _stream_k_start(program + 1, iterations, num_programs)
-    while end > first:
-        tile_id, k_first, k_end, end = _stream_k_segment(end, first, k_tiles)
+    units = num_pid_m * num_pid_n - split_tiles + split_tiles * splits
+    for unit in range(program, units, num_programs):
+        tile_id, k_first, k_end, piece = _work_unit(unit, split_tiles, splits, k_tiles)
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         for ki in range(k_first, k_end):
-            loaded = _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty,
-                                  loaded, pid_m, pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK)
-    for tile_id in range(stream_k_tiles + program, num_pid_m * num_pid_n, num_programs):
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
-        for ki in range(k_tiles):
             loaded = _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty,
                                   loaded, pid_m, pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK)
 
@@ -288,15 +281,6 @@ def _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr,
         _store_rows(acc_right, c_desc, c_bufs.index(WARPGROUP * BUFFERS + 1), rows, off_m, off_n + HALF_N, M, N,
                     scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, SPLIT - 1)
 @gluon.jit
-def _partial_offsets(zero, program, BLOCK_N: gl.constexpr, CONSUMERS: gl.constexpr, WARPGROUP: gl.constexpr):
-    """Where this warpgroup's rows of `program`'s partial sum lie in the workspace (BLOCK_M x BLOCK_N
-    floats a program; the left half's columns, the right half's are HALF_N further)."""
-    rows = gl.arange(0, zero.shape[0], layout=gl.SliceLayout(1, zero.type.layout))
-    cols = gl.arange(0, zero.shape[1], layout=gl.SliceLayout(0, zero.type.layout))
-    return ((program * CONSUMERS + WARPGROUP) * CONSUMER_ROWS + rows)[:, None] * BLOCK_N + cols[None, :]
-
-
-@gluon.jit
 def _partial_flags(flags_ptr, program, CONSUMERS: gl.constexpr, WARPGROUP: gl.constexpr):
     """The flag of `program`'s partial sum of this warpgroup's rows, once for each thread of the warpgroup
     (each signals, and waits, on its own: no barrier across the warpgroup)."""
@@ -338,8 +322,8 @@ def _publish_partial(acc, acc_right, workspace_desc, staging, flags_ptr, program
 
 # A finishing thread's wait for a partial sum, per thread: spin (acquire loads) until all WARPGROUP_THREADS
 # of the contributing warpgroup have counted in (the low byte), then count itself in (256 each); the last
-# of the warpgroup to do so resets the flag to 0, so each launch finds its flags zeroed (the kernel writes
-# every flag it uses twice, and CUDA-graph replays need no memset).
+# of the warpgroup to do so resets the flag to 0, so each launch finds its flags zeroed (no memset, and
+# CUDA-graph replays work). The proxy fence orders the TMA load of the partial sum after the acquire.
 _AWAIT_PARTIAL_PTX = gl.constexpr(f"""{{
 .reg .pred %p<2>;
 .reg .b32 %r<3>;
@@ -351,47 +335,48 @@ setp.lt.u32 %p0, %r1, {WARPGROUP_THREADS.value};
 atom.relaxed.gpu.global.add.u32 %r2, [$1], 256;
 setp.eq.u32 %p1, %r2, {WARPGROUP_THREADS.value + 256 * (WARPGROUP_THREADS.value - 1)};
 @%p1 st.relaxed.gpu.global.b32 [$1], 0;
+fence.proxy.async.global;
 mov.b32 $0, %r0;
 }}""")
 
 @gluon.jit
-def _add_partials(acc, acc_right, zero, workspace_ptr, flags_ptr, program, tile_start, iterations, num_programs,
-                  BLOCK_N: gl.constexpr, CONSUMERS: gl.constexpr, SPLIT: gl.constexpr, WARPGROUP: gl.constexpr):
-    """Add into this program's sum of a tile the partial sums of the programs before it whose shares
-    cover the tile's earlier K-tiles (a finishing segment starts its program's share, so the previous
-    program's share ends in this tile; and so on back to the tile's start), waiting for each."""
-    start = _stream_k_start(program, iterations, num_programs)
-    contributor = program
-    while start > tile_start:
-        contributor -= 1
+def _add_partials(acc, acc_right, workspace_desc, staging, partial_bar, flags_ptr, tile_id, split_tiles, splits,
+                  CONSUMERS: gl.constexpr, SPLIT: gl.constexpr, WARPGROUP: gl.constexpr):
+    """Add into this program's sum of a split tile (its last piece) the partial sums of the tile's other
+    pieces, each loaded by TMA into `staging` once its flag says it is written: piece j was the work of
+    program tile_id + j * split_tiles."""
+    HALF_N: gl.constexpr = staging.type.shape[1]
+    for piece in range(splits - 1):
+        contributor = tile_id + piece * split_tiles
         gl.inline_asm_elementwise(_AWAIT_PARTIAL_PTX, "=r,l", [_partial_flags(flags_ptr, contributor, CONSUMERS, WARPGROUP)],
                                   dtype=gl.int32, is_pure=False, pack=1)
-        offsets = _partial_offsets(zero, contributor, BLOCK_N, CONSUMERS, WARPGROUP)
-        # .cg: from L2, where the other SM's stores are; this SM's L1 may hold a previous launch's values.
-        acc = acc + gl.load(workspace_ptr + offsets, cache_modifier=".cg")
-        if SPLIT == 2:
-            acc_right = acc_right + gl.load(workspace_ptr + offsets + zero.shape[1], cache_modifier=".cg")
-        start = _stream_k_start(contributor, iterations, num_programs)
+        row = (contributor * CONSUMERS + WARPGROUP) * CONSUMER_ROWS
+        for half in gl.static_range(SPLIT):
+            mbarrier.expect(partial_bar, workspace_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(workspace_desc, [row, half * HALF_N], partial_bar, staging)
+            mbarrier.wait(partial_bar, (piece * SPLIT + half) & 1)
+            if half == 0:
+                acc = acc + staging.load(acc.type.layout)
+            else:
+                acc_right = acc_right + staging.load(acc.type.layout)
     return acc, acc_right
 
 
 @gluon.jit
 def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, workspace_desc,
-              workspace_ptr, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, stream_k_tiles,
-              SCALING: gl.constexpr, PROMOTE: gl.constexpr, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr,
+              partial_bars, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles,
+              splits, SCALING: gl.constexpr, PROMOTE: gl.constexpr, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr,
               WARPGROUP: gl.constexpr):
     """One warpgroup: rows [WARPGROUP * 64, WARPGROUP * 64 + 64) of every tile of this program's work. A
     256-wide tile is computed as two 128-column halves, each with a sum of its own, their products one at
     a time: two sums and one product (192 registers) fit where two whole-width sets (256) would not.
 
-    The work (stream-K where the tiles do not fill the grid's last wave; gemm_configs.stream_k_tiles):
-    the first `stream_k_tiles` tiles' K-tiles, tile after tile, are cut into num_programs consecutive
-    shares, one a program; the other tiles go round the programs whole. A share's segment that ends a
-    tile finishes it, adding the partial sums other programs left in the workspace for its earlier
-    K-tiles; a segment that does not end its tile leaves its sum there. Each program walks its share's
-    segments last first, so what it leaves for others comes first and what it finishes comes last, and
-    it only ever waits for programs before it (started earlier, so the wait ends however many programs
-    the GPU runs at once)."""
+    The work: where the tiles leave the grid's last wave part idle (gemm_configs.last_wave_split), that
+    wave's `split_tiles` tiles (the first of the walk) are each cut along K into `splits` pieces, one a
+    program, in the first round of the walk (_work_unit); the others go round the programs whole. A piece
+    that does not end its tile leaves its partial sum in the workspace; the last piece adds them and
+    stores the tile. It waits only for programs before it (started earlier, so the wait ends however
+    many programs the GPU runs at once), whose pieces, like its own, are their first work."""
     STAGES: gl.constexpr = empty.type.shape[0]
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // STAGES
     BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
@@ -401,7 +386,7 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
     HALF_N: gl.constexpr = c_bufs.type.shape[2]
     SPLIT: gl.constexpr = BLOCK_N // HALF_N
     BUFFERS: gl.constexpr = c_bufs.type.shape[0] // CONSUMERS
-    # Stream-K: this warpgroup's two epilogue buffers hold an FP32 half-tile of its partial sums.
+    # Split tiles: this warpgroup's two epilogue buffers hold an FP32 half-tile of its partial sums.
     if workspace_desc is not None:
         staging = c_bufs._reinterpret(gl.float32, [CONSUMERS] + workspace_desc.block_type.shape,
                                       workspace_desc.layout).index(WARPGROUP)
@@ -417,43 +402,35 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
     zero = gl.zeros([ROWS, HALF_N], gl.float32, mma_layout)
     program = gl.program_id(axis=0)
     consumed = 0
-    if workspace_desc is not None:  # stream-K compiled in; else stream_k_tiles is 0
-        iterations = stream_k_tiles * k_tiles
-        first = _stream_k_start(program, iterations, num_programs)
-        end = _stream_k_start(program + 1, iterations, num_programs)
-        while end > first:
-            tile_id, k_first, k_end, end = _stream_k_segment(end, first, k_tiles)
-            pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
-            off_m = pid_m * BLOCK_M + WARPGROUP * ROWS
-            off_n = pid_n * BLOCK_N
-            acc, acc_right, consumed = _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, off_n,
-                                                    k_first, k_end, stride_sb_n, stride_sb_k, SCALING, PROMOTE,
-                                                    SCALE_BLOCK, WARPGROUP)
-            if k_end < k_tiles:
-                _publish_partial(acc, acc_right, workspace_desc, staging, flags_ptr, program, CONSUMERS, SPLIT, WARPGROUP)
-            else:
-                if k_first > 0:
-                    acc, acc_right = _add_partials(acc, acc_right, zero, workspace_ptr, flags_ptr, program,
-                                                   tile_id * k_tiles, iterations, num_programs, BLOCK_N, CONSUMERS,
-                                                   SPLIT, WARPGROUP)
-                _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
-                            stride_sb_n, SCALING, CONSUMERS, SPLIT, WARPGROUP)
-    for tile_id in range(stream_k_tiles + program, num_pid_m * num_pid_n, num_programs):
+    units = num_pid_m * num_pid_n - split_tiles + split_tiles * splits
+    for unit in range(program, units, num_programs):
+        tile_id, k_first, k_end, piece = _work_unit(unit, split_tiles, splits, k_tiles)
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M + WARPGROUP * ROWS
         off_n = pid_n * BLOCK_N
         acc, acc_right, consumed = _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, off_n,
-                                                0, k_tiles, stride_sb_n, stride_sb_k, SCALING, PROMOTE, SCALE_BLOCK,
+                                                k_first, k_end, stride_sb_n, stride_sb_k, SCALING, PROMOTE, SCALE_BLOCK,
                                                 WARPGROUP)
-        _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
-                    stride_sb_n, SCALING, CONSUMERS, SPLIT, WARPGROUP)
+        if workspace_desc is not None:  # splitting compiled in (else split_tiles is 0: every piece is -1)
+            if piece >= 0 and piece < splits - 1:
+                _publish_partial(acc, acc_right, workspace_desc, staging, flags_ptr, unit, CONSUMERS, SPLIT, WARPGROUP)
+            else:
+                if piece == splits - 1:
+                    acc, acc_right = _add_partials(acc, acc_right, workspace_desc, staging,
+                                                   partial_bars.index(WARPGROUP), flags_ptr, tile_id, split_tiles,
+                                                   splits, CONSUMERS, SPLIT, WARPGROUP)
+                _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
+                            stride_sb_n, SCALING, CONSUMERS, SPLIT, WARPGROUP)
+        else:
+            _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
+                        stride_sb_n, SCALING, CONSUMERS, SPLIT, WARPGROUP)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
 def _fp8_gemm_ws_kernel(
-    a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, sa_desc, sb_desc, workspace_desc, workspace_ptr, flags_ptr, M, N, K,
-    stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, stream_k_tiles,
+    a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, sa_desc, sb_desc, workspace_desc, flags_ptr, M, N, K,
+    stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
     BLOCK_M: gl.constexpr,  # 64 rows per consumer warpgroup: 128 or 192
     SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (_gemm_persistent.SCALING_CODES)
     PROMOTE: gl.constexpr,  # False: fast accumulation, the products summed by the tensor cores (not blockwise)
@@ -468,7 +445,7 @@ def _fp8_gemm_ws_kernel(
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES * CONSUMERS, CONSUMER_ROWS, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     # One staging buffer per consumer and 128-column half, so no store waits for another's; two per
-    # consumer with stream-K (workspace_desc given), where they also hold its FP32 partial sums.
+    # consumer where tiles are split (workspace_desc given), where they also hold its FP32 partial sums.
     buffers: gl.constexpr = 2 if workspace_desc is not None else BLOCK_N // c_desc.block_type.shape[1]
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS * buffers] + c_desc.block_type.shape, c_desc.layout)
     # Blockwise scales by TMA (sa_desc, sb_desc: descriptors, else None): a ring of their own beside A's and
@@ -480,6 +457,13 @@ def _fp8_gemm_ws_kernel(
     else:
         sa_bufs: gl.constexpr = None
         sb_bufs: gl.constexpr = None
+    # Split tiles: a barrier per consumer for the TMA loads of the partial sums its last pieces add.
+    if workspace_desc is not None:
+        partial_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(CONSUMERS):
+            mbarrier.init(partial_bars.index(i), count=1)
+    else:
+        partial_bars: gl.constexpr = None
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -491,16 +475,16 @@ def _fp8_gemm_ws_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             workspace_desc, workspace_ptr, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
-                             num_programs, stream_k_tiles, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 0)),
+                             workspace_desc, partial_bars, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
+                             num_programs, split_tiles, splits, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 0)),
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             workspace_desc, workspace_ptr, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
-                             num_programs, stream_k_tiles, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 1)),
+                             workspace_desc, partial_bars, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
+                             num_programs, split_tiles, splits, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 1)),
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             workspace_desc, workspace_ptr, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
-                             num_programs, stream_k_tiles, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 2)),
+                             workspace_desc, partial_bars, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
+                             num_programs, split_tiles, splits, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 2)),
                 (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, M, N, K,
-                             stride_sa_k, stride_sb_n, stride_sb_k, num_programs, stream_k_tiles, GROUP_M,
+                             stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, GROUP_M,
                              SCALE_BLOCK)),
             ],
             [4, 4, 1],
@@ -510,13 +494,13 @@ def _fp8_gemm_ws_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             workspace_desc, workspace_ptr, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
-                             num_programs, stream_k_tiles, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 0)),
+                             workspace_desc, partial_bars, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
+                             num_programs, split_tiles, splits, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 0)),
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             workspace_desc, workspace_ptr, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
-                             num_programs, stream_k_tiles, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 1)),
+                             workspace_desc, partial_bars, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
+                             num_programs, split_tiles, splits, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 1)),
                 (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, M, N, K,
-                             stride_sa_k, stride_sb_n, stride_sb_k, num_programs, stream_k_tiles, GROUP_M,
+                             stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, GROUP_M,
                              SCALE_BLOCK)),
             ],
             [4, 1],
@@ -562,13 +546,13 @@ def _scale_descriptors(scale_a, scale_b):
             for scale, box in ((scale_a, CONSUMER_ROWS.value), (scale_b, WEIGHT_SCALE_BOX))]
 
 
-# Stream-K flags (one int32 per program and consumer warpgroup), per device and stream: the kernel leaves
+# Split-tile flags (one int32 per program and consumer warpgroup), per device and stream: the kernel leaves
 # every flag it uses zeroed, so they are allocated zeroed once and reused (two launches on different streams
 # at once get different flags).
 _STREAM_K_FLAGS: dict[tuple[int, int], torch.Tensor] = {}
 
 
-def stream_k_flags(device: torch.device, count: int) -> torch.Tensor:
+def split_flags(device: torch.device, count: int) -> torch.Tensor:
     key = (device.index, torch.cuda.current_stream(device).cuda_stream)
     flags = _STREAM_K_FLAGS.get(key)
     if flags is None or flags.numel() < count:
@@ -591,17 +575,19 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
     if granularity is Granularity.BLOCKWISE:
         scale_a, scale_b = tma_ready_scales(scale_a, scale_b)
         sa_desc, sb_desc = _scale_descriptors(scale_a, scale_b)
-    programs, split_tiles = persistent_grid(M, N, K, config)
+    programs, split_tiles, splits = persistent_grid(M, N, K, config)
     workspace_desc = None
-    workspace = flags = out  # stand-ins the kernel does not touch without stream-K
+    flags = out  # a stand-in the kernel does not touch when no tile is split
     if split_tiles:
-        # Each program's partial sums: BLOCK_M x BLOCK_N floats, written in half-tiles through the epilogue buffers.
-        workspace = torch.empty((programs * bm, bn), dtype=torch.float32, device=a.device)
+        # The partial sums of the pieces that do not end their tile (programs below split_tiles * (splits - 1)):
+        # BLOCK_M x BLOCK_N floats each, written in half-tiles through the epilogue buffers.
+        contributors = split_tiles * (splits - 1)
+        workspace = torch.empty((contributors * bm, bn), dtype=torch.float32, device=a.device)
         workspace_desc = TensorDescriptor.from_tensor(workspace, c_block, gl.NVMMASharedLayout.get_default_for(c_block, gl.float32))
-        flags = stream_k_flags(a.device, programs * (bm // CONSUMER_ROWS.value))
+        flags = split_flags(a.device, contributors * (bm // CONSUMER_ROWS.value))
     return _fp8_gemm_ws_kernel[(programs,)](
-        a_desc, b_desc, c_desc, scale_a, scale_b, sa_desc, sb_desc, workspace_desc, workspace, flags, M, N, K,
-        *scale_strides(scale_a, scale_b), programs, split_tiles,
+        a_desc, b_desc, c_desc, scale_a, scale_b, sa_desc, sb_desc, workspace_desc, flags, M, N, K,
+        *scale_strides(scale_a, scale_b), programs, split_tiles, splits,
         BLOCK_M=bm,
         SCALING=SCALING_CODES[granularity],
         PROMOTE=is_promoted(granularity, fast_accum),

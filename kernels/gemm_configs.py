@@ -15,7 +15,7 @@ with fast accumulation, one's wait with the others' MMA); where Gluon cannot run
 from the one it is written against) the Triton kernel's presets run. The presets were chosen by timing
 `candidate_configs` with kernels/bench/gemm_sweep.py on an H100 (kernels/README.md has the numbers); the
 shape enters through the grid size and, on the Gluon kernel, the tile (GLUON_TILES, `grid_efficiency`) and
-whether the last wave's tiles are walked stream-K (`stream_k_tiles`).
+whether the last wave's tiles are split along K (`last_wave_split`).
 """
 
 from __future__ import annotations
@@ -63,11 +63,11 @@ class Fp8GemmConfig:
     # consumer stores its rows) and no Triton warp specialization; GPU only. Blockwise scales go through its
     # ring too (see shared_memory_bytes).
     gluon_ws: bool = False
-    # Gluon kernel only: where the tiles leave the persistent grid's last wave part idle, walk those tiles'
-    # K-tiles stream-K, in equal shares over all programs, when stream_k_tiles says it pays (the K-tiles of a
-    # tile cut between programs are summed through an FP32 workspace). Each consumer warpgroup then has two
-    # epilogue buffers, which hold its FP32 partial sums (see shared_memory_bytes).
-    stream_k: bool = False
+    # Gluon kernel only: where the tiles leave the persistent grid's last wave part idle, cut that wave's
+    # tiles along K into pieces run side by side, when last_wave_split says it pays (a split tile's pieces
+    # are summed through an FP32 workspace). Each consumer warpgroup then has two epilogue buffers, which
+    # hold its FP32 partial sums (see shared_memory_bytes).
+    split_last_wave: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -84,8 +84,8 @@ class Fp8GemmConfig:
             raise ValueError(f"split_n must be 1 or 2, and 2 stores column halves (epilogue_subtile), got {self.split_n}")
         if self.num_warps not in (4, 8, 16):
             raise ValueError(f"num_warps must be 4, 8 or 16, got {self.num_warps}")
-        if self.stream_k and not self.gluon_ws:
-            raise ValueError("stream_k is a mode of the warp-specialized Gluon kernel (gluon_ws)")
+        if self.split_last_wave and not self.gluon_ws:
+            raise ValueError("split_last_wave is a mode of the warp-specialized Gluon kernel (gluon_ws)")
         if self.gluon_ws and (
             self.block_m not in (128, GLUON_THREE_CONSUMER_ROWS) or (self.block_k, self.num_warps) != (BLOCK, 8)
             or self.block_n not in (64, 128, 256) or self.split_n != 1 or self.warp_specialize or self.epilogue_subtile
@@ -106,12 +106,12 @@ class Fp8GemmConfig:
     def shared_memory_bytes(self) -> int:
         """FP8 operand ring (the Gluon kernel's also holds blockwise scales: block_m float32 activation
         scales and a 128-byte weight-scale box per stage, counted whatever the granularity) plus the bf16
-        epilogue staging buffers (with stream_k at least two 128-column halves' worth, the room of an FP32
-        half-tile; the compiler's own estimate may differ)."""
+        epilogue staging buffers (with split_last_wave at least two 128-column halves' worth, the room of an
+        FP32 half-tile; the compiler's own estimate may differ)."""
         ring = self.num_stages * (self.block_m + self.block_n) * self.block_k
         if self.gluon_ws:
             ring += self.num_stages * (4 * self.block_m + 128)
-        staged_columns = max(self.block_n, 2 * min(self.block_n, 128)) if self.stream_k else self.block_n
+        staged_columns = max(self.block_n, 2 * min(self.block_n, 128)) if self.split_last_wave else self.block_n
         epilogue = self.block_m * staged_columns * 2 // (2 if self.epilogue_subtile else 1)
         return ring + epilogue
 
@@ -133,9 +133,10 @@ class Fp8GemmConfig:
         return dataclasses.asdict(self)
 
     def options_for(self, M: int, N: int, K: int) -> dict[str, int | bool]:
-        """as_dict() and what the config does on an M x N x K problem: its stream-K tiles (a result row's
-        options)."""
-        return self.as_dict() | {"stream_k_tiles": stream_k_tiles(M, N, K, self)}
+        """as_dict() and what the config does on an M x N x K problem: the tiles it splits along K and into
+        how many pieces (a result row's options)."""
+        split_tiles, splits = last_wave_split(M, N, K, self)
+        return self.as_dict() | {"split_tiles": split_tiles, "splits": splits}
 
     def with_sms(self, num_sms: int) -> "Fp8GemmConfig":
         return dataclasses.replace(self, num_sms=num_sms)
@@ -151,7 +152,7 @@ BLOCKWISE = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_
 # The Gluon kernel's tiles. Each regime's candidates come with their speed relative to its fastest where
 # the persistent grid's waves are whole; the heuristic takes the one with the highest speed x
 # grid_efficiency, so a narrower tile can win where the wider one would leave the last wave mostly idle
-# and stream-K would not fill it either. Speeds: `gemm_sweep.py gluon` on the
+# and splitting its tiles would not fill it either. Speeds: `gemm_sweep.py gluon` on the
 # H100, the geomean of each tile's ours / cuBLAS over the same 6 shapes in one run, against the regime's
 # fastest (reports/h100-sxm/gemm-gluon-tall, session 12):
 # - 128 x 256 (two 128-column halves) for tensorwise / axiswise; promoted, 192 x 128 (three consumer
@@ -159,7 +160,7 @@ BLOCKWISE = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_
 #   0.94 / 0.91 (192 x 128 no faster);
 # - blockwise (one weight scale per 128 columns, so 128 wide): 192 x 128 s3, and 128 x 128 s4 at 0.96 of it.
 WIDE_GLUON = Fp8GemmConfig(block_m=128, block_n=256, block_k=128, group_m=16, num_stages=3, num_warps=8, num_sms=1,
-                           epilogue_subtile=False, gluon_ws=True, stream_k=True)
+                           epilogue_subtile=False, gluon_ws=True, split_last_wave=True)
 NARROW_GLUON = dataclasses.replace(WIDE_GLUON, block_n=128, num_stages=4)
 TALL_GLUON = dataclasses.replace(WIDE_GLUON, block_m=GLUON_THREE_CONSUMER_ROWS, block_n=128)
 BLOCKWISE_GLUON = dataclasses.replace(NARROW_GLUON, group_m=8)
@@ -171,48 +172,49 @@ GLUON_TILES = {
 }
 
 
-# What a split tile's FP32 partial sum costs, in K-tiles of a program's MMA time, to write (the program
-# that leaves it) and again to read (the one that finishes the tile): BLOCK_M x BLOCK_N x 4 bytes through L2,
-# 2.7x the bytes of a K-tile's A and B at 128 x 256.
+# What a split tile's FP32 partial sum costs, in K-tiles of a program's MMA time: BLOCK_M x BLOCK_N x 4
+# bytes (2.7x a K-tile's A and B at 128 x 256) written by one piece and read by the last, through L2.
 PARTIAL_SUM_K_TILES = 2
 
 
-def stream_k_tiles(M: int, N: int, K: int, config: Fp8GemmConfig) -> int:
-    """How many tiles (the first of the walk) the kernel walks stream-K: those of the persistent grid's
-    last, part-filled wave, where spreading their K-tiles over all programs (at most one K-tile apart) ends
-    the busiest program's work sooner than giving each tile whole to a program; else 0."""
-    if not config.stream_k:
-        return 0
-    leftover = config.tiles(M, N) % config.num_sms
-    if leftover and _busiest_k_tiles(M, N, K, config, leftover) < _busiest_k_tiles(M, N, K, config, 0):
-        return leftover
-    return 0
+def last_wave_split(M: int, N: int, K: int, config: Fp8GemmConfig) -> tuple[int, int]:
+    """(tiles, pieces): the persistent grid's last, part-filled wave's tiles (the first of the walk) and the
+    number of K pieces each is cut into, run side by side on programs that would idle, where that ends
+    the busiest program's work soonest; (0, 1) where no split pays."""
+    if not config.split_last_wave:
+        return 0, 1
+    tiles, programs = config.tiles(M, N), config.num_sms
+    leftover, k_tiles = tiles % programs, -(-K // config.block_k)
+    pieces = range(2, min(programs // leftover, k_tiles) + 1) if leftover else range(0)
+    best = min(pieces, key=lambda splits: _busiest_k_tiles(M, N, K, config, leftover, splits), default=1)
+    if best > 1 and _busiest_k_tiles(M, N, K, config, leftover, best) < _busiest_k_tiles(M, N, K, config, 0, 1):
+        return leftover, best
+    return 0, 1
 
 
-def _busiest_k_tiles(M: int, N: int, K: int, config: Fp8GemmConfig, stream_k: int) -> int:
-    """K-tiles of the busiest program when the first `stream_k` tiles are walked stream-K: its whole tiles,
-    its share of the split ones, and handing partial sums over (one written; read one from each program
-    whose share ends in the tile it finishes)."""
+def _busiest_k_tiles(M: int, N: int, K: int, config: Fp8GemmConfig, split_tiles: int, splits: int) -> int:
+    """K-tiles of MMA time of the busiest program: its whole tiles and, where `split_tiles` are cut into
+    `splits` pieces, the last piece's K-tiles and handing over (a partial sum written, then the
+    others' read by the last piece)."""
     tiles, k_tiles, programs = config.tiles(M, N), -(-K // config.block_k), config.num_sms
-    whole = -(-(tiles - stream_k) // programs) * k_tiles
-    if not stream_k:
+    whole = -(-(tiles - split_tiles) // programs) * k_tiles
+    if not split_tiles:
         return whole
-    share = -(-stream_k * k_tiles // programs)
-    return whole + share + PARTIAL_SUM_K_TILES * (1 + -(-k_tiles // share))
+    return whole + -(-k_tiles // splits) + PARTIAL_SUM_K_TILES * splits
 
 
-def persistent_grid(M: int, N: int, K: int, config: Fp8GemmConfig) -> tuple[int, int]:
-    """(programs, stream-K tiles): one program per SM, or per tile where there are fewer tiles and none is
-    split."""
-    split = stream_k_tiles(M, N, K, config)
-    return (config.num_sms if split else min(config.num_sms, config.tiles(M, N))), split
+def persistent_grid(M: int, N: int, K: int, config: Fp8GemmConfig) -> tuple[int, int, int]:
+    """(programs, split tiles, pieces each): one program per SM, or per tile where there are fewer tiles
+    and none is split."""
+    split_tiles, splits = last_wave_split(M, N, K, config)
+    return (config.num_sms if split_tiles else min(config.num_sms, config.tiles(M, N))), split_tiles, splits
 
 
 def grid_efficiency(M: int, N: int, K: int, config: Fp8GemmConfig) -> float:
     """The share of the grid's SM time spent on MMA: the tiles' K-tiles over num_sms x the busiest
-    program's (whose last wave, with plain tiles, counts whole)."""
+    program's (whose last wave, with whole tiles, counts whole)."""
     work = config.tiles(M, N) * -(-K // config.block_k)
-    return work / (config.num_sms * _busiest_k_tiles(M, N, K, config, stream_k_tiles(M, N, K, config)))
+    return work / (config.num_sms * _busiest_k_tiles(M, N, K, config, *last_wave_split(M, N, K, config)))
 
 
 def is_promoted(granularity: Granularity, fast_accum: bool) -> bool:

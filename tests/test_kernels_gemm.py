@@ -339,58 +339,56 @@ def test_blockwise_scales_for_tma_in_every_layout(M):
                 assert sb_flat[n * sb.stride(0) + k * sb.stride(1)] == sb_values[n, k]
 
 
-def test_stream_k_splits_the_last_waves_tiles_where_that_ends_sooner():
-    from fp8kernels.gemm_configs import PARTIAL_SUM_K_TILES, WIDE_GLUON, grid_efficiency, persistent_grid, stream_k_tiles
+def test_the_last_waves_tiles_are_split_along_k_where_that_ends_sooner():
+    from fp8kernels.gemm_configs import PARTIAL_SUM_K_TILES, WIDE_GLUON, grid_efficiency, last_wave_split, persistent_grid
 
     wide = WIDE_GLUON.with_sms(132)
-    # M 8192, N 1280 at 128 x 256: 320 tiles, 2.4 waves of 132. The 56 of the third wave, 64 K-tiles each, in
-    # shares of 28 (a tile spans three programs: two partial sums to read), against a whole third wave.
-    assert stream_k_tiles(8192, 1280, 8192, wide) == 56
-    assert persistent_grid(8192, 1280, 8192, wide) == (132, 56)
-    busiest = 2 * 64 + 28 + PARTIAL_SUM_K_TILES * (1 + 3)
+    # M 8192, N 1280 at 128 x 256: 320 tiles, 2.4 waves of 132. The third wave's 56 tiles in two K pieces of
+    # 32 K-tiles each (112 programs), against a whole third wave of 64.
+    assert last_wave_split(8192, 1280, 8192, wide) == (56, 2)
+    assert persistent_grid(8192, 1280, 8192, wide) == (132, 56, 2)
+    busiest = 2 * 64 + 32 + PARTIAL_SUM_K_TILES * 2
     assert grid_efficiency(8192, 1280, 8192, wide) == pytest.approx(320 * 64 / (132 * busiest))
-    plain = dataclasses.replace(wide, stream_k=False)
-    assert stream_k_tiles(8192, 1280, 8192, plain) == 0
-    assert persistent_grid(8192, 1280, 8192, plain) == (132, 0)
-    assert grid_efficiency(8192, 1280, 8192, plain) == pytest.approx(320 / 396)
-    assert stream_k_tiles(8192, 8192, 8192, wide) == 2048 % 132  # 15.5 waves: the last half-wave is split
-    assert stream_k_tiles(33792, 256, 8192, wide) == 0  # 264 tiles: two whole waves
-    # Where handing partial sums over costs more than the idle part of the last wave: K = 1024 is 8
-    # K-tiles, and a tile cut in shares of one K-tile would hand over more than it shares.
-    assert stream_k_tiles(8192, 8192, 1024, wide) == 0
-    assert stream_k_tiles(1, 1280, 1024, wide) == 0
-    assert persistent_grid(1, 1280, 1024, wide) == (5, 0)  # fewer tiles than SMs, none split: a program each
-    # A row of 5 tiles with 64 K-tiles each: split-K in effect, every program a share of 3.
-    assert persistent_grid(1, 1280, 8192, wide) == (132, 5)
+    unsplit = dataclasses.replace(wide, split_last_wave=False)
+    assert last_wave_split(8192, 1280, 8192, unsplit) == (0, 1)
+    assert persistent_grid(8192, 1280, 8192, unsplit) == (132, 0, 1)
+    assert grid_efficiency(8192, 1280, 8192, unsplit) == pytest.approx(320 / 396)
+    # The most pieces that fit the grid, where each piece is cheaper than the partial sum it hands over:
+    # 16384^3 leaves 8 tiles of 128 K-tiles, at most 16 pieces; 8 pieces of 16 K-tiles end soonest.
+    assert last_wave_split(16384, 16384, 16384, wide) == (8, 8)
+    assert last_wave_split(8192, 8192, 8192, wide) == (0, 1)  # 68 tiles: two pieces each would need 136 programs
+    assert last_wave_split(33792, 256, 8192, wide) == (0, 1)  # 264 tiles: two whole waves
+    # K = 1024 is 8 K-tiles: pieces of 4 save less than handing a partial sum over costs.
+    assert last_wave_split(8192, 4096, 1024, wide) == (0, 1)
+    assert persistent_grid(1, 1280, 1024, wide) == (5, 0, 1)  # fewer tiles than SMs, none split: a program each
+    assert persistent_grid(1, 1280, 8192, wide) == (132, 5, 5)  # split-K in effect: 5 pieces of 12-13 K-tiles
 
 
-def test_stream_k_is_a_mode_of_the_gluon_kernel_and_needs_room_for_a_partial_half_tile():
-    from fp8kernels.gemm_configs import NARROW_GLUON, WIDE_GLUON
+def test_splitting_is_a_mode_of_the_gluon_kernel_and_needs_room_for_a_partial_half_tile():
+    from fp8kernels.gemm_configs import FAST_ACCUM, NARROW_GLUON, WIDE_GLUON
 
-    from fp8kernels.gemm_configs import FAST_ACCUM
-
-    with pytest.raises(ValueError, match="stream_k"):
-        dataclasses.replace(FAST_ACCUM, stream_k=True)
+    with pytest.raises(ValueError, match="split_last_wave"):
+        dataclasses.replace(FAST_ACCUM, split_last_wave=True)
     # Each consumer's epilogue buffers hold an FP32 64 x 128 half-tile: twice a 128-wide tile's bf16 rows.
-    plain = dataclasses.replace(NARROW_GLUON, stream_k=False)
-    assert NARROW_GLUON.shared_memory_bytes - plain.shared_memory_bytes == 128 * 128 * 2
-    assert WIDE_GLUON.shared_memory_bytes == dataclasses.replace(WIDE_GLUON, stream_k=False).shared_memory_bytes
+    unsplit = dataclasses.replace(NARROW_GLUON, split_last_wave=False)
+    assert NARROW_GLUON.shared_memory_bytes - unsplit.shared_memory_bytes == 128 * 128 * 2
+    assert WIDE_GLUON.shared_memory_bytes == dataclasses.replace(WIDE_GLUON, split_last_wave=False).shared_memory_bytes
     with pytest.raises(ValueError, match="shared memory"):
         dataclasses.replace(NARROW_GLUON, num_stages=5)
-    assert dataclasses.replace(plain, num_stages=5).num_stages == 5
+    assert dataclasses.replace(unsplit, num_stages=5).num_stages == 5
 
 
-def test_a_result_row_records_the_stream_k_tiles_of_its_shape():
+def test_a_result_row_records_the_split_of_its_shape():
     from fp8kernels.gemm_configs import WIDE_GLUON
 
     wide = WIDE_GLUON.with_sms(132)
-    assert wide.options_for(8192, 1280, 8192) == wide.as_dict() | {"stream_k_tiles": 56}
-    assert wide.options_for(33792, 256, 8192)["stream_k_tiles"] == 0
+    assert wide.options_for(8192, 1280, 8192) == wide.as_dict() | {"split_tiles": 56, "splits": 2}
+    assert wide.options_for(33792, 256, 8192) == wide.as_dict() | {"split_tiles": 0, "splits": 1}
 
 
 def test_the_heuristic_weighs_each_tile_by_how_well_it_fills_the_grid(monkeypatch):
-    """Speed x grid_efficiency: with stream-K the wide tile keeps its lead where its last wave is part
-    idle (M 8192, N 1280); without (the presets' stream_k off), the narrow tile takes over there."""
+    """Speed x grid_efficiency: splitting its last wave, the wide tile keeps its lead where that wave is
+    part idle (M 8192, N 1280); unsplit (the presets' split_last_wave off), the narrow tile takes over."""
     from fp8kernels import gemm_configs
 
     for case in CASES:
@@ -398,9 +396,9 @@ def test_the_heuristic_weighs_each_tile_by_how_well_it_fills_the_grid(monkeypatc
             continue
         for M, N in [(8192, 1280), (8192, 8192), (16384, 1280), (8192, 57344)]:
             assert choose_config(M, N, 8192, *case, 132, gluon=True).block_n == 256
-    plain = {regime: tuple((dataclasses.replace(config, stream_k=False), speed) for config, speed in tiles)
-             for regime, tiles in gemm_configs.GLUON_TILES.items()}
-    monkeypatch.setattr(gemm_configs, "GLUON_TILES", plain)
+    unsplit = {regime: tuple((dataclasses.replace(config, split_last_wave=False), speed) for config, speed in tiles)
+               for regime, tiles in gemm_configs.GLUON_TILES.items()}
+    monkeypatch.setattr(gemm_configs, "GLUON_TILES", unsplit)
     gemm_configs._heuristic_config.cache_clear()
     try:
         fast = (Granularity.TENSORWISE, True)
@@ -420,7 +418,7 @@ def test_the_heuristic_takes_three_consumer_tiles_for_blockwise():
 
     blockwise, promoted = (Granularity.BLOCKWISE, False), (Granularity.TENSORWISE, False)
     assert tile(8192, 8192, 8192, blockwise) == (TALL, 128)  # 1.04x the 128 x 128 tile's speed
-    assert tile(4096, 4096, 4096, blockwise) == (TALL, 128)  # 5.3 waves, the last one split stream-K
+    assert tile(4096, 4096, 4096, blockwise) == (TALL, 128)  # 5.3 waves, the last one's 44 tiles in 3 pieces
     assert tile(8192, 8192, 8192, promoted) == (128, 256)
     assert tile(25344, 1280, 8192, promoted) == (128, 256)
 
@@ -452,35 +450,36 @@ def test_gpu_gluon_kernel(case_config):
         assert rel <= limit, f"{_case_id((granularity, fast_accum))} {shape}: relative error {rel:.2e}"
 
 
-# Stream-K on small grids (programs, row tiles, column tiles): 7 tiles on 5 programs (the first 2 split,
-# each over three programs), on 3 (the first over three), and 3 tiles on 8 (all split). M and N ragged
-# where the granularity allows, and K (tensorwise, axiswise) ending in a partial K-tile.
-STREAM_K_GRIDS = [(5, 7, 1), (3, 7, 1), (8, 3, 1)]
+# Split last waves on small grids (programs, row tiles, column tiles): 7 tiles on 5 programs (the last 2 in
+# 2 pieces each), on 3 (the last in 3 pieces), and 3 tiles on 8 (2 pieces each). M and N ragged where the
+# granularity allows, and K (tensorwise, axiswise) ending in a partial K-tile.
+SPLIT_GRIDS = [(5, 7, 1), (3, 7, 1), (8, 3, 1)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_gpu_stream_k_sums_split_tiles_and_leaves_its_flags_zeroed(case):
-    """Every Gluon tile of the regime, its first tiles split over programs: the same error against the
+def test_gpu_split_last_wave_sums_the_pieces_and_leaves_its_flags_zeroed(case):
+    """Every Gluon tile of the regime, the last wave's tiles split along K: the same error against the
     FP32 reference as whole tiles, bit-identical on a second run (the partial sums are added in a fixed
-    order), and the flags the programs signal on left zeroed for the next launch."""
-    from fp8kernels._gemm_ws import stream_k_flags
-    from fp8kernels.gemm_configs import _gluon_tiles, stream_k_tiles
+    order), and the flags the pieces signal on left zeroed for the next launch."""
+    from fp8kernels._gemm_ws import split_flags
+    from fp8kernels.gemm_configs import _gluon_tiles, last_wave_split
 
     granularity, fast_accum = case
     limit = FAST_ACCUM_TOLERANCE if fast_accum else PROMOTED_TOLERANCE
     for tile, _ in _gluon_tiles(granularity, fast_accum):
-        for programs, row_tiles, col_tiles in STREAM_K_GRIDS:
+        for programs, row_tiles, col_tiles in SPLIT_GRIDS:
             config = tile.with_sms(programs)
             ragged = 0 if granularity is Granularity.BLOCKWISE else 16
             M, N, K = row_tiles * tile.block_m - 5, col_tiles * tile.block_n - ragged, 8192 - ragged
-            assert stream_k_tiles(M, N, K, config) > 0, (tile, programs)
+            split_tiles, splits = last_wave_split(M, N, K, config)
+            assert split_tiles and splits > 1, (tile, programs)
             operands = _quantized(M, K, N, granularity, seed=M + programs)
             out = _run_poisoned(*operands, granularity, fast_accum, config)
-            where = f"{_case_id(case)} {tile.block_m}x{tile.block_n} on {programs} programs, {M}x{N}x{K}"
+            where = f"{_case_id(case)} {tile.block_m}x{tile.block_n}, {split_tiles} tiles in {splits} pieces, {M}x{N}x{K}"
             assert _relative_error(*operands, out) <= limit, where
             assert torch.equal(_run_poisoned(*operands, granularity, fast_accum, config), out), where
-            assert not stream_k_flags(out.device, 0).any(), where
+            assert not split_flags(out.device, 0).any(), where
 
 
 @pytest.mark.gpu

@@ -36,7 +36,7 @@ from fp8bench.results import RunWriter
 from fp8bench.shapes import llama, square
 from fp8bench.timing import TimerChoice
 from fp8kernels.gemm import fp8_gemm, gemm_config, launch_kernel
-from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config, stream_k_tiles
+from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config, last_wave_split
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 console = Console(width=200)
@@ -68,7 +68,7 @@ GROUP_M_VARIANTS = (4, 8, 16)  # row tiles walked together, tried on the best ca
 AGREEMENT = 1e-2
 # One timer for every case of a run. CUPTI's kernel durations by default: with event pairs, a call whose
 # host side outlasts the L2 flush before it (our Gluon launch: ~0.3 ms of Python and Triton launcher at
-# 4096^3, against cuBLAS's ~0.15) is timed with the GPU waiting for it (reports/h100-sxm/gemm-stream-k).
+# 4096^3, against cuBLAS's ~0.15) is timed with the GPU waiting for it (reports/h100-sxm/gemm-split-last-wave).
 TIMER = typer.Option("cupti", help="cupti (kernel durations) | cuda-events (event pairs, launch gaps included)")
 QUICK = TimingConfig(repeats=2, settle_ms=50, warmup_ms=10, samples_ms=25, throttled_samples_ms=300)
 STEADY = TimingConfig(repeats=3, settle_ms=200, warmup_ms=25, samples_ms=50)
@@ -166,7 +166,7 @@ class SideBySide:
                     "config": _config_label(options) if backend == "triton" else "", "ms": ms,
                     "tflops": row.values["tflops"], "ratio": cublas_ms / ms if backend == "triton" else None,
                     "rel_diff_vs_cublas": rel, "sm_clock_mhz": row.values["sm_clock_mhz"],
-                    "stream_k_tiles": options.get("stream_k_tiles", 0) if backend == "triton" else None,
+                    "split_tiles": options.get("split_tiles", 0) if backend == "triton" else None,
                 })
             del quantized, cublas_out
 
@@ -185,7 +185,7 @@ def _config_label(options: dict) -> str:
     return (f"{o['block_m']}x{o['block_n']}x{o['block_k']} s{o['num_stages']} w{o['num_warps']} g{o['group_m']}"
             + (" split" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
             + (" gluon-ws" if o.get("gluon_ws") else "")
-            + (f" stream-k {o['stream_k_tiles']}" if o.get("stream_k_tiles") else ""))
+            + (f" split {o['split_tiles']}x{o['splits']}" if o.get("split_tiles") else ""))
 
 
 def _print_frame(frame: pd.DataFrame, title: str) -> None:
@@ -212,8 +212,8 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
             quick: bool = typer.Option(False, help="lighter timing (2 short repeats)"),
             shape: list[str] = typer.Option([], help="only these target shapes, by name (repeatable): to split the "
                                                       "27 shapes over runs that must each end within a time limit"),
-            without_stream_k: bool = typer.Option(False, help="also time each config that walks tiles stream-K "
-                                                               "without it, side by side"),
+            unsplit: bool = typer.Option(False, help="also time each config that splits its last wave's tiles "
+                                                      "along K without splitting them, side by side"),
             timer: str = TIMER) -> None:
     """The heuristic's config on every target shape, each regime against cuBLAS."""
     import torch
@@ -228,7 +228,8 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
 
     def configs(g: Granularity, f: bool, s: GemmShape) -> list[Fp8GemmConfig]:
         config = gemm_config(s.M, s.N, s.K, g, f, torch.device("cuda"))
-        plain = [dataclasses.replace(config, stream_k=False)] if without_stream_k and stream_k_tiles(s.M, s.N, s.K, config) else []
+        split = unsplit and last_wave_split(s.M, s.N, s.K, config)[0]
+        plain = [dataclasses.replace(config, split_last_wave=False)] if split else []
         return [config, *plain]
 
     precompile(sorted({(g, f, c) for s in shapes for g, f in REGIMES for c in configs(g, f, s)}, key=str))
@@ -240,8 +241,8 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
     frame = bench.frame()
     frame.to_csv(out / "summary.csv", index=False)
     ours = frame[frame.backend == "triton"]
-    # The heuristic's row of each shape and regime, and (--without-stream-k) its twin without stream-K.
-    plain = ours.duplicated(["shape", "regime"], keep=False) & (ours.stream_k_tiles == 0)
+    # The heuristic's row of each shape and regime, and (--unsplit) its twin that splits no tile.
+    plain = ours.duplicated(["shape", "regime"], keep=False) & (ours.split_tiles == 0)
     cublas = frame[frame.backend == "cublas"][["shape", "regime", "tflops"]]
     per_shape = ours[~plain].merge(cublas.rename(columns={"tflops": "cublas_tflops"}), on=["shape", "regime"])
     table = per_shape.pivot(index="shape", columns="regime", values="ratio").reindex([s.name for s in shapes])
@@ -255,10 +256,10 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
                                 on=["shape", "regime"])
         twins["gain"] = twins.ratio / twins.plain_ratio
         _print_frame(twins.pivot(index="shape", columns="regime", values="gain").reset_index(),
-                     "stream-K: our plain time / our stream-K time, where the heuristic walks tiles stream-K")
+                     "last wave split: our time unsplit / split, where the heuristic splits the last wave's tiles")
         _print_frame(twins.groupby("regime").agg(geomean_gain=("gain", gmean), min_gain=("gain", "min"),
                                                  max_gain=("gain", "max"), shapes=("gain", "size")).reset_index(),
-                     "stream-K against plain tiles, geometric mean over those shapes")
+                     "last wave split against unsplit, geometric mean over those shapes")
 
 
 @app.command()
