@@ -18,6 +18,8 @@ import concurrent.futures
 import dataclasses
 import multiprocessing
 import os
+import shlex
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -204,7 +206,8 @@ def _timer(choice: str) -> str:
 
 
 def _open_run(out: Path, command: str) -> RunWriter:
-    return RunWriter(out, run_metadata(f"kernels/bench/gemm_sweep.py {command}"))
+    """The run's writer; its metadata records the command line as given (`command` where there is none)."""
+    return RunWriter(out, run_metadata(f"kernels/bench/gemm_sweep.py {shlex.join(sys.argv[1:]) or command}"))
 
 
 @app.command()
