@@ -161,7 +161,7 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs
     loaded = 0
     units = num_pid_m * num_pid_n - split_tiles + split_tiles * splits
     for unit in range(program, units, num_programs):
-        tile_id, k_first, k_end, piece = _work_unit(unit, split_tiles, splits, k_tiles)
+        tile_id, k_first, k_end, _ = _work_unit(unit, split_tiles, splits, k_tiles)
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         for ki in range(k_first, k_end):
             loaded = _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty,
