@@ -281,11 +281,18 @@ def _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr,
         _store_rows(acc_right, c_desc, c_bufs.index(WARPGROUP * BUFFERS + 1), rows, off_m, off_n + HALF_N, M, N,
                     scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, SPLIT - 1)
 @gluon.jit
+def _partial_slot(program, CONSUMERS: gl.constexpr, WARPGROUP: gl.constexpr):
+    """Where `program`'s partial sum of this warpgroup's rows goes: its flag's index, and the workspace's
+    rows from slot * CONSUMER_ROWS."""
+    return program * CONSUMERS + WARPGROUP
+
+
+@gluon.jit
 def _partial_flags(flags_ptr, program, CONSUMERS: gl.constexpr, WARPGROUP: gl.constexpr):
     """The flag of `program`'s partial sum of this warpgroup's rows, once for each thread of the warpgroup
     (each signals, and waits, on its own: no barrier across the warpgroup)."""
     one_each: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    return flags_ptr + (program * CONSUMERS + WARPGROUP) + gl.zeros([WARPGROUP_THREADS], gl.int32, one_each)
+    return flags_ptr + _partial_slot(program, CONSUMERS, WARPGROUP) + gl.zeros([WARPGROUP_THREADS], gl.int32, one_each)
 
 
 # Each thread of a warpgroup that wrote a partial sum: wait until its TMA stores have been written (not
@@ -306,7 +313,7 @@ def _publish_partial(acc, acc_right, workspace_desc, staging, flags_ptr, program
     """Write this warpgroup's partial sum of a tile another program finishes into the program's rows of
     the workspace (by TMA, through `staging`: this warpgroup's two epilogue buffers seen as one FP32 half-tile),
     then signal it on the warpgroup's flag."""
-    row = (program * CONSUMERS + WARPGROUP) * CONSUMER_ROWS
+    row = _partial_slot(program, CONSUMERS, WARPGROUP) * CONSUMER_ROWS
     tma.store_wait(pendings=0)  # the epilogue's last stores from these buffers have left them
     staging.store(acc)
     fence_async_shared()
@@ -339,6 +346,7 @@ fence.proxy.async.global;
 mov.b32 $0, %r0;
 }}""")
 
+
 @gluon.jit
 def _add_partials(acc, acc_right, workspace_desc, staging, partial_bar, flags_ptr, tile_id, split_tiles, splits,
                   CONSUMERS: gl.constexpr, SPLIT: gl.constexpr, WARPGROUP: gl.constexpr):
@@ -350,7 +358,7 @@ def _add_partials(acc, acc_right, workspace_desc, staging, partial_bar, flags_pt
         contributor = tile_id + piece * split_tiles
         gl.inline_asm_elementwise(_AWAIT_PARTIAL_PTX, "=r,l", [_partial_flags(flags_ptr, contributor, CONSUMERS, WARPGROUP)],
                                   dtype=gl.int32, is_pure=False, pack=1)
-        row = (contributor * CONSUMERS + WARPGROUP) * CONSUMER_ROWS
+        row = _partial_slot(contributor, CONSUMERS, WARPGROUP) * CONSUMER_ROWS
         for half in gl.static_range(SPLIT):
             mbarrier.expect(partial_bar, workspace_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(workspace_desc, [row, half * HALF_N], partial_bar, staging)

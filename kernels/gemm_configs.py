@@ -129,6 +129,10 @@ class Fp8GemmConfig:
         """Output tiles of an M x N product, the work the persistent grid walks."""
         return -(-M // self.block_m) * -(-N // self.block_n)
 
+    def k_tiles(self, K: int) -> int:
+        """K-tiles of each output tile's sum."""
+        return -(-K // self.block_k)
+
     def as_dict(self) -> dict[str, int | bool]:
         return dataclasses.asdict(self)
 
@@ -177,17 +181,20 @@ GLUON_TILES = {
 PARTIAL_SUM_K_TILES = 2
 
 
+@functools.lru_cache(maxsize=1024)
 def last_wave_split(M: int, N: int, K: int, config: Fp8GemmConfig) -> tuple[int, int]:
     """(tiles, pieces): the persistent grid's last, part-filled wave's tiles (the first of the walk) and the
     number of K pieces each is cut into, run side by side on programs that would idle, where that ends
-    the busiest program's work soonest; (0, 1) where no split pays."""
+    the busiest program's work soonest; (0, 1) where no split pays. Cached: every launch asks."""
     if not config.split_last_wave:
         return 0, 1
-    tiles, programs = config.tiles(M, N), config.num_sms
-    leftover, k_tiles = tiles % programs, -(-K // config.block_k)
-    pieces = range(2, min(programs // leftover, k_tiles) + 1) if leftover else range(0)
-    best = min(pieces, key=lambda splits: _busiest_k_tiles(M, N, K, config, leftover, splits), default=1)
-    if best > 1 and _busiest_k_tiles(M, N, K, config, leftover, best) < _busiest_k_tiles(M, N, K, config, 0, 1):
+    programs = config.num_sms
+    leftover = config.tiles(M, N) % programs
+    pieces = range(2, min(programs // leftover, config.k_tiles(K)) + 1) if leftover else range(0)
+    # The fewest pieces among equally short ones.
+    busiest, best = min(((_busiest_k_tiles(M, N, K, config, leftover, splits), splits) for splits in pieces),
+                        default=(None, 1))
+    if best > 1 and busiest < _busiest_k_tiles(M, N, K, config, 0, 1):
         return leftover, best
     return 0, 1
 
@@ -196,8 +203,8 @@ def _busiest_k_tiles(M: int, N: int, K: int, config: Fp8GemmConfig, split_tiles:
     """K-tiles of MMA time of the busiest program: its whole tiles and, where `split_tiles` are cut into
     `splits` pieces, the last piece's K-tiles and handing over (a partial sum written, then the
     others' read by the last piece)."""
-    tiles, k_tiles, programs = config.tiles(M, N), -(-K // config.block_k), config.num_sms
-    whole = -(-(tiles - split_tiles) // programs) * k_tiles
+    k_tiles = config.k_tiles(K)
+    whole = -(-(config.tiles(M, N) - split_tiles) // config.num_sms) * k_tiles
     if not split_tiles:
         return whole
     return whole + -(-k_tiles // splits) + PARTIAL_SUM_K_TILES * splits
@@ -213,7 +220,7 @@ def persistent_grid(M: int, N: int, K: int, config: Fp8GemmConfig) -> tuple[int,
 def grid_efficiency(M: int, N: int, K: int, config: Fp8GemmConfig) -> float:
     """The share of the grid's SM time spent on MMA: the tiles' K-tiles over num_sms x the busiest
     program's (whose last wave, with whole tiles, counts whole)."""
-    work = config.tiles(M, N) * -(-K // config.block_k)
+    work = config.tiles(M, N) * config.k_tiles(K)
     return work / (config.num_sms * _busiest_k_tiles(M, N, K, config, *last_wave_split(M, N, K, config)))
 
 
