@@ -3,11 +3,15 @@ the copy bandwidth measured on the same tensor in the same run.
 
 For each tensor x[R, C] (rows M, columns K: an activation as the GEMM reads it) the run measures first
 the device-to-device copy of x, then each recipe -- which quantize kernel: granularity, block, and `+t`
-for the transposed (columnwise) copy written beside the rowwise one -- by each implementation:
+for the transposed (columnwise) copy written beside the rowwise one -- by each implementation.
+`tensorwise-delayed` is the cast of delayed scaling: scaled from an amax known beforehand (a history's;
+here x's own, measured before the case, so the result is the dynamic one's) while recording x's amax in
+the same pass, as training runs it from its second step.
 - `triton`: ours, fp8kernels.quantize_{tensorwise,axiswise,blockwise};
 - `torch`: the reference formulas (fp8kernels.reference) in PyTorch eager, producing the same layouts;
 - `torch-compile`: that function under torch.compile (compiled afresh for each case, static shapes);
-- `te`: TransformerEngine's quantizers, where it has the recipe (no per-row scaling there).
+- `te`: TransformerEngine's quantizers, where it has the recipe (no per-row scaling there;
+  `Float8Quantizer` for delayed scaling, which records the amax too).
 `triton` outputs are checked against `torch`'s on the same input: a scale that differs, or an fp8 value
 more than one ulp off, turns the row into `failed`.
 
@@ -20,6 +24,7 @@ must read x twice (a tensor-wide or column amax before the cast) cannot reach 10
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,22 +46,26 @@ class Unsupported(Exception):
 
 @dataclass(frozen=True)
 class CastRecipe:
-    """One quantize kernel: granularity, block (blockwise only) and whether the transposed copy is written."""
+    """One quantize kernel: granularity, block (blockwise only), whether the scale comes from an amax
+    known beforehand (delayed, tensorwise only) and whether the transposed copy is written."""
 
     granularity: Granularity
     block_rows: int = 0  # blockwise: 1 for 1 x 128 groups, 128 for 128 x 128
     columnwise: bool = False
+    delayed: bool = False
 
     def __post_init__(self) -> None:
         if self.granularity not in Granularity.fp8():
             raise ValueError(f"a cast recipe needs an FP8 granularity, got {self.granularity.value}")
         if (self.granularity is Granularity.BLOCKWISE) != (self.block_rows in (1, BLOCK)):
             raise ValueError(f"blockwise recipes take block_rows 1 or {BLOCK}, and only they take one")
+        if self.delayed and self.granularity is not Granularity.TENSORWISE:
+            raise ValueError("only tensorwise scaling has a delayed form")
 
     @property
     def name(self) -> str:
         base = f"blockwise-{self.block_rows}x{BLOCK}" if self.block_rows else self.granularity.value
-        return base + ("+t" if self.columnwise else "")
+        return base + ("-delayed" if self.delayed else "") + ("+t" if self.columnwise else "")
 
     def problem_with(self, shape: "CastShape") -> Optional[str]:
         """Why this recipe cannot quantize a tensor of this shape, or None."""
@@ -69,10 +78,10 @@ class CastRecipe:
         return None
 
     def bytes_written(self, shape: "CastShape") -> int:
-        """fp8 copies plus float32 scales."""
+        """fp8 copies plus float32 scales (and the recorded amax of delayed scaling)."""
         n, copies = shape.rows * shape.cols, 1 + self.columnwise
         if self.granularity is Granularity.TENSORWISE:
-            return n * copies + 4  # one scale, shared
+            return n * copies + 4 * (1 + self.delayed)  # one scale, shared
         if self.granularity is Granularity.AXISWISE:
             return n * copies + 4 * (shape.rows + (shape.cols if self.columnwise else 0))
         return copies * (n + 4 * (n // (self.block_rows * BLOCK)))
@@ -80,7 +89,7 @@ class CastRecipe:
     def input_reads(self) -> int:
         """How many times our kernel reads x from HBM, by design (see kernels/_quantize_*.py)."""
         if self.granularity is Granularity.TENSORWISE:
-            return 3 if self.columnwise else 2  # the amax pass, then a cast pass per copy
+            return 1 if self.delayed else 2  # the amax pass, then the cast pass writing every copy
         return 2 if self.granularity is Granularity.AXISWISE and self.columnwise else 1
 
 
@@ -88,11 +97,12 @@ CAST_RECIPES: dict[str, CastRecipe] = {
     recipe.name: recipe
     for base in (
         CastRecipe(Granularity.TENSORWISE),
+        CastRecipe(Granularity.TENSORWISE, delayed=True),
         CastRecipe(Granularity.AXISWISE),
         CastRecipe(Granularity.BLOCKWISE, 1),
         CastRecipe(Granularity.BLOCKWISE, BLOCK),
     )
-    for recipe in (base, CastRecipe(base.granularity, base.block_rows, columnwise=True))
+    for recipe in (base, dataclasses.replace(base, columnwise=True))
 }
 RECIPE_CHOICES: dict[str, tuple[CastRecipe, ...]] = {
     **{name: (recipe,) for name, recipe in CAST_RECIPES.items()},
@@ -190,12 +200,15 @@ def _dequantize_ours(out):
     return out.dequantize()
 
 
-def _reference_function(recipe: CastRecipe, spec) -> Callable:
-    """The reference formulas for the recipe's copies, scales in the layouts our kernels write; it
-    returns a tuple, so that torch.compile traces it whole."""
+def _reference_function(recipe: CastRecipe, spec, history_amax) -> Callable:
+    """The reference formulas for the recipe's copies, scales in the layouts our kernels write (delayed:
+    scaled from `history_amax`, and x's amax recorded); it returns a tuple, so that torch.compile traces
+    it whole."""
     from fp8kernels import reference as ref
 
-    if recipe.granularity is Granularity.TENSORWISE:
+    if recipe.delayed:
+        one_copy = lambda t: ref.quantize_with_amax(t, history_amax, spec.dtype, spec.power_of_two)  # noqa: E731
+    elif recipe.granularity is Granularity.TENSORWISE:
         one_copy = lambda t: ref.quantize_tensorwise(t, spec.dtype, spec.power_of_two)  # noqa: E731
     elif recipe.granularity is Granularity.AXISWISE:
         one_copy = lambda t: ref.quantize_axiswise(t, spec.dtype, spec.power_of_two)  # noqa: E731
@@ -208,22 +221,36 @@ def _reference_function(recipe: CastRecipe, spec) -> Callable:
         for source in (x, x.t()) if recipe.columnwise else (x,):
             q, scale = one_copy(source)
             outputs += (q.contiguous(), scale.t().contiguous().t() if outer_dim_major else scale)
-        return outputs if recipe.columnwise else outputs + (None, None)
+        outputs = outputs if recipe.columnwise else outputs + (None, None)
+        return outputs + (x.abs().amax(),) if recipe.delayed else outputs
 
     return quantize
 
 
 def _with_reference_layouts(function: Callable) -> Quantizer:
+    """The reference's copies and scales (not a delayed recipe's recorded amax) as our QuantizedTensor."""
     from fp8kernels.quantize import QuantizedTensor
 
-    return Quantizer(lambda x: QuantizedTensor(*function(x)), _dequantize_ours)
+    return Quantizer(lambda x: QuantizedTensor(*function(x)[:4]), _dequantize_ours)
 
 
-def _triton(recipe: CastRecipe, spec) -> Quantizer:
+def _triton(recipe: CastRecipe, spec, history_amax) -> Quantizer:
+    import torch
+
+    from fp8kernels._quantize_common import launch_config
     from fp8kernels.quantize_axiswise import quantize_axiswise
     from fp8kernels.quantize_blockwise import quantize_blockwise
-    from fp8kernels.quantize_tensorwise import quantize_tensorwise
+    from fp8kernels.quantize_configs import QuantizeKernel
+    from fp8kernels.quantize_tensorwise import cast_tensorwise, quantize_tensorwise
 
+    if recipe.delayed:  # the cast pass alone, recording x's amax by atomic max (what quantize_delayed runs)
+        recorded = torch.zeros((), dtype=torch.float32, device=history_amax.device)
+
+        def cast(x):
+            config = launch_config(x, QuantizeKernel.TENSORWISE, spec.columnwise, None)
+            return cast_tensorwise(x, history_amax, spec, config, record_amax=recorded)
+
+        return Quantizer(cast, _dequantize_ours)
     if recipe.granularity is Granularity.TENSORWISE:
         return Quantizer(lambda x: quantize_tensorwise(x, spec), _dequantize_ours)
     if recipe.granularity is Granularity.AXISWISE:
@@ -247,15 +274,15 @@ def triton_config(recipe: CastRecipe, x) -> dict[str, int]:
     return {"kernel": kernel.value, **choose(kernel, rows, cols, recipe.columnwise, multiprocessors(x)).as_dict()}
 
 
-def _torch_eager(recipe: CastRecipe, spec) -> Quantizer:
-    return _with_reference_layouts(_reference_function(recipe, spec))
+def _torch_eager(recipe: CastRecipe, spec, history_amax) -> Quantizer:
+    return _with_reference_layouts(_reference_function(recipe, spec, history_amax))
 
 
-def _torch_compile(recipe: CastRecipe, spec) -> Quantizer:
+def _torch_compile(recipe: CastRecipe, spec, history_amax) -> Quantizer:
     import torch
 
     torch._dynamo.reset()  # a fresh compile per case: no recompile limit, no shape generalisation
-    return _with_reference_layouts(torch.compile(_reference_function(recipe, spec), dynamic=False))
+    return _with_reference_layouts(torch.compile(_reference_function(recipe, spec, history_amax), dynamic=False))
 
 
 def te_unavailable_reason() -> Optional[str]:
@@ -268,7 +295,7 @@ def te_unavailable_reason() -> Optional[str]:
     return None
 
 
-def _transformer_engine(recipe: CastRecipe, spec) -> Quantizer:
+def _transformer_engine(recipe: CastRecipe, spec, history_amax) -> Quantizer:
     reason = te_unavailable_reason()
     if reason:
         raise Unsupported(reason)
@@ -277,20 +304,24 @@ def _transformer_engine(recipe: CastRecipe, spec) -> Quantizer:
     import torch
     import transformer_engine_torch as tex
     from transformer_engine.pytorch.tensor.float8_blockwise_tensor import Float8BlockQuantizer
-    from transformer_engine.pytorch.tensor.float8_tensor import Float8CurrentScalingQuantizer
+    from transformer_engine.pytorch.tensor.float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer
 
     from fp8kernels import reference as ref
 
     te_dtype = tex.DType.kFloat8E4M3 if spec.dtype == ref.E4M3 else tex.DType.kFloat8E5M2
     usage = dict(rowwise=spec.rowwise, columnwise=spec.columnwise, force_pow_2_scales=spec.power_of_two)
-    if recipe.granularity is Granularity.TENSORWISE:
+    if recipe.delayed:  # TE's scale is our multiplier; its amax buffer takes x's amax as the cast runs
+        multiplier = ref.scales_from_amax(history_amax, spec.dtype, spec.power_of_two)[0].reshape(1)
+        quantizer = Float8Quantizer(multiplier, torch.zeros_like(multiplier), te_dtype, rowwise=spec.rowwise, columnwise=spec.columnwise)
+    elif recipe.granularity is Granularity.TENSORWISE:
         quantizer = Float8CurrentScalingQuantizer(te_dtype, torch.device("cuda"), **usage)
     else:
         quantizer = Float8BlockQuantizer(te_dtype, block_scaling_dim=1 if recipe.block_rows == 1 else 2, **usage)
     return Quantizer(quantizer.quantize, lambda out: out.dequantize(dtype=torch.float32))
 
 
-_BUILDERS: dict[str, Callable[[CastRecipe, Any], Quantizer]] = {
+# Each takes (recipe, spec, the amax a delayed recipe is scaled from, or None).
+_BUILDERS: dict[str, Callable[[CastRecipe, Any, Any], Quantizer]] = {
     "triton": _triton,
     "torch": _torch_eager,
     "torch-compile": _torch_compile,
@@ -433,11 +464,13 @@ class _ShapeRecipe:
         fp8_dtype = {Fp8Dtype.E4M3: ref.E4M3, Fp8Dtype.E5M2: ref.E5M2}[config.fp8_dtype]
         self.spec = QuantizeSpec(fp8_dtype, config.power_of_two, rowwise=True, columnwise=recipe.columnwise)
         self.bytes = x.numel() * x.element_size() + recipe.bytes_written(shape)
+        # A delayed recipe's history amax: x's own, so that every implementation's output is the dynamic one's.
+        self.history_amax = x.abs().amax().float() if recipe.delayed else None
         self._reference = None
 
     def reference(self):
         if self._reference is None:
-            self._reference = _torch_eager(self.recipe, self.spec).run(self.x)
+            self._reference = _torch_eager(self.recipe, self.spec, self.history_amax).run(self.x)
         return self._reference
 
     def row(self, implementation: str, status: str, options: dict) -> Row:
@@ -452,7 +485,7 @@ class _ShapeRecipe:
             return self.row(implementation, status_text(Status.UNSUPPORTED, problem), {})
         options: dict[str, Any] = {}
         try:
-            quantizer = _BUILDERS[implementation](self.recipe, self.spec)
+            quantizer = _BUILDERS[implementation](self.recipe, self.spec, self.history_amax)
             call = lambda: quantizer.run(self.x)  # noqa: E731
             measurement = self.timers.measure(call, self.config.timing)
             out = quantizer.run(self.x)

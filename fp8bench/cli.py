@@ -150,7 +150,7 @@ def _finished_shapes(out: Optional[Path], expected: dict, key_columns: tuple[str
 @app.command()
 def cast(
     shape_gen: str = typer.Option("square", help="square | llama | custom (tensors M rows x K columns)"),
-    recipe: Optional[list[str]] = typer.Option(None, help="repeatable; default all: tensorwise | axiswise | blockwise-1x128 | blockwise-128x128, each also with +t (the transposed copy too)"),
+    recipe: Optional[list[str]] = typer.Option(None, help="repeatable; default all: tensorwise | tensorwise-delayed (scale from a known amax) | axiswise | blockwise-1x128 | blockwise-128x128, each also with +t (the transposed copy too)"),
     backend: Optional[list[str]] = typer.Option(None, help="repeatable; triton | torch | torch-compile | te (default: all)"),
     dtype: str = typer.Option("e4m3", help="fp8 format: e4m3 | e5m2"),
     input_dtype: str = typer.Option("bf16", help="bf16 | fp16 | fp32"),

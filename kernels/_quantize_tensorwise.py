@@ -4,8 +4,10 @@ element can be cast, and a grid cannot wait for all its programs without a grid-
 1. `_amax_kernel`: a grid-stride pass over the flat tensor; each program folds the amax of its share
    into one zeroed float by atomic max (amaxes are >= 0, so float atomic max is exact).
 2. `_cast_tensorwise_kernel`: every program loads that amax, derives the scale and casts its tile into
-   the row-major copy and/or the transposed one, both from one load of the tile.
-The input is read once per pass from HBM; what is written is written once.
+   the row-major copy and/or the transposed one, both from one load of the tile. It takes the tiles
+   from the end of x: the amax pass's grid-stride walk ends there, so the cast's first tiles can come
+   from L2 rather than HBM (up to L2's 50 MiB on an H100: a part of tensors larger than that).
+The input is read at most once per pass from HBM; what is written is written once.
 
 The transposed copy loads the tile a second time, in transposed order, right after the first load
 (so from L2, not HBM), and casts and stores that: no `tl.trans`. Every form that transposed the tile in
@@ -50,8 +52,12 @@ def _cast_tensorwise_kernel(
     COLUMNWISE: tl.constexpr, RECORD_AMAX: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
 ):  # fmt: skip
     multiplier = multiplier_from_amax(tl.load(amax_ptr), FP8_MAX, POWER_OF_TWO)
-    pid_r, pid_c = tl.program_id(0), tl.program_id(1)
-    tl.store(scale_ptr, dequantization_scale(multiplier), mask=(pid_r == 0) & (pid_c == 0))
+    # Tiles in row-major order from the last: the first programs to start read the end of x, which the
+    # amax pass read last and L2 may still hold.
+    col_tiles = tl.cdiv(cols, BLOCK_COLS)
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_r, pid_c = tile // col_tiles, tile % col_tiles
+    tl.store(scale_ptr, dequantization_scale(multiplier), mask=tile == 0)
 
     r = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     c = pid_c * BLOCK_COLS + tl.arange(0, BLOCK_COLS)

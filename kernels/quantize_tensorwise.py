@@ -44,7 +44,7 @@ def cast_tensorwise(
     rows, cols = x.shape
     q, q_t = empty_fp8((rows, cols), spec, x, spec.rowwise), empty_fp8((cols, rows), spec, x, spec.columnwise)
     scale = empty_scales((), x, True)
-    grid = (triton.cdiv(rows, config.block_rows), triton.cdiv(cols, config.block_cols))
+    grid = (triton.cdiv(rows, config.block_rows) * triton.cdiv(cols, config.block_cols),)
     record = record_amax is not None
     _cast_tensorwise_kernel[grid](
         x, q, q_t, scale, amax, record_amax if record else amax, rows, cols, **fp8_constants(spec),

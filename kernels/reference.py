@@ -24,7 +24,7 @@ def fp8_max(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max)
 
 
-def _scales(amax: torch.Tensor, dtype: torch.dtype, power_of_two: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def scales_from_amax(amax: torch.Tensor, dtype: torch.dtype, power_of_two: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(multiplier applied before the cast, dequantization scale stored beside the data)."""
     multiplier = fp8_max(dtype) / amax.float().clamp(min=AMAX_FLOOR)
     if power_of_two:
@@ -43,13 +43,13 @@ def quantize_tensorwise(x: torch.Tensor, dtype: torch.dtype = E4M3, power_of_two
 
 def quantize_with_amax(x: torch.Tensor, amax: torch.Tensor, dtype: torch.dtype = E4M3, power_of_two: bool = False):
     """Tensorwise, scaled from a given 0-d amax rather than x's own (delayed scaling: its history's)."""
-    multiplier, scale = _scales(amax, dtype, power_of_two)
+    multiplier, scale = scales_from_amax(amax, dtype, power_of_two)
     return _cast(x, multiplier, dtype), scale
 
 
 def quantize_axiswise(x: torch.Tensor, dtype: torch.dtype = E4M3, power_of_two: bool = False):
     """One scale per row of a 2-D tensor (amax over the last dimension)."""
-    multiplier, scale = _scales(x.abs().amax(dim=-1, keepdim=True), dtype, power_of_two)
+    multiplier, scale = scales_from_amax(x.abs().amax(dim=-1, keepdim=True), dtype, power_of_two)
     return _cast(x, multiplier, dtype), scale
 
 
@@ -62,7 +62,7 @@ def quantize_blockwise(
     if cols % block_cols or rows % block_rows:
         raise ValueError(f"{block_rows}x{block_cols} blocks do not tile a {rows}x{cols} tensor")
     tiles = x.reshape(rows // block_rows, block_rows, cols // block_cols, block_cols)
-    multiplier, scale = _scales(tiles.abs().amax(dim=(1, 3), keepdim=True), dtype, power_of_two)
+    multiplier, scale = scales_from_amax(tiles.abs().amax(dim=(1, 3), keepdim=True), dtype, power_of_two)
     q = _cast(tiles, multiplier, dtype).reshape(rows, cols)
     return q, scale.reshape(rows // block_rows, cols // block_cols)
 

@@ -80,7 +80,7 @@ class FakeTimers:
 
 def test_recipes_are_named_and_validated():
     assert list(cast.CAST_RECIPES) == [
-        "tensorwise", "tensorwise+t", "axiswise", "axiswise+t",
+        "tensorwise", "tensorwise+t", "tensorwise-delayed", "tensorwise-delayed+t", "axiswise", "axiswise+t",
         "blockwise-1x128", "blockwise-1x128+t", "blockwise-128x128", "blockwise-128x128+t",
     ]  # fmt: skip
     assert cast.RECIPE_CHOICES["all"] == tuple(cast.CAST_RECIPES.values())
@@ -90,6 +90,8 @@ def test_recipes_are_named_and_validated():
         cast.CastRecipe(Granularity.BLOCKWISE, 64)
     with pytest.raises(ValueError, match="block_rows"):
         cast.CastRecipe(Granularity.AXISWISE, 1)
+    with pytest.raises(ValueError, match="delayed"):
+        cast.CastRecipe(Granularity.AXISWISE, delayed=True)
 
 
 def test_blockwise_recipes_say_which_shapes_they_cannot_take():
@@ -107,11 +109,12 @@ def test_bytes_written_are_what_our_kernels_write(name):
     recipe = cast.CAST_RECIPES[name]
     shape = cast.CastShape(256, 384)
     x = cast.random_input(shape, "bf16", DEVICE)
-    spec = cast._ShapeRecipe(shape, recipe, x, cast.CastConfig((shape,), (recipe,)), FakeTimers(), None).spec
-    out = cast._BUILDERS["triton"](recipe, spec).run(x)
+    case = cast._ShapeRecipe(shape, recipe, x, cast.CastConfig((shape,), (recipe,)), FakeTimers(), None)
+    out = cast._BUILDERS["triton"](recipe, case.spec, case.history_amax).run(x)
     tensors = {id(t): t for t in (out.data, out.scale, out.data_t, out.scale_t) if t is not None}  # a shared scale once
-    assert recipe.bytes_written(shape) == sum(t.numel() * t.element_size() for t in tensors.values())
-    assert recipe.input_reads() == {"tensorwise": 2, "tensorwise+t": 3, "axiswise+t": 2}.get(name, 1)
+    recorded_amax = 4 if recipe.delayed else 0
+    assert recipe.bytes_written(shape) == sum(t.numel() * t.element_size() for t in tensors.values()) + recorded_amax
+    assert recipe.input_reads() == {"tensorwise": 2, "tensorwise+t": 2, "axiswise+t": 2}.get(name, 1)
 
 
 def test_shape_generators():
@@ -158,14 +161,14 @@ def test_comparison_with_the_reference_counts_one_ulp_and_rejects_more():
     assert "wrong shape" in cast.compare_with_reference(missing_copy, with_copy)[1]
 
 
-@pytest.mark.parametrize("name", ["axiswise+t", "blockwise-1x128+t", "blockwise-128x128"])
+@pytest.mark.parametrize("name", ["axiswise+t", "blockwise-1x128+t", "blockwise-128x128", "tensorwise-delayed+t"])
 def test_reference_function_writes_our_layouts(name):
     recipe = cast.CAST_RECIPES[name]
     shape = cast.CastShape(256, 384)
     x = exact_input(shape, "bf16")
     config = cast.CastConfig((shape,), (recipe,), power_of_two=True)
     case = cast._ShapeRecipe(shape, recipe, x, config, FakeTimers(), None)
-    ours, reference = cast._BUILDERS["triton"](recipe, case.spec).run(x), case.reference()
+    ours, reference = cast._BUILDERS["triton"](recipe, case.spec, case.history_amax).run(x), case.reference()
     for got, want in ((ours.scale, reference.scale), (ours.scale_t, reference.scale_t)):
         assert (got is None) == (want is None)
         if got is not None:
@@ -183,7 +186,7 @@ def _run(tmp_path, config, monkeypatch, **kwargs):
 @pytest.mark.skipif(ON_GPU, reason="the fake-clock run is the CPU stand-in; the GPU runs the real one below")
 def test_a_whole_run_writes_one_row_per_case(tmp_path, monkeypatch):
     shapes = (cast.CastShape(17, 256, "ragged"), cast.CastShape(128, 256))
-    recipes = (cast.CAST_RECIPES["tensorwise+t"], cast.CAST_RECIPES["axiswise"], cast.CAST_RECIPES["blockwise-128x128"])
+    recipes = tuple(cast.CAST_RECIPES[name] for name in ("tensorwise+t", "tensorwise-delayed", "axiswise", "blockwise-128x128"))
     config = cast.CastConfig(shapes, recipes, ("triton", "torch", "te"), Fp8Dtype.E5M2, power_of_two=True, timing=FAST_TIMING)
     rows, frame = _run(tmp_path, config, monkeypatch)
     assert len(frame) == len(rows) == len(shapes) * (1 + len(recipes) * 3)
@@ -192,7 +195,9 @@ def test_a_whole_run_writes_one_row_per_case(tmp_path, monkeypatch):
     assert status[("ragged", "copy", "torch")] == "ok"
     assert status[("ragged", "blockwise-128x128", "triton")].startswith("unsupported: blockwise-128x128 needs both sides")
     assert status[("128x256", "axiswise", "te")].startswith("unsupported: transformer_engine")
-    for key in (("ragged", "tensorwise+t", "triton"), ("128x256", "blockwise-128x128", "torch"), ("128x256", "axiswise", "triton")):
+    ok_cases = (("ragged", "tensorwise+t", "triton"), ("ragged", "tensorwise-delayed", "triton"),
+                ("128x256", "blockwise-128x128", "torch"), ("128x256", "axiswise", "triton"))  # fmt: skip
+    for key in ok_cases:
         assert status[key] == "ok", key
     ok = frame[(frame.status == "ok") & (frame.recipe != "copy")]
     copies = frame[frame.recipe == "copy"].set_index("case")["gbps"]
@@ -206,11 +211,11 @@ def test_a_whole_run_writes_one_row_per_case(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(ON_GPU, reason="CPU stand-in")
 def test_a_wrong_or_broken_implementation_fails_its_row_and_the_run_goes_on(tmp_path, monkeypatch):
-    def wrong_scale(recipe, spec):
-        good = cast._triton(recipe, spec)
+    def wrong_scale(recipe, spec, history_amax):
+        good = cast._triton(recipe, spec, history_amax)
         return cast.Quantizer(lambda x: QuantizedTensor(good.run(x).data, good.run(x).scale * 2, None, None), good.dequantize)
 
-    def broken(recipe, spec):
+    def broken(recipe, spec, history_amax):
         raise RuntimeError("no kernel image\nsecond line")
 
     monkeypatch.setitem(cast._BUILDERS, "triton", wrong_scale)
