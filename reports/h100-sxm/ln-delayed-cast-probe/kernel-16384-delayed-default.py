@@ -1,0 +1,100 @@
+def triton_red_fused__to_copy_abs_amax_clamp_gt_mul_native_layer_norm_reciprocal_scalar_tensor_where_1(in_out_ptr0, in_ptr0, in_ptr1, out_ptr0, out_ptr1, out_ptr2, xnumel, r0_numel, XBLOCK : tl.constexpr, R0_BLOCK : tl.constexpr):
+    xnumel = 16384
+    r0_numel = 16384
+    rnumel = r0_numel
+    RBLOCK: tl.constexpr = R0_BLOCK
+    xoffset = tl.program_id(0) * XBLOCK
+    xindex = xoffset + tl.arange(0, XBLOCK)[:, None]
+    xmask = tl.full([XBLOCK], True, tl.int1)[:, None]
+    r0_base = tl.arange(0, R0_BLOCK)[None, :]
+    rbase = r0_base
+    x0 = xindex
+    tmp3_mean = tl.zeros([XBLOCK, R0_BLOCK], tl.float32)
+    tmp3_m2 = tl.zeros([XBLOCK, R0_BLOCK], tl.float32)
+    tmp3_weight = tl.zeros([XBLOCK, R0_BLOCK], tl.float32)
+    for r0_offset in tl.range(0, r0_numel, R0_BLOCK):
+        r0_index = r0_offset + r0_base
+        r0_mask = r0_index < r0_numel
+        roffset = r0_offset
+        rindex = r0_index
+        r0_1 = r0_index
+        tmp0 = tl.load(in_ptr0 + (r0_1 + 16384*x0), r0_mask, eviction_policy='evict_last', other=0.0).to(tl.float32)
+        tmp1 = tmp0.to(tl.float32)
+        tmp2 = tl.broadcast_to(tmp1, [XBLOCK, R0_BLOCK])
+        tmp3_mean_next, tmp3_m2_next, tmp3_weight_next = triton_helpers.welford_reduce(
+            tmp2, tmp3_mean, tmp3_m2, tmp3_weight, roffset == 0
+        )
+        tmp3_mean = tl.where(r0_mask, tmp3_mean_next, tmp3_mean)
+        tmp3_m2 = tl.where(r0_mask, tmp3_m2_next, tmp3_m2)
+        tmp3_weight = tl.where(r0_mask, tmp3_weight_next, tmp3_weight)
+    tmp4, tmp5, tmp6 = triton_helpers.welford(tmp3_mean, tmp3_m2, tmp3_weight, 1)
+    tmp3 = tmp4[:, None]
+    tmp7 = tmp5[:, None]
+    tmp8 = tmp6[:, None]
+    tmp9 = tl.full([1, 1], 16384.0, tl.float32)
+    tmp10 = (tmp7 / tmp9)
+    tmp11 = tl.full([1, 1], 1e-05, tl.float32)
+    tmp12 = tmp10 + tmp11
+    tmp13 = libdevice.rsqrt(tmp12)
+    tl.debug_barrier()
+    tl.store(in_out_ptr0 + (x0), tmp13, None)
+    tmp17_mean = tl.zeros([XBLOCK, R0_BLOCK], tl.float32)
+    tmp17_m2 = tl.zeros([XBLOCK, R0_BLOCK], tl.float32)
+    tmp17_weight = tl.zeros([XBLOCK, R0_BLOCK], tl.float32)
+    for r0_offset in tl.range(0, r0_numel, R0_BLOCK):
+        r0_index = r0_offset + r0_base
+        r0_mask = r0_index < r0_numel
+        roffset = r0_offset
+        rindex = r0_index
+        r0_1 = r0_index
+        tmp14 = tl.load(in_ptr0 + (r0_1 + 16384*x0), r0_mask, eviction_policy='evict_last', other=0.0).to(tl.float32)
+        tmp15 = tmp14.to(tl.float32)
+        tmp16 = tl.broadcast_to(tmp15, [XBLOCK, R0_BLOCK])
+        tmp17_mean_next, tmp17_m2_next, tmp17_weight_next = triton_helpers.welford_reduce(
+            tmp16, tmp17_mean, tmp17_m2, tmp17_weight, roffset == 0
+        )
+        tmp17_mean = tl.where(r0_mask, tmp17_mean_next, tmp17_mean)
+        tmp17_m2 = tl.where(r0_mask, tmp17_m2_next, tmp17_m2)
+        tmp17_weight = tl.where(r0_mask, tmp17_weight_next, tmp17_weight)
+    tmp18, tmp19, tmp20 = triton_helpers.welford(tmp17_mean, tmp17_m2, tmp17_weight, 1)
+    tmp17 = tmp18[:, None]
+    tmp21 = tmp19[:, None]
+    tmp22 = tmp20[:, None]
+    tl.store(out_ptr0 + (x0), tmp17, None)
+    _tmp30 = tl.full([XBLOCK, R0_BLOCK], float("-inf"), tl.float32)
+    tmp33 = tl.load(in_ptr1 + (0))
+    tmp34 = tl.broadcast_to(tmp33, [1, 1])
+    for r0_offset in tl.range(0, r0_numel, R0_BLOCK):
+        r0_index = r0_offset + r0_base
+        r0_mask = r0_index < r0_numel
+        roffset = r0_offset
+        rindex = r0_index
+        r0_1 = r0_index
+        tmp23 = tl.load(in_ptr0 + (r0_1 + 16384*x0), r0_mask, eviction_policy='evict_first', other=0.0).to(tl.float32)
+        tmp24 = tmp23.to(tl.float32)
+        tmp25 = tmp24 - tmp17
+        tmp26 = tmp25 * tmp13
+        tmp27 = tmp26.to(tl.float32)
+        tmp28 = tl_math.abs(tmp27)
+        tmp29 = tl.broadcast_to(tmp28, [XBLOCK, R0_BLOCK])
+        tmp31 = triton_helpers.maximum(_tmp30, tmp29)
+        _tmp30 = tl.where(r0_mask, tmp31, _tmp30)
+        tmp32 = tmp27.to(tl.float32)
+        tmp35 = tl.full([1, 1], 0.0, tl.float32)
+        tmp36 = tmp34 > tmp35
+        tmp37 = tl.full([1, 1], 448.0, tl.float32)
+        tmp38 = tl.where(tmp36, tmp34, tmp37)
+        tmp39 = tl.full([1, 1], 1e-12, tl.float32)
+        tmp40 = triton_helpers.maximum(tmp38, tmp39)
+        tmp41 = tl.full([1, 1], 1, tl.int32)
+        tmp42 = (tmp41 / tmp40)
+        tmp43 = tmp42 * tmp37
+        tmp44 = tmp32 * tmp43
+        tmp45 = tl.full([1, 1], -448.0, tl.float32)
+        tmp46 = triton_helpers.maximum(tmp44, tmp45)
+        tmp47 = triton_helpers.minimum(tmp46, tmp37)
+        tmp48 = tmp47.to(tl.float8e4nv)
+        tl.store(out_ptr2 + (r0_1 + 16384*x0), tmp48, r0_mask)
+    tmp30 = triton_helpers.max2(_tmp30, 1)[:, None]
+    tl.store(out_ptr1 + (x0), tmp30, None)
+''', device_str='cuda')
