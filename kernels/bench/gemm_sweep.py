@@ -183,11 +183,13 @@ class SideBySide:
 
 
 def _config_label(options: dict) -> str:
+    """The config in a few words: tile, stages, warps, group; then what is on (the tile's N halves, Triton's
+    warp specialization, the Gluon kernel, and its last wave's split tiles x pieces)."""
     o = options
     return (f"{o['block_m']}x{o['block_n']}x{o['block_k']} s{o['num_stages']} w{o['num_warps']} g{o['group_m']}"
-            + (" split" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
+            + (" n-halves" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
             + (" gluon-ws" if o.get("gluon_ws") else "")
-            + (f" split {o['split_tiles']}x{o['splits']}" if o.get("split_tiles") else ""))
+            + (f" last-wave {o['split_tiles']}x{o['splits']}" if o.get("split_tiles") else ""))
 
 
 def _print_frame(frame: pd.DataFrame, title: str) -> None:
