@@ -6,6 +6,8 @@ and dtypes without running a kernel) and eager mode simply calls them.
   copy or both from one read where the kernel can (fp8kernels.quantize).
 - `fp8bench::quantize_delayed`: tensorwise with the scale taken from an amax history (delayed scaling);
   records the tensor's own amax into the history, which it mutates.
+- `fp8bench::layernorm_quantize_delayed`: LayerNorm fused with quantize_delayed's cast, for
+  Float8LayerNormLinear (the LayerNorm writes the fp8 copy; the bf16 output never exists).
 - `fp8bench::quantize_tensorwise_scaled`: tensorwise from an amax the caller computed, the cast pass
   alone. Under torch.compile Float8Linear computes a dynamic tensor amax with torch ops, which inductor
   fuses into the kernel that produces the tensor (LayerNorm, sigmoid backward): `quantize`'s amax pass
@@ -128,6 +130,36 @@ def quantize_delayed(
     out = cast_tensorwise(x, torch.where(recorded > 0, recorded, current), spec, config, record_amax=current)
     record_amax(amax_history, current)
     return _outputs(out, x, spec)
+
+
+@torch.library.custom_op("fp8bench::layernorm_quantize_delayed", mutates_args=("amax_history",))
+def layernorm_quantize_delayed(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float, amax_history: torch.Tensor,
+    fp8_dtype: str, power_of_two: bool, columnwise: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """LayerNorm(x) cast tensorwise with the largest amax of the history, in one kernel
+    (fp8kernels.layernorm_cast); the output's amax then goes to the front of the history. Returns data,
+    scale, data_t (empty unless `columnwise`) and LayerNorm's mean and rstd, (R, 1) float32.
+
+    The history should hold an amax (Float8LayerNormLinear fuses from its second step); an empty one
+    scales by 1, as quantize_delayed's fallback under torch.compile does (float8_linear)."""
+    from fp8kernels.layernorm_cast import layernorm_cast_tensorwise
+    from fp8kernels.quantize import QuantizeSpec
+
+    spec = QuantizeSpec(FP8_DTYPES[fp8_dtype], power_of_two, rowwise=True, columnwise=columnwise)
+    recorded = amax_history.max()
+    current = torch.zeros((), dtype=torch.float32, device=x.device)  # atomic max needs a zero start
+    amax = torch.where(recorded > 0, recorded, spec.fp8_max)
+    out, mean, rstd = layernorm_cast_tensorwise(x, weight, bias, eps, amax, spec, current)
+    record_amax(amax_history, current)
+    return out.data, out.scale, out.data_t if columnwise else _nothing(x, spec.dtype), mean, rstd
+
+
+@layernorm_quantize_delayed.register_fake
+def _layernorm_quantize_delayed_fake(x, weight, bias, eps, amax_history, fp8_dtype, power_of_two, columnwise):
+    data, scale, data_t, _ = _quantize_fake(x, Granularity.TENSORWISE.value, 0, fp8_dtype, power_of_two, True, columnwise)
+    stats = x.new_empty((x.shape[0], 1), dtype=torch.float32)
+    return data, scale, data_t, stats, torch.empty_like(stats)
 
 
 @torch.library.custom_op("fp8bench::quantize_tensorwise_scaled", mutates_args=())

@@ -217,37 +217,57 @@ def _flat(form: Form) -> tuple[torch.Tensor, ...]:
     return form if isinstance(form, tuple) else (form,)
 
 
+def forward_products(x: torch.Tensor | None, x_forms, weight: torch.Tensor, weight_history, how: _Plan, histories_filled: bool):
+    """The weight's casts and the output product, given x's forms (cast_tensor); x itself is needed only
+    where a use keeps its original precision. Returns the output and what the backward reads: the
+    weight's and x's second forms, as flat tuples of tensors."""
+    w_first, w_second = cast_tensor(weight, how.casts[1], weight_history, histories_filled)
+    out = product(how.products[0], _or_original(x_forms[0], x), _or_original(w_first, weight))
+    # Second uses, read transposed: [K, N] of the weight for grad_input, [K, M] of x for grad_weight.
+    x_second = x_forms[1] if x_forms[1] is not None else x.t()
+    return out, _flat(_or_original(w_second, weight.t())), _flat(x_second)
+
+
+def backward_products(how: _Plan, w_saved, x_saved, grad_output, grad_output_history, histories_filled: bool, needs_grad):
+    """grad_input and grad_weight (None where `needs_grad` says no) from the second forms forward_products
+    returned."""
+    w_second = w_saved if len(w_saved) == 2 else w_saved[0]
+    x_second = x_saved if len(x_saved) == 2 else x_saved[0]
+    grad_output = grad_output.contiguous()
+    g_first, g_second = cast_tensor(grad_output, how.casts[2], grad_output_history, histories_filled)
+    grad_input = grad_weight = None
+    if needs_grad[0]:
+        grad_input = product(how.products[1], _or_original(g_first, grad_output), w_second)
+    if needs_grad[1]:
+        grad_weight = product(how.products[2], _or_original(g_second, grad_output.t()), x_second)
+    return grad_input, grad_weight
+
+
+def in_input_dtype(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    # Not `out.to(x.dtype)` when the dtypes already agree: torch 2.11's dynamo then traces the backward
+    # with a zero gradient for this output, silently (torch 2.13 does not).
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
 class _Float8LinearFunction(torch.autograd.Function):
     """x[M, K] @ weight[N, K].T with the plan's casts and products in both passes (module docstring)."""
 
     @staticmethod
     def forward(ctx, x, weight, input_history, weight_history, grad_output_history, how: _Plan, histories_filled: bool):
-        x_first, x_second = cast_tensor(x, how.casts[0], input_history, histories_filled)
-        w_first, w_second = cast_tensor(weight, how.casts[1], weight_history, histories_filled)
-        out = product(how.products[0], _or_original(x_first, x), _or_original(w_first, weight))
-        # Second uses, read transposed: [K, N] of the weight for grad_input, [K, M] of x for grad_weight.
-        w_saved, x_saved = _flat(_or_original(w_second, weight.t())), _flat(_or_original(x_second, x.t()))
+        x_forms = cast_tensor(x, how.casts[0], input_history, histories_filled)
+        out, w_saved, x_saved = forward_products(x, x_forms, weight, weight_history, how, histories_filled)
         ctx.save_for_backward(*w_saved, *x_saved, grad_output_history)
         ctx.plan, ctx.weight_tensors, ctx.histories_filled = how, len(w_saved), histories_filled
-        # Not `out.to(x.dtype)` when the dtypes already agree: torch 2.11's dynamo then traces the backward
-        # with a zero gradient for this output, silently (torch 2.13 does not).
-        return out if out.dtype == x.dtype else out.to(x.dtype)
+        return in_input_dtype(out, x)
 
     @staticmethod
     def backward(ctx, grad_output):
-        how: _Plan = ctx.plan
         saved = ctx.saved_tensors
         w_saved, x_saved, grad_output_history = saved[: ctx.weight_tensors], saved[ctx.weight_tensors : -1], saved[-1]
-        w_second = w_saved if len(w_saved) == 2 else w_saved[0]
-        x_second = x_saved if len(x_saved) == 2 else x_saved[0]
-        grad_output = grad_output.contiguous()
-        g_first, g_second = cast_tensor(grad_output, how.casts[2], grad_output_history, ctx.histories_filled)
-        grad_input = grad_weight = None
-        if ctx.needs_input_grad[0]:
-            grad_input = product(how.products[1], _or_original(g_first, grad_output), w_second)
-        if ctx.needs_input_grad[1]:
-            grad_weight = product(how.products[2], _or_original(g_second, grad_output.t()), x_second)
-        return grad_input, grad_weight, None, None, None, None, None
+        grads = backward_products(
+            ctx.plan, w_saved, x_saved, grad_output, grad_output_history, ctx.histories_filled, ctx.needs_input_grad[:2]
+        )
+        return *grads, None, None, None, None, None
 
 
 class Float8Linear(nn.Linear):
@@ -290,18 +310,32 @@ class Float8Linear(nn.Linear):
         new._register_histories(linear.weight.device)
         return new
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def rows_of(self, x: torch.Tensor) -> torch.Tensor:
+        """x as [M, in_features], contiguous; ValueError where the recipe cannot take M rows."""
         x2d = x.reshape(-1, self.in_features)
         if x2d.shape[0] % self._rows_multiple:
             problem = shape_problem(x2d.shape[0], self.in_features, self.out_features, self.recipe)
-            raise ValueError(f"Float8Linear with recipe {self.recipe.name!r} cannot take {x2d.shape[0]} rows: {problem}")
+            raise ValueError(f"{type(self).__name__} with recipe {self.recipe.name!r} cannot take {x2d.shape[0]} rows: {problem}")
+        return x2d.contiguous()
+
+    def step_state(self) -> tuple[list[torch.Tensor | None], bool]:
+        """The amax histories (input, weight, grad_output; None where not delayed), and whether they have
+        been filled by an earlier training step (the constructor's comment)."""
         histories = [None if name is None else getattr(self, name) for name in self._history_names]
         histories_filled = self._histories_filled
         if not histories_filled and torch.is_grad_enabled():
             self._histories_filled = True  # a Python bool: torch.compile guards on it, compiling once more
-        out = _Float8LinearFunction.apply(x2d.contiguous(), self.weight, *histories, self._plan, histories_filled)
-        out = out.reshape(*x.shape[:-1], self.out_features)
+        return histories, histories_filled
+
+    def finish(self, out2d: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The [M, N] product back in x's leading dimensions, plus the bias."""
+        out = out2d.reshape(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias.to(out.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2d = self.rows_of(x)
+        histories, histories_filled = self.step_state()
+        return self.finish(_Float8LinearFunction.apply(x2d, self.weight, *histories, self._plan, histories_filled), x)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name}"

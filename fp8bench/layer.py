@@ -8,7 +8,8 @@ computes the gradients of x and of the weight (set to None before each step: no 
 The implementations (the model's names in fp8bench.roofline.IMPLEMENTATIONS; a row's backend adds
 `-compile` where torch.compile ran):
 - `bf16`: plain torch, eager and compiled; `bf16-compile` is the reference every speedup divides;
-- `triton`: our Float8Linear (fp8bench.float8_linear) per recipe, eager and compiled (the headline);
+- `triton`: our Float8LayerNormLinear (fp8bench.float8_layernorm_linear: LayerNorm -> our Float8Linear,
+  the LayerNorm writing the fp8 input under delayed scaling) per recipe, eager and compiled (the headline);
 - `torchao`: torchao.float8.convert_to_float8_training, Float8LinearConfig.from_recipe_name, compiled;
 - `te`: te.LayerNormLinear + torch.sigmoid, eager, under te.autocast with DelayedScaling
   (tensorwise-delayed), Float8CurrentScaling (tensorwise), Float8BlockScaling (blockwise), and without
@@ -207,16 +208,31 @@ def compile_report() -> dict[str, Any]:
 def _build_torch(case: LayerCase, weight, config: LayerConfig) -> Built:
     layer = _torch_layer(case.shape, weight)
     options: dict[str, Any] = {}
-    if case.recipe is not None:  # ours
-        from fp8bench.float8_linear import convert_to_float8
+    if case.recipe is not None:  # ours: LayerNorm and linear as one Float8LayerNormLinear, as TE's
+        from fp8bench.float8_layernorm_linear import Float8LayerNormLinear, fuses_layer_norm
+        from fp8bench.float8_linear import plan, recipe_problem, shape_problem
 
-        conversion = convert_to_float8(layer, case.recipe)
-        if conversion.left_in_bf16:
-            raise Unsupported(next(iter(conversion.left_in_bf16.values())))
+        problem = recipe_problem(case.recipe) or shape_problem(case.shape.M, case.shape.K, case.shape.N, case.recipe)
+        if problem:
+            raise Unsupported(problem)
+        linear = Float8LayerNormLinear.from_modules(layer[0], layer[1], case.recipe)
+        layer = type(layer)(linear, layer[2])
         options["summary"] = case.recipe.summary()
+        options["layernorm"] = (
+            "fused with the input's fp8 cast from the second step (fp8kernels.layernorm_cast)"
+            if fuses_layer_norm(plan(case.recipe))
+            else "torch layer_norm, then the input's cast"
+        )
         if case.recipe.gemm_granularity(GemmRole.GRAD_WEIGHT) is Granularity.BLOCKWISE:
             options["grad_weight_gemm"] = "torch._scaled_mm: fp8kernels.gemm has no 1x128 x 1x128 product"
-    return Built(_compiled(layer, case, config), layer[1].weight, (layer[1].weight,), options)
+    return Built(_compiled(layer, case, config), weight_of(layer), (weight_of(layer),), options)
+
+
+def weight_of(layer):
+    """The linear's weight in a LayerNorm -> linear -> sigmoid stack: nn.Linear's or ours (fused or not)."""
+    from torch import nn
+
+    return next(m.weight for m in layer if isinstance(m, nn.Linear))
 
 
 def _build_torchao(case: LayerCase, weight, config: LayerConfig) -> Built:

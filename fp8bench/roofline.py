@@ -242,7 +242,10 @@ _ACTIVATIONS = frozenset({TensorRole.INPUT, TensorRole.GRAD_OUTPUT})
 _TRITON = Implementation(
     "triton",
     "ours (kernels/), eager: one cast+transpose kernel per tensor, tiled amax pass for global and column "
-    "scales, weight cast once per step; LayerNorm and sigmoid are not fused",
+    "scales, weight cast once per step; LayerNorm writes the FP8 input when its scale is known (delayed "
+    "scaling: Float8LayerNormLinear) and its fp8 transpose makes the second copy; sigmoid is not fused",
+    cast_in_producer=frozenset({TensorRole.INPUT}),
+    cast_in_producer_needs_known_scale=True,
     cast_transpose=True,
     column_scales_in_place=True,
     weight_fp8_saved=True,
@@ -252,9 +255,9 @@ _TRITON = Implementation(
 _TRITON_COMPILE = replace(
     _TRITON,
     name="triton-compile",
-    description="ours under torch.compile: as triton, but LayerNorm and sigmoid are compiled and inductor "
-    "fuses the activations' dynamic tensor amax, and their delayed casts, into LayerNorm and sigmoid "
-    "backward; our fp8 transpose makes the delayed casts' second copy (fp8bench.float8_linear)",
+    description="ours under torch.compile: as triton, but inductor fuses the activations' dynamic tensor "
+    "amax into LayerNorm and sigmoid backward, and grad_output's delayed cast into sigmoid backward; our "
+    "fp8 transpose makes the delayed casts' second copy (fp8bench.float8_linear)",
     amax_in_producer=_ACTIVATIONS,
     cast_in_producer=_ACTIVATIONS,
     cast_in_producer_needs_known_scale=True,

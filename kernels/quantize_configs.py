@@ -8,8 +8,9 @@ The kernels are memory-bound, so the heuristic is about bytes in flight and coal
   is written in 128-byte runs;
 - grid-stride passes (the tensorwise amax, the column amax) launch `_PROGRAMS_PER_SM` programs per SM,
   each walking its share, rather than one program per tile;
-- the one-pass rowwise kernel holds whole rows when they fit `_MAX_ROW_CHUNK` elements, so the row is
-  read from HBM once; longer rows are walked twice in chunks, the second walk hitting L2.
+- the one-pass rowwise kernel and the LayerNorm + cast kernel hold whole rows when they fit
+  `_MAX_ROW_CHUNK` elements, so the row is read from HBM once; longer rows are walked twice in chunks,
+  the second walk hitting L2.
 Warp counts and the tiles with a transposed copy were then picked by measurement: `candidates` lists
 the configs kernels/quantize_sweep.py times against each other, and `choose` took the fastest.
 """
@@ -44,6 +45,10 @@ class QuantizeKernel(str, enum.Enum):
     BLOCKWISE_1X128 = "blockwise-1x128"
     BLOCKWISE_128X128 = "blockwise-128x128"
     TRANSPOSE_FP8 = "transpose-fp8"  # fp8 in, its transposed copy out (fp8kernels.transpose_fp8)
+    LAYERNORM_CAST = "layernorm-cast"  # LayerNorm + tensorwise cast, one pass, whole rows (fp8kernels.layernorm_cast)
+
+
+_WHOLE_ROW_KERNELS = (QuantizeKernel.ROWWISE, QuantizeKernel.LAYERNORM_CAST)
 
 
 def _is_power_of_two(value: int) -> bool:
@@ -110,7 +115,7 @@ def choose(kernel: QuantizeKernel, rows: int, cols: int, columnwise: bool, sms: 
     """The default config for one launch (see the module docstring for why). Warps and tiles marked
     `swept` were the fastest of `candidates` on an H100 (kernels/quantize_sweep.py, 8192 x 8192 and
     8192 x 28672 bf16; kernels/README.md has the numbers)."""
-    if kernel is QuantizeKernel.ROWWISE:
+    if kernel in _WHOLE_ROW_KERNELS:
         block_cols = min(triton.next_power_of_2(cols), _MAX_ROW_CHUNK)
         block_rows = max(1, min(_TILE_ELEMENTS // block_cols, triton.next_power_of_2(rows)))
         return QuantizeConfig(block_rows, block_cols, _warps_for(block_rows * block_cols))
@@ -138,7 +143,7 @@ def candidates(kernel: QuantizeKernel, rows: int, cols: int, columnwise: bool, s
     """Configs worth timing against `choose`'s for tuning, the default first: each varies one choice."""
     default = choose(kernel, rows, cols, columnwise, sms)
     variants = {dataclasses.replace(default, num_warps=warps) for warps in (4, 8, 16)}
-    if kernel is QuantizeKernel.ROWWISE:  # rows per program, and chunked walks even where rows fit
+    if kernel in _WHOLE_ROW_KERNELS:  # rows per program, and chunked walks even where rows fit
         variants |= {dataclasses.replace(default, block_rows=r) for r in (1, 2, 4, 8) if r * default.block_cols <= 4 * _TILE_ELEMENTS}
         variants |= {dataclasses.replace(default, block_rows=1, block_cols=c) for c in (2048, 4096, 8192) if c < default.block_cols}
     elif kernel is QuantizeKernel.BLOCKWISE_1X128 and not columnwise:

@@ -1,0 +1,124 @@
+"""Our Float8LayerNormLinear: LayerNorm -> Float8Linear as one module, as TransformerEngine's
+LayerNormLinear is, so that the LayerNorm can write the linear's FP8 input itself.
+
+That pays where the recipe scales the input with delay (tensorwise-delayed): the scale is known before
+the LayerNorm runs, so from the module's second training step one kernel reads x and writes the fp8
+copy (fp8kernels.layernorm_cast), recording the output's amax for the history; the transposed copy the
+grad_weight product reads is the fp8 transpose of it. The bf16 LayerNorm output is never written.
+Under torch.compile, inductor fuses the same cast into its LayerNorm kernel (Float8Linear's
+`in_producer` casts), but computes the LayerNorm's Welford reduction twice there
+(reports/h100-sxm/ln-delayed-cast-probe): 0.58 ms at 16384 x 16384 against 0.37 for LayerNorm alone.
+
+The backward is the linear's (float8_linear.backward_products), then LayerNorm's from the statistics the
+forward kernel saved (aten.native_layer_norm_backward, which inductor compiles as it does for
+nn.LayerNorm). Every other recipe, and the first step, run nn.functional.layer_norm then Float8Linear:
+there the cast needs the output's own amax, or the history has none yet.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fp8bench import _float8_ops as ops
+from fp8bench.float8_linear import (
+    Float8Linear,
+    _Float8LinearFunction,
+    _Plan,
+    backward_products,
+    forward_products,
+    in_input_dtype,
+)
+from fp8bench.recipes import Recipe
+
+
+def fuses_layer_norm(how: _Plan) -> bool:
+    """Whether the LayerNorm writes the input's fp8 copies: one delayed cast makes both uses."""
+    calls = how.casts[0]
+    return len(calls) == 1 and calls[0].in_producer and calls[0].columnwise
+
+
+class _Float8LayerNormLinearFunction(torch.autograd.Function):
+    """LayerNorm(x[M, K]) @ weight[N, K].T, the LayerNorm fused with the input's delayed cast."""
+
+    @staticmethod
+    def forward(
+        ctx, x, ln_weight, ln_bias, weight, input_history, weight_history, grad_output_history, how: _Plan, eps: float
+    ):  # fmt: skip
+        call = how.casts[0][0]
+        data, scale, data_t, mean, rstd = ops.layernorm_quantize_delayed(
+            x, ln_weight, ln_bias, eps, input_history, call.fp8_dtype, call.power_of_two, True
+        )
+        out, w_saved, x_saved = forward_products(None, ((data, scale), (data_t, scale)), weight, weight_history, how, True)
+        ctx.save_for_backward(*w_saved, *x_saved, grad_output_history, x, mean, rstd, ln_weight, ln_bias)
+        ctx.plan, ctx.weight_tensors = how, len(w_saved)
+        return in_input_dtype(out, x)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        *linear, x, mean, rstd, ln_weight, ln_bias = ctx.saved_tensors
+        w_saved, x_saved, grad_output_history = linear[: ctx.weight_tensors], linear[ctx.weight_tensors : -1], linear[-1]
+        needs_x, needs_ln_weight, needs_ln_bias, needs_weight = ctx.needs_input_grad[:4]
+        needs_ln = (needs_x, needs_ln_weight, needs_ln_bias)
+        grad_ln_out, grad_weight = backward_products(
+            ctx.plan, w_saved, x_saved, grad_output, grad_output_history, True, (any(needs_ln), needs_weight)
+        )
+        grad_x = grad_ln_weight = grad_ln_bias = None
+        if any(needs_ln):
+            if not x.is_cuda:  # CPU's LayerNorm keeps its statistics in x's dtype (CUDA's, in float32)
+                mean, rstd = mean.to(x.dtype), rstd.to(x.dtype)
+            grad_x, grad_ln_weight, grad_ln_bias = torch.ops.aten.native_layer_norm_backward(
+                grad_ln_out, x, [x.shape[1]], mean, rstd, ln_weight, ln_bias, list(needs_ln)
+            )
+        return grad_x, grad_ln_weight, grad_ln_bias, grad_weight, None, None, None, None, None
+
+
+class Float8LayerNormLinear(Float8Linear):
+    """LayerNorm over in_features, then a Float8Linear running `recipe` (module docstring). The
+    LayerNorm's affine parameters are `layer_norm_weight` and `layer_norm_bias` (TransformerEngine's
+    names), or None with `elementwise_affine=False`."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *, recipe: Recipe,
+        eps: float = 1e-5, elementwise_affine: bool = True,
+    ):  # fmt: skip
+        super().__init__(in_features, out_features, bias, device, dtype, recipe=recipe)
+        self.eps = eps
+        for name, fill in (("layer_norm_weight", 1.0), ("layer_norm_bias", 0.0)):
+            param = nn.Parameter(torch.full((in_features,), fill, device=device, dtype=dtype)) if elementwise_affine else None
+            self.register_parameter(name, param)
+        self._fused = fuses_layer_norm(self._plan)
+
+    @classmethod
+    def from_modules(cls, layer_norm: nn.LayerNorm, linear: nn.Linear, recipe: Recipe) -> "Float8LayerNormLinear":
+        """A Float8LayerNormLinear sharing the parameters of `layer_norm` (over linear.in_features) and
+        `linear` (no copy)."""
+        if tuple(layer_norm.normalized_shape) != (linear.in_features,):
+            raise ValueError(
+                f"the LayerNorm normalizes over {tuple(layer_norm.normalized_shape)}; the linear takes {linear.in_features} features"
+            )
+        with torch.device("meta"):
+            new = cls(
+                linear.in_features, linear.out_features, bias=False, recipe=recipe, eps=layer_norm.eps,
+                elementwise_affine=layer_norm.weight is not None,
+            )  # fmt: skip
+        new.weight, new.bias = linear.weight, linear.bias
+        new.layer_norm_weight, new.layer_norm_bias = layer_norm.weight, layer_norm.bias
+        new._register_histories(linear.weight.device)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2d = self.rows_of(x)
+        histories, histories_filled = self.step_state()
+        if self._fused and histories_filled:
+            out = _Float8LayerNormLinearFunction.apply(
+                x2d, self.layer_norm_weight, self.layer_norm_bias, self.weight, *histories, self._plan, self.eps
+            )
+        else:
+            normalized = F.layer_norm(x2d, (self.in_features,), self.layer_norm_weight, self.layer_norm_bias, self.eps)
+            out = _Float8LinearFunction.apply(normalized, self.weight, *histories, self._plan, histories_filled)
+        return self.finish(out, x)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, eps={self.eps}, elementwise_affine={self.layer_norm_weight is not None}"
