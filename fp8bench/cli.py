@@ -427,7 +427,7 @@ def roofline(
     measure: bool = typer.Option(True, "--measure/--no-measure", help="also measure the layer (needs a GPU; predictions only without one)"),
     shape_name: Optional[list[str]] = typer.Option(None, help="repeatable; keep the shapes whose name contains this (e.g. llama3-8b.)"),
     repeats: int = typer.Option(5, min=1, help="measured: independent repeats per case (each with its own warm-up)"),
-    eager: bool = typer.Option(True, "--eager/--no-eager", help="measured: also our Float8Linear and the BF16 layer without torch.compile"),
+    eager: bool = typer.Option(True, "--eager/--no-eager", help="measured: also our layer (Float8LayerNormLinear) and the BF16 layer without torch.compile"),
     out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-roofline-<shape-gen>)"),
     resume: bool = typer.Option(
         False, help="continue the measured run in --out with the same options: its finished shapes are kept, the rest measured"

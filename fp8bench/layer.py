@@ -127,7 +127,7 @@ class LayerConfig:
     recipes: tuple[Recipe, ...]
     implementations: tuple[str, ...] = MEASURED_IMPLEMENTATIONS
     timing: TimingConfig = field(default_factory=TimingConfig)
-    eager: bool = True  # also our Float8Linear and the BF16 layer without torch.compile
+    eager: bool = True  # also our Float8LayerNormLinear and the BF16 layer without torch.compile
     compile_backend: str = "inductor"  # torch.compile's backend (tests on the CPU take a cheaper one)
 
     def __post_init__(self) -> None:
