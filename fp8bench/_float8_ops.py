@@ -6,8 +6,9 @@ and dtypes without running a kernel) and eager mode simply calls them.
   copy or both from one read where the kernel can (fp8kernels.quantize).
 - `fp8bench::quantize_delayed`: tensorwise with the scale taken from an amax history (delayed scaling);
   records the tensor's own amax into the history, which it mutates.
-- `fp8bench::layernorm_quantize_delayed`: LayerNorm fused with quantize_delayed's cast, for
-  Float8LayerNormLinear (the LayerNorm writes the fp8 copy; the bf16 output never exists).
+- `fp8bench::layernorm_quantize_delayed` and `fp8bench::layernorm_quantize_blockwise`: LayerNorm fused
+  with quantize_delayed's cast, or with the 1 x 128 cast of both copies, for Float8LayerNormLinear (the
+  bf16 LayerNorm output never exists).
 - `fp8bench::quantize_tensorwise_scaled`: tensorwise from an amax the caller computed, the cast pass
   alone. Under torch.compile Float8Linear computes a dynamic tensor amax with torch ops, which inductor
   fuses into the kernel that produces the tensor (LayerNorm, sigmoid backward): `quantize`'s amax pass
@@ -160,6 +161,25 @@ def _layernorm_quantize_delayed_fake(x, weight, bias, eps, amax_history, fp8_dty
     data, scale, data_t, _ = _quantize_fake(x, Granularity.TENSORWISE.value, 0, fp8_dtype, power_of_two, True, columnwise)
     stats = x.new_empty((x.shape[0], 1), dtype=torch.float32)
     return data, scale, data_t, stats, torch.empty_like(stats)
+
+
+@torch.library.custom_op("fp8bench::layernorm_quantize_blockwise", mutates_args=())
+def layernorm_quantize_blockwise(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float, fp8_dtype: str, power_of_two: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LayerNorm(x) in 1 x 128 groups, both copies (fp8kernels.layernorm_cast.layernorm_cast_blockwise):
+    data, scale, data_t, scale_t as `quantize` returns them for 1 x 128 groups, then mean and rstd."""
+    from fp8kernels.layernorm_cast import layernorm_cast_blockwise
+    from fp8kernels.quantize import QuantizeSpec
+
+    q, mean, rstd = layernorm_cast_blockwise(x, weight, bias, eps, QuantizeSpec(FP8_DTYPES[fp8_dtype], power_of_two, True, True))
+    return q.data, q.scale, q.data_t, q.scale_t, mean, rstd
+
+
+@layernorm_quantize_blockwise.register_fake
+def _layernorm_quantize_blockwise_fake(x, weight, bias, eps, fp8_dtype, power_of_two):
+    stats = x.new_empty((x.shape[0], 1), dtype=torch.float32)
+    return *_quantize_fake(x, Granularity.BLOCKWISE.value, 1, fp8_dtype, power_of_two, True, True), stats, torch.empty_like(stats)
 
 
 @torch.library.custom_op("fp8bench::quantize_tensorwise_scaled", mutates_args=())

@@ -1,18 +1,23 @@
 """Our Float8LayerNormLinear: LayerNorm -> Float8Linear as one module, as TransformerEngine's
-LayerNormLinear is, so that the LayerNorm can write the linear's FP8 input itself.
-
-That pays where the recipe scales the input with delay (tensorwise-delayed): the scale is known before
-the LayerNorm runs, so from the module's second training step one kernel reads x and writes the fp8
-copy (fp8kernels.layernorm_cast), recording the output's amax for the history; the transposed copy the
-grad_weight product reads is the fp8 transpose of it. The bf16 LayerNorm output is never written.
-Under torch.compile, inductor fuses the same cast into its LayerNorm kernel (Float8Linear's
-`in_producer` casts), but computes the LayerNorm's Welford reduction twice there
-(reports/h100-sxm/ln-delayed-cast-probe): 0.58 ms at 16384 x 16384 against 0.37 for LayerNorm alone.
+LayerNormLinear is, so that the LayerNorm can write the linear's FP8 input itself
+(fp8kernels.layernorm_cast). Two recipes' input casts fuse:
+- delayed scaling (tensorwise-delayed): the scale is known before the LayerNorm runs, so from the
+  module's second training step one kernel reads x and writes the fp8 copy, recording the output's amax
+  for the history; the transposed copy the grad_weight product reads is the fp8 transpose of it. Under
+  torch.compile inductor fused this cast into its LayerNorm kernel (Float8Linear's `in_producer` casts)
+  but computed the LayerNorm's Welford reduction twice there (reports/h100-sxm/ln-delayed-cast-probe):
+  0.58 ms at 16384 x 16384 against 0.28 for ours (reports/h100-sxm/layernorm-cast-probe).
+- blockwise with 1 x 128 groups in both uses (the blockwise preset's input): each row group is scaled as
+  the LayerNorm writes it, from the first step; the transposed copy's groups span 128 rows, so a second
+  kernel normalizes x again from the saved statistics and writes it. x is read twice, but the bf16
+  output is neither written nor read back (6 bytes an element moved, not 8).
+The bf16 LayerNorm output never exists.
 
 The backward is the linear's (float8_linear.backward_products), then LayerNorm's from the statistics the
 forward kernel saved (aten.native_layer_norm_backward, which inductor compiles as it does for
-nn.LayerNorm). Every other recipe, and the first step, run nn.functional.layer_norm then Float8Linear:
-there the cast needs the output's own amax, or the history has none yet.
+nn.LayerNorm). Every other recipe, and delayed scaling's first step, run nn.functional.layer_norm then
+Float8Linear: there the cast needs the output's own amax (tensor-wide, or per column), or the history has
+none yet.
 """
 
 from __future__ import annotations
@@ -30,27 +35,46 @@ from fp8bench.float8_linear import (
     forward_products,
     in_input_dtype,
 )
+from fp8bench.config import Granularity
 from fp8bench.recipes import Recipe
 
 
-def fuses_layer_norm(how: _Plan) -> bool:
-    """Whether the LayerNorm writes the input's fp8 copies: one delayed cast makes both uses."""
+DELAYED_FUSION = "delayed"
+BLOCKWISE_FUSION = "blockwise"
+
+
+def layer_norm_fusion(how: _Plan) -> str | None:
+    """How the LayerNorm writes the input's fp8 copies (module docstring): one cast makes both uses, delayed
+    or in 1 x 128 groups; None where it does not."""
     calls = how.casts[0]
-    return len(calls) == 1 and calls[0].in_producer and calls[0].columnwise
+    if len(calls) != 1 or not (calls[0].rowwise and calls[0].columnwise):
+        return None
+    call = calls[0]
+    if call.in_producer:
+        return DELAYED_FUSION
+    if call.granularity == Granularity.BLOCKWISE.value and call.block_rows == 1:
+        return BLOCKWISE_FUSION
+    return None
 
 
 class _Float8LayerNormLinearFunction(torch.autograd.Function):
-    """LayerNorm(x[M, K]) @ weight[N, K].T, the LayerNorm fused with the input's delayed cast."""
+    """LayerNorm(x[M, K]) @ weight[N, K].T, the LayerNorm fused with the input's cast (layer_norm_fusion)."""
 
     @staticmethod
     def forward(
         ctx, x, ln_weight, ln_bias, weight, input_history, weight_history, grad_output_history, how: _Plan, eps: float
     ):  # fmt: skip
         call = how.casts[0][0]
-        data, scale, data_t, mean, rstd = ops.layernorm_quantize_delayed(
-            x, ln_weight, ln_bias, eps, input_history, call.fp8_dtype, call.power_of_two, True
-        )
-        out, w_saved, x_saved = forward_products(None, ((data, scale), (data_t, scale)), weight, weight_history, how, True)
+        if call.delayed:
+            data, scale, data_t, mean, rstd = ops.layernorm_quantize_delayed(
+                x, ln_weight, ln_bias, eps, input_history, call.fp8_dtype, call.power_of_two, True
+            )
+            scale_t = scale
+        else:
+            data, scale, data_t, scale_t, mean, rstd = ops.layernorm_quantize_blockwise(
+                x, ln_weight, ln_bias, eps, call.fp8_dtype, call.power_of_two
+            )
+        out, w_saved, x_saved = forward_products(None, ((data, scale), (data_t, scale_t)), weight, weight_history, how, True)
         ctx.save_for_backward(*w_saved, *x_saved, grad_output_history, x, mean, rstd, ln_weight, ln_bias)
         ctx.plan, ctx.weight_tensors = how, len(w_saved)
         return in_input_dtype(out, x)
@@ -88,7 +112,7 @@ class Float8LayerNormLinear(Float8Linear):
         for name, fill in (("layer_norm_weight", 1.0), ("layer_norm_bias", 0.0)):
             param = nn.Parameter(torch.full((in_features,), fill, device=device, dtype=dtype)) if elementwise_affine else None
             self.register_parameter(name, param)
-        self._fused = fuses_layer_norm(self._plan)
+        self._fusion = layer_norm_fusion(self._plan)
 
     @classmethod
     def from_modules(cls, layer_norm: nn.LayerNorm, linear: nn.Linear, recipe: Recipe) -> "Float8LayerNormLinear":
@@ -111,7 +135,7 @@ class Float8LayerNormLinear(Float8Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = self.rows_of(x)
         histories, histories_filled = self.step_state()
-        if self._fused and histories_filled:
+        if self._fusion == BLOCKWISE_FUSION or (self._fusion == DELAYED_FUSION and histories_filled):
             out = _Float8LayerNormLinearFunction.apply(
                 x2d, self.layer_norm_weight, self.layer_norm_bias, self.weight, *histories, self._plan, self.eps
             )

@@ -9,7 +9,8 @@ The implementations (the model's names in fp8bench.roofline.IMPLEMENTATIONS; a r
 `-compile` where torch.compile ran):
 - `bf16`: plain torch, eager and compiled; `bf16-compile` is the reference every speedup divides;
 - `triton`: our Float8LayerNormLinear (fp8bench.float8_layernorm_linear: LayerNorm -> our Float8Linear,
-  the LayerNorm writing the fp8 input under delayed scaling) per recipe, eager and compiled (the headline);
+  the LayerNorm writing the fp8 input under delayed and blockwise scaling) per recipe, eager and compiled
+  (the headline);
 - `torchao`: torchao.float8.convert_to_float8_training, Float8LinearConfig.from_recipe_name, compiled;
 - `te`: te.LayerNormLinear + torch.sigmoid, eager, under te.autocast with DelayedScaling
   (tensorwise-delayed), Float8CurrentScaling (tensorwise), Float8BlockScaling (blockwise), and without
@@ -209,7 +210,7 @@ def _build_torch(case: LayerCase, weight, config: LayerConfig) -> Built:
     layer = _torch_layer(case.shape, weight)
     options: dict[str, Any] = {}
     if case.recipe is not None:  # ours: LayerNorm and linear as one Float8LayerNormLinear, as TE's
-        from fp8bench.float8_layernorm_linear import Float8LayerNormLinear, fuses_layer_norm
+        from fp8bench.float8_layernorm_linear import Float8LayerNormLinear, layer_norm_fusion
         from fp8bench.float8_linear import plan, recipe_problem, shape_problem
 
         problem = recipe_problem(case.recipe) or shape_problem(case.shape.M, case.shape.K, case.shape.N, case.recipe)
@@ -218,10 +219,9 @@ def _build_torch(case: LayerCase, weight, config: LayerConfig) -> Built:
         linear = Float8LayerNormLinear.from_modules(layer[0], layer[1], case.recipe)
         layer = type(layer)(linear, layer[2])
         options["summary"] = case.recipe.summary()
+        fusion = layer_norm_fusion(plan(case.recipe))
         options["layernorm"] = (
-            "fused with the input's fp8 cast from the second step (fp8kernels.layernorm_cast)"
-            if fuses_layer_norm(plan(case.recipe))
-            else "torch layer_norm, then the input's cast"
+            f"fused with the input's {fusion} fp8 cast (fp8kernels.layernorm_cast)" if fusion else "torch layer_norm, then the input's cast"
         )
         if case.recipe.gemm_granularity(GemmRole.GRAD_WEIGHT) is Granularity.BLOCKWISE:
             options["grad_weight_gemm"] = "torch._scaled_mm: fp8kernels.gemm has no 1x128 x 1x128 product"

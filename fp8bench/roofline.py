@@ -35,7 +35,7 @@ from rich.table import Table
 
 from fp8bench.backends.base import fp8_shape_problem
 from fp8bench.calibrate import REQUIRED_FP8, CalibrationProfile, fp8_key
-from fp8bench.config import FastAccum, GemmShape, Granularity, Status
+from fp8bench.config import BLOCK, FastAccum, GemmShape, Granularity, Status
 from fp8bench.hardware import GpuSpec
 from fp8bench.recipes import CastConfig, GemmRole, Recipe, ScalingType, TensorRole
 from fp8bench.results import Row, RunWriter, status_text
@@ -209,6 +209,10 @@ class Implementation:
     - cast_in_producer: for these tensors the producing kernel writes the first-use FP8 form itself;
       with `cast_in_producer_needs_known_scale` only when the scale is known before it runs (delayed
       scaling, TransformerEngine's LayerNorm), else also for scales local to a row (axiswise, 1x128).
+    - block_cast_in_producer: for these tensors, cast in 1x128 groups in both uses, the producing kernel
+      writes the first form even where the scale is not known beforehand (the groups lie in rows), and
+      the second form, whose groups span rows, is a kernel of its own that reads the producer's input
+      again (ours: fp8kernels.layernorm_cast), not its output.
     - cast_transpose: one kernel writes both layouts (row- and column-major) from one read.
     - column_scales_in_place: second-use axiswise scales come from a tiled amax pass (one read that
       finds row and column amaxes), not from transposing the tensor in BF16 and scaling its rows.
@@ -225,6 +229,7 @@ class Implementation:
     amax_in_producer: frozenset[TensorRole] = frozenset()
     cast_in_producer: frozenset[TensorRole] = frozenset()
     cast_in_producer_needs_known_scale: bool = False
+    block_cast_in_producer: frozenset[TensorRole] = frozenset()
     cast_transpose: bool = False
     column_scales_in_place: bool = False
     weight_fp8_saved: bool = False
@@ -243,9 +248,11 @@ _TRITON = Implementation(
     "triton",
     "ours (kernels/), eager: one cast+transpose kernel per tensor, tiled amax pass for global and column "
     "scales, weight cast once per step; LayerNorm writes the FP8 input when its scale is known (delayed "
-    "scaling: Float8LayerNormLinear) and its fp8 transpose makes the second copy; sigmoid is not fused",
+    "scaling: Float8LayerNormLinear) and its fp8 transpose makes the second copy, or in 1x128 groups, a "
+    "second kernel normalizing x again for the transposed groups; sigmoid is not fused",
     cast_in_producer=frozenset({TensorRole.INPUT}),
     cast_in_producer_needs_known_scale=True,
+    block_cast_in_producer=frozenset({TensorRole.INPUT}),
     cast_transpose=True,
     column_scales_in_place=True,
     weight_fp8_saved=True,
@@ -405,7 +412,8 @@ def _plan_casts(role: TensorRole, n: int, recipe: Recipe, impl: Implementation) 
     )
 
     # 2. The FP8 forms.
-    first_in_producer = (
+    block_in_producer = has_producer and role in impl.block_cast_in_producer and first == second and first.block == (1, BLOCK)
+    first_in_producer = block_in_producer or (
         has_producer
         and first.is_fp8
         and role in impl.cast_in_producer
@@ -433,12 +441,14 @@ def _plan_casts(role: TensorRole, n: int, recipe: Recipe, impl: Implementation) 
 
     # Distinct scales per form: the first form, then the second, which is written by the same kernel
     # as the first (the producer, or the first cast) when both are made in the same pass.
-    merge = impl.cast_transpose and first.is_fp8 and not split
+    merge = impl.cast_transpose and first.is_fp8 and not split and not block_in_producer
     first_written = fp8 if first.is_fp8 else 0.0
     if first_in_producer:
         plan.producer_writes += first_written
     second_kernels: list[Kernel] = []
-    if second.is_fp8:
+    if block_in_producer:
+        second_kernels.append(kernel("LayerNorm again + cast to fp8 transposed (reads x)", bf16, fp8, reads_stored_bf16=False))
+    elif second.is_fp8:
         if second.granularity is Granularity.AXISWISE and not impl.column_scales_in_place:
             # Transpose in BF16, then scale the rows of the transposed copy (torchao's way).
             merged_write: float | None = bf16

@@ -1,16 +1,22 @@
-"""LayerNorm with the tensorwise FP8 cast of its output in one kernel: what delayed scaling allows, as the
-scale comes from an amax history known before the kernel runs (TransformerEngine's LayerNormLinear does
-the same). x is read and the fp8 output written; the bf16 LayerNorm output never exists.
+"""LayerNorm with the FP8 cast of its output in one kernel: the bf16 LayerNorm output never exists. Two
+scalings can be applied in the row pass (TransformerEngine's LayerNormLinear does the first):
+- tensorwise from an amax known before the kernel runs (delayed scaling: the amax history's); the
+  output's own amax is folded by atomic max into a zeroed float (amaxes are >= 0, so float atomic max
+  is exact), for the history's next entry;
+- 1 x 128 groups (GROUPS), each scaled by its own amax: every group lies in one row.
 
-Each program owns BLOCK_ROWS whole rows, as the one-pass rowwise quantize kernel does
-(fp8kernels._quantize_axiswise): a row that fits one chunk stays in registers, so x is read from HBM
-once and mean and variance are computed in two exact passes over the registers; a longer row is walked
-twice in chunks, the statistics combined chunk by chunk (Chan et al.'s parallel variance), the second
-walk finding the row in L2.
+`_layernorm_cast_kernel`: each program owns BLOCK_ROWS whole rows, as the one-pass rowwise quantize
+kernel does (fp8kernels._quantize_axiswise): a row that fits one chunk stays in registers, so x is read
+from HBM once and mean and variance are computed in two exact passes over the registers; a longer row is
+walked twice in chunks, the statistics combined chunk by chunk (Chan et al.'s parallel variance), the
+second walk finding the row in L2. It saves mean and rstd for the backward.
+
+`_layernorm_cast_columns_kernel`: the columnwise copy in 1 x 128 groups of the output's transpose (128 x 1
+groups: a group spans 128 rows, which no row program holds). Each program normalizes a 128 x 128 tile of
+x again from the saved statistics and writes it transposed, as the blockwise quantize kernel does.
 
 The float32 normalized value is scaled and cast as it is, as TransformerEngine's fused LayerNorm does:
-unfused, it would first be rounded to x's dtype (a second rounding). Its amax is folded by atomic max
-into a zeroed float (amaxes are >= 0, so float atomic max is exact), for the history's next entry.
+unfused, it would first be rounded to x's dtype (a second rounding).
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp8kernels._quantize_common import cast_to_fp8, dequantization_scale, multiplier_from_amax
+from fp8kernels._quantize_common import cast_to_fp8, dequantization_scale, multiplier_from_amax, store_transposed
+
+GROUP = tl.constexpr(128)
 
 
 @triton.jit
@@ -33,14 +41,40 @@ def _normalize(x, mean, rstd, w_ptr, b_ptr, c, col_mask, HAS_WEIGHT: tl.constexp
 
 
 @triton.jit
+def _cast_and_store(y, mask, r, start, rows, cols, q_ptr, scale_ptr, multiplier, FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr,
+                    POWER_OF_TWO: tl.constexpr, GROUPS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    """Store the fp8 values of y, rows r and the BLOCK_COLS columns from `start` (a multiple of 128 when
+    GROUPS): scaled by `multiplier`, or in 1 x 128 groups with scales of their own, stored
+    outer-dimension-major (scale[r, g] at g * rows + r). Returns each row's amax."""
+    c = start + tl.arange(0, BLOCK_COLS)
+    magnitude = tl.where(mask, tl.abs(y), 0.0)
+    if GROUPS:
+        group_multiplier = multiplier_from_amax(
+            tl.max(tl.reshape(magnitude, [BLOCK_ROWS, BLOCK_COLS // GROUP, GROUP]), axis=2), FP8_MAX, POWER_OF_TWO
+        )
+        grouped = tl.reshape(y, [BLOCK_ROWS, BLOCK_COLS // GROUP, GROUP])
+        q = tl.reshape(cast_to_fp8(grouped, group_multiplier[:, :, None], FP8_MAX, FP8_DTYPE), [BLOCK_ROWS, BLOCK_COLS])
+        g = start // GROUP + tl.arange(0, BLOCK_COLS // GROUP)
+        scale_mask = (r[:, None] < rows) & (g[None, :] < cols // GROUP)
+        tl.store(scale_ptr + g[None, :] * rows + r[:, None], dequantization_scale(group_multiplier), mask=scale_mask)
+    else:
+        q = cast_to_fp8(y, multiplier, FP8_MAX, FP8_DTYPE)
+    tl.store(q_ptr + r[:, None] * cols + c[None, :], q, mask=mask)
+    return tl.max(magnitude, axis=1)
+
+
+@triton.jit
 def _layernorm_cast_kernel(
     x_ptr, w_ptr, b_ptr, q_ptr, scale_ptr, mean_ptr, rstd_ptr, amax_ptr, record_amax_ptr, rows, cols, eps,
-    FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr, POWER_OF_TWO: tl.constexpr,
+    FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr, POWER_OF_TWO: tl.constexpr, GROUPS: tl.constexpr,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
     WHOLE_ROWS: tl.constexpr,
 ):  # fmt: skip
-    multiplier = multiplier_from_amax(tl.load(amax_ptr), FP8_MAX, POWER_OF_TWO)
-    tl.store(scale_ptr, dequantization_scale(multiplier), mask=tl.program_id(0) == 0)
+    """GROUPS: 1 x 128 groups; else tensorwise from the amax at amax_ptr, recording the output's amax."""
+    multiplier = 1.0
+    if not GROUPS:
+        multiplier = multiplier_from_amax(tl.load(amax_ptr), FP8_MAX, POWER_OF_TWO)
+        tl.store(scale_ptr, dequantization_scale(multiplier), mask=tl.program_id(0) == 0)
     r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_mask = r < rows
     c = tl.arange(0, BLOCK_COLS)
@@ -51,8 +85,8 @@ def _layernorm_cast_kernel(
         centred = tl.where(mask, x - mean[:, None], 0.0)
         rstd = tl.math.rsqrt(tl.sum(centred * centred, axis=1) / cols + eps)
         y = _normalize(x, mean, rstd, w_ptr, b_ptr, c, c < cols, HAS_WEIGHT, HAS_BIAS)
-        tl.store(q_ptr + r[:, None] * cols + c[None, :], cast_to_fp8(y, multiplier, FP8_MAX, FP8_DTYPE), mask=mask)
-        row_amax = tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1)
+        row_amax = _cast_and_store(y, mask, r, 0, rows, cols, q_ptr, scale_ptr, multiplier, FP8_MAX, FP8_DTYPE,
+                                   POWER_OF_TWO, GROUPS, BLOCK_ROWS, BLOCK_COLS)  # fmt: skip
     else:
         mean = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
         m2 = tl.zeros([BLOCK_ROWS], dtype=tl.float32)  # sum of squared deviations from the mean so far
@@ -73,8 +107,28 @@ def _layernorm_cast_kernel(
             mask = row_mask[:, None] & col_mask[None, :]
             x = tl.load(x_ptr + r[:, None] * cols + start + c[None, :], mask=mask, other=0.0).to(tl.float32)
             y = _normalize(x, mean, rstd, w_ptr, b_ptr, start + c, col_mask, HAS_WEIGHT, HAS_BIAS)
-            tl.store(q_ptr + r[:, None] * cols + start + c[None, :], cast_to_fp8(y, multiplier, FP8_MAX, FP8_DTYPE), mask=mask)
-            row_amax = tl.maximum(row_amax, tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1))
+            chunk_amax = _cast_and_store(y, mask, r, start, rows, cols, q_ptr, scale_ptr, multiplier, FP8_MAX, FP8_DTYPE,
+                                         POWER_OF_TWO, GROUPS, BLOCK_ROWS, BLOCK_COLS)  # fmt: skip
+            row_amax = tl.maximum(row_amax, chunk_amax)
     tl.store(mean_ptr + r, mean, mask=row_mask)
     tl.store(rstd_ptr + r, rstd, mask=row_mask)
-    tl.atomic_max(record_amax_ptr, tl.max(row_amax, axis=0))
+    if not GROUPS:
+        tl.atomic_max(record_amax_ptr, tl.max(row_amax, axis=0))
+
+
+@triton.jit
+def _layernorm_cast_columns_kernel(
+    x_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, q_t_ptr, scale_t_ptr, rows, cols,
+    FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr, POWER_OF_TWO: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+):  # fmt: skip
+    """Rows and columns are multiples of 128 (the caller checks): no masks."""
+    pid_r, pid_c = tl.program_id(0), tl.program_id(1)
+    r = pid_r * GROUP + tl.arange(0, GROUP)
+    c = pid_c * GROUP + tl.arange(0, GROUP)
+    x = tl.load(x_ptr + r[:, None] * cols + c[None, :]).to(tl.float32)
+    y = _normalize(x, tl.load(mean_ptr + r), tl.load(rstd_ptr + r), w_ptr, b_ptr, c, c < cols, HAS_WEIGHT, HAS_BIAS)
+    multiplier_t = multiplier_from_amax(tl.max(tl.abs(y), axis=0), FP8_MAX, POWER_OF_TWO)
+    store_transposed(q_t_ptr, cast_to_fp8(y, multiplier_t[None, :], FP8_MAX, FP8_DTYPE), r, c, rows, cols)
+    # scale_t[c, pid_r] of a (cols, rows / 128) tensor with strides (1, cols)
+    tl.store(scale_t_ptr + pid_r * cols + c, dequantization_scale(multiplier_t))

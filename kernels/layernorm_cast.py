@@ -1,5 +1,6 @@
-"""LayerNorm fused with the tensorwise FP8 cast of its output, for delayed scaling (kernel in
-_layernorm_cast.py): the LayerNorm forward of a LayerNorm -> Linear whose input cast is delayed."""
+"""LayerNorm fused with the FP8 cast of its output (kernels in _layernorm_cast.py): the LayerNorm forward
+of a LayerNorm -> Linear whose input is cast tensorwise with a known scale (delayed scaling) or in
+1 x 128 groups (blockwise)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import NamedTuple, Optional
 import torch
 import triton
 
-from fp8kernels._layernorm_cast import _layernorm_cast_kernel
+from fp8bench.config import BLOCK
+from fp8kernels._layernorm_cast import _layernorm_cast_columns_kernel, _layernorm_cast_kernel
 from fp8kernels._quantize_common import empty_fp8, empty_scales, fp8_constants, launch_config
 from fp8kernels.quantize import QuantizedTensor, QuantizeSpec
 from fp8kernels.quantize_configs import QuantizeConfig, QuantizeKernel
@@ -29,6 +31,21 @@ def _check_affine(param: Optional[torch.Tensor], cols: int, name: str) -> None:
         raise ValueError(f"the LayerNorm {name} must be a contiguous ({cols},) tensor, got shape {tuple(param.shape)}")
 
 
+def _launch_rows(x, weight, bias, eps, spec, config, q, scale, amax, record_amax, groups: bool):
+    """The row pass (LayerNorm + the rowwise copy); returns mean and rstd."""
+    rows, cols = x.shape
+    _check_affine(weight, cols, "weight")
+    _check_affine(bias, cols, "bias")
+    mean, rstd = (torch.empty((rows, 1), dtype=torch.float32, device=x.device) for _ in range(2))
+    _layernorm_cast_kernel[(triton.cdiv(rows, config.block_rows),)](
+        x, weight if weight is not None else x, bias if bias is not None else x, q, scale, mean, rstd, amax,
+        record_amax, rows, cols, eps, **fp8_constants(spec), GROUPS=groups, HAS_WEIGHT=weight is not None,
+        HAS_BIAS=bias is not None, BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols,
+        WHOLE_ROWS=config.block_cols >= cols, num_warps=config.num_warps,
+    )  # fmt: skip
+    return mean, rstd
+
+
 def layernorm_cast_tensorwise(
     x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float, amax: torch.Tensor,
     spec: QuantizeSpec, record_amax: torch.Tensor, config: Optional[QuantizeConfig] = None,
@@ -39,18 +56,42 @@ def layernorm_cast_tensorwise(
     caller) by atomic max. The transposed copy, where `spec` asks for it, is the fp8 transpose of the
     rowwise one (fp8kernels.transpose_fp8): the same values, as the scale is shared."""
     config = launch_config(x, QuantizeKernel.LAYERNORM_CAST, False, config)
-    rows, cols = x.shape
-    _check_affine(weight, cols, "weight")
-    _check_affine(bias, cols, "bias")
-    q = empty_fp8((rows, cols), spec, x, True)
+    q = empty_fp8(x.shape, spec, x, True)
     scale = empty_scales((), x, True)
-    mean, rstd = (torch.empty((rows, 1), dtype=torch.float32, device=x.device) for _ in range(2))
-    _layernorm_cast_kernel[(triton.cdiv(rows, config.block_rows),)](
-        x, weight if weight is not None else x, bias if bias is not None else x, q, scale, mean, rstd, amax,
-        record_amax, rows, cols, eps, **fp8_constants(spec), HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-        BLOCK_ROWS=config.block_rows, BLOCK_COLS=config.block_cols, WHOLE_ROWS=config.block_cols >= cols,
-        num_warps=config.num_warps,
-    )  # fmt: skip
+    mean, rstd = _launch_rows(x, weight, bias, eps, spec, config, q, scale, amax, record_amax, groups=False)
     q_t = transpose_fp8(q) if spec.columnwise else None
     quantized = QuantizedTensor(q if spec.rowwise else None, scale if spec.rowwise else None, q_t, scale if spec.columnwise else None)
+    return LayerNormCast(quantized, mean, rstd)
+
+
+def layernorm_cast_blockwise(
+    x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], eps: float, spec: QuantizeSpec,
+    config: Optional[QuantizeConfig] = None,
+) -> LayerNormCast:  # fmt: skip
+    """LayerNorm as layernorm_cast_tensorwise, cast in 1 x 128 groups, each scaled by its own amax: the
+    rowwise copy from the row pass; the columnwise copy (the output's transpose in 1 x 128 groups) from a
+    second pass that normalizes x again, tile by tile, with the saved statistics. Layouts are
+    fp8kernels.quantize_blockwise's (1 x 128 scales outer-dimension-major). C must be a multiple of 128;
+    so must R for the columnwise copy."""
+    config = launch_config(x, QuantizeKernel.LAYERNORM_CAST, False, config)
+    rows, cols = x.shape
+    if config.block_cols % BLOCK:
+        raise ValueError(f"1x{BLOCK} groups take chunks of whole groups: block_cols must be a multiple of {BLOCK}, got {config.block_cols}")
+    if cols % BLOCK or (spec.columnwise and rows % BLOCK):
+        sides = "both sides" if spec.columnwise else "the number of columns"
+        raise ValueError(f"1x{BLOCK} groups need {sides} to be multiples of {BLOCK}, got {rows}x{cols}")
+    # The row pass always runs (it makes the statistics); its copy is written where asked for, else into
+    # a buffer that is dropped.
+    q = empty_fp8((rows, cols), spec, x, True)
+    scale = empty_scales((cols // BLOCK, rows), x, True)  # outer-dimension-major: returned as its transpose
+    mean, rstd = _launch_rows(x, weight, bias, eps, spec, config, q, scale, scale, scale, groups=True)
+    q_t = scale_t = None
+    if spec.columnwise:
+        q_t, scale_t = empty_fp8((cols, rows), spec, x, True), empty_scales((rows // BLOCK, cols), x, True)
+        _layernorm_cast_columns_kernel[(rows // BLOCK, cols // BLOCK)](
+            x, weight if weight is not None else x, bias if bias is not None else x, mean, rstd, q_t, scale_t, rows,
+            cols, **fp8_constants(spec), HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, num_warps=4,
+        )  # fmt: skip
+        scale_t = scale_t.t()
+    quantized = QuantizedTensor(q if spec.rowwise else None, scale.t() if spec.rowwise else None, q_t, scale_t)
     return LayerNormCast(quantized, mean, rstd)

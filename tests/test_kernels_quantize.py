@@ -33,7 +33,7 @@ if not torch.cuda.is_available():
 
 from fp8bench.config import BLOCK  # noqa: E402
 from fp8kernels import reference as ref  # noqa: E402
-from fp8kernels.layernorm_cast import layernorm_cast_tensorwise  # noqa: E402
+from fp8kernels.layernorm_cast import layernorm_cast_blockwise, layernorm_cast_tensorwise  # noqa: E402
 from fp8kernels.quantize import QuantizedTensor, QuantizeSpec  # noqa: E402
 from fp8kernels.quantize_axiswise import axiswise_kernel, quantize_axiswise  # noqa: E402
 from fp8kernels.quantize_blockwise import blockwise_kernel, quantize_blockwise  # noqa: E402
@@ -371,6 +371,55 @@ def test_layernorm_cast_dtypes_and_copies(poisoned, input_dtype, spec):
     check_layernorm_cast(random_input(64, 256, input_dtype, seed_of("layernorm", str(input_dtype))), True, spec)
 
 
+def check_layernorm_cast_blockwise(x: torch.Tensor, affine: bool, spec: QuantizeSpec, config=None) -> None:
+    """layernorm_cast_blockwise against torch's float32 LayerNorm: statistics; each copy's 1 x 128 scales
+    against fp8kernels.reference's (to the statistics' last bits: rtol 1e-5); its fp8 values against the
+    reference cast of the float32 LayerNorm values by the kernel's own scales (module docstring's rules)."""
+    rows, cols = x.shape
+    generator = torch.Generator().manual_seed(seed_of("affine", cols))
+    weight, bias = ((torch.randn(cols, generator=generator) + 1).to(x.dtype).to(DEVICE) for _ in range(2)) if affine else (None, None)
+    expected, mean, rstd = torch.ops.aten.native_layer_norm(
+        x.float(), [cols], None if weight is None else weight.float(), None if bias is None else bias.float(), 1e-5
+    )
+    out = layernorm_cast_blockwise(x, weight, bias, 1e-5, spec, config)
+    torch.testing.assert_close(out.mean, mean.reshape(-1, 1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.rstd, rstd.reshape(-1, 1), rtol=1e-5, atol=0)
+    quantized = out.quantized
+    for wanted, q, scale, values in ((spec.rowwise, quantized.data, quantized.scale, expected),
+                                     (spec.columnwise, quantized.data_t, quantized.scale_t, expected.t())):  # fmt: skip
+        if not wanted:
+            assert q is None and scale is None
+            continue
+        reference_q, reference_scale = ref.quantize_blockwise(values.contiguous(), 1, BLOCK, spec.dtype, spec.power_of_two)
+        assert scale.shape == reference_scale.shape and scale.stride() == (1, values.shape[0])
+        torch.testing.assert_close(scale, reference_scale, rtol=1e-5, atol=0)
+
+        def by_own_scales(v, spec, scale=scale):
+            multiplier = (1.0 / scale).repeat_interleave(BLOCK, dim=1)
+            return (v.float() * multiplier).clamp(-spec.fp8_max, spec.fp8_max).to(spec.dtype), scale
+
+        assert_fp8_matches(q, scale, values, spec, by_own_scales, neighbours_on_gpu=True)
+
+
+@pytest.mark.parametrize("affine", [False, True], ids=["plain", "affine"])
+@pytest.mark.parametrize(
+    "shape,config", [((128, 256), None), ((256, 384), None), ((128, 640), QuantizeConfig(2, 256, 4))],
+    ids=["128x256", "256x384", "128x640-chunked"],
+)
+def test_layernorm_cast_blockwise_matches_layer_norm_then_cast(poisoned, shape, config, affine):
+    x = random_input(*shape, torch.bfloat16, seed_of("layernorm-blockwise", shape))
+    check_layernorm_cast_blockwise(x, affine, BOTH_COPIES, config)
+
+
+def test_layernorm_cast_blockwise_copies_alone_and_bad_shapes(poisoned):
+    x = random_input(17, 256, torch.float32, seed=12)  # 17 rows: the rowwise copy alone takes any row count
+    check_layernorm_cast_blockwise(x, True, QuantizeSpec(ref.E5M2, power_of_two=True))
+    check_layernorm_cast_blockwise(random_input(128, 128, torch.bfloat16, seed=13), False, QuantizeSpec(rowwise=False, columnwise=True))
+    with pytest.raises(ValueError, match="both sides to be multiples of 128"):
+        layernorm_cast_blockwise(x, None, None, 1e-5, BOTH_COPIES)
+    with pytest.raises(ValueError, match="block_cols must be a multiple of 128"):
+        layernorm_cast_blockwise(x, None, None, 1e-5, QuantizeSpec(), QuantizeConfig(1, 64, 4))
+
 def test_layernorm_cast_amax_ignores_padding(poisoned):
     """Rows far from zero (mean / std ~ 100): a padded column normalizes to -mean / std, which would
     dominate the recorded amax if the kernel counted it."""
@@ -440,11 +489,14 @@ def test_gpu_transpose_fp8_at_real_sizes(poisoned, rows, cols):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,cols", [(8192, 4096), (16384, 1024), (333, 28672), (5000, 3000)])
+@pytest.mark.parametrize("rows,cols", [(8192, 4096), (16384, 1024), (333, 28672), (5000, 3000), (1024, 28672)])
 def test_gpu_layernorm_cast_at_real_sizes(poisoned, rows, cols):
-    """The LLaMa-3 widths, whole rows (up to 16384 columns) and chunked (28672)."""
+    """The LLaMa-3 widths, whole rows (up to 16384 columns) and chunked (28672); blockwise where the
+    sides allow."""
     x = random_input(rows, cols, torch.bfloat16, seed_of("layernorm", rows, cols))
     check_layernorm_cast(x, rows % 2 == 0, BOTH_COPIES)
+    if rows % BLOCK == 0 and cols % BLOCK == 0:
+        check_layernorm_cast_blockwise(x, rows % 2 == 0, BOTH_COPIES)
 
 
 @pytest.mark.gpu

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -433,3 +434,16 @@ def test_shapes_fp8_cannot_run_are_unsupported_rows(tmp_path, monkeypatch):
     assert rows[rows["recipe"] == "tensorwise"]["status"].tolist() == [
         "unsupported: the grad_weight product (4096x8200x4096): FP8 GEMMs need K and N to be multiples of 16 (K=8200)"
     ] * 2
+
+
+def test_our_layer_norm_writes_the_blockwise_input_and_a_second_kernel_the_transposed_groups():
+    """Ours (Float8LayerNormLinear): the LayerNorm writes the input's 1x128 rowwise copy (1 byte an element
+    instead of BF16's 2) and a second kernel reads x again for the transposed groups (2 + 1 bytes), where a
+    cast+transpose would read the stored BF16 output (2 + 2): 2 bytes an element saved, eager and compiled."""
+    shape = GemmShape(8192, 4096, 2048)
+    blockwise = RECIPES["blockwise"]
+    for impl in (TRITON, rl.IMPLEMENTATIONS["triton-compile"]):
+        kernels = rl.layer_kernels(shape, blockwise, impl)
+        assert [k.name for k in kernels if k.term == "cast:input"] == ["input: LayerNorm again + cast to fp8 transposed (reads x)"]
+        unfused = rl.layer_kernels(shape, blockwise, replace(impl, block_cast_in_producer=frozenset()))
+        assert sum(k.bytes for k in unfused) - sum(k.bytes for k in kernels) == 2 * shape.M * shape.K
