@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fp8bench import _float8_ops as ops
+from fp8bench.config import Granularity
 from fp8bench.float8_linear import (
     Float8Linear,
     _Float8LinearFunction,
@@ -35,7 +36,6 @@ from fp8bench.float8_linear import (
     forward_products,
     in_input_dtype,
 )
-from fp8bench.config import Granularity
 from fp8bench.recipes import Recipe
 
 
@@ -74,6 +74,8 @@ class _Float8LayerNormLinearFunction(torch.autograd.Function):
             data, scale, data_t, scale_t, mean, rstd = ops.layernorm_quantize_blockwise(
                 x, ln_weight, ln_bias, eps, call.fp8_dtype, call.power_of_two
             )
+        # Histories filled (True): this runs where delayed scaling's histories hold amaxes, or where the
+        # recipe has none (blockwise mixes with no tensorwise scaling: float8_linear.recipe_problem).
         out, w_saved, x_saved = forward_products(None, ((data, scale), (data_t, scale_t)), weight, weight_history, how, True)
         ctx.save_for_backward(*w_saved, *x_saved, grad_output_history, x, mean, rstd, ln_weight, ln_bias)
         ctx.plan, ctx.weight_tensors = how, len(w_saved)
