@@ -13,7 +13,7 @@ from fp8bench.config import BLOCK
 from fp8kernels._layernorm_cast import _layernorm_cast_columns_kernel, _layernorm_cast_kernel
 from fp8kernels._quantize_common import empty_fp8, empty_scales, fp8_constants, launch_config
 from fp8kernels.quantize import QuantizedTensor, QuantizeSpec
-from fp8kernels.quantize_configs import QuantizeConfig, QuantizeKernel
+from fp8kernels.quantize_configs import QuantizeConfig, QuantizeKernel, choose, multiprocessors
 from fp8kernels.transpose_fp8 import transpose_fp8
 
 
@@ -87,10 +87,13 @@ def layernorm_cast_blockwise(
     mean, rstd = _launch_rows(x, weight, bias, eps, spec, config, q, scale, scale, scale, groups=True)
     q_t = scale_t = None
     if spec.columnwise:
+        columns = choose(QuantizeKernel.LAYERNORM_CAST_COLUMNS, rows, cols, True, multiprocessors(x))
+        columns.check(QuantizeKernel.LAYERNORM_CAST_COLUMNS, True)
         q_t, scale_t = empty_fp8((cols, rows), spec, x, True), empty_scales((rows // BLOCK, cols), x, True)
         _layernorm_cast_columns_kernel[(rows // BLOCK, cols // BLOCK)](
             x, weight if weight is not None else x, bias if bias is not None else x, mean, rstd, q_t, scale_t, rows,
-            cols, **fp8_constants(spec), HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, num_warps=4,
+            cols, **fp8_constants(spec), HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+            num_warps=columns.num_warps,
         )  # fmt: skip
         scale_t = scale_t.t()
     quantized = QuantizedTensor(q if spec.rowwise else None, scale.t() if spec.rowwise else None, q_t, scale_t)

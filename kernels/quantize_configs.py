@@ -45,10 +45,13 @@ class QuantizeKernel(str, enum.Enum):
     BLOCKWISE_1X128 = "blockwise-1x128"
     BLOCKWISE_128X128 = "blockwise-128x128"
     TRANSPOSE_FP8 = "transpose-fp8"  # fp8 in, its transposed copy out (fp8kernels.transpose_fp8)
-    LAYERNORM_CAST = "layernorm-cast"  # LayerNorm + tensorwise cast, one pass, whole rows (fp8kernels.layernorm_cast)
+    LAYERNORM_CAST = "layernorm-cast"  # LayerNorm + cast, one pass, whole rows (fp8kernels.layernorm_cast)
+    LAYERNORM_CAST_COLUMNS = "layernorm-cast-columns"  # LayerNorm again + 1x128 groups of the transpose, 128 x 128 tiles
 
 
 _WHOLE_ROW_KERNELS = (QuantizeKernel.ROWWISE, QuantizeKernel.LAYERNORM_CAST)
+# Kernels whose tiles are whole 128-wide groups.
+_BLOCK_KERNELS = (QuantizeKernel.BLOCKWISE_1X128, QuantizeKernel.BLOCKWISE_128X128, QuantizeKernel.LAYERNORM_CAST_COLUMNS)
 
 
 def _is_power_of_two(value: int) -> bool:
@@ -80,9 +83,12 @@ class QuantizeConfig:
 
     def check(self, kernel: QuantizeKernel, columnwise: bool) -> None:
         """Raise ValueError where this config cannot run `kernel` (called once per launch)."""
-        if kernel in (QuantizeKernel.BLOCKWISE_1X128, QuantizeKernel.BLOCKWISE_128X128) and self.block_cols != BLOCK:
+        if kernel in _BLOCK_KERNELS and self.block_cols != BLOCK:
             raise ValueError(f"blockwise kernels take block_cols = {BLOCK}, got {self.block_cols}")
-        square = kernel is QuantizeKernel.BLOCKWISE_128X128 or (kernel is QuantizeKernel.BLOCKWISE_1X128 and columnwise)
+        square = (
+            kernel in (QuantizeKernel.BLOCKWISE_128X128, QuantizeKernel.LAYERNORM_CAST_COLUMNS)
+            or (kernel is QuantizeKernel.BLOCKWISE_1X128 and columnwise)
+        )
         if square and self.block_rows != BLOCK:
             raise ValueError(f"{kernel.value} with these copies takes block_rows = {BLOCK}, got {self.block_rows}")
         if kernel is QuantizeKernel.TENSORWISE and not (self.amax_block and self.amax_programs and self.amax_warps):
@@ -126,7 +132,7 @@ def choose(kernel: QuantizeKernel, rows: int, cols: int, columnwise: bool, sms: 
         return QuantizeConfig(32, BLOCK, 4)
     if kernel in (QuantizeKernel.BLOCKWISE_1X128, QuantizeKernel.BLOCKWISE_128X128):
         return QuantizeConfig(BLOCK, BLOCK, 4)  # swept: 4 warps beat 8 and 16 by 5-70 %
-    if kernel is QuantizeKernel.TRANSPOSE_FP8:
+    if kernel in (QuantizeKernel.TRANSPOSE_FP8, QuantizeKernel.LAYERNORM_CAST_COLUMNS):
         return QuantizeConfig(BLOCK, BLOCK, 4)
     programs = _PROGRAMS_PER_SM * sms
     if kernel is QuantizeKernel.AXISWISE_TWO_PASS:
