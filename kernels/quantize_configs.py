@@ -125,7 +125,7 @@ def choose(kernel: QuantizeKernel, rows: int, cols: int, columnwise: bool, sms: 
         block_cols = min(triton.next_power_of_2(cols), _MAX_ROW_CHUNK)
         block_rows = max(1, min(_TILE_ELEMENTS // block_cols, triton.next_power_of_2(rows)))
         # swept: LayerNorm + cast ran fastest with 4 warps at every width (85-97% of copy, 4096 to 28672
-        # columns; 8 and 16 warps 2-10% slower: reports/h100-sxm/layernorm-cast-probe)
+        # columns; 8 warps 0.4-7% and 16 warps 8-23% slower: reports/h100-sxm/layernorm-cast-probe)
         warps = 4 if kernel is QuantizeKernel.LAYERNORM_CAST else _warps_for(block_rows * block_cols)
         return QuantizeConfig(block_rows, block_cols, warps)
     if kernel is QuantizeKernel.BLOCKWISE_1X128 and not columnwise:
