@@ -133,6 +133,13 @@ def quantize_delayed(
     return _outputs(out, x, spec)
 
 
+def history_amax(amax_history: torch.Tensor, fp8_max: float) -> torch.Tensor:
+    """The amax a delayed cast scales by once the history should hold one: its largest, or fp8_max (a
+    scale of 1, as TransformerEngine's first step) where it is still empty."""
+    recorded = amax_history.max()
+    return torch.where(recorded > 0, recorded, fp8_max)
+
+
 @torch.library.custom_op("fp8bench::layernorm_quantize_delayed", mutates_args=("amax_history",))
 def layernorm_quantize_delayed(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float, amax_history: torch.Tensor,
@@ -143,14 +150,13 @@ def layernorm_quantize_delayed(
     scale, data_t (empty unless `columnwise`) and LayerNorm's mean and rstd, (R, 1) float32.
 
     The history should hold an amax (Float8LayerNormLinear fuses from its second step); an empty one
-    scales by 1, as quantize_delayed's fallback under torch.compile does (float8_linear)."""
+    scales by 1 (history_amax)."""
     from fp8kernels.layernorm_cast import layernorm_cast_tensorwise
     from fp8kernels.quantize import QuantizeSpec
 
     spec = QuantizeSpec(FP8_DTYPES[fp8_dtype], power_of_two, rowwise=True, columnwise=columnwise)
-    recorded = amax_history.max()
     current = torch.zeros((), dtype=torch.float32, device=x.device)  # atomic max needs a zero start
-    amax = torch.where(recorded > 0, recorded, spec.fp8_max)
+    amax = history_amax(amax_history, spec.fp8_max)
     out, mean, rstd = layernorm_cast_tensorwise(x, weight, bias, eps, amax, spec, current)
     record_amax(amax_history, current)
     return out.data, out.scale, out.data_t if columnwise else _nothing(x, spec.dtype), mean, rstd

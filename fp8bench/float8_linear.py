@@ -164,8 +164,7 @@ def _delayed_in_producer(x: torch.Tensor, call: _Cast, history: torch.Tensor):
     """A delayed cast as torch ops that inductor fuses into x's producer (module docstring); the same
     values and scale as quantize_delayed once the history holds an amax."""
     fp8 = ops.FP8_DTYPES[call.fp8_dtype]
-    recorded = history.max()
-    data, scale = reference.quantize_with_amax(x, torch.where(recorded > 0, recorded, reference.fp8_max(fp8)), fp8, call.power_of_two)
+    data, scale = reference.quantize_with_amax(x, ops.history_amax(history, reference.fp8_max(fp8)), fp8, call.power_of_two)
     ops.record_amax(history, _row_amax(x))
     return data, scale, ops.transpose_fp8(data) if call.columnwise else None, None
 

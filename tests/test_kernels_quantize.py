@@ -324,21 +324,39 @@ def test_transpose_fp8_moves_every_byte_with_every_candidate_config(poisoned, ro
         assert_transposed(transpose_fp8(q, config), q)
 
 
+LAYER_NORM_EPS = 1e-5
+
+
+class LayerNormCase:
+    """Random affine parameters for x's LayerNorm (None without `affine`) and torch's float32 LayerNorm of
+    x, against which the LayerNorm + cast kernels are checked."""
+
+    def __init__(self, x: torch.Tensor, affine: bool):
+        cols = x.shape[1]
+        generator = torch.Generator().manual_seed(seed_of("affine", cols))
+        self.weight, self.bias = (
+            ((torch.randn(cols, generator=generator) + 1).to(x.dtype).to(DEVICE) for _ in range(2)) if affine else (None, None)
+        )
+        as_float = lambda p: None if p is None else p.float()  # noqa: E731
+        self.expected, self.mean, self.rstd = torch.ops.aten.native_layer_norm(
+            x.float(), [cols], as_float(self.weight), as_float(self.bias), LAYER_NORM_EPS
+        )
+
+    def assert_statistics(self, out) -> None:
+        """The kernel's saved mean and rstd, to the float32 sums' last bits."""
+        torch.testing.assert_close(out.mean, self.mean.reshape(-1, 1), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.rstd, self.rstd.reshape(-1, 1), rtol=1e-5, atol=0)
+
+
 def check_layernorm_cast(x: torch.Tensor, affine: bool, spec: QuantizeSpec, config=None) -> None:
     """layernorm_cast_tensorwise against torch's float32 LayerNorm and the reference cast, scaled from
     half the output's amax (so that some values saturate); statistics, recorded amax, both copies."""
-    cols = x.shape[1]
-    generator = torch.Generator().manual_seed(seed_of("affine", cols))
-    weight, bias = ((torch.randn(cols, generator=generator) + 1).to(x.dtype).to(DEVICE) for _ in range(2)) if affine else (None, None)
-    eps = 1e-5
-    expected, mean, rstd = torch.ops.aten.native_layer_norm(
-        x.float(), [cols], None if weight is None else weight.float(), None if bias is None else bias.float(), eps
-    )
+    case = LayerNormCase(x, affine)
+    expected = case.expected
     history_amax = expected.abs().max() / 2
     recorded = torch.zeros((), device=DEVICE)
-    out = layernorm_cast_tensorwise(x, weight, bias, eps, history_amax, spec, recorded, config)
-    torch.testing.assert_close(out.mean, mean.reshape(-1, 1), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out.rstd, rstd.reshape(-1, 1), rtol=1e-5, atol=0)
+    out = layernorm_cast_tensorwise(x, case.weight, case.bias, LAYER_NORM_EPS, history_amax, spec, recorded, config)
+    case.assert_statistics(out)
     torch.testing.assert_close(recorded, expected.abs().max(), rtol=1e-5, atol=0)
     reference_fn = lambda y, spec: ref.quantize_with_amax(y, history_amax, spec.dtype, spec.power_of_two)  # noqa: E731
     quantized = out.quantized
@@ -375,15 +393,10 @@ def check_layernorm_cast_blockwise(x: torch.Tensor, affine: bool, spec: Quantize
     """layernorm_cast_blockwise against torch's float32 LayerNorm: statistics; each copy's 1 x 128 scales
     against fp8kernels.reference's (to the statistics' last bits: rtol 1e-5); its fp8 values against the
     reference cast of the float32 LayerNorm values by the kernel's own scales (module docstring's rules)."""
-    rows, cols = x.shape
-    generator = torch.Generator().manual_seed(seed_of("affine", cols))
-    weight, bias = ((torch.randn(cols, generator=generator) + 1).to(x.dtype).to(DEVICE) for _ in range(2)) if affine else (None, None)
-    expected, mean, rstd = torch.ops.aten.native_layer_norm(
-        x.float(), [cols], None if weight is None else weight.float(), None if bias is None else bias.float(), 1e-5
-    )
-    out = layernorm_cast_blockwise(x, weight, bias, 1e-5, spec, config)
-    torch.testing.assert_close(out.mean, mean.reshape(-1, 1), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out.rstd, rstd.reshape(-1, 1), rtol=1e-5, atol=0)
+    case = LayerNormCase(x, affine)
+    expected = case.expected
+    out = layernorm_cast_blockwise(x, case.weight, case.bias, LAYER_NORM_EPS, spec, config)
+    case.assert_statistics(out)
     quantized = out.quantized
     for wanted, q, scale, values in ((spec.rowwise, quantized.data, quantized.scale, expected),
                                      (spec.columnwise, quantized.data_t, quantized.scale_t, expected.t())):  # fmt: skip
