@@ -17,7 +17,8 @@ and dtypes without running a kernel) and eager mode simply calls them.
   Float8Linear casts with torch ops that inductor fuses into the tensor's producer (which then writes the
   rowwise fp8 copy itself): our fp8 transpose makes the transposed copy, and the tensor's amax (also
   computed in the producer) goes to the front of its history.
-- `fp8bench::fp8_gemm`: our persistent FP8 GEMM (fp8kernels.gemm), bf16 out.
+- `fp8bench::fp8_gemm`: our persistent FP8 GEMM (fp8kernels.gemm), bf16 out, with the activation (if any)
+  applied in its epilogue.
 - `fp8bench::fp8_gemm_1x128_1x128`: the blockwise product whose operands both have 1 x 128 scales
   (grad_weight = grad_output.T @ input). fp8kernels.gemm has no such mode (its right operand takes
   128 x 128 scales only), so on a GPU this product runs in cuBLAS (torch._scaled_mm) and on the CPU
@@ -233,15 +234,16 @@ def _record_amax_fake(amax_history, amax):
 
 @torch.library.custom_op("fp8bench::fp8_gemm", mutates_args=())
 def fp8_gemm(
-    a: torch.Tensor, b_t: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, granularity: str, fast_accum: bool
-) -> torch.Tensor:
+    a: torch.Tensor, b_t: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, granularity: str, fast_accum: bool,
+    activation: str,
+) -> torch.Tensor:  # fmt: skip
     from fp8kernels.gemm import fp8_gemm as launch
 
-    return launch(a, b_t, scale_a, scale_b, granularity=granularity, fast_accum=fast_accum)
+    return launch(a, b_t, scale_a, scale_b, granularity=granularity, fast_accum=fast_accum, activation=activation)
 
 
 @fp8_gemm.register_fake
-def _fp8_gemm_fake(a, b_t, scale_a, scale_b, granularity, fast_accum):
+def _fp8_gemm_fake(a, b_t, scale_a, scale_b, granularity, fast_accum, activation):
     return a.new_empty((a.shape[0], b_t.shape[0]), dtype=torch.bfloat16)
 
 

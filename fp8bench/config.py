@@ -53,6 +53,14 @@ FAST_ACCUM_CHOICES: dict[str, tuple[FastAccum, ...]] = {
 }
 
 
+class Activation(str, enum.Enum):
+    """An elementwise function an FP8 GEMM applies to its FP32 result before the bf16 store (its epilogue),
+    so the activation costs no kernel and no pass over the output of its own."""
+
+    NONE = "none"
+    SIGMOID = "sigmoid"
+
+
 class Status(str, enum.Enum):
     OK = "ok"
     UNSUPPORTED = "unsupported"

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fp8bench import _float8_ops as ops
-from fp8bench.config import Granularity
+from fp8bench.config import Activation, Granularity
 from fp8bench.float8_linear import (
     Float8Linear,
     _Float8LinearFunction,
@@ -76,19 +76,20 @@ class _Float8LayerNormLinearFunction(torch.autograd.Function):
             )
         # Histories filled (True): this runs where delayed scaling's histories hold amaxes, or where the
         # recipe has none (blockwise mixes with no tensorwise scaling: float8_linear.recipe_problem).
-        out, w_saved, x_saved = forward_products(None, ((data, scale), (data_t, scale_t)), weight, weight_history, how, True)
-        ctx.save_for_backward(*w_saved, *x_saved, grad_output_history, x, mean, rstd, ln_weight, ln_bias)
-        ctx.plan, ctx.weight_tensors = how, len(w_saved)
+        out, saved, ctx.weight_tensors = forward_products(
+            None, ((data, scale), (data_t, scale_t)), weight, weight_history, how, True
+        )
+        ctx.save_for_backward(*saved, grad_output_history, x, mean, rstd, ln_weight, ln_bias)
+        ctx.plan = how
         return in_input_dtype(out, x)
 
     @staticmethod
     def backward(ctx, grad_output):
-        *linear, x, mean, rstd, ln_weight, ln_bias = ctx.saved_tensors
-        w_saved, x_saved, grad_output_history = linear[: ctx.weight_tensors], linear[ctx.weight_tensors : -1], linear[-1]
+        *saved, grad_output_history, x, mean, rstd, ln_weight, ln_bias = ctx.saved_tensors
         needs_x, needs_ln_weight, needs_ln_bias, needs_weight = ctx.needs_input_grad[:4]
         needs_ln = (needs_x, needs_ln_weight, needs_ln_bias)
         grad_ln_out, grad_weight = backward_products(
-            ctx.plan, w_saved, x_saved, grad_output, grad_output_history, True, (any(needs_ln), needs_weight)
+            ctx.plan, saved, ctx.weight_tensors, grad_output, grad_output_history, True, (any(needs_ln), needs_weight)
         )
         grad_x = grad_ln_weight = grad_ln_bias = None
         if any(needs_ln):
@@ -101,15 +102,15 @@ class _Float8LayerNormLinearFunction(torch.autograd.Function):
 
 
 class Float8LayerNormLinear(Float8Linear):
-    """LayerNorm over in_features, then a Float8Linear running `recipe` (module docstring). The
-    LayerNorm's affine parameters are `layer_norm_weight` and `layer_norm_bias` (TransformerEngine's
-    names), or None with `elementwise_affine=False`."""
+    """LayerNorm over in_features, then a Float8Linear running `recipe` with `activation` applied to its
+    output (module docstring). The LayerNorm's affine parameters are `layer_norm_weight` and
+    `layer_norm_bias` (TransformerEngine's names), or None with `elementwise_affine=False`."""
 
     def __init__(
         self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *, recipe: Recipe,
-        eps: float = 1e-5, elementwise_affine: bool = True,
+        activation: Activation = Activation.NONE, eps: float = 1e-5, elementwise_affine: bool = True,
     ):  # fmt: skip
-        super().__init__(in_features, out_features, bias, device, dtype, recipe=recipe)
+        super().__init__(in_features, out_features, bias, device, dtype, recipe=recipe, activation=activation)
         self.eps = eps
         for name, fill in (("layer_norm_weight", 1.0), ("layer_norm_bias", 0.0)):
             param = nn.Parameter(torch.full((in_features,), fill, device=device, dtype=dtype)) if elementwise_affine else None
@@ -117,17 +118,19 @@ class Float8LayerNormLinear(Float8Linear):
         self._fusion = layer_norm_fusion(self._plan)
 
     @classmethod
-    def from_modules(cls, layer_norm: nn.LayerNorm, linear: nn.Linear, recipe: Recipe) -> "Float8LayerNormLinear":
+    def from_modules(
+        cls, layer_norm: nn.LayerNorm, linear: nn.Linear, recipe: Recipe, activation: Activation = Activation.NONE
+    ) -> "Float8LayerNormLinear":
         """A Float8LayerNormLinear sharing the parameters of `layer_norm` (over linear.in_features) and
-        `linear` (no copy)."""
+        `linear` (no copy), `activation` applied to the linear's output."""
         if tuple(layer_norm.normalized_shape) != (linear.in_features,):
             raise ValueError(
                 f"the LayerNorm normalizes over {tuple(layer_norm.normalized_shape)}; the linear takes {linear.in_features} features"
             )
         with torch.device("meta"):
             new = cls(
-                linear.in_features, linear.out_features, bias=False, recipe=recipe, eps=layer_norm.eps,
-                elementwise_affine=layer_norm.weight is not None,
+                linear.in_features, linear.out_features, bias=False, recipe=recipe, activation=activation,
+                eps=layer_norm.eps, elementwise_affine=layer_norm.weight is not None,
             )  # fmt: skip
         new.weight, new.bias = linear.weight, linear.bias
         new.layer_norm_weight, new.layer_norm_bias = layer_norm.weight, layer_norm.bias
@@ -137,13 +140,14 @@ class Float8LayerNormLinear(Float8Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = self.rows_of(x)
         histories, histories_filled = self.step_state()
+        how = self.products_plan()
         if self._fusion == BLOCKWISE_FUSION or (self._fusion == DELAYED_FUSION and histories_filled):
             out = _Float8LayerNormLinearFunction.apply(
-                x2d, self.layer_norm_weight, self.layer_norm_bias, self.weight, *histories, self._plan, self.eps
+                x2d, self.layer_norm_weight, self.layer_norm_bias, self.weight, *histories, how, self.eps
             )
         else:
             normalized = F.layer_norm(x2d, (self.in_features,), self.layer_norm_weight, self.layer_norm_bias, self.eps)
-            out = _Float8LinearFunction.apply(normalized, self.weight, *histories, self._plan, histories_filled)
+            out = _Float8LinearFunction.apply(normalized, self.weight, *histories, how, histories_filled)
         return self.finish(out, x)
 
     def extra_repr(self) -> str:

@@ -31,6 +31,11 @@ Which scalings the kernels multiply: tensorwise x tensorwise, and any mix of ten
 (a tensor scale is broadcast to one per row, in the axiswise GEMM); blockwise with 1 x 128 left
 operands and 128 x 128 or 1 x 128 right operands (the latter not in fp8kernels.gemm: see _float8_ops).
 
+An `activation` (fp8bench.config.Activation) is applied to the output: by the output product's epilogue
+where the module has no bias (no extra pass over the output; the backward computes the activation's
+gradient from that saved output before grad_output's casts, so under torch.compile inductor fuses it
+into the same kernel as the delayed cast), else after the bias, with torch.
+
 `convert_to_float8` swaps the nn.Linear modules of a model, leaving in BF16 those whose dimensions the
 recipe's products cannot run at, and says which.
 """
@@ -45,7 +50,7 @@ import torch
 from torch import nn
 
 from fp8bench import _float8_ops as ops
-from fp8bench.config import BLOCK, FP8_DIM_MULTIPLE, GemmShape, Granularity
+from fp8bench.config import BLOCK, FP8_DIM_MULTIPLE, Activation, GemmShape, Granularity
 from fp8bench.recipes import CastConfig, GemmRole, Recipe, ScalingType, TensorRole
 from fp8bench.roofline import layer_shape_problem
 from fp8kernels import reference
@@ -109,6 +114,7 @@ class _Product(NamedTuple):
 class _Plan(NamedTuple):
     casts: tuple[tuple[_Cast, ...], ...]  # per tensor (input, weight, grad_output): its kernel calls
     products: tuple[_Product, ...]  # output, grad_input, grad_weight
+    activation: str  # applied to the output product's result (Activation's value; "none")
 
 
 BF16_PRODUCT = "bf16"
@@ -142,12 +148,20 @@ def _product(recipe: Recipe, gemm: GemmRole) -> _Product:
     return _Product(granularity.value, recipe.gemm_config(gemm).use_fast_accum, broadcast)
 
 
-def plan(recipe: Recipe) -> _Plan:
-    """The kernel calls of one training step under `recipe` (module docstring)."""
+def plan(recipe: Recipe, activation: Activation = Activation.NONE) -> _Plan:
+    """The kernel calls of one training step under `recipe`, `activation` applied to the output product
+    (module docstring)."""
     return _Plan(
         tuple(_tensor_casts(role, *recipe.casts(role)) for role in TensorRole),
         tuple(_product(recipe, gemm) for gemm in GemmRole),
+        Activation(activation).value,
     )
+
+
+# The activations in torch: where no GEMM epilogue applies them (a BF16 or cuBLAS product, a bias to add
+# first), and their gradients from the activation's output.
+_ACTIVATION = {Activation.SIGMOID.value: torch.sigmoid}
+_ACTIVATION_BACKWARD = {Activation.SIGMOID.value: torch.ops.aten.sigmoid_backward}
 
 
 # A form of a tensor as a product reads it: FP8 (data[rows, K], scale), or a BF16 [rows, K] tensor.
@@ -193,18 +207,20 @@ def cast_tensor(x: torch.Tensor, calls: tuple[_Cast, ...], history: torch.Tensor
     return forms
 
 
-def product(how: _Product, a: Form, b_t: Form) -> torch.Tensor:
-    """a[m, k] @ b_t[n, k].T, bf16 out."""
+def product(how: _Product, a: Form, b_t: Form, activation: str = Activation.NONE.value) -> torch.Tensor:
+    """activation(a[m, k] @ b_t[n, k].T), bf16 out: in our GEMM's epilogue, or after a product without one."""
     if how.kernel == BF16_PRODUCT:
-        return torch.mm(a, b_t.t())
+        out = torch.mm(a, b_t.t())
+        return out if activation == Activation.NONE.value else _ACTIVATION[activation](out)
     (a_data, a_scale), (b_data, b_scale) = a, b_t
     if how.kernel == BLOCKWISE_1D:
-        return ops.fp8_gemm_1x128_1x128(a_data, b_data, a_scale, b_scale)
+        out = ops.fp8_gemm_1x128_1x128(a_data, b_data, a_scale, b_scale)
+        return out if activation == Activation.NONE.value else _ACTIVATION[activation](out)
     if how.broadcast[0]:
         a_scale = a_scale.expand(a_data.shape[0], 1)
     if how.broadcast[1]:
         b_scale = b_scale.expand(b_data.shape[0], 1)
-    return ops.fp8_gemm(a_data, b_data, a_scale, b_scale, how.kernel, how.fast_accum)
+    return ops.fp8_gemm(a_data, b_data, a_scale, b_scale, how.kernel, how.fast_accum, activation)
 
 
 def _or_original(form, original: torch.Tensor) -> Form:
@@ -218,18 +234,26 @@ def _flat(form: Form) -> tuple[torch.Tensor, ...]:
 
 def forward_products(x: torch.Tensor | None, x_forms, weight: torch.Tensor, weight_history, how: _Plan, histories_filled: bool):
     """The weight's casts and the output product, given x's forms (cast_tensor); x itself is needed only
-    where a use keeps its original precision. Returns the output and what the backward reads: the
-    weight's and x's second forms, as flat tuples of tensors."""
+    where a use keeps its original precision. Returns the output, what the backward reads as a flat
+    tuple of tensors (the activated output where there is an activation, then the weight's and x's
+    second forms), and how many of those tensors are the weight's (for backward_products)."""
     w_first, w_second = cast_tensor(weight, how.casts[1], weight_history, histories_filled)
-    out = product(how.products[0], _or_original(x_forms[0], x), _or_original(w_first, weight))
+    out = product(how.products[0], _or_original(x_forms[0], x), _or_original(w_first, weight), how.activation)
     # Second uses, read transposed: [K, N] of the weight for grad_input, [K, M] of x for grad_weight.
-    x_second = x_forms[1] if x_forms[1] is not None else x.t()
-    return out, _flat(_or_original(w_second, weight.t())), _flat(x_second)
+    x_second = _flat(x_forms[1] if x_forms[1] is not None else x.t())
+    w_second = _flat(_or_original(w_second, weight.t()))
+    activated = (out,) if how.activation != Activation.NONE.value else ()
+    return out, (*activated, *w_second, *x_second), len(w_second)
 
 
-def backward_products(how: _Plan, w_saved, x_saved, grad_output, grad_output_history, histories_filled: bool, needs_grad):
-    """grad_input and grad_weight (None where `needs_grad` says no) from the second forms forward_products
-    returned."""
+def backward_products(how: _Plan, saved, weight_tensors: int, grad_output, grad_output_history, histories_filled: bool,
+                      needs_grad):  # fmt: skip
+    """grad_input and grad_weight (None where `needs_grad` says no) from what forward_products saved
+    (`saved`, of which `weight_tensors` are the weight's)."""
+    if how.activation != Activation.NONE.value:
+        activated, saved = saved[0], saved[1:]
+        grad_output = _ACTIVATION_BACKWARD[how.activation](grad_output, in_input_dtype(activated, grad_output))
+    w_saved, x_saved = saved[:weight_tensors], saved[weight_tensors:]
     w_second = w_saved if len(w_saved) == 2 else w_saved[0]
     x_second = x_saved if len(x_saved) == 2 else x_saved[0]
     grad_output = grad_output.contiguous()
@@ -254,34 +278,40 @@ class _Float8LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, input_history, weight_history, grad_output_history, how: _Plan, histories_filled: bool):
         x_forms = cast_tensor(x, how.casts[0], input_history, histories_filled)
-        out, w_saved, x_saved = forward_products(x, x_forms, weight, weight_history, how, histories_filled)
-        ctx.save_for_backward(*w_saved, *x_saved, grad_output_history)
-        ctx.plan, ctx.weight_tensors, ctx.histories_filled = how, len(w_saved), histories_filled
+        out, saved, ctx.weight_tensors = forward_products(x, x_forms, weight, weight_history, how, histories_filled)
+        ctx.save_for_backward(*saved, grad_output_history)
+        ctx.plan, ctx.histories_filled = how, histories_filled
         return in_input_dtype(out, x)
 
     @staticmethod
     def backward(ctx, grad_output):
-        saved = ctx.saved_tensors
-        w_saved, x_saved, grad_output_history = saved[: ctx.weight_tensors], saved[ctx.weight_tensors : -1], saved[-1]
+        *saved, grad_output_history = ctx.saved_tensors
         grads = backward_products(
-            ctx.plan, w_saved, x_saved, grad_output, grad_output_history, ctx.histories_filled, ctx.needs_input_grad[:2]
+            ctx.plan, saved, ctx.weight_tensors, grad_output, grad_output_history, ctx.histories_filled, ctx.needs_input_grad[:2]
         )
         return *grads, None, None, None, None, None
 
 
 class Float8Linear(nn.Linear):
-    """nn.Linear with FP8 products on our kernels, as `recipe` configures them (module docstring).
+    """nn.Linear with FP8 products on our kernels, as `recipe` configures them, and `activation` applied to
+    its output (module docstring).
 
     Inputs may have any leading dimensions; their product M must suit the recipe too (shape_problem),
     which is checked on every call."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *, recipe: Recipe):
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *, recipe: Recipe,
+        activation: Activation = Activation.NONE,
+    ):  # fmt: skip
         problem = recipe_problem(recipe) or shape_problem(BLOCK, in_features, out_features, recipe)
         if problem:
             raise ValueError(f"Float8Linear({in_features} -> {out_features}) cannot run recipe {recipe.name!r}: {problem}")
         super().__init__(in_features, out_features, bias, device, dtype)
         self.recipe = recipe
+        self.activation = Activation(activation)
+        # With a bias the activation comes after it, in torch (finish); without, in the output's epilogue.
         self._plan = plan(recipe)
+        self._epilogue_plan = plan(recipe, self.activation)
         # The row counts the recipe takes are the multiples of this (1, 16 or 128): a cheap check per call.
         self._rows_multiple = next(m for m in (1, FP8_DIM_MULTIPLE, BLOCK) if not shape_problem(m, in_features, out_features, recipe))
         self._history_names = tuple(f"amax_history_{role.value}" if role in _delayed_roles(recipe) else None for role in TensorRole)
@@ -301,10 +331,10 @@ class Float8Linear(nn.Linear):
         return getattr(self, f"amax_history_{role.value}", None)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, recipe: Recipe) -> "Float8Linear":
+    def from_linear(cls, linear: nn.Linear, recipe: Recipe, activation: Activation = Activation.NONE) -> "Float8Linear":
         """A Float8Linear sharing `linear`'s parameters (no copy)."""
         with torch.device("meta"):
-            new = cls(linear.in_features, linear.out_features, bias=False, recipe=recipe)
+            new = cls(linear.in_features, linear.out_features, bias=False, recipe=recipe, activation=activation)
         new.weight, new.bias = linear.weight, linear.bias
         new._register_histories(linear.weight.device)
         return new
@@ -326,18 +356,28 @@ class Float8Linear(nn.Linear):
             self._histories_filled = True  # a Python bool: torch.compile guards on it, compiling once more
         return histories, histories_filled
 
+    def products_plan(self) -> _Plan:
+        """The plan of this call: the activation in the output product's epilogue unless a bias comes first."""
+        return self._epilogue_plan if self.bias is None else self._plan
+
     def finish(self, out2d: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The [M, N] product back in x's leading dimensions, plus the bias."""
+        """The [M, N] product back in x's leading dimensions, plus the bias, then the activation where the
+        product did not apply it (products_plan)."""
         out = out2d.reshape(*x.shape[:-1], self.out_features)
-        return out if self.bias is None else out + self.bias.to(out.dtype)
+        if self.bias is None:
+            return out
+        out = out + self.bias.to(out.dtype)
+        return out if self.activation is Activation.NONE else _ACTIVATION[self.activation.value](out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = self.rows_of(x)
         histories, histories_filled = self.step_state()
-        return self.finish(_Float8LinearFunction.apply(x2d, self.weight, *histories, self._plan, histories_filled), x)
+        out = _Float8LinearFunction.apply(x2d, self.weight, *histories, self.products_plan(), histories_filled)
+        return self.finish(out, x)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, recipe={self.recipe.name}"
+        activation = "" if self.activation is Activation.NONE else f", activation={self.activation.value}"
+        return f"{super().extra_repr()}, recipe={self.recipe.name}{activation}"
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ The implementations (the model's names in fp8bench.roofline.IMPLEMENTATIONS; a r
 `-compile` where torch.compile ran):
 - `bf16`: plain torch, eager and compiled; `bf16-compile` is the reference every speedup divides;
 - `triton`: our Float8LayerNormLinear (fp8bench.float8_layernorm_linear: LayerNorm -> our Float8Linear,
-  the LayerNorm writing the fp8 input under delayed and blockwise scaling) per recipe, eager and compiled
-  (the headline);
+  the LayerNorm writing the fp8 input under delayed and blockwise scaling, the sigmoid applied by the
+  output GEMM's epilogue) per recipe, eager and compiled (the headline);
 - `torchao`: torchao.float8.convert_to_float8_training, Float8LinearConfig.from_recipe_name, compiled;
 - `te`: te.LayerNormLinear + torch.sigmoid, eager, under te.autocast with DelayedScaling
   (tensorwise-delayed), Float8CurrentScaling (tensorwise), Float8BlockScaling (blockwise), and without
@@ -41,7 +41,7 @@ import pandas as pd
 
 from fp8bench import roofline as model
 from fp8bench.backends import Unsupported
-from fp8bench.config import GemmShape, Granularity, Status, TimingConfig
+from fp8bench.config import Activation, GemmShape, Granularity, Status, TimingConfig
 from fp8bench.recipes import GemmRole, Recipe
 from fp8bench.results import Row, RunWriter, measurement_values, status_text
 from fp8bench.timing import Measurement, Timer, measure
@@ -216,9 +216,10 @@ def _build_torch(case: LayerCase, weight, config: LayerConfig) -> Built:
         problem = recipe_problem(case.recipe) or shape_problem(case.shape.M, case.shape.K, case.shape.N, case.recipe)
         if problem:
             raise Unsupported(problem)
-        linear = Float8LayerNormLinear.from_modules(layer[0], layer[1], case.recipe)
-        layer = type(layer)(linear, layer[2])
+        linear = Float8LayerNormLinear.from_modules(layer[0], layer[1], case.recipe, activation=Activation.SIGMOID)
+        layer = type(layer)(linear)
         options["summary"] = case.recipe.summary()
+        options["sigmoid"] = "in the output GEMM's epilogue (fp8kernels.gemm activation)"
         fusion = layer_norm_fusion(plan(case.recipe))
         options["layernorm"] = (
             f"fused with the input's {fusion} fp8 cast (fp8kernels.layernorm_cast)" if fusion else "torch layer_norm, then the input's cast"

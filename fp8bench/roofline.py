@@ -221,6 +221,8 @@ class Implementation:
     - amax_finish_kernel: a global amax takes a second, launch-bound kernel (two-stage reduction and
       scale computation) rather than atomics inside the pass.
     - one_scale_update: delayed scaling's amax-history update is one kernel for all tensors.
+    - activation_in_epilogue: the output product's epilogue applies the sigmoid before its store, so the
+      sigmoid forward is no kernel of its own (its backward still is: it reads grad and the output).
     """
 
     name: str
@@ -235,6 +237,7 @@ class Implementation:
     weight_fp8_saved: bool = False
     amax_finish_kernel: bool = True
     one_scale_update: bool = False
+    activation_in_epilogue: bool = False
 
     def unsupported_reason(self, recipe: Recipe) -> str | None:
         if self.recipes is not None and recipe.name not in self.recipes:
@@ -249,7 +252,7 @@ _TRITON = Implementation(
     "ours (kernels/), eager: one cast+transpose kernel per tensor, tiled amax pass for global and column "
     "scales, weight cast once per step; LayerNorm writes the FP8 input when its scale is known (delayed "
     "scaling: Float8LayerNormLinear) and its fp8 transpose makes the second copy, or in 1x128 groups, a "
-    "second kernel normalizing x again for the transposed groups; sigmoid is not fused",
+    "second kernel normalizing x again for the transposed groups; the sigmoid in the output GEMM's epilogue",
     cast_in_producer=frozenset({TensorRole.INPUT}),
     cast_in_producer_needs_known_scale=True,
     block_cast_in_producer=frozenset({TensorRole.INPUT}),
@@ -257,6 +260,7 @@ _TRITON = Implementation(
     column_scales_in_place=True,
     weight_fp8_saved=True,
     amax_finish_kernel=False,
+    activation_in_epilogue=True,
 )
 
 _TRITON_COMPILE = replace(
@@ -471,17 +475,21 @@ def _plan_casts(role: TensorRole, n: int, recipe: Recipe, impl: Implementation) 
     return plan
 
 
-def _memory_kernels(dims: _Dims, input_plan: _CastPlan, grad_output_plan: _CastPlan) -> list[Kernel]:
+def _memory_kernels(
+    dims: _Dims, input_plan: _CastPlan, grad_output_plan: _CastPlan, activation_in_epilogue: bool = False
+) -> list[Kernel]:
     """LayerNorm (no affine) and sigmoid, forward and backward. A producer that makes FP8 forms
-    writes them, and writes its BF16 output only if something still reads it."""
+    writes them, and writes its BF16 output only if something still reads it. The sigmoid forward is
+    no kernel where the output GEMM's epilogue applies it."""
     x, y = dims.M * dims.K, dims.M * dims.N
     stats = dims.M * LN_STATS_BYTES
+    sigmoid_forward = () if activation_in_epilogue else (Kernel("sigmoid", "sigmoid forward", y * BF16_BYTES, y * BF16_BYTES),)
     return [
         Kernel(
             "layernorm", "layernorm forward", x * BF16_BYTES,
             (x * BF16_BYTES if input_plan.reads_bf16 else 0) + input_plan.producer_writes + stats,
         ),
-        Kernel("sigmoid", "sigmoid forward", y * BF16_BYTES, y * BF16_BYTES),
+        *sigmoid_forward,
         Kernel(
             "sigmoid", "sigmoid backward", 2 * y * BF16_BYTES,
             (y * BF16_BYTES if grad_output_plan.reads_bf16 else 0) + grad_output_plan.producer_writes,
@@ -505,7 +513,8 @@ def layer_kernels(shape: GemmShape, recipe: Recipe | None, impl: Implementation 
         delayed = delayed[:1]  # one kernel updates every tensor's history
     scale_updates = [Kernel(f"cast:{role.value}", "amax history update, new scale") for role in delayed]
     casts = [k for plan in plans.values() for k in plan.kernels]
-    return _memory_kernels(dims, plans[TensorRole.INPUT], plans[TensorRole.GRAD_OUTPUT]) + casts + scale_updates + gemms
+    memory = _memory_kernels(dims, plans[TensorRole.INPUT], plans[TensorRole.GRAD_OUTPUT], impl.activation_in_epilogue)
+    return memory + casts + scale_updates + gemms
 
 
 # torchao's published cast traffic per kernel, in bytes per element of the tensor, with fusion into

@@ -12,11 +12,13 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from fp8bench.config import BLOCK, Granularity
+from fp8bench.config import BLOCK, Activation, Granularity
 from fp8kernels.gemm_configs import Fp8GemmConfig
 
 # SCALING constexpr values: integers, so that the kernel's branches are resolved at compile time.
 SCALING_CODES = {Granularity.TENSORWISE: 0, Granularity.AXISWISE: 1, Granularity.BLOCKWISE: 2}
+# ACTIVATION constexpr values, likewise.
+ACTIVATION_CODES = {Activation.NONE: 0, Activation.SIGMOID: 1}
 
 
 @triton.jit
@@ -51,9 +53,10 @@ def _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, ki, k_tiles, stride_
 
 
 @triton.jit
-def _scaled(acc, off_m, off_n, M, N, tensor_scale, scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n,
-            SCALING: tl.constexpr):
-    """Tensorwise and axiswise apply their scales once, to the finished sum (blockwise already has)."""
+def _epilogue(acc, off_m, off_n, M, N, tensor_scale, scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n,
+              SCALING: tl.constexpr, ACTIVATION: tl.constexpr):
+    """The finished sum as it is stored: tensorwise and axiswise apply their scales once here (blockwise
+    already has), then the activation, on the FP32 values."""
     if SCALING == 0:
         acc = acc * tensor_scale
     elif SCALING == 1:
@@ -62,6 +65,8 @@ def _scaled(acc, off_m, off_n, M, N, tensor_scale, scale_a_ptr, scale_b_ptr, str
         sa = tl.load(scale_a_ptr + rows * stride_sa_m, mask=rows < M, other=0.0)
         sb = tl.load(scale_b_ptr + cols * stride_sb_n, mask=cols < N, other=0.0)
         acc = acc * sa[:, None] * sb[None, :]
+    if ACTIVATION == 1:
+        acc = tl.sigmoid(acc)
     return acc
 
 
@@ -81,6 +86,7 @@ def _fp8_gemm_persistent_kernel(
     stride_sb_k,
     num_programs,
     SCALING: tl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (SCALING_CODES)
+    ACTIVATION: tl.constexpr,  # 0 none, 1 sigmoid (ACTIVATION_CODES)
     FAST_ACCUM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -145,15 +151,15 @@ def _fp8_gemm_persistent_kernel(
             if EPILOGUE_SUBTILE:  # two half-width stores: half the epilogue's shared-memory staging
                 acc_left, acc_right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF_N)), (0, 2, 1)))
             else:
-                acc = _scaled(acc, off_m, off_n, M, N, tensor_scale, scale_a_ptr, scale_b_ptr, stride_sa_m,
-                              stride_sb_n, SCALING)
+                acc = _epilogue(acc, off_m, off_n, M, N, tensor_scale, scale_a_ptr, scale_b_ptr, stride_sa_m,
+                                stride_sb_n, SCALING, ACTIVATION)
                 c_desc.store([off_m, off_n], acc.to(tl.bfloat16))
         if SPLIT_N == 2 or EPILOGUE_SUBTILE:
-            acc_left = _scaled(acc_left, off_m, off_n, M, N, tensor_scale, scale_a_ptr, scale_b_ptr, stride_sa_m,
-                               stride_sb_n, SCALING)
+            acc_left = _epilogue(acc_left, off_m, off_n, M, N, tensor_scale, scale_a_ptr, scale_b_ptr, stride_sa_m,
+                                 stride_sb_n, SCALING, ACTIVATION)
             c_desc.store([off_m, off_n], acc_left.to(tl.bfloat16))
-            acc_right = _scaled(acc_right, off_m, off_n + HALF_N, M, N, tensor_scale, scale_a_ptr, scale_b_ptr,
-                                stride_sa_m, stride_sb_n, SCALING)
+            acc_right = _epilogue(acc_right, off_m, off_n + HALF_N, M, N, tensor_scale, scale_a_ptr, scale_b_ptr,
+                                  stride_sa_m, stride_sb_n, SCALING, ACTIVATION)
             c_desc.store([off_m, off_n + HALF_N], acc_right.to(tl.bfloat16))
 
 
@@ -169,7 +175,7 @@ def persistent_programs(M: int, N: int, config: Fp8GemmConfig) -> int:
 
 
 def launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool,
-                    config: Fp8GemmConfig):
+                    config: Fp8GemmConfig, activation: Activation):
     """Launch on validated operands (fp8kernels.gemm checks them): a[M, K], b_t[N, K], out[M, N]. Returns
     Triton's compiled-kernel handle (registers, spills and shared memory for tuning reports)."""
     M, K = a.shape
@@ -182,6 +188,7 @@ def launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fas
     return _fp8_gemm_persistent_kernel[(programs,)](
         a_desc, b_desc, c_desc, scale_a, scale_b, M, N, K, *scale_strides(scale_a, scale_b), programs,
         SCALING=SCALING_CODES[granularity],
+        ACTIVATION=ACTIVATION_CODES[activation],
         FAST_ACCUM=fast_accum,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,

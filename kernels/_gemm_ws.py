@@ -62,8 +62,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from fp8bench.config import BLOCK, Granularity
-from fp8kernels._gemm_persistent import SCALING_CODES, _tile_coords, scale_strides
+from fp8bench.config import BLOCK, Activation, Granularity
+from fp8kernels._gemm_persistent import ACTIVATION_CODES, SCALING_CODES, _tile_coords, scale_strides
 from fp8kernels.gemm_configs import Fp8GemmConfig, is_promoted, persistent_grid
 
 _GL_DTYPES = {"float8_e4m3fn": gl.float8e4nv, "float8_e5m2": gl.float8e5, "bfloat16": gl.bfloat16}
@@ -229,9 +229,10 @@ def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_r
 
 @gluon.jit
 def _store_rows(acc, c_desc, c_buf, rows, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n,
-                SCALING: gl.constexpr, OTHER_STORES: gl.constexpr):
-    """Scale (tensorwise, axiswise) and store one consumer's 64 x 128 block through its own shared buffer;
-    OTHER_STORES of this warpgroup's stores, issued since this buffer's last one, may stay in flight."""
+                SCALING: gl.constexpr, ACTIVATION: gl.constexpr, OTHER_STORES: gl.constexpr):
+    """Scale (tensorwise, axiswise), apply the activation (ACTIVATION_CODES) and store one consumer's 64 x
+    128 block through its own shared buffer; OTHER_STORES of this warpgroup's stores, issued since this
+    buffer's last one, may stay in flight."""
     if SCALING == 0:
         acc = acc * (gl.load(scale_a_ptr) * gl.load(scale_b_ptr))
     elif SCALING == 1:
@@ -239,6 +240,8 @@ def _store_rows(acc, c_desc, c_buf, rows, off_m, off_n, M, N, scale_a_ptr, scale
         row_scale = gl.load(scale_a_ptr + rows * stride_sa_m, mask=rows < M, other=0.0)
         col_scale = gl.load(scale_b_ptr + cols * stride_sb_n, mask=cols < N, other=0.0)
         acc = acc * row_scale[:, None] * col_scale[None, :]
+    if ACTIVATION == 1:
+        acc = 1.0 / (1.0 + gl.exp(-acc))
     tma.store_wait(pendings=OTHER_STORES)  # this buffer's previous store has left it (stores finish in order)
     c_buf.store(acc.to(c_desc.dtype))
     fence_async_shared()
@@ -269,17 +272,17 @@ def _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero,
 
 @gluon.jit
 def _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
-                stride_sb_n, SCALING: gl.constexpr, CONSUMERS: gl.constexpr, SPLIT: gl.constexpr,
-                WARPGROUP: gl.constexpr):
+                stride_sb_n, SCALING: gl.constexpr, ACTIVATION: gl.constexpr, CONSUMERS: gl.constexpr,
+                SPLIT: gl.constexpr, WARPGROUP: gl.constexpr):
     """Scale and store this warpgroup's rows of a tile (a 256-wide one, SPLIT 2, as its two halves)."""
     HALF_N: gl.constexpr = c_bufs.type.shape[2]
     BUFFERS: gl.constexpr = c_bufs.type.shape[0] // CONSUMERS
     rows = off_m + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
     _store_rows(acc, c_desc, c_bufs.index(WARPGROUP * BUFFERS), rows, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr,
-                stride_sa_m, stride_sb_n, SCALING, SPLIT - 1)
+                stride_sa_m, stride_sb_n, SCALING, ACTIVATION, SPLIT - 1)
     if SPLIT == 2:
         _store_rows(acc_right, c_desc, c_bufs.index(WARPGROUP * BUFFERS + 1), rows, off_m, off_n + HALF_N, M, N,
-                    scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, SPLIT - 1)
+                    scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, ACTIVATION, SPLIT - 1)
 @gluon.jit
 def _partial_slot(program, CONSUMERS: gl.constexpr, WARPGROUP: gl.constexpr):
     """Where `program`'s partial sum of this warpgroup's rows goes: its flag's index, and the workspace's
@@ -373,8 +376,8 @@ def _add_partials(acc, acc_right, workspace_desc, staging, partial_bar, flags_pt
 @gluon.jit
 def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, workspace_desc,
               partial_bars, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles,
-              splits, SCALING: gl.constexpr, PROMOTE: gl.constexpr, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr,
-              WARPGROUP: gl.constexpr):
+              splits, SCALING: gl.constexpr, ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr, GROUP_M: gl.constexpr,
+              SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr):
     """One warpgroup: rows [WARPGROUP * 64, WARPGROUP * 64 + 64) of every tile of this program's work. A
     256-wide tile is computed as two 128-column halves, each with a sum of its own, their products one at
     a time: two sums and one product (192 registers) fit where two whole-width sets (256) would not.
@@ -428,10 +431,10 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
                                                    partial_bars.index(WARPGROUP), flags_ptr, tile_id, split_tiles,
                                                    splits, CONSUMERS, SPLIT, WARPGROUP)
                 _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
-                            stride_sb_n, SCALING, CONSUMERS, SPLIT, WARPGROUP)
+                            stride_sb_n, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
         else:
             _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
-                        stride_sb_n, SCALING, CONSUMERS, SPLIT, WARPGROUP)
+                        stride_sb_n, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
     tma.store_wait(pendings=0)
 
 
@@ -441,6 +444,7 @@ def _fp8_gemm_ws_kernel(
     stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
     BLOCK_M: gl.constexpr,  # 64 rows per consumer warpgroup: 128 or 192
     SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (_gemm_persistent.SCALING_CODES)
+    ACTIVATION: gl.constexpr,  # 0 none, 1 sigmoid (_gemm_persistent.ACTIVATION_CODES)
     PROMOTE: gl.constexpr,  # False: fast accumulation, the products summed by the tensor cores (not blockwise)
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
@@ -484,13 +488,13 @@ def _fp8_gemm_ws_kernel(
             [
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
                              workspace_desc, partial_bars, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
-                             num_programs, split_tiles, splits, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 0)),
+                             num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M, SCALE_BLOCK, 0)),
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
                              workspace_desc, partial_bars, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
-                             num_programs, split_tiles, splits, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 1)),
+                             num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M, SCALE_BLOCK, 1)),
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
                              workspace_desc, partial_bars, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
-                             num_programs, split_tiles, splits, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 2)),
+                             num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M, SCALE_BLOCK, 2)),
                 (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, M, N, K,
                              stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, GROUP_M,
                              SCALE_BLOCK)),
@@ -503,10 +507,10 @@ def _fp8_gemm_ws_kernel(
             [
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
                              workspace_desc, partial_bars, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
-                             num_programs, split_tiles, splits, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 0)),
+                             num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M, SCALE_BLOCK, 0)),
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
                              workspace_desc, partial_bars, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
-                             num_programs, split_tiles, splits, SCALING, PROMOTE, GROUP_M, SCALE_BLOCK, 1)),
+                             num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M, SCALE_BLOCK, 1)),
                 (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, M, N, K,
                              stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, GROUP_M,
                              SCALE_BLOCK)),
@@ -569,7 +573,8 @@ def split_flags(device: torch.device, count: int) -> torch.Tensor:
     return flags
 
 
-def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig):
+def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig,
+                   activation: Activation):
     """Launch on validated operands (fp8kernels.gemm checks them): a[M, K], b_t[N, K], out[M, N]."""
     M, K = a.shape
     N = b_t.shape[0]
@@ -598,6 +603,7 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
         *scale_strides(scale_a, scale_b), programs, split_tiles, splits,
         BLOCK_M=bm,
         SCALING=SCALING_CODES[granularity],
+        ACTIVATION=ACTIVATION_CODES[activation],
         PROMOTE=is_promoted(granularity, fast_accum),
         GROUP_M=config.group_m,
         STAGES=config.num_stages,

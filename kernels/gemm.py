@@ -10,7 +10,8 @@ Scales may have any strides; blockwise activation scales read fastest stored M-m
 contiguous (K/128, M) tensor), since each K-tile reads one scale per row.
 
 Without fast accumulation the FP32 sum is promoted every BLOCK_K (128) of K; blockwise always is,
-since each K-tile carries its own scales. The kernels: kernels/_gemm_persistent.py (Triton; every regime),
+since each K-tile carries its own scales. `activation` (fp8bench.config.Activation) is applied to the
+scaled FP32 sum in the epilogue, before the bf16 store: out = sigmoid(...) costs no pass of its own. The kernels: kernels/_gemm_persistent.py (Triton; every regime),
 kernels/_gemm_ws.py (Gluon, warp-specialized; every regime on a GPU with Triton 3.6); their tuning:
 kernels/gemm_configs.py.
 """
@@ -22,7 +23,7 @@ import os
 import torch
 import triton
 
-from fp8bench.config import BLOCK, FP8_DIM_MULTIPLE, Granularity
+from fp8bench.config import BLOCK, FP8_DIM_MULTIPLE, Activation, Granularity
 from fp8kernels.gemm_configs import INTERPRETER_PROGRAMS, Fp8GemmConfig, choose_config
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -61,10 +62,12 @@ def fp8_gemm(
     fast_accum: bool = False,
     config: Fp8GemmConfig | None = None,
     out: torch.Tensor | None = None,
+    activation: Activation | str = Activation.NONE,
 ) -> torch.Tensor:
     """bf16 [M, N] product of FP8 a[M, K] and b_t[N, K] (see the module docstring); raises ValueError
     on operands, scales or a config it cannot take. `out`, if given, is written in place and returned."""
     granularity = _granularity(granularity)
+    activation = _activation(activation)
     M, N, K = _check_operands(a, b_t, granularity)
     _check_scales(scale_a, scale_b, granularity, M, N, K, a.device)
     if config is None:
@@ -74,11 +77,12 @@ def fp8_gemm(
         out = torch.empty((M, N), dtype=torch.bfloat16, device=a.device)
     elif out.shape != (M, N) or out.dtype != torch.bfloat16 or not out.is_contiguous() or out.device != a.device:
         raise ValueError(f"out must be a contiguous bfloat16 ({M}, {N}) tensor on {a.device}")
-    launch_kernel(a, b_t, scale_a, scale_b, out, granularity, bool(fast_accum), config)
+    launch_kernel(a, b_t, scale_a, scale_b, out, granularity, bool(fast_accum), config, activation)
     return out
 
 
-def launch_kernel(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig):
+def launch_kernel(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig,
+                  activation: Activation = Activation.NONE):
     """Launch the kernel `config` names on operands `fp8_gemm` has checked; returns its compiled-kernel
     handle (registers, spills and shared memory for tuning reports)."""
     # Imported here: whether Triton interprets or compiles is fixed when the kernel is defined, so the
@@ -88,10 +92,10 @@ def launch_kernel(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_
             raise ValueError("the Gluon kernel (gluon_ws) does not run under TRITON_INTERPRET: use a GPU")
         from fp8kernels._gemm_ws import launch_ws_gemm
 
-        return launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity, fast_accum, config)
+        return launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity, fast_accum, config, activation)
     from fp8kernels._gemm_persistent import launch_fp8_gemm
 
-    return launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity, fast_accum, config)
+    return launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity, fast_accum, config, activation)
 
 
 def _granularity(value: Granularity | str) -> Granularity:
@@ -101,6 +105,13 @@ def _granularity(value: Granularity | str) -> Granularity:
     if isinstance(value, str) and value in names:
         return names[value]
     raise ValueError(f"unknown FP8 granularity {value!r}; choose one of: {', '.join(names)}")
+
+
+def _activation(value: Activation | str) -> Activation:
+    try:
+        return Activation(value)
+    except ValueError:
+        raise ValueError(f"unknown activation {value!r}; choose one of: {', '.join(a.value for a in Activation)}") from None
 
 
 def _check_operands(a: torch.Tensor, b_t: torch.Tensor, granularity: Granularity) -> tuple[int, int, int]:

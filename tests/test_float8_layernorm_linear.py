@@ -24,6 +24,7 @@ if not torch.cuda.is_available():
 
 from fp8bench import _float8_ops as ops  # noqa: E402
 from fp8bench.float8_layernorm_linear import BLOCKWISE_FUSION, DELAYED_FUSION, Float8LayerNormLinear, layer_norm_fusion  # noqa: E402
+from fp8bench.config import Activation  # noqa: E402
 from fp8bench.float8_linear import Float8Linear, plan  # noqa: E402
 from fp8bench.layer import sqnr_db  # noqa: E402
 from fp8bench.recipes import RECIPES, TensorRole  # noqa: E402
@@ -40,15 +41,21 @@ FUSED_RECIPES = (DELAYED, BLOCKWISE)
 # statistics.
 READS_FP8_INPUT = ("output", "grad_weight")
 AGREEMENT_DB = {"fp8 input": 30.0 if ON_GPU else 25.0, "other": 60.0}
+# The interpreter's fp8 rounding halves the values that round up to a power of two (its carry loss), which
+# torch's cast does not: on off-grid data the two casts give gradients 23 dB apart; a gradient without the
+# sigmoid's factor y (1 - y) is near 0 dB off.
+OFF_GRID_DB = 20.0
 GRADIENTS = ("output", "grad_input", "grad_weight", "grad_ln_weight", "grad_ln_bias")
 
 
-def pair(recipe, K: int, N: int, affine: bool, seed: int):
-    """(our fused module, nn.LayerNorm + Float8Linear) with equal random parameters."""
+def pair(recipe, K: int, N: int, affine: bool, seed: int, activation: Activation = Activation.NONE):
+    """(our fused module, nn.LayerNorm + Float8Linear) with equal random parameters, both with `activation`."""
     generator = torch.Generator().manual_seed(seed)
     norm = nn.LayerNorm(K, elementwise_affine=affine, dtype=torch.bfloat16, device=DEVICE)
-    linear = Float8Linear(K, N, bias=False, dtype=torch.bfloat16, device=DEVICE, recipe=recipe)
-    fused = Float8LayerNormLinear(K, N, bias=False, dtype=torch.bfloat16, device=DEVICE, recipe=recipe, elementwise_affine=affine)
+    linear = Float8Linear(K, N, bias=False, dtype=torch.bfloat16, device=DEVICE, recipe=recipe, activation=activation)
+    fused = Float8LayerNormLinear(
+        K, N, bias=False, dtype=torch.bfloat16, device=DEVICE, recipe=recipe, activation=activation, elementwise_affine=affine
+    )
     with torch.no_grad():
         weight = (torch.randn(N, K, generator=generator) / K**0.5).to(torch.bfloat16)
         linear.weight.copy_(weight)
@@ -181,19 +188,26 @@ def grid_gradient(M: int, N: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("recipe", FUSED_RECIPES, ids=lambda r: r.name)
-def test_compiled_step_equals_eager(recipe):
+@pytest.mark.parametrize("activation", list(Activation), ids=lambda a: a.value)
+def test_compiled_step_equals_eager(recipe, activation):
     """torch.compile traces the fused step in one graph (fullgraph) through the custom ops; aot_eager runs
     the same kernels (grad_output's delayed cast as torch ops: grid_gradient), so results and histories
-    equal eager's, step after step."""
+    equal eager's, step after step, with the sigmoid in the output's epilogue too. The sigmoid's gradient
+    is off the fp8 grid: there, under the interpreter, from the second step (the cast as torch ops) the
+    gradients agree only to OFF_GRID_DB."""
     torch._dynamo.reset()
-    eager, _ = pair(recipe, 128, 256, True, seed=5)
-    compiled_module, _ = pair(recipe, 128, 256, True, seed=5)
+    eager, _ = pair(recipe, 128, 256, True, seed=5, activation=activation)
+    compiled_module, _ = pair(recipe, 128, 256, True, seed=5, activation=activation)
     compiled = torch.compile(compiled_module, backend="aot_eager", fullgraph=True)
     x, g = inputs(256, 128, 256, seed=6)[0], grid_gradient(256, 256, seed=6)
     for index in range(3):
         expected = step(eager, x * 0.5**index, g)
-        for a, b in zip(step(compiled, x * 0.5**index, g), expected, strict=True):
-            assert torch.equal(a, b), index
+        off_grid = not ON_GPU and recipe is DELAYED and activation is not Activation.NONE and index > 0
+        for what, a, b in zip(GRADIENTS, step(compiled, x * 0.5**index, g), expected, strict=True):
+            if off_grid and what != "output":
+                assert sqnr_db(b.double(), a.double()) >= OFF_GRID_DB, (index, what)
+            else:
+                assert torch.equal(a, b), (index, what)
         for role in TensorRole:
             if eager.amax_history(role) is not None:
                 assert torch.equal(compiled_module.amax_history(role), eager.amax_history(role)), (index, role)

@@ -33,7 +33,7 @@ from fp8bench import _float8_ops as ops  # noqa: E402
 from fp8bench import layer  # noqa: E402
 from fp8bench import roofline as model  # noqa: E402
 from fp8bench.cli import app  # noqa: E402
-from fp8bench.config import BLOCK, GemmShape, Granularity, TimingConfig  # noqa: E402
+from fp8bench.config import BLOCK, Activation, GemmShape, Granularity, TimingConfig  # noqa: E402
 from fp8bench.float8_linear import Float8Linear, convert_to_float8, recipe_problem  # noqa: E402
 from fp8bench.hardware import GPUS  # noqa: E402
 from fp8bench.recipes import RECIPES, CastConfig, Fp8Dtype, Recipe, ScalingType, TensorRole  # noqa: E402
@@ -198,8 +198,9 @@ def test_each_preset_makes_the_casts_and_products_it_names(recipe, monkeypatch):
         casts.append((tensors[tuple(x.shape)], "delayed", 0, *rest))
         return quantize_delayed(x, history, *rest)
 
-    def spy_gemm(a, b_t, scale_a, scale_b, granularity, fast_accum):
-        out = fp8_gemm(a, b_t, scale_a, scale_b, granularity, fast_accum)
+    def spy_gemm(a, b_t, scale_a, scale_b, granularity, fast_accum, activation):
+        assert activation == "none"
+        out = fp8_gemm(a, b_t, scale_a, scale_b, granularity, fast_accum, activation)
         gemms.append((products[tuple(out.shape)], granularity, fast_accum))
         return out
 
@@ -275,6 +276,63 @@ def test_leading_dimensions_and_bias():
     torch.testing.assert_close(out, plain(x) + module.bias)
 
 
+def gemm_activations(monkeypatch) -> list[str]:
+    """The activation of each fp8_gemm call, in order, as the calls happen."""
+    seen, real = [], ops.fp8_gemm
+
+    def spy(*args):
+        seen.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(ops, "fp8_gemm", spy)
+    return seen
+
+
+def normal_inputs(M: int, K: int, N: int, seed: int):
+    """x, a weight and grad_output with outputs of order one (where the sigmoid is not saturated)."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=generator).to(torch.bfloat16)
+    w = (torch.randn(N, K, generator=generator) / K**0.5).to(torch.bfloat16)
+    return x, w, torch.randn(M, N, generator=generator).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("recipe", [RECIPES[n] for n in ("tensorwise", "tensorwise-delayed", "rowwise", "blockwise")], ids=lambda r: r.name)
+def test_the_sigmoid_runs_in_the_output_products_epilogue(recipe, monkeypatch):
+    """Without a bias, activation=sigmoid is the output GEMM's epilogue: the output is the sigmoid of the
+    unactivated module's product (taken from FP32, so within a bf16 ulp of sigmoid of the bf16 product),
+    and the gradients are exactly the unactivated module's for grad_output * y * (1 - y), step after
+    step (delayed scaling's histories included)."""
+    x, w, g = normal_inputs(128, 256, 384, seed=21)
+    fused = Float8Linear(256, 384, bias=False, dtype=torch.bfloat16, recipe=recipe, activation=Activation.SIGMOID)
+    fused.load_state_dict(float8_module(recipe, w).state_dict())
+    plain = float8_module(recipe, w)
+    activations = gemm_activations(monkeypatch)
+    for index in range(2):
+        y, grad_input, grad_weight = run_step(fused, x, g)
+        expected_activations = ["sigmoid", "none"] + (["none"] if recipe.name != "blockwise" else [])
+        assert activations == expected_activations, index
+        activations.clear()
+        expected = run_step(plain, x, torch.ops.aten.sigmoid_backward(g, y))
+        activations.clear()
+        torch.testing.assert_close(y.float(), torch.sigmoid(expected[0].float()), rtol=0, atol=2.0**-7)
+        assert torch.equal(grad_input, expected[1]) and torch.equal(grad_weight, expected[2]), index
+        for role in TensorRole:
+            if plain.amax_history(role) is not None:
+                assert torch.equal(fused.amax_history(role), plain.amax_history(role)), (index, role)
+
+
+def test_with_a_bias_the_activation_comes_after_it():
+    recipe = RECIPES["rowwise"]
+    x, w, g = normal_inputs(64, 128, 256, seed=22)
+    module = Float8Linear(128, 256, bias=True, dtype=torch.bfloat16, recipe=recipe, activation="sigmoid")
+    plain = Float8Linear(128, 256, bias=True, dtype=torch.bfloat16, recipe=recipe)
+    plain.load_state_dict(module.state_dict())
+    assert torch.equal(module(x), torch.sigmoid(plain(x)))
+    assert "activation=sigmoid" in repr(module)
+    with pytest.raises(ValueError, match="gelu"):
+        Float8Linear(128, 256, recipe=recipe, activation="gelu")
+
+
 def test_fake_implementations_match_the_kernels():
     """Shapes, strides and dtypes that torch.compile sees are what the kernels return."""
     x = torch.randn(256, 128, dtype=torch.bfloat16)
@@ -291,7 +349,7 @@ def test_fake_implementations_match_the_kernels():
     torch.library.opcheck(ops.fp8_gemm_1x128_1x128, (data_t, data_t, scale_t, scale_t), test_utils="test_faketensor")
     qa, sa, _, _ = ops.quantize(x, "axiswise", 0, "e4m3", False, True, False)
     qb, sb, _, _ = ops.quantize(x[:128].contiguous(), "axiswise", 0, "e4m3", False, True, False)
-    torch.library.opcheck(ops.fp8_gemm, (qa, qb, sa, sb, "axiswise", True), test_utils="test_faketensor")
+    torch.library.opcheck(ops.fp8_gemm, (qa, qb, sa, sb, "axiswise", True, "sigmoid"), test_utils="test_faketensor")
 
 
 @pytest.mark.parametrize("recipe", list(RECIPES.values()), ids=list(RECIPES))

@@ -22,7 +22,7 @@ if not HAS_CUDA:
 
 from fp8bench.backends import REGISTRY, Operands  # noqa: E402
 from fp8bench.backends.triton import kernel_operands  # noqa: E402
-from fp8bench.config import BLOCK, FastAccum, GemmShape, Granularity  # noqa: E402
+from fp8bench.config import BLOCK, Activation, FastAccum, GemmShape, Granularity  # noqa: E402
 from fp8kernels import reference as ref  # noqa: E402
 from fp8kernels.gemm import fp8_gemm, gemm_config  # noqa: E402
 from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config  # noqa: E402
@@ -79,15 +79,19 @@ def _round_like_kernel_output(x: torch.Tensor) -> torch.Tensor:
     return x.bfloat16().float()
 
 
-def _relative_error(qa, qb_t, sa, sb, out: torch.Tensor) -> float:
+def _relative_error(qa, qb_t, sa, sb, out: torch.Tensor, activation=None) -> float:
+    """Frobenius error of `out` against the fp32 product (with `activation`, a torch function, applied)."""
     expected = ref.dequantize(qa, sa) @ ref.dequantize(qb_t, sb).t()
+    if activation is not None:
+        expected = activation(expected)
     difference = out.float() - _round_like_kernel_output(expected)
     return (difference.norm() / expected.norm()).item()
 
 
-def _run_poisoned(qa, qb_t, sa, sb, granularity, fast_accum, config=None) -> torch.Tensor:
+def _run_poisoned(qa, qb_t, sa, sb, granularity, fast_accum, config=None, activation=Activation.NONE) -> torch.Tensor:
     out = torch.full((qa.shape[0], qb_t.shape[0]), float("nan"), dtype=torch.bfloat16, device=qa.device)
-    result = fp8_gemm(qa, qb_t, sa, sb, granularity=granularity, fast_accum=fast_accum, config=config, out=out)
+    result = fp8_gemm(qa, qb_t, sa, sb, granularity=granularity, fast_accum=fast_accum, config=config, out=out,
+                      activation=activation)
     assert result.data_ptr() == out.data_ptr()
     assert torch.isfinite(out).all(), f"{(~torch.isfinite(out)).sum().item()} output elements left unwritten"
     return out
@@ -124,6 +128,28 @@ def test_heuristic_config_with_partial_tiles(case):
     out = _run_poisoned(*operands, granularity, fast_accum)
     rel = _relative_error(*operands, out)
     assert rel <= PROMOTED_TOLERANCE, f"{_case_id(case)}: relative error {rel:.2e}"
+
+
+def _order_one_operands(M: int, K: int, N: int, granularity: Granularity, seed: int):
+    """Quantized operands whose product is of order one, where a sigmoid is not saturated."""
+    generator = torch.Generator().manual_seed(seed)
+    a = torch.randn(M, K, generator=generator).to(device=DEVICE, dtype=torch.bfloat16)
+    b_t = (torch.randn(N, K, generator=generator) / K**0.5).to(device=DEVICE, dtype=torch.bfloat16)
+    return kernel_operands(Operands(a, b_t), granularity)
+
+
+@pytest.mark.parametrize("case, config", SMALL_CONFIGS,
+                         ids=[f"{_case_id(case)}-split_n{config.split_n}" for case, config in SMALL_CONFIGS])
+def test_sigmoid_epilogue(case, config):
+    """activation=sigmoid: the sigmoid of the FP32 product, stored once (against the fp32 reference's
+    sigmoid, rounded as the store rounds); without it the same operands give the plain product."""
+    granularity, fast_accum = case
+    M, K, N = _shapes(granularity)[1]
+    operands = _order_one_operands(M, K, N, granularity, seed=M + K)
+    out = _run_poisoned(*operands, granularity, fast_accum, config, activation=Activation.SIGMOID)
+    rel = _relative_error(*operands, out, activation=torch.sigmoid)
+    assert rel <= PROMOTED_TOLERANCE, f"{_case_id(case)}: relative error {rel:.2e}"
+    assert _relative_error(*operands, out) > 0.5  # not the product itself
 
 
 def test_e5m2_operands():
@@ -185,6 +211,8 @@ def test_bad_granularity_shape_and_config_raise_clear_errors():
     qa, qb, sa, sb = _valid_operands()
     with pytest.raises(ValueError, match="unknown FP8 granularity"):
         fp8_gemm(qa, qb, sa, sb, granularity="columnwise")
+    with pytest.raises(ValueError, match="unknown activation 'relu'; choose one of: none, sigmoid"):
+        fp8_gemm(qa, qb, sa, sb, granularity="blockwise", activation="relu")
     with pytest.raises(ValueError, match="block_k must be 128"):
         fp8_gemm(qa, qb, sa, sb, granularity="blockwise", config=SMALL_TILES)
     with pytest.raises(ValueError, match="split_n 1"):
@@ -448,6 +476,22 @@ def test_gpu_gluon_kernel(case_config):
         rel = _relative_error(*operands, _run_poisoned(*operands, granularity, fast_accum, config))
         limit = FAST_ACCUM_TOLERANCE if fast_accum else PROMOTED_TOLERANCE
         assert rel <= limit, f"{_case_id((granularity, fast_accum))} {shape}: relative error {rel:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_gpu_sigmoid_epilogue(case):
+    """The heuristic's kernel (Gluon on the GPU host) with the sigmoid epilogue, on an awkward shape and on
+    one whose last wave is split along K (the last piece's store applies it)."""
+    granularity, fast_accum = case
+    limit = FAST_ACCUM_TOLERANCE if fast_accum else PROMOTED_TOLERANCE
+    awkward = GLUON_BLOCKWISE_SHAPES[2] if granularity is Granularity.BLOCKWISE else GLUON_SHAPES[2]
+    for shape in (awkward, (8192, 8192, 1280)):
+        operands = _order_one_operands(*shape, granularity, seed=sum(shape))
+        out = _run_poisoned(*operands, granularity, fast_accum, activation=Activation.SIGMOID)
+        rel = _relative_error(*operands, out, activation=torch.sigmoid)
+        M, K, N = shape
+        assert rel <= limit, f"{_case_id(case)} {shape} ({gemm_config(M, N, K, granularity, fast_accum, out.device)}): {rel:.2e}"
 
 
 # Split last waves on small grids (programs, row tiles, column tiles): 7 tiles on 5 programs (the last 2 in

@@ -447,3 +447,20 @@ def test_our_layer_norm_writes_the_blockwise_input_and_a_second_kernel_the_trans
         assert [k.name for k in kernels if k.term == "cast:input"] == ["input: LayerNorm again + cast to fp8 transposed (reads x)"]
         unfused = rl.layer_kernels(shape, blockwise, replace(impl, block_cast_in_producer=frozenset()))
         assert sum(k.bytes for k in unfused) - sum(k.bytes for k in kernels) == 2 * shape.M * shape.K
+
+
+def test_our_output_gemm_applies_the_sigmoid_so_only_its_backward_is_a_kernel():
+    """Ours runs the sigmoid in the output product's epilogue (fp8kernels.gemm activation): no sigmoid
+    forward kernel, 4 bytes an output element fewer than with one; every other implementation has it."""
+    shape = GemmShape(8192, 4096, 2048)
+    for recipe in RECIPES.values():
+        for impl in rl.IMPLEMENTATIONS.values():
+            if impl.unsupported_reason(recipe):
+                continue
+            names = [k.name for k in rl.layer_kernels(shape, recipe, impl) if k.term == "sigmoid"]
+            ours = impl.name in ("triton", "triton-compile")
+            assert names == (["sigmoid backward"] if ours else ["sigmoid forward", "sigmoid backward"]), (impl.name, recipe.name)
+            if ours:
+                separate = rl.layer_kernels(shape, recipe, replace(impl, activation_in_epilogue=False))
+                saved = sum(k.bytes for k in separate) - sum(k.bytes for k in rl.layer_kernels(shape, recipe, impl))
+                assert saved == 4 * shape.M * shape.N
