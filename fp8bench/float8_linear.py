@@ -164,6 +164,11 @@ _ACTIVATION = {Activation.SIGMOID.value: torch.sigmoid}
 _ACTIVATION_BACKWARD = {Activation.SIGMOID.value: torch.ops.aten.sigmoid_backward}
 
 
+def _activated(out: torch.Tensor, activation: str) -> torch.Tensor:
+    """`activation` (an Activation's value) applied to `out` with torch; `out` itself for "none"."""
+    return out if activation == Activation.NONE.value else _ACTIVATION[activation](out)
+
+
 # A form of a tensor as a product reads it: FP8 (data[rows, K], scale), or a BF16 [rows, K] tensor.
 Form = tuple[torch.Tensor, torch.Tensor] | torch.Tensor
 
@@ -210,12 +215,10 @@ def cast_tensor(x: torch.Tensor, calls: tuple[_Cast, ...], history: torch.Tensor
 def product(how: _Product, a: Form, b_t: Form, activation: str = Activation.NONE.value) -> torch.Tensor:
     """activation(a[m, k] @ b_t[n, k].T), bf16 out: in our GEMM's epilogue, or after a product without one."""
     if how.kernel == BF16_PRODUCT:
-        out = torch.mm(a, b_t.t())
-        return out if activation == Activation.NONE.value else _ACTIVATION[activation](out)
+        return _activated(torch.mm(a, b_t.t()), activation)
     (a_data, a_scale), (b_data, b_scale) = a, b_t
     if how.kernel == BLOCKWISE_1D:
-        out = ops.fp8_gemm_1x128_1x128(a_data, b_data, a_scale, b_scale)
-        return out if activation == Activation.NONE.value else _ACTIVATION[activation](out)
+        return _activated(ops.fp8_gemm_1x128_1x128(a_data, b_data, a_scale, b_scale), activation)
     if how.broadcast[0]:
         a_scale = a_scale.expand(a_data.shape[0], 1)
     if how.broadcast[1]:
@@ -366,8 +369,7 @@ class Float8Linear(nn.Linear):
         out = out2d.reshape(*x.shape[:-1], self.out_features)
         if self.bias is None:
             return out
-        out = out + self.bias.to(out.dtype)
-        return out if self.activation is Activation.NONE else _ACTIVATION[self.activation.value](out)
+        return _activated(out + self.bias.to(out.dtype), self.activation.value)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = self.rows_of(x)

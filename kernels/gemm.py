@@ -11,9 +11,9 @@ contiguous (K/128, M) tensor), since each K-tile reads one scale per row.
 
 Without fast accumulation the FP32 sum is promoted every BLOCK_K (128) of K; blockwise always is,
 since each K-tile carries its own scales. `activation` (fp8bench.config.Activation) is applied to the
-scaled FP32 sum in the epilogue, before the bf16 store: out = sigmoid(...) costs no pass of its own. The kernels: kernels/_gemm_persistent.py (Triton; every regime),
-kernels/_gemm_ws.py (Gluon, warp-specialized; every regime on a GPU with Triton 3.6); their tuning:
-kernels/gemm_configs.py.
+scaled FP32 sum in the epilogue, before the bf16 store: out = sigmoid(...) costs no pass of its own.
+The kernels: kernels/_gemm_persistent.py (Triton; every regime), kernels/_gemm_ws.py (Gluon,
+warp-specialized; every regime on a GPU with Triton 3.6); their tuning: kernels/gemm_configs.py.
 """
 
 from __future__ import annotations
