@@ -51,6 +51,7 @@ kernels/_gemm_persistent.py, and this kernel is checked by the GPU tests.
 from __future__ import annotations
 
 import torch
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -241,7 +242,7 @@ def _store_rows(acc, c_desc, c_buf, rows, off_m, off_n, M, N, scale_a_ptr, scale
         col_scale = gl.load(scale_b_ptr + cols * stride_sb_n, mask=cols < N, other=0.0)
         acc = acc * row_scale[:, None] * col_scale[None, :]
     if ACTIVATION == 1:
-        acc = 1.0 / (1.0 + gl.exp(-acc))
+        acc = tl.sigmoid(acc)  # Triton's own, as in the Triton kernel's epilogue
     tma.store_wait(pendings=OTHER_STORES)  # this buffer's previous store has left it (stores finish in order)
     c_buf.store(acc.to(c_desc.dtype))
     fence_async_shared()
