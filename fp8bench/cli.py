@@ -81,10 +81,10 @@ def matmul(
     report: bool = typer.Option(True, help="write the HTML reports when the run ends"),
 ) -> None:
     """One FP8 GEMM per backend and granularity against BF16: time, TFLOPS, % of peak, speedup."""
-    from fp8bench import shapes
+    from fp8bench.benchmarks import shapes
     from fp8bench.backends import REGISTRY, backend_names
-    from fp8bench.hardware import resolve_gpu
-    from fp8bench.timing import TIMER_CHOICES
+    from fp8bench.model.hardware import resolve_gpu
+    from fp8bench.harness.timing import TIMER_CHOICES
 
     granularities = choice(granularity, GRANULARITY_CHOICES, "granularity")
     fast_accums = choice(fast_accum, FAST_ACCUM_CHOICES, "fast-accum setting")
@@ -110,7 +110,7 @@ def matmul(
             raise typer.BadParameter(str(err)) from None
         err_console.print(f"[yellow]{err}; % of peak is left empty[/]")
         spec = None
-    from fp8bench.matmul import run_matmul
+    from fp8bench.benchmarks.matmul import run_matmul
 
     body = lambda writer, on_row: run_matmul(config, writer, spec, timer, on_row)  # noqa: E731
     _run_benchmark("matmul", shape_gen, out, report, body, spec, config.timing, resumed_from=resumed_from)
@@ -123,8 +123,8 @@ def _resume(config, out: Optional[Path]) -> tuple:
     """`config` narrowed to the shapes the run in `out` has not finished (a shape's BF16 reference and FP8
     cases are measured together, so a half-done shape is measured again, its rows dropped), and the earlier
     run's metadata for the new one to carry."""
-    from fp8bench.matmul import expected_rows
-    from fp8bench.results import read_metadata
+    from fp8bench.benchmarks.matmul import expected_rows
+    from fp8bench.harness.results import read_metadata
 
     done = _finished_shapes(out, expected_rows(config), MATMUL_ROW_KEY, keep_other_rows=lambda row: False)
     config = dataclasses.replace(config, shapes=tuple(s for s in config.shapes if s.name not in done))
@@ -135,7 +135,7 @@ def _resume(config, out: Optional[Path]) -> tuple:
 def _finished_shapes(out: Optional[Path], expected: dict, key_columns: tuple[str, ...], keep_other_rows) -> set[str]:
     """The shapes of the run in `out` that hold every expected row; its CSV keeps their rows and those
     `keep_other_rows` accepts, and loses the rest (they are measured again)."""
-    from fp8bench.results import RESULTS_CSV, finished_shapes, keep_rows, load_results
+    from fp8bench.harness.results import RESULTS_CSV, finished_shapes, keep_rows, load_results
 
     if out is None or not (out / RESULTS_CSV).exists():
         raise typer.BadParameter("--resume continues a run: give its folder with --out")
@@ -163,10 +163,10 @@ def cast(
     report: bool = typer.Option(True, help="write the HTML reports when the run ends"),
 ) -> None:
     """FP8 quantize kernels: GPU time, GB/s and % of the copy bandwidth, ours against torch, torch.compile and TE."""
-    from fp8bench import cast as casts
-    from fp8bench.hardware import spec_for_device_name
-    from fp8bench.recipes import Fp8Dtype
-    from fp8bench.timing import TIMER_CHOICES, TimerChoice
+    from fp8bench.benchmarks import cast as casts
+    from fp8bench.model.hardware import spec_for_device_name
+    from fp8bench.nn.recipes import Fp8Dtype
+    from fp8bench.harness.timing import TIMER_CHOICES, TimerChoice
 
     recipes = tuple(dict.fromkeys(r for name in recipe or ["all"] for r in choice(name, casts.RECIPE_CHOICES, "recipe")))
     fp8_dtype = choice(dtype, {d.value: (d,) for d in Fp8Dtype}, "fp8 dtype")[0]
@@ -195,9 +195,9 @@ def _run_benchmark(
     `resumed_from`: the metadata of the run this one continues, kept inside the new metadata.
     Ctrl-C stops the run; every finished case is already in the CSV and the reports cover them.
     """
-    from fp8bench import console as gemm_printers
-    from fp8bench.env import run_metadata
-    from fp8bench.results import RunWriter
+    from fp8bench.report import console as gemm_printers
+    from fp8bench.harness.env import run_metadata
+    from fp8bench.harness.results import RunWriter
 
     print_row, print_summary = printers or (gemm_printers.print_row, gemm_printers.print_summary)
     run_dir = out or default_run_dir(benchmark, label)
@@ -220,7 +220,7 @@ def _run_benchmark(
         print_summary(console, rows)
     if report:
         try:
-            from fp8bench.report import write_reports
+            from fp8bench.report.write import write_reports
         except ImportError as err:  # plotly missing on a bare GPU host: the results stand without pages
             err_console.print(f"[yellow]no HTML reports: {err.name} is not installed; `fp8bench report {run_dir}` writes them later[/]")
         else:
@@ -238,8 +238,8 @@ def report(
     ),
 ) -> None:
     """(Re)write a run's HTML reports, one page per granularity."""
-    from fp8bench.report import write_reports
-    from fp8bench.report_html import write_plotly_js
+    from fp8bench.report.write import write_reports
+    from fp8bench.report.html import write_plotly_js
 
     if not (run / "results.csv").exists():
         raise typer.BadParameter(f"{run} holds no results.csv")
@@ -265,7 +265,7 @@ def publish(
     """Build a static site of every run: per GPU model the latest runs, history charts, compare pages, reports."""
     from rich.markup import escape
 
-    from fp8bench.publish import publish as build_site
+    from fp8bench.publish.site import publish as build_site
 
     try:
         published = build_site(reports, out)
@@ -291,7 +291,7 @@ def run_suite(
     """Run every benchmark a suite file lists (or those named by --only), each into its own run folder."""
     import dataclasses
 
-    from fp8bench.suite import load_suite
+    from fp8bench.harness.suite import load_suite
 
     try:
         loaded = load_suite(suite)
@@ -303,11 +303,11 @@ def run_suite(
         if unknown:
             raise typer.BadParameter(f"no entry named {', '.join(unknown)} in {suite}; its entries: {', '.join(names)}")
         loaded = dataclasses.replace(loaded, entries=tuple(entry for entry in loaded.entries if entry.name in only))
-    from fp8bench.suite import detected_gpu_key
+    from fp8bench.harness.suite import detected_gpu_key
 
     base = out or Path(str(loaded.out).replace("{gpu}", detected_gpu_key()))
     if parallel:
-        from fp8bench.campaign import run_parallel, visible_gpus
+        from fp8bench.harness.campaign import run_parallel, visible_gpus
 
         try:
             code = run_parallel(loaded, base, visible_gpus(), console.print, resume)
@@ -319,13 +319,13 @@ def run_suite(
         app(entry.argv(base, resume), standalone_mode=False)
 
 
-# ---- compare / gate / baseline (fp8bench.gate; statistics in fp8bench.compare; docs/gating.md) ----
+# ---- compare / gate / baseline (fp8bench.gate.gate; statistics in fp8bench.gate.compare; docs/gating.md) ----
 _METRIC_HELP = "speedup (FP8 vs BF16 in the same run) | time (absolute); default: the metric of the suite file's gate table, else speedup"
 _INCONCLUSIVE_FLAG = "--fail-on-inconclusive/--no-fail-on-inconclusive"
 
 
 def _outputs(markdown: Optional[Path], json_path: Optional[Path], junit: Optional[Path]):
-    from fp8bench.compare_output import Outputs
+    from fp8bench.gate.output import Outputs
 
     return Outputs(markdown, json_path, junit)
 
@@ -342,7 +342,7 @@ def compare(
     fail_on_inconclusive: Optional[bool] = typer.Option(None, _INCONCLUSIVE_FLAG, help="exit 3 on INCONCLUSIVE"),
 ) -> None:
     """Compare a run with a baseline. Exit 0 pass, 1 regression, 2 usage error, 3 inconclusive (when asked), 4 other GPU model."""
-    from fp8bench import gate as gating
+    from fp8bench.gate import gate as gating
 
     def body():
         return gating.compare_trees(base, new, gating.resolve_config(suite, metric, fail_on_inconclusive))
@@ -365,7 +365,7 @@ def gate(
     fail_on_inconclusive: Optional[bool] = typer.Option(None, _INCONCLUSIVE_FLAG, help="exit 3 on INCONCLUSIVE"),
 ) -> None:
     """Run a suite and compare it with a baseline, re-running flagged cases once. Exit codes as `compare`."""
-    from fp8bench import gate as gating
+    from fp8bench.gate import gate as gating
 
     device_name = None
     if runs is None or rerun:
@@ -404,7 +404,7 @@ def baseline_save(
     force: bool = typer.Option(False, help="replace an existing baseline of that name"),
 ) -> None:
     """Copy a run (results.csv + metadata.json) into the baselines folder of its GPU model."""
-    from fp8bench import baseline as baselines
+    from fp8bench.gate import baseline as baselines
 
     try:
         saved = baselines.save(run, name, root, force)
@@ -434,14 +434,14 @@ def roofline(
     ),
 ) -> None:
     """LayerNorm -> Linear -> sigmoid, fwd + bwd: predicted FP8 speedup per recipe and implementation, and
-    on a GPU the measured step of BF16, ours, torchao and TransformerEngine beside it (fp8bench.layer)."""
-    from fp8bench import roofline as model
-    from fp8bench import shapes
-    from fp8bench.calibrate import default_profile_path, load_profile
-    from fp8bench.env import cuda_device_name, run_metadata
-    from fp8bench.hardware import resolve_gpu, spec_for_device_name
-    from fp8bench.recipes import RECIPE_CHOICES
-    from fp8bench.results import RunWriter
+    on a GPU the measured step of BF16, ours, torchao and TransformerEngine beside it (fp8bench.benchmarks.layer)."""
+    from fp8bench.model import roofline as model
+    from fp8bench.benchmarks import shapes
+    from fp8bench.model.calibrate import default_profile_path, load_profile
+    from fp8bench.harness.env import cuda_device_name, run_metadata
+    from fp8bench.model.hardware import resolve_gpu, spec_for_device_name
+    from fp8bench.nn.recipes import RECIPE_CHOICES
+    from fp8bench.harness.results import RunWriter
 
     granularities = choice(granularity, GRANULARITY_CHOICES, "granularity")
     recipes = [r for name in recipe or ["all"] for r in choice(name, RECIPE_CHOICES, "recipe")]
@@ -476,7 +476,7 @@ def roofline(
 
     layer_config = None
     if measuring:
-        from fp8bench.layer import MEASURED_IMPLEMENTATIONS, LayerConfig
+        from fp8bench.benchmarks.layer import MEASURED_IMPLEMENTATIONS, LayerConfig
 
         measured = tuple(i.name for i in impls if i.name in MEASURED_IMPLEMENTATIONS)
         layer_config = LayerConfig(tuple(shape_list), tuple(recipes), measured, TimingConfig(repeats=repeats), eager)
@@ -511,8 +511,8 @@ def _resume_roofline(config, out: Optional[Path]) -> tuple:
     rows stay: the first call wrote them for every shape."""
     import pandas as pd
 
-    from fp8bench.layer import KERNELS_CSV
-    from fp8bench.results import read_metadata
+    from fp8bench.benchmarks.layer import KERNELS_CSV
+    from fp8bench.harness.results import read_metadata
 
     expected = {shape.name: {(shape.name, c.backend, c.recipe_name) for c in config.cases(shape)} for shape in config.shapes}
     done = _finished_shapes(out, expected, ("case", "backend", "recipe"), keep_other_rows=lambda row: row["backend"] == "model")
@@ -525,9 +525,9 @@ def _resume_roofline(config, out: Optional[Path]) -> tuple:
 
 
 def _measure_layer(config, writer, ceilings, earlier_kernels=()) -> None:
-    """The measured half of `roofline` (fp8bench.layer); Ctrl-C keeps the finished rows."""
-    from fp8bench import layer
-    from fp8bench.timing import CuptiTimer, GpuClock
+    """The measured half of `roofline` (fp8bench.benchmarks.layer); Ctrl-C keeps the finished rows."""
+    from fp8bench.benchmarks import layer
+    from fp8bench.harness.timing import CuptiTimer, GpuClock
 
     try:
         rows = layer.run_layer(config, writer, ceilings, CuptiTimer(GpuClock()), on_row=lambda row: console.print(layer.row_line(row)),
@@ -546,9 +546,9 @@ def calibrate(
     repeats: int = typer.Option(5, min=1, help="independent repeats per measurement"),
 ) -> None:
     """Measure this GPU's achievable GEMM TFLOPS, copy bandwidth and launch floor for the roofline."""
-    from fp8bench.calibrate import REQUIRED_FP8, default_profile_path, measure_profile, save_profile
-    from fp8bench.env import run_metadata
-    from fp8bench.hardware import gpu_choices, resolve_gpu
+    from fp8bench.model.calibrate import REQUIRED_FP8, default_profile_path, measure_profile, save_profile
+    from fp8bench.harness.env import run_metadata
+    from fp8bench.model.hardware import gpu_choices, resolve_gpu
 
     if gpu not in gpu_choices():
         raise typer.BadParameter(f"unknown GPU {gpu!r}; choose one of: {', '.join(gpu_choices())}")

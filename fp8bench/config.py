@@ -9,21 +9,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-
-class Granularity(str, enum.Enum):
-    """How FP8 scales are shared. `none` marks the BF16 reference rows."""
-
-    NONE = "none"
-    TENSORWISE = "tensorwise"
-    AXISWISE = "axiswise"  # one scale per row of the left operand and per column of the right
-    BLOCKWISE = "blockwise"  # 1x128 activations, 128x128 weights
-
-    @classmethod
-    def fp8(cls) -> tuple["Granularity", ...]:
-        return (cls.TENSORWISE, cls.AXISWISE, cls.BLOCKWISE)
+# The scaling vocabulary is the kernels' (fp8kernels.scaling), named here for the rest of the tool.
+from fp8kernels.scaling import BLOCK, FP8_DIM_MULTIPLE, Activation, Granularity  # noqa: F401
 
 
-# What a user may type for --granularity: the names above plus aliases and `all`.
+# What a user may type for --granularity: the granularities plus aliases and `all`.
 GRANULARITY_CHOICES: dict[str, tuple[Granularity, ...]] = {
     "tensorwise": (Granularity.TENSORWISE,),
     "axiswise": (Granularity.AXISWISE,),
@@ -31,11 +21,6 @@ GRANULARITY_CHOICES: dict[str, tuple[Granularity, ...]] = {
     "blockwise": (Granularity.BLOCKWISE,),
     "all": Granularity.fp8(),
 }
-
-# Block edge of blockwise scaling: activations 1 x BLOCK, weights BLOCK x BLOCK.
-BLOCK = 128
-# FP8 tensor-core GEMMs (cuBLAS and ours) need every dimension to be a multiple of this.
-FP8_DIM_MULTIPLE = 16
 
 
 class FastAccum(str, enum.Enum):
@@ -51,14 +36,6 @@ FAST_ACCUM_CHOICES: dict[str, tuple[FastAccum, ...]] = {
     "off": (FastAccum.OFF,),
     "both": (FastAccum.ON, FastAccum.OFF),
 }
-
-
-class Activation(str, enum.Enum):
-    """An elementwise function an FP8 GEMM applies to its FP32 result before the bf16 store (its epilogue),
-    so the activation costs no kernel and no pass over the output of its own."""
-
-    NONE = "none"
-    SIGMOID = "sigmoid"
 
 
 class Status(str, enum.Enum):
@@ -113,7 +90,7 @@ class MatmulCase:
 
 @dataclass(frozen=True)
 class TimingConfig:
-    """How hard the harness works for each case (see fp8bench.timing)."""
+    """How hard the harness works for each case (see fp8bench.harness.timing)."""
 
     repeats: int = 5
     # Before the first repeat: long enough for SM clock and power draw to reach their loaded steady
@@ -128,7 +105,7 @@ class TimingConfig:
     # 0.5 s: 2.5%), inside `stable_spread_pct`, at 80% of the time a capped case costs with 1 s.
     throttled_samples_ms: float = 800.0
     throttled_below: float = 0.9
-    # Stop on a stable window (fp8bench.timing): while the last `repeats` spread more than this, take
+    # Stop on a stable window (fp8bench.harness.timing): while the last `repeats` spread more than this, take
     # another repeat and drop the oldest, at most `max_dropped_repeats` times.
     stable_spread_pct: float = 1.5
     max_dropped_repeats: int = 5
@@ -138,7 +115,7 @@ class TimingConfig:
     # capped case costs two long repeats less.
     min_repeats: int = 3
     converged_spread_pct: float = 0.5
-    wall_ms_budget: float = 100.0  # host-timed calls for wall_ms (fp8bench.timing.WALL_MIN_CALLS .. MAX)
+    wall_ms_budget: float = 100.0  # host-timed calls for wall_ms (fp8bench.harness.timing.WALL_MIN_CALLS .. MAX)
     min_samples: int = 5
     max_samples: int = 5000
     flush_l2: bool = True

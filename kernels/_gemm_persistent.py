@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from fp8bench.config import BLOCK, Activation, Granularity
+from fp8kernels.scaling import BLOCK, Activation, Granularity
 from fp8kernels.gemm_configs import Fp8GemmConfig
 
 # SCALING constexpr values: integers, so that the kernel's branches are resolved at compile time.

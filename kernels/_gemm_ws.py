@@ -63,7 +63,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from fp8bench.config import BLOCK, Activation, Granularity
+from fp8kernels.scaling import BLOCK, Activation, Granularity
 from fp8kernels._gemm_persistent import ACTIVATION_CODES, SCALING_CODES, _tile_coords, scale_strides
 from fp8kernels.gemm_configs import Fp8GemmConfig, is_promoted, persistent_grid
 

@@ -1,7 +1,7 @@
 """The fp8 transpose: q[R, C] -> q_t[C, R], one tile per program, each element read and written once.
 
 Delayed scaling under torch.compile writes the rowwise fp8 copy from the tensor's producer (LayerNorm,
-sigmoid backward: fp8bench.float8_linear), so the transposed copy is made from fp8 bytes, not from the
+sigmoid backward: fp8bench.nn.float8_linear), so the transposed copy is made from fp8 bytes, not from the
 bf16 tensor: half the bytes of a cast pass. The tile is transposed in registers as 16-bit lanes
 (fp8kernels._quantize_common.store_transposed), as the blockwise cast kernels do.
 """

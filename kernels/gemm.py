@@ -23,7 +23,7 @@ import os
 import torch
 import triton
 
-from fp8bench.config import BLOCK, FP8_DIM_MULTIPLE, Activation, Granularity
+from fp8kernels.scaling import BLOCK, FP8_DIM_MULTIPLE, Activation, Granularity
 from fp8kernels.gemm_configs import INTERPRETER_PROGRAMS, Fp8GemmConfig, choose_config
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)

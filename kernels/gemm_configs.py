@@ -13,7 +13,7 @@ On a GPU every regime runs the warp-specialized Gluon kernel (kernels/_gemm_ws.p
 consumer warpgroups (two, or three for 192-row tiles) overlap one's promotion with the others' MMA (and,
 with fast accumulation, one's wait with the others' MMA); where Gluon cannot run (the CPU interpreter, a Triton whose Gluon API differs
 from the one it is written against) the Triton kernel's presets run. The presets were chosen by timing
-`candidate_configs` with kernels/bench/gemm_sweep.py on an H100 (kernels/README.md has the numbers); the
+`candidate_configs` with tools/gemm_sweep.py on an H100 (kernels/README.md has the numbers); the
 shape enters through the grid size and, on the Gluon kernel, the tile (GLUON_TILES, `grid_efficiency`) and
 whether the last wave's tiles are split along K (`last_wave_split`).
 """
@@ -26,7 +26,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from fp8bench.config import BLOCK, Granularity
+from fp8kernels.scaling import BLOCK, Granularity
 
 # Shared memory one program may use on sm_90 (227 KiB), less headroom for barriers and scratch.
 SHARED_MEMORY_BYTES = 227 * 1024 - 4096

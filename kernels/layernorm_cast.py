@@ -9,7 +9,7 @@ from typing import NamedTuple, Optional
 import torch
 import triton
 
-from fp8bench.config import BLOCK
+from fp8kernels.scaling import BLOCK
 from fp8kernels._layernorm_cast import _layernorm_cast_columns_kernel, _layernorm_cast_kernel
 from fp8kernels._quantize_common import empty_fp8, empty_scales, fp8_constants, launch_config
 from fp8kernels.quantize import QuantizedTensor, QuantizeSpec

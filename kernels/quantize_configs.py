@@ -12,7 +12,7 @@ The kernels are memory-bound, so the heuristic is about bytes in flight and coal
   `_MAX_ROW_CHUNK` elements, so the row is read from HBM once; longer rows are walked twice in chunks,
   the second walk hitting L2.
 Warp counts and the tiles with a transposed copy were then picked by measurement: `candidates` lists
-the configs kernels/quantize_sweep.py times against each other, and `choose` took the fastest.
+the configs tools/quantize_sweep.py times against each other, and `choose` took the fastest.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from fp8bench.config import BLOCK
+from fp8kernels.scaling import BLOCK
 
 # Under TRITON_INTERPRET=1 there are no multiprocessors: a few programs, so grid-stride loops take
 # several steps and the tests exercise them.
@@ -119,7 +119,7 @@ def _warps_for(elements: int) -> int:
 
 def choose(kernel: QuantizeKernel, rows: int, cols: int, columnwise: bool, sms: int) -> QuantizeConfig:
     """The default config for one launch (see the module docstring for why). Warps and tiles marked
-    `swept` were the fastest of `candidates` on an H100 (kernels/quantize_sweep.py, 8192 x 8192 and
+    `swept` were the fastest of `candidates` on an H100 (tools/quantize_sweep.py, 8192 x 8192 and
     8192 x 28672 bf16; kernels/README.md has the numbers)."""
     if kernel in _WHOLE_ROW_KERNELS:
         block_cols = min(triton.next_power_of_2(cols), _MAX_ROW_CHUNK)

@@ -1,7 +1,7 @@
 """Test helper: load a page in Debian's headless Chromium and say what rendered.
 
 `render(path)` opens a file:// page, lets it run (virtual time, so no real waiting), and parses the
-DOM Chromium dumps: the script errors the page recorded (pages built on fp8bench.report_html carry
+DOM Chromium dumps: the script errors the page recorded (pages built on fp8bench.report.html carry
 the recorder), each plotly graph with its traces and how many data points each drew, the links and
 the title. `parse_html` is the same parser for pages read from disk, no browser needed.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from fp8bench.report_html import JS_ERRORS_ID
+from fp8bench.report.html import JS_ERRORS_ID
 
 CHROMIUM = "/usr/bin/chromium"
 # Headless, no sandbox (tests run as root), and none of the background connections a closed network refuses.

@@ -15,11 +15,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported: Triton reads it then
 
-from fp8bench import cast  # noqa: E402
+from fp8bench.benchmarks import cast  # noqa: E402
 from fp8bench.config import BLOCK, Granularity, TimingConfig  # noqa: E402
-from fp8bench.recipes import Fp8Dtype  # noqa: E402
-from fp8bench.results import RunWriter, load_results  # noqa: E402
-from fp8bench.timing import measure  # noqa: E402
+from fp8bench.nn.recipes import Fp8Dtype  # noqa: E402
+from fp8bench.harness.results import RunWriter, load_results  # noqa: E402
+from fp8bench.harness.timing import measure  # noqa: E402
 from fp8kernels.quantize import QuantizedTensor  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
@@ -261,7 +261,7 @@ def test_cli_rejects_bad_options_before_touching_a_gpu():
 
 
 def test_suites_may_run_cast(tmp_path):
-    from fp8bench.suite import load_suite
+    from fp8bench.harness.suite import load_suite
 
     path = tmp_path / "s.toml"
     path.write_text('[[bench]]\nname = "casts"\ncommand = "cast"\nrecipe = ["tensorwise", "axiswise+t"]\nreport = false\n')
@@ -271,7 +271,7 @@ def test_suites_may_run_cast(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_run_measures_every_implementation(tmp_path):
-    from fp8bench.timing import TimerChoice
+    from fp8bench.harness.timing import TimerChoice
 
     shape = cast.CastShape(4096, 4096)
     config = cast.CastConfig((shape,), cast.RECIPE_CHOICES["all"], ("triton", "torch"), timing=TimingConfig(repeats=2))
@@ -285,7 +285,7 @@ def test_gpu_run_measures_every_implementation(tmp_path):
 
 @pytest.mark.skipif(ON_GPU, reason="CPU stand-in")
 def test_reports_render_cast_rows(tmp_path, monkeypatch):
-    from fp8bench.report import write_reports
+    from fp8bench.report.write import write_reports
 
     recipes = (cast.CAST_RECIPES["tensorwise"], cast.CAST_RECIPES["blockwise-1x128+t"])
     config = cast.CastConfig((cast.CastShape(128, 256),), recipes, ("triton", "te"), timing=FAST_TIMING)

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from fp8bench import baseline as baselines
-from fp8bench import gate as gating
+from fp8bench.gate import baseline as baselines
+from fp8bench.gate import gate as gating
 from fp8bench.cli import EnvironmentProblem, app
-from fp8bench.compare import (
+from fp8bench.gate.compare import (
     DEFAULT_GATES,
     CaseId,
     ExitCode,
@@ -30,9 +30,9 @@ from fp8bench.compare import (
     needs_rerun,
     run_samples,
 )
-from fp8bench.compare_output import junit, markdown, to_json
-from fp8bench.results import Row, RunWriter, format_repeat_times, load_results
-from fp8bench.suite import load_suite
+from fp8bench.gate.output import junit, markdown, to_json
+from fp8bench.harness.results import Row, RunWriter, format_repeat_times, load_results
+from fp8bench.harness.suite import load_suite
 
 REPO = Path(__file__).resolve().parent.parent
 H100 = "NVIDIA H100 80GB HBM3"

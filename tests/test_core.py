@@ -14,7 +14,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from fp8bench import shapes
+from fp8bench.benchmarks import shapes
 from fp8bench.backends import REGISTRY, get_backend
 from fp8bench.cli import app, main
 from fp8bench.config import (
@@ -27,9 +27,9 @@ from fp8bench.config import (
     TimingConfig,
     parse_choice,
 )
-from fp8bench.results import COLUMNS, RESULTS_CSV, Row, RunWriter, load_results
-from fp8bench.suite import load_suite
-from fp8bench.timing import measure
+from fp8bench.harness.results import COLUMNS, RESULTS_CSV, Row, RunWriter, load_results
+from fp8bench.harness.suite import load_suite
+from fp8bench.harness.timing import measure
 
 runner = CliRunner()
 
@@ -155,8 +155,8 @@ def test_writer_refuses_to_append_to_another_schema(tmp_path):
 
 def test_a_resumed_run_keeps_finished_shapes_and_measures_the_rest(tmp_path):
     from fp8bench.cli import MATMUL_ROW_KEY
-    from fp8bench.matmul import expected_rows
-    from fp8bench.results import finished_shapes, keep_rows
+    from fp8bench.benchmarks.matmul import expected_rows
+    from fp8bench.harness.results import finished_shapes, keep_rows
 
     square = shapes.generate("square", None, None, None)[:3]
     config = MatmulConfig(tuple(square), (Granularity.TENSORWISE,), ("bf16", "cublas"), (FastAccum.ON, FastAccum.OFF))
@@ -325,7 +325,7 @@ def test_a_case_that_never_settles_keeps_its_spread():
 
 
 def test_spread_is_the_interquartile_range_of_repeat_medians():
-    from fp8bench.timing import Measurement
+    from fp8bench.harness.timing import Measurement
 
     m = Measurement((1.0, 1.1, 1.2, 1.3, 5.0), samples=10, wall_ms=1.0, timer="fake", sm_clock_mhz=())
     assert m.median_ms == 1.2
@@ -419,7 +419,7 @@ def test_report_can_share_one_plotly_between_runs(tmp_path):
 
 
 def test_the_git_revision_named_by_the_environment_wins(monkeypatch):
-    from fp8bench import env
+    from fp8bench.harness import env
 
     monkeypatch.setenv("FP8BENCH_GIT_REV", "abc1234")
     assert env.git_revision() == "abc1234"  # a GPU host's copied tree may hold a stale .git
@@ -430,7 +430,7 @@ def test_the_git_revision_named_by_the_environment_wins(monkeypatch):
 def test_one_clock_read_at_the_top_of_a_capped_swing_does_not_hide_the_cap():
     """A capped clock swings up to its maximum for part of each period: the settle reads it several times
     and any read under `throttled_below` of the maximum makes the case throttled."""
-    from fp8bench.timing import SETTLE_CLOCK_READS
+    from fp8bench.harness.timing import SETTLE_CLOCK_READS
 
     config = TimingConfig(repeats=2, settle_ms=40.0, warmup_ms=0.0, samples_ms=10.0, throttled_samples_ms=100.0)
     swinging = FakeTimer(base_ms=1.0, clock_mhz=1600.0, max_clock_mhz=1980.0)
@@ -445,14 +445,14 @@ def test_one_clock_read_at_the_top_of_a_capped_swing_does_not_hide_the_cap():
 
 
 def test_clock_trace_windows_spanning_the_swing_agree(tmp_path, monkeypatch):
-    """kernels/bench/clock_trace.py --windows (how docs/timing.md sized TimingConfig.throttled_samples_ms):
+    """tools/clock_trace.py --windows (how docs/timing.md sized TimingConfig.throttled_samples_ms):
     under a clock swinging with a 1 s period, 1 s windows agree and half-period windows do not."""
     import importlib.util
     import sys
     import types
 
     monkeypatch.setitem(sys.modules, "pynvml", types.ModuleType("pynvml"))  # the trace needs it; reading one does not
-    spec = importlib.util.spec_from_file_location("clock_trace", Path(__file__).parents[1] / "kernels/bench/clock_trace.py")
+    spec = importlib.util.spec_from_file_location("clock_trace", Path(__file__).parents[1] / "tools/clock_trace.py")
     clock_trace = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(clock_trace)
     samples = tmp_path / "swing-samples.csv"

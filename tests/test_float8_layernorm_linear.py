@@ -1,4 +1,4 @@
-"""Our Float8LayerNormLinear (fp8bench.float8_layernorm_linear) against nn.LayerNorm -> Float8Linear.
+"""Our Float8LayerNormLinear (fp8bench.nn.float8_layernorm_linear) against nn.LayerNorm -> Float8Linear.
 
 Without a GPU the kernels run under TRITON_INTERPRET=1. Where the recipe fuses (tensorwise-delayed from
 the second step, blockwise from the first), the module casts LayerNorm's float32 values while the
@@ -22,12 +22,12 @@ from torch import nn
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from fp8bench import _float8_ops as ops  # noqa: E402
-from fp8bench.float8_layernorm_linear import BLOCKWISE_FUSION, DELAYED_FUSION, Float8LayerNormLinear, layer_norm_fusion  # noqa: E402
+from fp8bench.nn import _float8_ops as ops  # noqa: E402
+from fp8bench.nn.float8_layernorm_linear import BLOCKWISE_FUSION, DELAYED_FUSION, Float8LayerNormLinear, layer_norm_fusion  # noqa: E402
 from fp8bench.config import Activation  # noqa: E402
-from fp8bench.float8_linear import Float8Linear, plan  # noqa: E402
-from fp8bench.layer import sqnr_db  # noqa: E402
-from fp8bench.recipes import RECIPES, TensorRole  # noqa: E402
+from fp8bench.nn.float8_linear import Float8Linear, plan  # noqa: E402
+from fp8bench.benchmarks.layer import sqnr_db  # noqa: E402
+from fp8bench.nn.recipes import RECIPES, TensorRole  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"

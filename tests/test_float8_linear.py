@@ -1,4 +1,4 @@
-"""Our Float8Linear (fp8bench.float8_linear) and the measured layer of `fp8bench roofline` (fp8bench.layer).
+"""Our Float8Linear (fp8bench.nn.float8_linear) and the measured layer of `fp8bench roofline` (fp8bench.benchmarks.layer).
 
 Without a GPU the kernels run under TRITON_INTERPRET=1 (set before any kernel module is imported). The
 interpreter's float32 -> fp8 conversion rounds wrongly where rounding carries into the next power of two
@@ -29,15 +29,15 @@ from typer.testing import CliRunner
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from fp8bench import _float8_ops as ops  # noqa: E402
-from fp8bench import layer  # noqa: E402
-from fp8bench import roofline as model  # noqa: E402
+from fp8bench.nn import _float8_ops as ops  # noqa: E402
+from fp8bench.benchmarks import layer  # noqa: E402
+from fp8bench.model import roofline as model  # noqa: E402
 from fp8bench.cli import app  # noqa: E402
 from fp8bench.config import BLOCK, Activation, GemmShape, Granularity, TimingConfig  # noqa: E402
-from fp8bench.float8_linear import Float8Linear, convert_to_float8, recipe_problem  # noqa: E402
-from fp8bench.hardware import GPUS  # noqa: E402
-from fp8bench.recipes import RECIPES, CastConfig, Fp8Dtype, Recipe, ScalingType, TensorRole  # noqa: E402
-from fp8bench.results import Row, RunWriter, load_results  # noqa: E402
+from fp8bench.nn.float8_linear import Float8Linear, convert_to_float8, recipe_problem  # noqa: E402
+from fp8bench.model.hardware import GPUS  # noqa: E402
+from fp8bench.nn.recipes import RECIPES, CastConfig, Fp8Dtype, Recipe, ScalingType, TensorRole  # noqa: E402
+from fp8bench.harness.results import Row, RunWriter, load_results  # noqa: E402
 from fp8kernels import reference as ref  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
@@ -462,7 +462,7 @@ def test_compiled_delayed_activation_casts_run_as_torch_ops_from_the_second_step
 def test_delayed_cast_of_an_empty_history_in_the_producer_scales_by_one():
     """The torch-ops form of a delayed cast, reached with an empty history (a backward before any
     earlier one filled it), scales by 1 and still records the tensor's amax."""
-    from fp8bench.float8_linear import _delayed_in_producer, plan
+    from fp8bench.nn.float8_linear import _delayed_in_producer, plan
 
     call = plan(RECIPES["tensorwise-delayed"]).casts[0][0]
     x = torch.randn(64, 32).to(torch.bfloat16)
@@ -656,7 +656,7 @@ def test_a_resumed_roofline_run_measures_only_the_unfinished_shapes(tmp_path):
     """The first call finished one shape and part of the next; the resumed call keeps the prediction
     rows and the finished shape (rows and kernels), and measures the other shape whole."""
     from fp8bench.cli import _resume_roofline
-    from fp8bench.results import RESULTS_CSV
+    from fp8bench.harness.results import RESULTS_CSV
 
     shapes = (GemmShape(128, 128, 128), GemmShape(256, 128, 128))
     config = layer.LayerConfig(shapes, (RECIPES["rowwise"],), ("triton",), timing=TimingConfig(repeats=2),
@@ -725,7 +725,7 @@ def test_gpu_every_recipe_is_as_accurate_as_its_numerics_allow(recipe):
     """Normal random data at 1024^3 on the GPU: output and both gradients equal the plain-PyTorch
     emulation of the recipe (fp8kernels.reference) up to accumulation (35 dB: fast accumulation's error
     is about 1e-2), and are within the recipe's FP8 noise of the BF16 linear's (MIN_SQNR_DB)."""
-    from fp8bench.recipes import GemmRole
+    from fp8bench.nn.recipes import GemmRole
 
     generator = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(1024, 1024, device="cuda", generator=generator).to(torch.bfloat16)
@@ -797,8 +797,8 @@ def test_gpu_roofline_measures_one_shape_end_to_end(tmp_path):
 def test_roofline_suite_entries_each_name_their_shapes():
     from pathlib import Path
 
-    from fp8bench import shapes
-    from fp8bench.suite import load_suite
+    from fp8bench.benchmarks import shapes
+    from fp8bench.harness.suite import load_suite
 
     suite = load_suite(Path(__file__).parent.parent / "suites" / "roofline.toml")
     assert [e.command for e in suite.entries] == ["roofline"] * len(suite.entries)
@@ -809,8 +809,8 @@ def test_roofline_suite_entries_each_name_their_shapes():
 
 
 def test_parallel_suite_runs_one_entry_per_gpu_and_reports_the_worst_exit(tmp_path):
-    from fp8bench.campaign import run_parallel
-    from fp8bench.suite import Suite, SuiteEntry
+    from fp8bench.harness.campaign import run_parallel
+    from fp8bench.harness.suite import Suite, SuiteEntry
 
     tiny = {"no-measure": True, "gpu": "h100-sxm", "shape-gen": "custom", "M": 256, "K": 256, "N": 256}
     suite = Suite("t", tmp_path, (

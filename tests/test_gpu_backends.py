@@ -12,7 +12,7 @@ import torch
 from fp8bench.backends import REGISTRY
 from fp8bench.backends.base import quantize_operands
 from fp8bench.config import FastAccum, GemmShape, Granularity
-from fp8bench.matmul import random_operands
+from fp8bench.benchmarks.matmul import random_operands
 from fp8kernels import reference as ref
 
 pytestmark = pytest.mark.gpu

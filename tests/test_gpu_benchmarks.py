@@ -5,7 +5,7 @@
         --benchmark-compare --benchmark-compare-fail=median:5%
 
 A few GEMMs (BF16; cuBLAS and, where registered, our Triton kernels at each granularity) are measured
-by the harness, fp8bench.timing, as `fp8bench matmul` measures them: clocks settled first, independent
+by the harness, fp8bench.harness.timing, as `fp8bench matmul` measures them: clocks settled first, independent
 repeats each with its own warm-up, an L2 flush before every sample, kernel time from CUDA events.
 pytest-benchmark then records one round per repeat. Its timer is `HarnessClock`, a clock that only the
 GPU time the harness measured moves: a round lasts exactly one repeat's median kernel time, with no
@@ -20,9 +20,9 @@ import pytest
 
 from fp8bench.backends import REGISTRY, Unsupported
 from fp8bench.config import FastAccum, GemmShape, Granularity, TimingConfig
-from fp8bench.hardware import spec_for_device_name
-from fp8bench.matmul import random_operands
-from fp8bench.timing import Measurement, TimerChoice, measure
+from fp8bench.model.hardware import spec_for_device_name
+from fp8bench.benchmarks.matmul import random_operands
+from fp8bench.harness.timing import Measurement, TimerChoice, measure
 from test_cast import FakeTimer
 
 REPEATS = 10  # the rounds pytest-benchmark sees: the harness's unit of comparison, the repeat
@@ -31,7 +31,7 @@ FP8_BACKENDS = tuple(name for name in ("cublas", "triton") if name in REGISTRY)
 
 
 class HarnessClock:
-    """pytest-benchmark's timer: seconds of GPU time measured by fp8bench.timing, advanced one repeat
+    """pytest-benchmark's timer: seconds of GPU time measured by fp8bench.harness.timing, advanced one repeat
     median per round by `replay`; nothing else moves it."""
 
     def __init__(self) -> None:
@@ -44,7 +44,7 @@ class HarnessClock:
         self.seconds += repeat_ms / 1e3
 
     def __repr__(self) -> str:  # how pytest-benchmark names the timer in its saved runs
-        return "fp8bench.timing repeat medians"
+        return "fp8bench.harness.timing repeat medians"
 
 
 CLOCK = HarnessClock()

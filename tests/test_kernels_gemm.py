@@ -562,7 +562,7 @@ def test_compare_refuses_shapes_it_does_not_know(tmp_path):
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "kernels" / "bench" / "gemm_sweep.py"
+    script = Path(__file__).resolve().parents[1] / "tools" / "gemm_sweep.py"
     done = subprocess.run([sys.executable, str(script), "compare", "--out", str(tmp_path), "--shape", "8192x8192x8192",
                            "--shape", "no-such-shape"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2

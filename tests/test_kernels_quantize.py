@@ -174,7 +174,7 @@ def test_dtypes_and_power_of_two_scales(poisoned, granularity, input_dtype, fp8_
 @pytest.mark.parametrize("shape", [(17, 33), (256, 384)])
 def test_delayed_scaling_cast_records_the_amax_and_skips_the_amax_pass(poisoned, shape):
     """Delayed scaling: the cast records max |x| while it casts with a given amax, and the amax pass does
-    nothing where the history's amax is positive (fp8bench._float8_ops.quantize_delayed)."""
+    nothing where the history's amax is positive (fp8bench.nn._float8_ops.quantize_delayed)."""
     x = random_input(*shape, torch.bfloat16, seed=seed_of("delayed", shape))
     config = choose(QuantizeKernel.TENSORWISE, *shape, True, 4)
     own = x.float().abs().max()

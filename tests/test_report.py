@@ -1,7 +1,7 @@
 """HTML reports: pages per granularity, plotly.js once per folder, escaping, and (in headless
 Chromium) that every page loads without a script error and every chart plots every row it should.
 
-The run is a synthetic fixture: rows built by fp8bench.matmul's own row builders from made-up,
+The run is a synthetic fixture: rows built by fp8bench.benchmarks.matmul's own row builders from made-up,
 randomly perturbed timings (timer "fake"), written with RunWriter into a temporary folder.
 """
 
@@ -16,13 +16,13 @@ from typer.testing import CliRunner
 from browser import parse_html, render
 from fp8bench.cli import app
 from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase, Status
-from fp8bench.hardware import GPUS
-from fp8bench.matmul import case_row, measured_row
-from fp8bench.report import INDEX_HTML, TIME_COLUMN, page_name, write_reports
-from fp8bench.report_html import PLOTLY_JS
-from fp8bench.report_matmul import heatmap_id
-from fp8bench.results import COLUMNS, RunWriter, load_results, status_text
-from fp8bench.timing import Measurement
+from fp8bench.model.hardware import GPUS
+from fp8bench.benchmarks.matmul import case_row, measured_row
+from fp8bench.report.write import INDEX_HTML, TIME_COLUMN, page_name, write_reports
+from fp8bench.report.html import PLOTLY_JS
+from fp8bench.report.matmul import heatmap_id
+from fp8bench.harness.results import COLUMNS, RunWriter, load_results, status_text
+from fp8bench.harness.timing import Measurement
 
 GPU = GPUS["h100-sxm"]
 # A case name that would run script if any page let it through unescaped.
@@ -303,7 +303,7 @@ def test_every_chart_plots_every_row_it_should(run, rendered):
     ],
 )
 def test_the_browser_check_sees_script_errors(tmp_path, body, expected):
-    from fp8bench.report_html import page
+    from fp8bench.report.html import page
 
     path = tmp_path / "broken.html"
     path.write_text(page("broken on purpose", body, plotly=True))

@@ -1,9 +1,9 @@
 """The cast and roofline pages: which charts they carry and (in headless Chromium) that every chart draws
 every point it should, without a script error.
 
-The runs are synthetic fixtures (timer "fake"): cast rows built by fp8bench.cast's own row builders,
-roofline predictions by the model itself (fp8bench.roofline.run_roofline) and measured rows by
-fp8bench.layer's builders, from made-up, randomly perturbed timings, written with RunWriter into a
+The runs are synthetic fixtures (timer "fake"): cast rows built by fp8bench.benchmarks.cast's own row builders,
+roofline predictions by the model itself (fp8bench.model.roofline.run_roofline) and measured rows by
+fp8bench.benchmarks.layer's builders, from made-up, randomly perturbed timings, written with RunWriter into a
 temporary folder. No number here is a GPU measurement.
 """
 
@@ -19,18 +19,19 @@ import pandas as pd
 import pytest
 
 from browser import render
-from fp8bench import cast, layer
-from fp8bench import roofline as rl
-from fp8bench.calibrate import CalibrationProfile
+from fp8bench.benchmarks import cast
+from fp8bench.benchmarks import layer
+from fp8bench.model import roofline as rl
+from fp8bench.model.calibrate import CalibrationProfile
 from fp8bench.config import GemmShape, Granularity, Status
-from fp8bench.hardware import GPUS
-from fp8bench.recipes import RECIPES
-from fp8bench.report import page_name, write_reports
-from fp8bench.report_cast import TARGET_PCT_OF_COPY, gbps_chart, pct_of_copy_chart
-from fp8bench.report_html import chart_id, plotted_rows, ratio_whiskers
-from fp8bench.report_roofline import SQNR_COLUMNS, SYMBOLS, measured_vs_predicted_chart, speedup_chart
-from fp8bench.results import RunWriter, load_results, status_text
-from fp8bench.timing import Measurement
+from fp8bench.model.hardware import GPUS
+from fp8bench.nn.recipes import RECIPES
+from fp8bench.report.write import page_name, write_reports
+from fp8bench.report.cast import TARGET_PCT_OF_COPY, gbps_chart, pct_of_copy_chart
+from fp8bench.report.html import chart_id, plotted_rows, ratio_whiskers
+from fp8bench.report.roofline import SQNR_COLUMNS, SYMBOLS, measured_vs_predicted_chart, speedup_chart
+from fp8bench.harness.results import RunWriter, load_results, status_text
+from fp8bench.harness.timing import Measurement
 
 GPU = GPUS["h100-sxm"]
 FP8 = Granularity.fp8()
@@ -64,7 +65,7 @@ SHARE_OF_COPY = {"triton": 0.9, "torch": 0.1, "torch-compile": 0.8, "te": 0.93}
 
 
 def synthetic_cast_status(shape: cast.CastShape, recipe: cast.CastRecipe, implementation: str) -> str | None:
-    """Cases that do not run, as fp8bench.cast would write them (and one failure made up)."""
+    """Cases that do not run, as fp8bench.benchmarks.cast would write them (and one failure made up)."""
     problem = recipe.problem_with(shape)
     if problem:
         return status_text(Status.UNSUPPORTED, problem)
@@ -109,7 +110,7 @@ SYNTHETIC_PROFILE = CalibrationProfile(
 )
 # How much slower than the model's prediction each made-up step runs.
 SLOWDOWN = {"bf16-compile": 1.05, "bf16": 1.2, "triton-compile": 1.15, "triton": 1.5, "torchao-compile": 1.25, "te": 1.1}
-# Kernel names by the model's terms, named so that fp8bench.layer.kernel_kind sorts them as the model does.
+# Kernel names by the model's terms, named so that fp8bench.benchmarks.layer.kernel_kind sorts them as the model does.
 KERNEL_NAMES = {
     "gemm": "nvjet_synthetic_gemm", "cast": "synthetic_quantize", "layernorm": "synthetic_layer_norm",
     "sigmoid": "synthetic_sigmoid",
@@ -137,7 +138,7 @@ def synthetic_step(case: layer.LayerCase, ceilings: rl.Ceilings, rng) -> tuple[M
 
 
 def synthetic_sqnr(case: layer.LayerCase, rng) -> dict[str, float]:
-    """As fp8bench.layer writes it: none for the BF16 eager layer (the reference itself), an infinite
+    """As fp8bench.benchmarks.layer writes it: none for the BF16 eager layer (the reference itself), an infinite
     (identical) grad_weight for compiled BF16, FP8 noise for FP8 steps."""
     if case.backend == "bf16":
         return {}
@@ -158,7 +159,7 @@ def write_roofline_run(run_dir, rng: np.random.Generator, measured: bool) -> Non
         for shape in ROOFLINE_SHAPES:
             reference_ms = None
             for case in layer.LayerConfig(ROOFLINE_SHAPES, recipes).cases(shape):
-                options = {  # as fp8bench.layer's _run_case starts them
+                options = {  # as fp8bench.benchmarks.layer's _run_case starts them
                     "implementation": case.implementation, "compiled": case.compiled, "model": "refined",
                     "ceilings": measured_with.source,
                 }

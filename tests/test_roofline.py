@@ -15,14 +15,14 @@ import pytest
 from scipy import stats
 from typer.testing import CliRunner
 
-from fp8bench import roofline as rl
-from fp8bench import shapes
-from fp8bench.calibrate import CalibrationProfile, load_profile, save_profile
+from fp8bench.model import roofline as rl
+from fp8bench.benchmarks import shapes
+from fp8bench.model.calibrate import CalibrationProfile, load_profile, save_profile
 from fp8bench.cli import EnvironmentProblem, app
 from fp8bench.config import FastAccum, GemmShape, Granularity
-from fp8bench.hardware import GPUS
-from fp8bench.recipes import RECIPES, CastConfig, Recipe, ScalingType, TensorRole, get_recipe
-from fp8bench.results import load_results
+from fp8bench.model.hardware import GPUS
+from fp8bench.nn.recipes import RECIPES, CastConfig, Recipe, ScalingType, TensorRole, get_recipe
+from fp8bench.harness.results import load_results
 
 H100 = GPUS["h100-sxm"]
 SPEC = rl.spec_ceilings(H100)
@@ -363,7 +363,7 @@ def test_roofline_cli_refuses_a_calibration_of_another_gpu(tmp_path, monkeypatch
 
 
 def test_roofline_cli_gpu_auto_without_a_gpu_is_a_usage_error(tmp_path, monkeypatch):
-    monkeypatch.setattr("fp8bench.env.cuda_device_name", lambda: None)
+    monkeypatch.setattr("fp8bench.harness.env.cuda_device_name", lambda: None)
     result = _roofline(tmp_path, "--gpu", "auto")
     assert result.exit_code == 2
     assert "name one with --gpu" in " ".join(result.output.split())
@@ -396,8 +396,8 @@ def test_calibrate_without_a_gpu_says_what_it_needs(monkeypatch):
 
 @pytest.mark.gpu
 def test_calibrate_measures_this_gpu(tmp_path):
-    from fp8bench.env import cuda_device_name
-    from fp8bench.hardware import spec_for_device_name
+    from fp8bench.harness.env import cuda_device_name
+    from fp8bench.model.hardware import spec_for_device_name
 
     spec = spec_for_device_name(cuda_device_name())
     if spec is None:

@@ -1,0 +1,236 @@
+"""`fp8bench compare` and `fp8bench gate`: read run trees, refuse baselines from another GPU model,
+compare entry by entry (statistics in fp8bench.gate.compare), re-run flagged cases once, write the outputs.
+
+A gate measures each suite entry into <out>/<entry>/, compares it with <baseline>/<entry>/, and
+measures every REGRESSION or INCONCLUSIVE case once more (`fp8bench matmul --shape-gen custom ...`
+into <out>/_reruns/<entry>/<case>/); the fresh repeats join the first run's before the case is decided
+again. Exit codes: fp8bench.gate.compare.ExitCode, documented in docs/gating.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from fp8bench.gate import baseline as baselines
+from fp8bench.gate.compare import (
+    CaseComparison,
+    CaseId,
+    Comparison,
+    ExitCode,
+    GateConfig,
+    Metric,
+    MetricGate,
+    Outcome,
+    RunSamples,
+    compare_case,
+    compare_runs,
+    needs_rerun,
+    run_samples,
+)
+from fp8bench.gate.output import Outputs, print_comparison, write_outputs
+from fp8bench.harness.results import load_results
+from fp8bench.harness.suite import SuiteEntry, load_suite
+
+Invoke = Callable[[list[str]], object]  # runs an fp8bench command line (argv without `fp8bench`)
+Rerun = Callable[[str, CaseId], "Path | None"]  # measures one case again; its run folder, or None if it cannot
+
+
+class UsageError(Exception):
+    """Bad options or input files: exit code 2."""
+
+
+@contextlib.contextmanager
+def _as_usage_error() -> Iterator[None]:
+    """Around code that reads what the user named: its failures are the user's to fix, not tracebacks."""
+    try:
+        yield
+    except (OSError, ValueError) as err:
+        raise UsageError(str(err)) from None
+
+
+def resolve_config(suite: Path | None, metric: str | None, fail_on_inconclusive: bool | None) -> GateConfig:
+    """The suite's [gate] table (or the defaults), with the command line's choices on top."""
+    config = GateConfig()
+    with _as_usage_error():
+        if suite is not None:
+            try:
+                config = GateConfig.from_table(load_suite(suite).raw.get("gate", {}))
+            except ValueError as err:
+                raise ValueError(f"{suite}: {err}") from None
+        if metric is not None:
+            try:
+                config = replace(config, metric=Metric(metric.strip().lower()))
+            except ValueError:
+                raise ValueError(f"unknown metric {metric!r}; choose one of: {', '.join(m.value for m in Metric)}") from None
+    if fail_on_inconclusive is not None:
+        config = replace(config, fail_on_inconclusive=fail_on_inconclusive)
+    return config
+
+
+def _samples(run: Path | None, metric: Metric) -> RunSamples:
+    if run is None:
+        return RunSamples(metric, {}, {})
+    with _as_usage_error():
+        return run_samples(load_results(run), metric)
+
+
+def compare_trees(base: Path, new: Path, config: GateConfig, rerun: Rerun | None = None) -> Comparison:
+    """Compare two runs, or two folders of suite runs entry by entry (see baseline.run_folders)."""
+    metric = config.metric
+    gate = config.for_metric(metric)
+    with _as_usage_error():
+        base_runs, new_runs = baselines.run_folders(base), baselines.run_folders(new)
+    if ("" in base_runs) != ("" in new_runs):
+        raise UsageError(f"{base} and {new}: one is a single run and the other a folder of suite runs")
+    cases: list[CaseComparison] = []
+    skipped = []
+    notes: list[str] = []
+    for entry in dict.fromkeys([*base_runs, *new_runs]):
+        where = f"run {entry!r}" if entry else str(new)
+        if entry in base_runs and entry in new_runs:
+            notes += baselines.check_same_gpu(
+                baselines.run_metadata_of(base_runs[entry]), baselines.run_metadata_of(new_runs[entry]), where
+            )
+        else:
+            notes.append(f"{where} is only in the {'baseline' if entry in base_runs else 'new runs'}")
+        base_samples, new_samples = _samples(base_runs.get(entry), metric), _samples(new_runs.get(entry), metric)
+        entry_cases, entry_skipped = compare_runs(entry, base_samples, new_samples, gate)
+        if rerun is not None:
+            entry_cases = [
+                _confirm(case, base_samples, new_samples, gate, rerun, notes) if needs_rerun(case.outcome) else case
+                for case in entry_cases
+            ]
+        cases += entry_cases
+        skipped += entry_skipped
+    return Comparison.build(metric, config, cases, skipped, notes)
+
+
+def _confirm(
+    case: CaseComparison, base: RunSamples, new: RunSamples, gate: MetricGate, rerun: Rerun, notes: list[str]
+) -> CaseComparison:
+    """Measure a flagged case again and decide it anew (compare.judge_rerun)."""
+    where = case.where
+    fresh_run = rerun(case.run, case.case_id)
+    if fresh_run is None:
+        notes.append(f"{where}: {case.case_id.benchmark} cases cannot be re-run; decided on the first run")
+        return case
+    fresh = _samples(fresh_run, new.metric)
+    # The re-run names its one shape by its dimensions (custom shape), whatever the suite called it.
+    matches = [values for fresh_id, values in fresh.samples.items() if replace(fresh_id, case=case.case_id.case) == case.case_id]
+    if len(matches) != 1:
+        why = "; ".join(fresh.problems.values()) or "the case is missing"
+        notes.append(f"{where}: the re-run in {fresh_run} gave no comparable measurement ({why}); decided on the first run")
+        return case
+    return compare_case(
+        case.run, case.case_id, new.metric, base.samples[case.case_id], new.samples[case.case_id],
+        gate.thresholds_for(case.label), fresh=matches[0],
+    )
+
+
+# Options of `fp8bench matmul` that a re-run sets itself; the entry's others (timer, repeats, gpu) stay.
+_RERUN_SETS = ("shape-gen", "M", "K", "N", "granularity", "backend", "fast-accum", "report")
+
+
+def matmul_rerun_argv(entry: SuiteEntry, case_id: CaseId, base: Path) -> list[str]:
+    """`fp8bench matmul` measuring one case (and its shape's BF16 reference) into base/<case slug>."""
+    options = {key: value for key, value in entry.options.items() if key not in _RERUN_SETS}
+    fp8 = case_id.granularity != "none"
+    options.update(
+        {
+            "shape-gen": "custom",
+            "M": case_id.M,
+            "K": case_id.K,
+            "N": case_id.N,
+            # The BF16 reference is measured for any granularity; with backend bf16 alone it is all that runs.
+            "granularity": case_id.granularity if fp8 else "all",
+            "backend": [case_id.backend],
+            "fast-accum": case_id.fast_accum if fp8 else "both",
+            "report": False,
+        }
+    )
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", case_id.label)
+    return SuiteEntry(slug, "matmul", options).argv(base)
+
+
+def _out_of(argv: list[str]) -> Path:
+    return Path(argv[argv.index("--out") + 1])
+
+
+def gate(
+    suite_path: Path,
+    baseline: str,
+    baseline_dir: Path,
+    out: Path,
+    config: GateConfig,
+    device_name: str | None,
+    invoke: Invoke,
+    runs: Path | None = None,
+    rerun: bool = True,
+    console: Console | None = None,
+) -> Comparison:
+    """Run the suite into `out` (or take its runs from `runs`), then compare with the baseline.
+
+    `device_name` is the CUDA device measuring here (None where there is none: then `runs` must be
+    given and `rerun` off); the baseline is looked up for its GPU model before anything is measured.
+    """
+    with _as_usage_error():
+        suite = load_suite(suite_path)
+        if device_name is not None:
+            model = baselines.gpu_model({"gpu_name": device_name})
+        elif runs is not None:
+            model = baselines.tree_gpu_model(runs)
+        else:
+            raise ValueError("the gate needs a GPU to run the suite on, or --runs with the suite's runs")
+    with _as_usage_error():
+        base = baselines.resolve(baseline, baseline_dir, model)
+    if runs is None:
+        taken = [entry.name for entry in suite.entries if (out / entry.name).exists()]
+        if taken:
+            raise UsageError(f"{out} already holds {', '.join(taken)}; the gate measures into fresh folders (pass another --out)")
+        for entry in suite.entries:
+            if console is not None:
+                console.rule(f"{suite.name}: {entry.name}")
+            invoke(entry.argv(out))
+    entries = {entry.name: entry for entry in suite.entries}
+
+    def rerun_case(run: str, case_id: CaseId) -> Path | None:
+        entry = entries.get(run)
+        if entry is None or entry.command != "matmul":
+            return None
+        argv = matmul_rerun_argv(entry, case_id, out / "_reruns" / run)
+        if console is not None:
+            console.rule(f"re-run: {run}/{case_id.label}")
+        invoke(argv)
+        return _out_of(argv)
+
+    return compare_trees(base, runs or out, config, rerun_case if rerun else None)
+
+
+def conclude(
+    body: Callable[[], Comparison], outputs: Outputs, console: Console, err_console: Console
+) -> int:
+    """Run a comparison, print and write it, and return the exit code (errors included)."""
+    try:
+        comparison = body()
+        print_comparison(console, comparison)
+        with _as_usage_error():
+            for path in write_outputs(comparison, outputs):
+                console.print(f"wrote {escape(str(path))}")
+    except baselines.IncompatibleBaseline as err:
+        err_console.print(f"[red]incompatible baseline:[/] {escape(str(err))}")
+        return int(ExitCode.INCOMPATIBLE_BASELINE)
+    except UsageError as err:
+        err_console.print(f"[red]error:[/] {escape(str(err))}")
+        return int(ExitCode.USAGE)
+    if comparison.verdict is Outcome.INCONCLUSIVE and not comparison.fail_on_inconclusive:
+        console.print("inconclusive cases do not fail the comparison; pass --fail-on-inconclusive to exit 3 on them")
+    if comparison.verdict is Outcome.IMPROVEMENT:
+        console.print("faster than the baseline: consider saving this run as the new one (fp8bench baseline save)")
+    return int(comparison.exit_code)

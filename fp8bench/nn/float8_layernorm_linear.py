@@ -1,0 +1,154 @@
+"""Our Float8LayerNormLinear: LayerNorm -> Float8Linear as one module, as TransformerEngine's
+LayerNormLinear is, so that the LayerNorm can write the linear's FP8 input itself
+(fp8kernels.layernorm_cast). Two recipes' input casts fuse:
+- delayed scaling (tensorwise-delayed): the scale is known before the LayerNorm runs, so from the
+  module's second training step one kernel reads x and writes the fp8 copy, recording the output's amax
+  for the history; the transposed copy the grad_weight product reads is the fp8 transpose of it. Under
+  torch.compile inductor fused this cast into its LayerNorm kernel (Float8Linear's `in_producer` casts)
+  but computed the LayerNorm's Welford reduction twice there (reports/h100-sxm/ln-delayed-cast-probe):
+  0.58 ms at 16384 x 16384 against 0.28 for ours (reports/h100-sxm/layernorm-cast-probe).
+- blockwise with 1 x 128 groups in both uses (the blockwise preset's input): each row group is scaled as
+  the LayerNorm writes it, from the first step; the transposed copy's groups span 128 rows, so a second
+  kernel normalizes x again from the saved statistics and writes it. x is read twice, but the bf16
+  output is neither written nor read back (6 bytes an element moved, not 8).
+The bf16 LayerNorm output never exists.
+
+The backward is the linear's (float8_linear.backward_products), then LayerNorm's from the statistics the
+forward kernel saved (aten.native_layer_norm_backward, which inductor compiles as it does for
+nn.LayerNorm). Every other recipe, and delayed scaling's first step, run nn.functional.layer_norm then
+Float8Linear: there the cast needs the output's own amax (tensor-wide, or per column), or the history has
+none yet.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fp8bench.nn import _float8_ops as ops
+from fp8bench.config import Activation, Granularity
+from fp8bench.nn.float8_linear import (
+    Float8Linear,
+    _Float8LinearFunction,
+    _Plan,
+    backward_products,
+    forward_products,
+    in_input_dtype,
+)
+from fp8bench.nn.recipes import Recipe
+
+
+DELAYED_FUSION = "delayed"
+BLOCKWISE_FUSION = "blockwise"
+
+
+def layer_norm_fusion(how: _Plan) -> str | None:
+    """How the LayerNorm writes the input's fp8 copies (module docstring): one cast makes both uses, delayed
+    or in 1 x 128 groups; None where it does not."""
+    calls = how.casts[0]
+    if len(calls) != 1 or not (calls[0].rowwise and calls[0].columnwise):
+        return None
+    call = calls[0]
+    if call.in_producer:
+        return DELAYED_FUSION
+    if call.granularity == Granularity.BLOCKWISE.value and call.block_rows == 1:
+        return BLOCKWISE_FUSION
+    return None
+
+
+class _Float8LayerNormLinearFunction(torch.autograd.Function):
+    """LayerNorm(x[M, K]) @ weight[N, K].T, the LayerNorm fused with the input's cast (layer_norm_fusion)."""
+
+    @staticmethod
+    def forward(
+        ctx, x, ln_weight, ln_bias, weight, input_history, weight_history, grad_output_history, how: _Plan, eps: float
+    ):  # fmt: skip
+        call = how.casts[0][0]
+        if call.delayed:
+            data, scale, data_t, mean, rstd = ops.layernorm_quantize_delayed(
+                x, ln_weight, ln_bias, eps, input_history, call.fp8_dtype, call.power_of_two, True
+            )
+            scale_t = scale
+        else:
+            data, scale, data_t, scale_t, mean, rstd = ops.layernorm_quantize_blockwise(
+                x, ln_weight, ln_bias, eps, call.fp8_dtype, call.power_of_two
+            )
+        # Histories filled (True): this runs where delayed scaling's histories hold amaxes, or where the
+        # recipe has none (blockwise mixes with no tensorwise scaling: float8_linear.recipe_problem).
+        out, saved, ctx.weight_tensors = forward_products(
+            None, ((data, scale), (data_t, scale_t)), weight, weight_history, how, True
+        )
+        ctx.save_for_backward(*saved, grad_output_history, x, mean, rstd, ln_weight, ln_bias)
+        ctx.plan = how
+        return in_input_dtype(out, x)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        *saved, grad_output_history, x, mean, rstd, ln_weight, ln_bias = ctx.saved_tensors
+        needs_x, needs_ln_weight, needs_ln_bias, needs_weight = ctx.needs_input_grad[:4]
+        needs_ln = (needs_x, needs_ln_weight, needs_ln_bias)
+        grad_ln_out, grad_weight = backward_products(
+            ctx.plan, saved, ctx.weight_tensors, grad_output, grad_output_history, True, (any(needs_ln), needs_weight)
+        )
+        grad_x = grad_ln_weight = grad_ln_bias = None
+        if any(needs_ln):
+            if not x.is_cuda:  # CPU's LayerNorm keeps its statistics in x's dtype (CUDA's, in float32)
+                mean, rstd = mean.to(x.dtype), rstd.to(x.dtype)
+            grad_x, grad_ln_weight, grad_ln_bias = torch.ops.aten.native_layer_norm_backward(
+                grad_ln_out, x, [x.shape[1]], mean, rstd, ln_weight, ln_bias, list(needs_ln)
+            )
+        return grad_x, grad_ln_weight, grad_ln_bias, grad_weight, None, None, None, None, None
+
+
+class Float8LayerNormLinear(Float8Linear):
+    """LayerNorm over in_features, then a Float8Linear running `recipe` with `activation` applied to its
+    output (module docstring). The LayerNorm's affine parameters are `layer_norm_weight` and
+    `layer_norm_bias` (TransformerEngine's names), or None with `elementwise_affine=False`."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *, recipe: Recipe,
+        activation: Activation = Activation.NONE, eps: float = 1e-5, elementwise_affine: bool = True,
+    ):  # fmt: skip
+        super().__init__(in_features, out_features, bias, device, dtype, recipe=recipe, activation=activation)
+        self.eps = eps
+        for name, fill in (("layer_norm_weight", 1.0), ("layer_norm_bias", 0.0)):
+            param = nn.Parameter(torch.full((in_features,), fill, device=device, dtype=dtype)) if elementwise_affine else None
+            self.register_parameter(name, param)
+        self._fusion = layer_norm_fusion(self._plan)
+
+    @classmethod
+    def from_modules(
+        cls, layer_norm: nn.LayerNorm, linear: nn.Linear, recipe: Recipe, activation: Activation = Activation.NONE
+    ) -> "Float8LayerNormLinear":
+        """A Float8LayerNormLinear sharing the parameters of `layer_norm` (over linear.in_features) and
+        `linear` (no copy), `activation` applied to the linear's output."""
+        if tuple(layer_norm.normalized_shape) != (linear.in_features,):
+            raise ValueError(
+                f"the LayerNorm normalizes over {tuple(layer_norm.normalized_shape)}; the linear takes {linear.in_features} features"
+            )
+        with torch.device("meta"):
+            new = cls(
+                linear.in_features, linear.out_features, bias=False, recipe=recipe, activation=activation,
+                eps=layer_norm.eps, elementwise_affine=layer_norm.weight is not None,
+            )  # fmt: skip
+        new.weight, new.bias = linear.weight, linear.bias
+        new.layer_norm_weight, new.layer_norm_bias = layer_norm.weight, layer_norm.bias
+        new._register_histories(linear.weight.device)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2d = self.rows_of(x)
+        histories, histories_filled = self.step_state()
+        how = self.products_plan()
+        if self._fusion == BLOCKWISE_FUSION or (self._fusion == DELAYED_FUSION and histories_filled):
+            out = _Float8LayerNormLinearFunction.apply(
+                x2d, self.layer_norm_weight, self.layer_norm_bias, self.weight, *histories, how, self.eps
+            )
+        else:
+            normalized = F.layer_norm(x2d, (self.in_features,), self.layer_norm_weight, self.layer_norm_bias, self.eps)
+            out = _Float8LinearFunction.apply(normalized, self.weight, *histories, how, histories_filled)
+        return self.finish(out, x)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, eps={self.eps}, elementwise_affine={self.layer_norm_weight is not None}"

@@ -1,0 +1,336 @@
+"""The site's own pages (fp8bench.publish.site): the GPU models, a GPU model's latest runs, history
+charts, a suite run's entries, and compare pages. Built on the report skeleton (fp8bench.report.html);
+every string from a result file or a folder name is escaped, and every link is relative to the page.
+"""
+
+from __future__ import annotations
+
+import html
+import posixpath
+from collections.abc import Iterable
+
+import pandas as pd
+import plotly.express as px
+from scipy.stats import gmean
+
+from fp8bench.gate.baseline import IncompatibleBaseline
+from fp8bench.gate.compare import GateConfig
+from fp8bench.gate.output import case_cells, columns, geomean_line, headline, sorted_cases
+from fp8bench.config import Granularity, Status
+from fp8bench.gate.gate import UsageError, compare_trees
+from fp8bench.publish.tree import COMPARE_HTML, GATE_JSON, HISTORY_HTML, EntryRun, Run, Tree, slug
+from fp8bench.report.write import INDEX_HTML, status_counts
+from fp8bench.report.html import Chart, page, rows_table
+
+SERIES = ("benchmark", "granularity", "backend", "fast_accum")  # a line of a history chart
+_SITE = posixpath.curdir
+_GEOMEAN_NOTE = (
+    "Geometric mean of speedup_vs_bf16 (BF16 time / FP8 time, same shape, same run) over the ok FP8 rows "
+    "of each granularity, backend and fast-accumulation setting; the number of rows in parentheses."
+)
+_HISTORY_NOTE = (
+    "x: the run's start time (metadata started_utc); y: the geometric mean of the FP8 speedup over BF16 "
+    "of the run's ok rows of one series. Where the rows that ran differ between runs (see `rows` in the "
+    "hover), two points are not like for like."
+)
+
+
+# ---- links and tables -------------------------------------------------------------------------
+
+
+def _href(from_dir: str, to: str) -> str:
+    """A link from a page in site folder `from_dir` to the site path `to`."""
+    return posixpath.relpath(to, from_dir)
+
+
+def _link(href: str, text: str) -> str:
+    return f'<a href="{html.escape(href)}">{html.escape(text)}</a>'
+
+
+def _link_table(frame: pd.DataFrame) -> str:
+    """A table whose cells are HTML already (escaped text and links)."""
+    if frame.empty:
+        return '<p class="note">none</p>'
+    return f'<div class="scroll">{frame.to_html(escape=False, index=False, border=0, classes="links", na_rep="")}</div>'
+
+
+def _nav(from_dir: str, model: str | None) -> str:
+    links = [_link(_href(from_dir, INDEX_HTML), "all GPU models")]
+    if model is not None:
+        links += [
+            _link(_href(from_dir, f"{slug(model)}/{INDEX_HTML}"), f"{model}: latest runs"),
+            _link(_href(from_dir, f"{slug(model)}/{HISTORY_HTML}"), f"{model}: history"),
+        ]
+    return f"<nav>{' | '.join(links)}</nav>"
+
+
+def _time(started: pd.Timestamp | None) -> str:
+    return started.strftime("%Y-%m-%d %H:%M UTC") if started is not None else "not recorded"
+
+
+def _entry_link(from_dir: str, entry: EntryRun, text: str) -> str:
+    return _link(_href(from_dir, f"{entry.site_dir}/{INDEX_HTML}"), text)
+
+
+def _compare_link(from_dir: str, entry: EntryRun, previous: EntryRun | None) -> str:
+    if previous is None:
+        return "first run"
+    return _link(_href(from_dir, f"{entry.site_dir}/{COMPARE_HTML}"), f"vs {previous.run}")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _history_id(entry: str) -> str:
+    return f"history-{slug(entry)}"
+
+
+def measurement_note(entry: EntryRun) -> str:
+    """Why an entry's numbers may not be GPU measurements of a known GPU ("" when they are)."""
+    if (entry.rows["timer"] == "fake").any():
+        return "fake timer: not GPU measurements"
+    if not entry.metadata.get("gpu_name"):
+        return "no GPU recorded"
+    return ""
+
+
+def _skipped_table(tree: Tree, under: str | None = None) -> str:
+    rows = [
+        {"folder": html.escape(str(s.path.relative_to(tree.root))), "reason": html.escape(s.reason)}
+        for s in tree.skipped
+        if under is None or s.path.is_relative_to(tree.root / under)
+    ]
+    if not rows:
+        return ""
+    return f"<h2>Skipped folders</h2>{_link_table(pd.DataFrame(rows))}"
+
+
+def _previous(tree: Tree, model: str) -> dict[int, EntryRun | None]:
+    """Each entry run's predecessor among the model's runs of the same entry (by id of the entry run)."""
+    previous: dict[int, EntryRun | None] = {}
+    for entries in tree.history(model).values():
+        for before, entry in zip([None, *entries], entries):
+            previous[id(entry)] = before
+    return previous
+
+
+# ---- geomean speedups ---------------------------------------------------------------------------
+
+
+def geomean_speedups(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per series (SERIES), the geometric mean of the FP8 speedups over its ok rows, and their count."""
+    fp8 = rows[
+        (rows["status"] == Status.OK.value)
+        & (rows["granularity"] != Granularity.NONE.value)
+        & (rows["speedup_vs_bf16"] > 0)
+    ]
+    grouped = fp8.groupby(list(SERIES), sort=False)["speedup_vs_bf16"]
+    return grouped.agg(geomean=gmean, rows="size").reset_index()
+
+
+def _series_label(row: pd.Series) -> str:
+    accum = "na" if row["fast_accum"] == "n/a" else row["fast_accum"]
+    return f"{row['benchmark']}/{row['granularity']}/{row['backend']}/accum-{accum}"
+
+
+def _geomean_table(entries: Iterable[EntryRun]) -> str:
+    """The latest runs' geomeans: a row per entry and granularity, a column per backend and accumulation."""
+    frames = []
+    for entry in entries:
+        speedups = geomean_speedups(entry.rows)
+        speedups.insert(0, "entry", entry.entry)
+        frames.append(speedups)
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if table.empty:
+        return '<p class="note">no FP8 speedups in these runs (no ok FP8 row with a BF16 reference)</p>'
+    order = {g.value: i for i, g in enumerate(Granularity)}
+    table["series"] = table["backend"] + ", accum " + table["fast_accum"]
+    table["cell"] = [f"{g:.3f}x ({n})" for g, n in zip(table["geomean"], table["rows"])]
+    table["order"] = table["granularity"].map(order)
+    wide = table.pivot_table(index=["entry", "benchmark", "order", "granularity"], columns="series", values="cell", aggfunc="first")
+    wide = wide.reset_index().drop(columns="order").fillna("")
+    wide.columns.name = None
+    return f'<p class="note">{html.escape(_GEOMEAN_NOTE)}</p>' + rows_table(wide, ("entry", "benchmark", "granularity"))
+
+
+# ---- pages ----------------------------------------------------------------------------------------
+
+
+def site_index(tree: Tree) -> str:
+    rows = []
+    for model, runs in tree.models.items():
+        entries = [entry for run in runs for entry in run.entries]
+        gpus = sorted({str(e.metadata.get("gpu_name") or "not recorded") for e in entries})
+        rows.append(
+            {
+                "GPU model": _link(f"{slug(model)}/{INDEX_HTML}", model),
+                "GPUs recorded": html.escape(", ".join(gpus)),
+                "runs": len(runs),
+                "entries": len({e.entry for e in entries}),
+                "latest run": _link(f"{runs[0].site_dir}/{INDEX_HTML}", runs[0].name),
+                "started": _time(runs[0].started),
+                "history": _link(f"{slug(model)}/{HISTORY_HTML}", "history"),
+            }
+        )
+    body = f"<h2>GPU models</h2>{_link_table(pd.DataFrame(rows))}{_skipped_table(tree)}"
+    return page("fp8bench results", body, plotly=False)
+
+
+def model_index(tree: Tree, model: str) -> str:
+    here = slug(model)
+    history = tree.history(model)
+    previous = _previous(tree, model)
+    latest = [entries[-1] for entries in history.values()]
+    runs_by_name = {run.name: run for run in tree.models[model]}
+    latest_rows = [
+        {
+            "entry": html.escape(entry.entry),
+            "latest run": _entry_link(here, entry, entry.run),
+            "started": _time(entry.started),
+            "GPU": html.escape(str(entry.metadata.get("gpu_name") or "not recorded")),
+            "rows": html.escape(status_counts(entry.rows)),
+            "gate": html.escape(runs_by_name[entry.run].gate_status(entry)),
+            "compare": _compare_link(here, entry, previous[id(entry)]),
+            "history": _link(f"{HISTORY_HTML}#{_history_id(entry.entry)}", _count(len(history[entry.entry]), "run")),
+            "note": html.escape(measurement_note(entry)),
+        }
+        for entry in latest
+    ]
+    run_rows = [
+        {
+            "run": _link(_href(here, f"{run.site_dir}/{INDEX_HTML}"), run.name),
+            "started": _time(run.started),
+            "entries": ", ".join(_entry_link(here, e, e.entry) for e in run.entries) if run.is_suite else "a single run",
+            "gate": html.escape(run.gate_status()),
+        }
+        for run in tree.models[model]
+    ]
+    body = (
+        f"{_nav(here, model)}<h2>Latest run of each entry</h2>"
+        '<p class="note">An entry is a benchmark that repeats from run to run: a suite entry, or a single run '
+        "by its folder name. Gate: the run's gate.json from fp8bench gate --json, if it has one.</p>"
+        f"{_link_table(pd.DataFrame(latest_rows))}"
+        f"<h2>Geomean speedup over BF16 of the latest runs</h2>{_geomean_table(latest)}"
+        f"<h2>All runs, newest first</h2>{_link_table(pd.DataFrame(run_rows))}"
+        f"{_skipped_table(tree, model)}"
+    )
+    return page(f"{model}: fp8bench results", body, plotly=False)
+
+
+def history_chart(name: str, entries: list[EntryRun]) -> Chart | None:
+    """Geomean speedup per series against run start time; None when no run has a speedup to plot."""
+    points = []
+    for entry in entries:
+        if entry.started is None:
+            continue
+        for _, row in geomean_speedups(entry.rows).iterrows():
+            points.append(
+                {
+                    "started": entry.started,
+                    "speedup": row["geomean"],
+                    "rows": row["rows"],
+                    # plotly renders HTML in labels: escaped before they reach it
+                    "series": html.escape(_series_label(row)),
+                    "run": html.escape(entry.run),
+                }
+            )
+    if not points:
+        return None
+    frame = pd.DataFrame(points).sort_values("started", kind="stable")
+    figure = px.line(
+        frame, x="started", y="speedup", color="series", markers=True,
+        hover_data={"run": True, "rows": True, "speedup": ":.3f"},
+        labels={"started": "run start (UTC)", "speedup": "geomean speedup over BF16"},
+    )  # fmt: skip
+    figure.add_hline(y=1.0, line_dash="dot", annotation_text="BF16", annotation_position="top left")
+    note = _HISTORY_NOTE
+    if frame["started"].nunique() == 1:
+        note += " One run so far: each series is a single point; a line needs a second run."
+        # plotly would span a millisecond around a single time
+        day = pd.Timedelta(days=1)
+        figure.update_xaxes(range=[frame["started"].iloc[0] - day, frame["started"].iloc[0] + day])
+    return Chart(f"{_history_id(name)}-chart", f"{name}: geomean speedup over BF16, run by run", figure, note)
+
+
+def history_page(tree: Tree, model: str) -> str:
+    here = slug(model)
+    previous = _previous(tree, model)
+    parts = [_nav(here, model)]
+    for name, entries in tree.history(model).items():
+        # the anchor the index links to, there whether or not the entry has a chart (cast runs have none)
+        parts.append(f'<h2 id="{html.escape(_history_id(name))}">{html.escape(name)}</h2>')
+        chart = history_chart(name, entries)
+        untimed = [e.run for e in entries if e.started is None]
+        if untimed:
+            parts.append(f'<p class="note">not plotted, no start time recorded: {html.escape(", ".join(untimed))}</p>')
+        parts.append(
+            chart.to_html() if chart else '<p class="note">no FP8 speedups to plot (no ok FP8 row with a BF16 reference)</p>'
+        )
+        rows = [
+            {
+                "run": _entry_link(here, e, e.run),
+                "started": _time(e.started),
+                "rows": html.escape(status_counts(e.rows)),
+                "compare": _compare_link(here, e, previous[id(e)]),
+            }
+            for e in reversed(entries)
+        ]
+        parts.append(_link_table(pd.DataFrame(rows)))
+    return page(f"{model}: history", "\n".join(parts), plotly=True, plotly_dir="../")
+
+
+def suite_run_page(tree: Tree, run: Run) -> str:
+    here = str(run.site_dir)
+    previous = _previous(tree, run.model)
+    gate = html.escape(run.gate_status())
+    if run.gate is not None:
+        gate += f" ({_link(GATE_JSON, GATE_JSON)})"
+    rows = [
+        {
+            "entry": _entry_link(here, e, e.entry),
+            "started": _time(e.started),
+            "rows": html.escape(status_counts(e.rows)),
+            "gate": html.escape(run.gate_status(e)),
+            "compare": _compare_link(here, e, previous[id(e)]),
+            "note": html.escape(measurement_note(e)),
+        }
+        for e in run.entries
+    ]
+    body = f"{_nav(here, run.model)}<p>Gate: {gate}</p><h2>Entries</h2>{_link_table(pd.DataFrame(rows))}"
+    return page(f"{run.name}: suite run on {run.model}", body, plotly=False)
+
+
+def compare_page(previous: EntryRun, entry: EntryRun) -> str:
+    """The entry against its previous run (fp8bench.gate.compare with the default thresholds)."""
+    here = str(entry.site_dir)
+    title = f"{entry.entry}: {previous.run} vs {entry.run}"
+    config = GateConfig()
+    thresholds = config.speedup.thresholds
+    parts = [
+        _nav(here, entry.model),
+        f"<p>Baseline: {_entry_link(here, previous, previous.run)} (started {_time(previous.started)}); "
+        f"new: {_entry_link(here, entry, entry.run)} (started {_time(entry.started)}).</p>",
+        f'<p class="note">Gated metric: FP8/BF16 speedups of the same run, with the default thresholds of '
+        f"docs/gating.md (floor {thresholds.floor_pct:g}%, k_sigma {thresholds.k_sigma:g}, alpha "
+        f"{thresholds.alpha:g}, geomean floor {config.speedup.geomean_floor_pct:g}%); a suite's own [gate] "
+        "table may set others.</p>",
+    ]
+    try:
+        comparison = compare_trees(previous.source, entry.source, config)
+    except (UsageError, IncompatibleBaseline) as err:
+        parts.append(f'<p class="banner">not compared: {html.escape(str(err))}</p>')
+        return page(title, "\n".join(parts), plotly=False)
+    shown = columns(comparison)
+    cases = pd.DataFrame([case_cells(c, comparison.metric)[-len(shown):] for c in sorted_cases(comparison)], columns=list(shown))
+    parts += [
+        f"<h2>{html.escape(headline(comparison))}</h2><p>{html.escape(geomean_line(comparison))}</p>",
+        "<p class=\"note\">slowdown = new cost / baseline cost - 1 (positive is worse)</p>",
+        rows_table(cases, ("run", "case", "outcome")),
+    ]
+    if comparison.not_compared:
+        reasons = pd.Series([s.reason for s in comparison.not_compared]).value_counts(sort=False)
+        skipped = pd.DataFrame({"reason": reasons.index, "cases": reasons.to_numpy()})
+        parts += [f"<h3>{len(comparison.not_compared)} cases not compared</h3>", rows_table(skipped, ("reason",))]
+    parts += [f'<p class="note">note: {html.escape(note)}</p>' for note in comparison.notes]
+    return page(title, "\n".join(parts), plotly=False)

@@ -1,0 +1,220 @@
+"""The roofline benchmark's charts: the LayerNorm -> Linear -> sigmoid step's speedup over BF16 (compiled)
+as measured beside the roofline model's prediction, the share of the predicted gain that was measured,
+where the measured kernel time goes (GEMM, cast, other), and how close each step's results are to the
+BF16 layer's (SQNR).
+
+Rows as fp8bench.model.roofline and fp8bench.benchmarks.layer write them: predictions (backend `model`; options name the
+model, the implementation for the refined model, and the ceilings) and measured steps (backend
+`<implementation>` or `<implementation>-compile`; options name the implementation and whether it was
+compiled). A run without a GPU holds predictions only; its speedup chart shows them, and the charts of
+measurements are left out. Only `ok` rows are plotted; the page's table lists the rest. Whiskers come
+from the repeat medians in `repeat_ms` (fastest and slowest repeat), as the matmul charts do.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+
+from fp8bench.config import Granularity
+from fp8bench.model.hardware import GpuSpec
+from fp8bench.benchmarks.layer import BREAKDOWN_STEPS, REFERENCE_BACKEND
+from fp8bench.report.html import (
+    Chart, chart_id, colour_map, panels_height, plotted_rows, ratio_whisker_note, ratio_whiskers, run_order,
+)
+from fp8bench.model.roofline import IMPLEMENTATIONS, Model
+
+CASE_KEYS = ["case", "M", "K", "N"]
+TABLE_COLUMNS = (
+    "case", "M", "K", "N", "backend", "recipe", "status", "speedup_vs_bf16", "predicted_speedup",
+    "measured_vs_predicted", "predicted_ms", "bound", "gemm_ms", "cast_ms", "other_ms", "sqnr_out_db",
+    "sqnr_grad_input_db", "sqnr_grad_weight_db", "wall_ms", "sm_clock_mhz", "sm_clock_min_mhz", "throttled", "repeats", "dropped_repeats",
+    "samples", "timer", "options",
+)
+MODEL_BACKEND = "model"  # the backend of prediction rows (fp8bench.model.roofline.layer_row)
+# Measured kernel time by kind of kernel (fp8bench.benchmarks.layer.KERNEL_KINDS), as stacked in the bars.
+KERNEL_TIME_COLUMNS = {"gemm_ms": "GEMM", "cast_ms": "cast", "other_ms": "other"}
+SQNR_COLUMNS = {"sqnr_out_db": "output", "sqnr_grad_input_db": "grad_input", "sqnr_grad_weight_db": "grad_weight"}
+# The bar tests/test_float8_linear.py holds a product with e4m3 operands to against BF16 (e4m3's noise on
+# normal data is about 28 dB; an e5m2 operand's about 24.6).
+SQNR_FLOOR_DB = 25.0
+# Filled markers for measurements, open ones for predictions (one per set of ceilings).
+SYMBOLS = {
+    "measured (compiled)": "circle", "measured (eager)": "diamond",
+    "predicted (spec ceilings)": "circle-open", "predicted (calibrated ceilings)": "square-open",
+}
+_HOVER = {
+    "M": True, "K": True, "N": True, "median_ms": ":.4g", "spread_pct": ":.1f", "predicted_ms": ":.4g", "bound": True,
+}
+_LABELS = {
+    "shape": "shape", "implementation_label": "implementation", "backend_label": "backend", "recipe_label": "recipe",
+    "what": "measured or predicted", "speedup": "speedup over BF16 (compiled)",
+    "measured_vs_predicted": "measured / predicted speedup", "step": "step: backend, recipe", "kernels": "kernels",
+    "ms": "ms per step", "sqnr_db": "SQNR, dB", "tensor": "tensor",
+}
+
+
+def _implementation(options: dict) -> str:
+    """Whose step a row is: its implementation (bf16, triton, torchao, te, unfused), or the model that
+    predicts it where no implementation is named (torchao's public model)."""
+    return options.get("implementation") or f"{options['model']} model"
+
+
+# Implementations take plotly's colours in this order on every page, then any other in run order.
+_COLOUR_ORDER = (*IMPLEMENTATIONS, _implementation({"model": Model.PUBLIC.value}))
+
+
+def _what(backend: str, options: dict) -> str:
+    """Measured (compiled or eager), or predicted under which ceilings."""
+    if backend == MODEL_BACKEND:
+        return f"predicted ({options['ceilings']} ceilings)"
+    return "measured (compiled)" if options.get("compiled") else "measured (eager)"
+
+
+def _plotted(rows: pd.DataFrame) -> pd.DataFrame:
+    """The `ok` rows with their repeat bounds and labels escaped for plotly (report_html.plotted_rows)."""
+    ok = plotted_rows(rows)
+    options = ok["options"].map(json.loads)
+    ok["implementation_label"] = options.map(_implementation).map(html.escape)
+    ok["what"] = [html.escape(_what(backend, o)) for backend, o in zip(ok["backend"], options)]
+    ok["backend_label"] = ok["backend"].map(html.escape)
+    ok["recipe_label"] = ok["recipe"].map(html.escape)
+    ok["measured"] = ok["backend"] != MODEL_BACKEND
+    return ok
+
+
+def _points_by_recipe(points: pd.DataFrame, y: str) -> go.Figure:
+    """Markers of `y` per shape, a panel per recipe, a colour per implementation (the same on every page)
+    and a symbol for what each is; an implementation's markers share one slot beside each shape, so that
+    measured and predicted stand one above the other."""
+    figure = px.scatter(
+        points, x="shape", y=y, color="implementation_label", symbol="what", facet_row="recipe_label",
+        error_y="whisker_up", error_y_minus="whisker_down", symbol_map=SYMBOLS,
+        color_discrete_map=colour_map(_COLOUR_ORDER, points["implementation_label"]),
+        category_orders=run_order(points, "shape", "recipe_label", "implementation_label", "what"),
+        hover_data=_HOVER, labels=_LABELS,
+    )
+    implementation_of = {f"{i}, {w}": i for i, w in zip(points["implementation_label"], points["what"])}
+    for trace in figure.data:
+        trace.offsetgroup = implementation_of[trace.name]
+    figure.update_traces(marker_size=9)
+    figure.update_layout(height=panels_height(points["recipe_label"].nunique()), scattermode="group")
+    return figure
+
+
+def speedup_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
+    """Measured speedup over the compiled BF16 step beside the model's predictions, per shape and recipe."""
+    ok = _plotted(rows)
+    fp8 = ok[ok["granularity"] != Granularity.NONE.value]
+    measured = fp8[fp8["measured"] & fp8["speedup_vs_bf16"].notna()]
+    predicted = fp8[~fp8["measured"] & fp8["predicted_speedup"].notna()]
+    if measured.empty and predicted.empty:
+        return []
+    reference = ok[ok["backend"] == REFERENCE_BACKEND]
+    measured = ratio_whiskers(measured, reference, CASE_KEYS, "speedup_vs_bf16")
+    points = pd.concat(
+        [measured.assign(speedup=measured["speedup_vs_bf16"]), predicted.assign(speedup=predicted["predicted_speedup"])],
+        ignore_index=True,
+    )
+    figure = _points_by_recipe(points, "speedup")
+    figure.add_hline(y=1.0, line_dash="dot", annotation_text="BF16 (compiled)", annotation_position="top left")
+    note = (
+        f"Filled markers: measured, {REFERENCE_BACKEND}'s kernel time over the step's (same shape, same run). "
+        "Open markers: the roofline model's predicted speedup, the refined model per implementation and "
+        "torchao's public model, under each set of ceilings in the run; a prediction has no whiskers. "
+        + ratio_whisker_note(REFERENCE_BACKEND)
+    )
+    return [Chart("roofline-speedup", "Speedup over BF16 (compiled): measured and predicted", figure, note)]
+
+
+def measured_vs_predicted_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
+    """Measured speedup over predicted speedup per measured FP8 step, with a line at 1 (as predicted)."""
+    ok = _plotted(rows)
+    measured = ok[ok["measured"] & ok["measured_vs_predicted"].notna()]
+    if measured.empty:
+        return []
+    reference = ok[ok["backend"] == REFERENCE_BACKEND]
+    measured = ratio_whiskers(measured, reference, CASE_KEYS, "measured_vs_predicted")
+    figure = _points_by_recipe(measured, "measured_vs_predicted")
+    figure.add_hline(y=1.0, line_dash="dot", annotation_text="as predicted", annotation_position="top left")
+    note = (
+        "The measured speedup over the refined model's predicted speedup for the step's implementation and "
+        "recipe, under the ceilings its options name (calibrated where the run had a profile). "
+        + ratio_whisker_note(REFERENCE_BACKEND)
+    )
+    return [Chart("roofline-measured-vs-predicted", "Measured speedup / predicted speedup", figure, note)]
+
+
+def kernel_time_charts(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
+    """For each shape, the measured steps' kernel time stacked by kind (GEMM, cast, other), with the
+    step's median kernel time and its repeats beside each stack."""
+    ok = _plotted(rows)
+    steps = ok[ok["measured"] & ok[list(KERNEL_TIME_COLUMNS)].notna().all(axis=1)]
+    steps = steps.assign(step=steps["backend_label"] + "<br>" + steps["recipe_label"])
+    charts = []
+    for case, of_shape in steps.groupby("case", sort=False):
+        parts = of_shape.melt(id_vars=["step"], value_vars=list(KERNEL_TIME_COLUMNS), var_name="kernels", value_name="ms")
+        parts = parts[parts["ms"] > 0]  # no empty bar (BF16 steps have no cast kernels)
+        parts = parts.assign(kernels=parts["kernels"].map(KERNEL_TIME_COLUMNS))
+        figure = px.bar(
+            parts, x="step", y="ms", color="kernels", labels=_LABELS,
+            category_orders={"step": list(of_shape["step"]), "kernels": list(KERNEL_TIME_COLUMNS.values())},
+        )
+        figure.add_trace(
+            go.Scatter(
+                x=of_shape["step"], y=of_shape["median_ms"], mode="markers", name="median kernel time",
+                marker={"symbol": "line-ew-open", "size": 24, "color": "black"},
+                error_y={"array": of_shape["slowest_ms"] - of_shape["median_ms"],
+                         "arrayminus": of_shape["median_ms"] - of_shape["fastest_ms"]},
+            )
+        )  # fmt: skip
+        figure.update_layout(height=panels_height(1))
+        note = (
+            "Bars: GPU time per step of the kernels of each kind, by kernel name (fp8bench.benchmarks.layer.KERNEL_KINDS; "
+            f"a cast fused into LayerNorm or the sigmoid counts as other), the mean over {BREAKDOWN_STEPS} "
+            "flushed steps; every kernel is in the run's measured_kernels.csv. Black dashes: the step's "
+            "median kernel time over repeats, whiskers from the fastest to the slowest repeat."
+        )
+        title = f"Measured kernel time per step: {case}"
+        charts.append(Chart(chart_id("roofline-kernel-time", case), title, figure, note))
+    return charts
+
+
+def sqnr_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
+    """SQNR of the output and of both gradients against the BF16 eager layer per shape, a colour per
+    backend and a symbol per recipe, with the 25 dB bar."""
+    ok = _plotted(rows)
+    measured = ok[ok["measured"]]
+    points = measured.melt(
+        id_vars=["shape", "backend_label", "recipe_label", "M", "K", "N"], value_vars=list(SQNR_COLUMNS),
+        var_name="tensor", value_name="sqnr_db",
+    ).dropna(subset=["sqnr_db"])
+    if points.empty:
+        return []
+    points["tensor"] = points["tensor"].map(SQNR_COLUMNS)
+    figure = px.scatter(
+        points, x="shape", y="sqnr_db", color="backend_label", symbol="recipe_label", facet_row="tensor",
+        category_orders={
+            **run_order(points, "shape", "backend_label", "recipe_label"), "tensor": list(SQNR_COLUMNS.values()),
+        },
+        hover_data={"M": True, "K": True, "N": True, "sqnr_db": ":.1f"}, labels=_LABELS,
+    )
+    figure.update_traces(marker_size=9)
+    figure.update_layout(height=panels_height(len(SQNR_COLUMNS)), scattermode="group")
+    figure.add_hline(
+        y=SQNR_FLOOR_DB, line_dash="dot", annotation_text=f"{SQNR_FLOOR_DB:.0f} dB", annotation_position="bottom left",
+    )
+    note = (
+        "20 log10(|ref| / |ref - step|) of the step's output and of the gradients of x and of the weight, "
+        "against the BF16 eager layer on the same inputs; higher is closer. The dotted line is the bar the "
+        "tests hold an e4m3 product to (e4m3's noise on normal data is about 28 dB; an e5m2 operand's about "
+        "24.6). A step identical to the reference has no finite SQNR and is not drawn."
+    )
+    return [Chart("roofline-sqnr", "SQNR against the BF16 eager layer", figure, note)]
+
+
+CHARTS = (speedup_chart, measured_vs_predicted_chart, kernel_time_charts, sqnr_chart)

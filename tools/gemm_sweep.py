@@ -1,0 +1,350 @@
+"""Our FP8 GEMM (fp8kernels.gemm) against cuBLAS (torch._scaled_mm), side by side on one GPU.
+
+    python tools/gemm_sweep.py compare --out DIR   # the heuristic's configs on the target shapes
+    python tools/gemm_sweep.py tune --out DIR      # every candidate config on a few tuning shapes
+    python tools/gemm_sweep.py gluon --out DIR     # the Gluon kernel's configs against the Triton preset
+
+Both time with fp8bench.harness.timing (TimerChoice.measure), cuBLAS first and ours right after on the same
+operands, and write result-schema rows (fp8bench.harness.results) to DIR/results.csv with the config in
+`options`. `compare` prints TFLOPS and our/cuBLAS ratios per shape and their geometric means per
+regime; `tune` prints each candidate's geometric-mean ratio and the best config per shape. Candidate
+kernels are compiled first in parallel worker processes (Triton's cache keeps them), so the timed loop
+does not wait on the compiler. Each of our outputs is checked against cuBLAS's before it counts.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import multiprocessing
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import pandas as pd
+import typer
+from rich.console import Console
+from rich.table import Table
+from scipy.stats import gmean
+
+from fp8bench.backends import REGISTRY
+from fp8bench.backends.triton import kernel_operands
+from fp8bench.config import BLOCK, FastAccum, GemmShape, Granularity, MatmulCase, TimingConfig
+from fp8bench.harness.env import run_metadata
+from fp8bench.model.hardware import spec_for_device_name
+from fp8bench.benchmarks.matmul import measured_row, random_operands
+from fp8bench.harness.results import RunWriter
+from fp8bench.benchmarks.shapes import llama, square
+from fp8bench.harness.timing import TimerChoice
+from fp8kernels.gemm import fp8_gemm, gemm_config, launch_kernel
+from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config, last_wave_split
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
+console = Console(width=200)
+
+# (granularity, fast accumulation): each regime against cuBLAS with the same settings.
+REGIMES = (
+    (Granularity.TENSORWISE, True),
+    (Granularity.TENSORWISE, False),
+    (Granularity.AXISWISE, True),
+    (Granularity.AXISWISE, False),
+    (Granularity.BLOCKWISE, False),
+)
+# Regimes with kernels of their own to tune: axiswise differs from tensorwise only in its epilogue.
+TUNED_REGIMES = ((Granularity.TENSORWISE, True), (Granularity.TENSORWISE, False), (Granularity.BLOCKWISE, False))
+TUNING_SHAPE_NAMES = (
+    "8192x8192x8192", "4096x4096x4096", "llama3-8b.wqkv.M8192", "llama3-8b.w2.M8192",
+    "llama3-70b-tp8.wqkv.M16384", "llama3-70b-tp8.wo.M16384",
+)
+GLUON_SHAPE_NAMES = (
+    "4096x4096x4096", "8192x8192x8192", "16384x16384x16384", "llama3-8b.wqkv.M8192", "llama3-8b.w2.M8192",
+    "llama3-70b-tp8.wo.M16384",
+)
+# Lighter than STEADY: 1 s repeats under the power cap would make the ~90 cases of `gluon` take 6 minutes.
+GLUON_TIMING = TimingConfig(repeats=3, settle_ms=200, warmup_ms=25, samples_ms=60, throttled_samples_ms=300,
+                            max_dropped_repeats=2)
+GROUP_M_VARIANTS = (4, 8, 16)  # row tiles walked together, tried on the best candidates
+# Our output against cuBLAS's on the same quantized operands: both round to bf16 (~2e-3 apart) and
+# fast accumulation adds a little; a wrong kernel is far beyond this.
+AGREEMENT = 1e-2
+# One timer for every case of a run. CUPTI's kernel durations by default: with event pairs, a call whose
+# host side outlasts the L2 flush before it (our Gluon launch: ~0.3 ms of Python and Triton launcher at
+# 4096^3, against cuBLAS's ~0.15) is timed with the GPU waiting for it (reports/h100-sxm/gemm-split-last-wave).
+TIMER = typer.Option("cupti", help="cupti (kernel durations) | cuda-events (event pairs, launch gaps included)")
+QUICK = TimingConfig(repeats=2, settle_ms=50, warmup_ms=10, samples_ms=25, throttled_samples_ms=300)
+STEADY = TimingConfig(repeats=3, settle_ms=200, warmup_ms=25, samples_ms=50)
+
+
+def target_shapes() -> list[GemmShape]:
+    """The comparison's shapes: square 4096 to 16384 and the LLaMa linears."""
+    return [s for s in square() if 4096 <= s.M <= 16384] + llama()
+
+
+def _regime_name(granularity: Granularity, fast_accum: bool) -> str:
+    return f"{granularity.value}/fast_accum={'on' if fast_accum else 'off'}"
+
+
+def _fast(fast_accum: bool) -> FastAccum:
+    return FastAccum.ON if fast_accum else FastAccum.OFF
+
+
+def _compile_job(granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig) -> tuple[bool, str]:
+    """Run one config once on small operands, compiling it into Triton's cache: (ok, what the compiler
+    made of it or why it failed)."""
+    import torch
+
+    from fp8bench.backends import Operands
+
+    try:
+        torch.manual_seed(0)
+        M = K = N = 512  # every dimension a multiple of 16, as in the target shapes: the same binary
+        operands = Operands(torch.randn(M, K, device="cuda", dtype=torch.bfloat16),
+                            torch.randn(N, K, device="cuda", dtype=torch.bfloat16))
+        out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        kernel = launch_kernel(*kernel_operands(operands, granularity), out, granularity, fast_accum, config)
+        torch.cuda.synchronize()
+        return True, f"{kernel.n_regs} registers, {kernel.n_spills} spilled, {kernel.metadata.shared} B shared"
+    except Exception as err:  # noqa: BLE001 - a config the compiler or the GPU refuses is reported and skipped
+        return False, f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:160]}"
+
+
+def precompile(jobs: list[tuple[Granularity, bool, Fp8GemmConfig]]) -> set[tuple[Granularity, bool, Fp8GemmConfig]]:
+    """Compile `jobs` in parallel processes, printing each one's resources; the jobs that failed."""
+    workers = max(1, min(len(jobs), (os.cpu_count() or 2) - 2))
+    context = multiprocessing.get_context("spawn")
+    failed = set()
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        for job, (ok, report) in zip(jobs, pool.map(_compile_job, *zip(*jobs))):
+            if not ok:
+                failed.add(job)
+            console.print(f"{'compiled' if ok else '[yellow]skipped[/]'} {_regime_name(*job[:2])} "
+                          f"{_config_label(job[2].as_dict())}: {report}", highlight=False)
+    return failed
+
+
+class SideBySide:
+    """Measures cuBLAS and our kernel on one shape's operands and records both rows."""
+
+    def __init__(self, writer: RunWriter, timing: TimingConfig, timer: str):
+        import torch
+
+        self.writer, self.timing = writer, timing
+        self.timers = TimerChoice(timer)
+        self.gpu = spec_for_device_name(torch.cuda.get_device_name())
+        self.records: list[dict] = []
+
+    def measure_shape(self, shape: GemmShape, regimes, configs_for, ours_first: bool = False) -> None:
+        """For each regime, cuBLAS and ours with each config `configs_for(granularity, fast_accum)` gives;
+        `ours_first` swaps the order, so that alternating it over shapes cancels any drift of the clocks."""
+        operands = random_operands(shape)
+        for granularity, fast_accum in regimes:
+            reason = REGISTRY["cublas"].unsupported_reason(shape, granularity, _fast(fast_accum))
+            if reason:
+                console.print(f"[yellow]{shape.name} {_regime_name(granularity, fast_accum)}: {reason}[/]")
+                continue
+            cublas = REGISTRY["cublas"].prepare_gemm(operands, granularity, _fast(fast_accum))
+            cublas_out = cublas.run()
+            quantized = kernel_operands(operands, granularity)
+            timed = []  # (backend, run, options, relative difference from cuBLAS)
+            for config in configs_for(granularity, fast_accum):
+                def run(config=config):
+                    return fp8_gemm(*quantized, granularity=granularity, fast_accum=fast_accum, config=config)
+
+                rel = ((run().float() - cublas_out.float()).norm() / cublas_out.float().norm()).item()
+                if rel <= AGREEMENT:
+                    timed.append(("triton", run, config.options_for(shape.M, shape.N, shape.K), rel))
+                else:
+                    console.print(f"[red]{shape.name} {_regime_name(granularity, fast_accum)} {config.as_dict()}: "
+                                  f"output differs from cuBLAS by {rel:.3g}; not timed[/]")
+            timed.insert(len(timed) if ours_first else 0, ("cublas", cublas.run, cublas.options, None))
+            results = [(backend, options, rel, *self._measure(shape, granularity, fast_accum, backend, run, options))
+                       for backend, run, options, rel in timed]
+            cublas_ms = next(ms for backend, _, _, ms, _ in results if backend == "cublas")
+            for backend, options, rel, ms, row in results:
+                self.writer.append(row)
+                self.records.append({
+                    "shape": shape.name, "regime": _regime_name(granularity, fast_accum), "backend": backend,
+                    "config": _config_label(options) if backend == "triton" else "", "ms": ms,
+                    "tflops": row.values["tflops"], "ratio": cublas_ms / ms if backend == "triton" else None,
+                    "rel_diff_vs_cublas": rel, "sm_clock_mhz": row.values["sm_clock_mhz"],
+                    "split_tiles": options.get("split_tiles", 0) if backend == "triton" else None,
+                })
+            del quantized, cublas_out
+
+    def _measure(self, shape, granularity, fast_accum, backend, fn, options):
+        """(median ms, result row) of one timed case."""
+        case = MatmulCase(shape, backend, granularity, _fast(fast_accum))
+        measurement = self.timers.measure(fn, self.timing)
+        return measurement.median_ms, measured_row(case, measurement, options, self.gpu, None, None)
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame.from_records(self.records)
+
+
+def _config_label(options: dict) -> str:
+    """The config in a few words: tile, stages, warps, group; then what is on (the tile's N halves, Triton's
+    warp specialization, the Gluon kernel, and its last wave's split tiles x pieces)."""
+    o = options
+    return (f"{o['block_m']}x{o['block_n']}x{o['block_k']} s{o['num_stages']} w{o['num_warps']} g{o['group_m']}"
+            + (" n-halves" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
+            + (" gluon-ws" if o.get("gluon_ws") else "")
+            + (f" last-wave {o['split_tiles']}x{o['splits']}" if o.get("split_tiles") else ""))
+
+
+def _print_frame(frame: pd.DataFrame, title: str) -> None:
+    table = Table(title=title, title_justify="left")
+    for column in frame.columns:
+        table.add_column(str(column), justify="right" if pd.api.types.is_numeric_dtype(frame[column]) else "left")
+    for values in frame.itertuples(index=False):
+        table.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in values))
+    console.print(table)
+
+
+def _timer(choice: str) -> str:
+    if choice not in ("cupti", "cuda-events"):
+        raise typer.BadParameter(f"unknown timer {choice!r}; choose cupti or cuda-events", param_hint="--timer")
+    return choice
+
+
+def _open_run(out: Path, command: str) -> RunWriter:
+    """The run's writer; its metadata records the command line as given (`command` where there is none)."""
+    return RunWriter(out, run_metadata(f"tools/gemm_sweep.py {shlex.join(sys.argv[1:]) or command}"))
+
+
+@app.command()
+def compare(out: Path = typer.Option(..., help="folder for results.csv and metadata.json"),
+            quick: bool = typer.Option(False, help="lighter timing (2 short repeats)"),
+            shape: list[str] = typer.Option([], help="only these target shapes, by name (repeatable): to split the "
+                                                      "27 shapes over runs that must each end within a time limit"),
+            unsplit: bool = typer.Option(False, help="also time each config that splits its last wave's tiles "
+                                                      "along K without splitting them, side by side"),
+            timer: str = TIMER) -> None:
+    """The heuristic's config on every target shape, each regime against cuBLAS."""
+    import torch
+
+    timer = _timer(timer)
+    shapes = target_shapes()
+    unknown = set(shape) - {s.name for s in shapes}
+    if unknown:
+        raise typer.BadParameter(f"not target shapes: {', '.join(sorted(unknown))}", param_hint="--shape")
+    shapes = [s for s in shapes if s.name in shape] if shape else shapes
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def configs(g: Granularity, f: bool, s: GemmShape) -> list[Fp8GemmConfig]:
+        config = gemm_config(s.M, s.N, s.K, g, f, torch.device("cuda"))
+        split = unsplit and last_wave_split(s.M, s.N, s.K, config)[0]
+        plain = [dataclasses.replace(config, split_last_wave=False)] if split else []
+        return [config, *plain]
+
+    precompile(sorted({(g, f, c) for s in shapes for g, f in REGIMES for c in configs(g, f, s)}, key=str))
+    with _open_run(out, "compare") as writer:
+        bench = SideBySide(writer, QUICK if quick else STEADY, timer)
+        for index, shape in enumerate(shapes):
+            bench.measure_shape(shape, REGIMES, lambda g, f, s=shape: configs(g, f, s), ours_first=index % 2 == 1)
+            console.print(f"{shape.name} done", highlight=False)
+    frame = bench.frame()
+    frame.to_csv(out / "summary.csv", index=False)
+    ours = frame[frame.backend == "triton"]
+    # The heuristic's row of each shape and regime, and (--unsplit) its twin that splits no tile.
+    plain = ours.duplicated(["shape", "regime"], keep=False) & (ours.split_tiles == 0)
+    cublas = frame[frame.backend == "cublas"][["shape", "regime", "tflops"]]
+    per_shape = ours[~plain].merge(cublas.rename(columns={"tflops": "cublas_tflops"}), on=["shape", "regime"])
+    table = per_shape.pivot(index="shape", columns="regime", values="ratio").reindex([s.name for s in shapes])
+    _print_frame(table.reset_index(), f"our time / cuBLAS time inverted (ratio > 1: ours faster), {num_sms} SMs")
+    summary = per_shape.groupby("regime").agg(
+        geomean_ratio=("ratio", gmean), min_ratio=("ratio", "min"), ours_tflops=("tflops", "median"),
+        cublas_tflops=("cublas_tflops", "median"), shapes=("ratio", "size"))
+    _print_frame(summary.reset_index(), f"geometric mean of our/cuBLAS speed over {len(shapes)} shapes")
+    if plain.any():
+        twins = per_shape.merge(ours[plain][["shape", "regime", "ratio"]].rename(columns={"ratio": "plain_ratio"}),
+                                on=["shape", "regime"])
+        twins["gain"] = twins.ratio / twins.plain_ratio
+        _print_frame(twins.pivot(index="shape", columns="regime", values="gain").reset_index(),
+                     "last wave split: our time unsplit / split, where the heuristic splits the last wave's tiles")
+        _print_frame(twins.groupby("regime").agg(geomean_gain=("gain", gmean), min_gain=("gain", "min"),
+                                                 max_gain=("gain", "max"), shapes=("gain", "size")).reset_index(),
+                     "last wave split against unsplit, geometric mean over those shapes")
+
+
+@app.command()
+def tune(out: Path = typer.Option(..., help="folder for results.csv and metadata.json"),
+         promoted_only: bool = typer.Option(False, help="only the regimes that promote (fast accumulation off)"),
+         blockwise_only: bool = typer.Option(False, help="only blockwise scaling"),
+         timer: str = TIMER) -> None:
+    """Every candidate config on the tuning shapes; then group_m variants of the best three per regime."""
+    import torch
+
+    timer = _timer(timer)
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    shapes = [s for s in target_shapes() if s.name in TUNING_SHAPE_NAMES]
+    regimes = [(g, f) for g, f in TUNED_REGIMES
+               if not (promoted_only and f) and not (blockwise_only and g is not Granularity.BLOCKWISE)]
+    candidates = {(g, f): candidate_configs(g, f, num_sms) for g, f in regimes}
+    with _open_run(out, "tune") as writer:
+        bench = SideBySide(writer, QUICK, timer)
+        _tune_round(bench, shapes, candidates)
+        frame = bench.frame()
+        variants = {}
+        for (g, f), configs in candidates.items():
+            ranked = _rank(frame, _regime_name(g, f))
+            best = [c for c in configs if _config_label(c.as_dict()) in ranked.index[:3]]
+            variants[(g, f)] = [dataclasses.replace(c, group_m=m) for c in best for m in GROUP_M_VARIANTS if m != c.group_m]
+        _tune_round(bench, shapes, variants)
+    frame = bench.frame()
+    frame.to_csv(out / "summary.csv", index=False)
+    for g, f in regimes:
+        regime = _regime_name(g, f)
+        _print_frame(_rank(frame, regime).head(12).reset_index(), f"{regime}: geomean of our/cuBLAS speed per config")
+        mine = frame[(frame.regime == regime) & (frame.backend == "triton")]
+        best = mine.loc[mine.groupby("shape")["ratio"].idxmax(), ["shape", "config", "tflops", "ratio"]]
+        _print_frame(best, f"{regime}: best config per shape")
+
+
+@app.command()
+def gluon(out: Path = typer.Option(..., help="folder for results.csv, summary.csv and metadata.json"),
+          granularity: list[Granularity] = typer.Option(list(Granularity.fp8()), help="the granularities to run"),
+          fast_accum: bool = typer.Option(False, help="fast accumulation (tensorwise, axiswise) instead of promoted"),
+          timer: str = TIMER) -> None:
+    """The Gluon kernel's candidates (warp-specialized, kernels/_gemm_ws.py) beside the Triton kernel's
+    preset, each regime against cuBLAS, on a few shapes."""
+    import torch
+
+    timer = _timer(timer)
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    shapes = [s for s in target_shapes() if s.name in GLUON_SHAPE_NAMES]
+    candidates = {
+        (g, fast_accum): [choose_config(BLOCK, BLOCK, BLOCK, g, fast_accum, num_sms, gluon=False)]
+        + [c for c in candidate_configs(g, fast_accum, num_sms) if c.gluon_ws]
+        for g in granularity
+        if not (fast_accum and g is Granularity.BLOCKWISE)  # blockwise always promotes
+    }
+    with _open_run(out, "gluon") as writer:
+        bench = SideBySide(writer, GLUON_TIMING, timer)
+        _tune_round(bench, shapes, candidates)
+    frame = bench.frame()
+    frame.to_csv(out / "summary.csv", index=False)
+    for g, f in candidates:
+        _print_frame(_rank(frame, _regime_name(g, f)).reset_index(), f"{_regime_name(g, f)}: geomean of our/cuBLAS speed per config")
+
+
+def _tune_round(bench: SideBySide, shapes, candidates: dict) -> None:
+    jobs = [(g, f, c) for (g, f), configs in candidates.items() for c in configs]
+    failed = precompile(jobs)
+    for index, shape in enumerate(shapes):
+        bench.measure_shape(shape, list(candidates),
+                            lambda g, f: [c for c in candidates[(g, f)] if (g, f, c) not in failed], ours_first=index % 2 == 1)
+        console.print(f"{shape.name} done", highlight=False)
+
+
+def _rank(frame: pd.DataFrame, regime: str) -> pd.DataFrame:
+    """Configs timed on every tuning shape, by geometric-mean ratio to cuBLAS, best first."""
+    mine = frame[(frame.regime == regime) & (frame.backend == "triton")]
+    complete = mine.groupby("config").filter(lambda g: g["shape"].nunique() == mine["shape"].nunique())
+    ranked = complete.groupby("config").agg(geomean_ratio=("ratio", gmean), min_ratio=("ratio", "min"),
+                                            median_tflops=("tflops", "median"))
+    return ranked.sort_values("geomean_ratio", ascending=False)
+
+
+if __name__ == "__main__":
+    app()
