@@ -15,8 +15,7 @@ registers wrote wrong values on an H100 with Triton 3.6 when the kernel also sto
 transposing the fp8 tile (as the blockwise kernels do) spoiled a quarter of the transposed copy for bf16
 input; transposing the float32 tile was exact for bf16 and fp16 but spoiled both copies for float32
 input (an eighth to a quarter of the values, depending on tile and warps) -- while the second load was
-exact in all 24 probed forms, at 84-91% of the copy bandwidth for bf16 (.probe/tw_onepass.py; logs in
-reports/h100-sxm/cast-tensorwise-onepass).
+exact in all 24 probed forms, at 84-91% of the copy bandwidth for bf16 (reports/h100-sxm/cast-tensorwise-onepass).
 
 Delayed scaling knows its scale before the cast (an amax history), so the cast records the tensor's own
 amax as it goes (RECORD_AMAX, the same atomic max per tile) and the amax pass is skipped on the device

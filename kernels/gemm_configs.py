@@ -158,7 +158,7 @@ BLOCKWISE = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_
 # grid_efficiency, so a narrower tile can win where the wider one would leave the last wave mostly idle
 # and splitting its tiles would not fill it either. Speeds: `gemm_sweep.py gluon` on the
 # H100, the geomean of each tile's ours / cuBLAS over the same 6 shapes in one run, against the regime's
-# fastest (reports/h100-sxm/gemm-gluon-tall, session 12):
+# fastest (reports/h100-sxm/gemm-gluon-tall):
 # - 128 x 256 (two 128-column halves) for tensorwise / axiswise; promoted, 192 x 128 (three consumer
 #   warpgroups) at 0.96 / 0.96 and 128 x 128 at 0.93 / 0.93 of it; with fast accumulation 128 x 128 at
 #   0.94 / 0.91 (192 x 128 no faster);

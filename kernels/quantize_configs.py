@@ -142,7 +142,7 @@ def choose(kernel: QuantizeKernel, rows: int, cols: int, columnwise: bool, sms: 
     amax = dict(amax_block=amax_block, amax_programs=programs, amax_warps=8)  # swept: 8 warps, not 4
     if columnwise:
         # Both copies from one tile: 128 x 128 with 8 warps ran at 84-91% of the copy bandwidth on an H100
-        # (bf16, 4096^2 to 16384^2; 4 warps and 64 x 128 tiles 84-87%; .probe/tw_onepass.py).
+        # (bf16, 4096^2 to 16384^2; 4 warps and 64 x 128 tiles 84-87%; reports/h100-sxm/cast-tensorwise-onepass).
         return QuantizeConfig(BLOCK, BLOCK, 8, **amax)
     block_cols = min(triton.next_power_of_2(cols), 1024)
     return QuantizeConfig(max(1, _TILE_ELEMENTS // 2 // block_cols), block_cols, 8, **amax)  # swept

@@ -4,12 +4,13 @@
     python tools/gemm_sweep.py tune --out DIR      # every candidate config on a few tuning shapes
     python tools/gemm_sweep.py gluon --out DIR     # the Gluon kernel's configs against the Triton preset
 
-Both time with fp8bench.harness.timing (TimerChoice.measure), cuBLAS first and ours right after on the same
-operands, and write result-schema rows (fp8bench.harness.results) to DIR/results.csv with the config in
-`options`. `compare` prints TFLOPS and our/cuBLAS ratios per shape and their geometric means per
-regime; `tune` prints each candidate's geometric-mean ratio and the best config per shape. Candidate
-kernels are compiled first in parallel worker processes (Triton's cache keeps them), so the timed loop
-does not wait on the compiler. Each of our outputs is checked against cuBLAS's before it counts.
+Both time with fp8bench.harness.timing (TimerChoice.measure), cuBLAS and ours on the same operands, the
+order alternating from shape to shape, and write result-schema rows (fp8bench.harness.results) to
+DIR/results.csv with the config in `options`. `compare` prints TFLOPS and our/cuBLAS ratios per shape and
+their geometric means per regime; `tune` prints each candidate's geometric-mean ratio and the best config
+per shape. Candidate kernels are compiled first in parallel worker processes (Triton's cache keeps them), so
+the timed loop does not wait on the compiler. Each of our outputs is checked against cuBLAS's before it
+counts.
 """
 
 from __future__ import annotations

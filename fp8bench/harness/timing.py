@@ -256,7 +256,7 @@ class CudaEventTimer:
         return [start.elapsed_time(end) for start, end in zip(starts, ends)]
 
     def estimate_ms(self, fn: Callable[[], object], count: int) -> float:
-        # Events for both timers: a profiler session costs the CUPTI timer ~0.1 s of set-up and parsing, and
+        # Events for both timers: starting a profiler costs the CUPTI timer ~0.1 s of set-up and parsing, and
         # an estimate only sizes counts (events read a tiny kernel a little long, so its counts come out lower).
         return statistics.median(CudaEventTimer.samples(self, fn, count))
 
