@@ -114,12 +114,14 @@ def adamw_fp8_step(
     m_amax.zero_()
     v_amax.zero_()
     addresses = _addresses([*params, *grads, *ms, *vs], device).view(4, len(params))
+    # enable_fp_fusion=False: no multiply-add contraction, so that on a GPU too the master weights are
+    # the reference's bit for bit (the update is memory-bound: the separate roundings cost no time).
     constants = reference.adamw_constants(hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay, step)
     _adamw_fp8_kernel[(table.chunk_tensor.numel(),)](
         table.chunk_tensor, table.chunk_start, table.numel, addresses[0], addresses[1], addresses[2], addresses[3],
         m_scale, v_scale, m_mult, v_mult, m_amax, v_amax, **constants,
         GRAD_DTYPE=GRAD_DTYPES[grads[0].dtype], V_DTYPE=v_dtype, V_MAX=v_max, SQRT_V=sqrt_v,
-        M_MAX=reference.fp8_max(reference.E4M3), BLOCK=BLOCK, num_warps=NUM_WARPS,
+        M_MAX=reference.fp8_max(reference.E4M3), BLOCK=BLOCK, num_warps=NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     torch.reciprocal(m_mult, out=m_scale)
     torch.reciprocal(v_mult, out=v_scale)
