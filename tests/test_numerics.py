@@ -137,3 +137,17 @@ def test_cli_bad_options_exit_2_with_the_reason(tmp_path):
     assert result.exit_code == 2 and "needs a recipe with delayed scaling" in result.output
     result = CliRunner().invoke(app, ["numerics", "loss", "--recipe", "nope", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "unknown recipe 'nope'" in result.output
+
+
+def test_the_numerics_suite_runs_each_command_into_its_folder(tmp_path):
+    from pathlib import Path
+
+    from fp8bench.harness.suite import load_suite
+
+    suite = load_suite(Path(__file__).resolve().parent.parent / "suites" / "numerics.toml")
+    argvs = {entry.name: entry.argv(tmp_path) for entry in suite.entries}
+    assert argvs["loss"][:2] == ["numerics", "loss"] and argvs["loss"][-2:] == ["--out", str(tmp_path / "loss")]
+    assert argvs["optimizer"][:4] == ["numerics", "optimizer", "--model", "tiny"]
+    for argv in argvs.values():  # every option is one the command takes
+        result = CliRunner().invoke(app, [*argv[:2], *argv[2:-2], "--help"])
+        assert result.exit_code == 0, result.output
