@@ -629,20 +629,27 @@ def _numerics_loss(command: str, model, recipe, steps, batch_size, seq_len, lr, 
 
 
 _RECIPE_HELP = "repeatable; tensorwise | tensorwise-delayed | rowwise | rowwise_with_gw_hp | blockwise | all (default)"
+# Options every numerics command takes, declared once.
+_MODEL_OPTION = typer.Option("tiny", help=_NUMERICS_MODEL_HELP)
+_BATCH_SIZE_OPTION = typer.Option(16, min=1, help="sequences per step")
+_SEQ_LEN_OPTION = typer.Option(256, min=1, help="tokens (bytes) per sequence")
+_LR_OPTION = typer.Option(1e-3, help="peak learning rate (linear warm-up, then constant)")
+_CORPUS_BYTES_OPTION = typer.Option(None, help="use only the first files of the corpus up to this many bytes")
+_OUT_OPTION = typer.Option(None, help="run folder (default runs/<time>-numerics-<command>-<model>)")
 
 
 @numerics_app.command("loss")
 def numerics_loss(
-    model: str = typer.Option("tiny", help=_NUMERICS_MODEL_HELP),
+    model: str = _MODEL_OPTION,
     recipe: Optional[list[str]] = typer.Option(None, help=_RECIPE_HELP),
     steps: int = typer.Option(1000, min=1),
-    batch_size: int = typer.Option(16, min=1),
-    seq_len: int = typer.Option(256, min=1),
-    lr: float = typer.Option(1e-3),
+    batch_size: int = _BATCH_SIZE_OPTION,
+    seq_len: int = _SEQ_LEN_OPTION,
+    lr: float = _LR_OPTION,
     eval_every: int = typer.Option(100, min=1, help="validation loss every this many steps (and at the end)"),
     bf16_seeds: int = typer.Option(2, min=1, help="BF16 curves, seeds 0.. (their spread is the run-to-run noise)"),
-    corpus_bytes: Optional[int] = typer.Option(None, help="use only the first files of the corpus up to this many bytes"),
-    out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-numerics-loss-<model>)"),
+    corpus_bytes: Optional[int] = _CORPUS_BYTES_OPTION,
+    out: Optional[Path] = _OUT_OPTION,
 ) -> None:
     """Loss curves on the standard library's sources: BF16 (several seeds) and each FP8 recipe, the gap over the last 10% of steps."""
     _numerics_loss("loss", model, recipe, steps, batch_size, seq_len, lr, eval_every, bf16_seeds, corpus_bytes, out, stats=False)
@@ -650,15 +657,15 @@ def numerics_loss(
 
 @numerics_app.command("stats")
 def numerics_stats(
-    model: str = typer.Option("tiny", help=_NUMERICS_MODEL_HELP),
+    model: str = _MODEL_OPTION,
     recipe: Optional[list[str]] = typer.Option(None, help=_RECIPE_HELP),
     steps: int = typer.Option(200, min=1),
-    batch_size: int = typer.Option(16, min=1),
-    seq_len: int = typer.Option(256, min=1),
-    lr: float = typer.Option(1e-3),
+    batch_size: int = _BATCH_SIZE_OPTION,
+    seq_len: int = _SEQ_LEN_OPTION,
+    lr: float = _LR_OPTION,
     eval_every: int = typer.Option(100, min=1),
-    corpus_bytes: Optional[int] = typer.Option(None, help="use only the first files of the corpus up to this many bytes"),
-    out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-numerics-stats-<model>)"),
+    corpus_bytes: Optional[int] = _CORPUS_BYTES_OPTION,
+    out: Optional[Path] = _OUT_OPTION,
 ) -> None:
     """Loss curves with tensor statistics per layer and role: underflow, saturation, amax, scale, SQNR of each output."""
     _numerics_loss("stats", model, recipe, steps, batch_size, seq_len, lr, eval_every, 1, corpus_bytes, out, stats=True)
@@ -666,14 +673,14 @@ def numerics_stats(
 
 @numerics_app.command("startup")
 def numerics_startup(
-    model: str = typer.Option("tiny", help=_NUMERICS_MODEL_HELP),
+    model: str = _MODEL_OPTION,
     recipe: str = typer.Option("tensorwise-delayed", help="a recipe with delayed scaling"),
     steps: int = typer.Option(50, min=1),
-    batch_size: int = typer.Option(16, min=1),
-    seq_len: int = typer.Option(256, min=1),
-    lr: float = typer.Option(1e-3),
-    corpus_bytes: Optional[int] = typer.Option(None, help="use only the first files of the corpus up to this many bytes"),
-    out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-numerics-startup-<model>)"),
+    batch_size: int = _BATCH_SIZE_OPTION,
+    seq_len: int = _SEQ_LEN_OPTION,
+    lr: float = _LR_OPTION,
+    corpus_bytes: Optional[int] = _CORPUS_BYTES_OPTION,
+    out: Optional[Path] = _OUT_OPTION,
 ) -> None:
     """Delayed scaling's first scale (1 against calibrated) and master weights from FP8 against high-precision values."""
     from fp8bench.benchmarks import numerics
@@ -691,15 +698,15 @@ def numerics_startup(
 
 @numerics_app.command("optimizer")
 def numerics_optimizer(
-    model: str = typer.Option("tiny", help=_NUMERICS_MODEL_HELP),
+    model: str = _MODEL_OPTION,
     loss_steps: int = typer.Option(1000, min=0, help="steps of the loss curve per optimizer (0: none)"),
     error_steps: int = typer.Option(20, min=1, help="steps of the update-error comparison"),
-    batch_size: int = typer.Option(16, min=1),
-    seq_len: int = typer.Option(256, min=1),
-    lr: float = typer.Option(1e-3),
+    batch_size: int = _BATCH_SIZE_OPTION,
+    seq_len: int = _SEQ_LEN_OPTION,
+    lr: float = _LR_OPTION,
     repeats: int = typer.Option(5, min=1, help="GPU timing: independent repeats per optimizer"),
-    corpus_bytes: Optional[int] = typer.Option(None, help="use only the first files of the corpus up to this many bytes"),
-    out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-numerics-optimizer-<model>)"),
+    corpus_bytes: Optional[int] = _CORPUS_BYTES_OPTION,
+    out: Optional[Path] = _OUT_OPTION,
 ) -> None:
     """FP8 optimizer states against FP32: memory, update error, loss curve, and on a GPU the fused update against torch's fused AdamW."""
     from fp8bench.benchmarks import numerics
