@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import triton
 import triton.language as tl
 
 from fp8kernels import reference

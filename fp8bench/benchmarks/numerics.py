@@ -28,6 +28,7 @@ import contextlib
 import csv
 import json
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -190,7 +191,10 @@ class CurveWriter:
 
 @contextlib.contextmanager
 def deterministic() -> Iterator[None]:
-    """Deterministic algorithms where PyTorch has them (a warning where it has none), restored after."""
+    """Deterministic algorithms where PyTorch has them (a warning where it has none), restored after.
+    cuBLAS is deterministic only with a fixed workspace, read when its handle is made: set here unless
+    the user chose one, before a curve's first product."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     before, warn_before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
@@ -201,8 +205,6 @@ def deterministic() -> Iterator[None]:
 
 def fp8_problem(device: str) -> str | None:
     """Why our FP8 kernels cannot run on `device` here, or None."""
-    import os
-
     if device.startswith("cuda") or os.environ.get("TRITON_INTERPRET") == "1":
         return None
     return "our FP8 kernels run on a CUDA GPU, or on the CPU under TRITON_INTERPRET=1"
@@ -355,7 +357,7 @@ class CurveResult:
     status: str = Status.OK.value
 
 
-def _train_all(factory, model_name, curves_to_run: list[Curve], config, corpus, run_dir: Path, collect_stats: bool, on_curve) -> list[CurveResult]:
+def _train_all(factory, curves_to_run: list[Curve], config, corpus, run_dir: Path, collect_stats: bool, on_curve) -> list[CurveResult]:
     """Each curve in turn; an FP8 curve that cannot run here, or runs out of memory, is a status, not a crash."""
     writer = CurveWriter(run_dir)
     results = []
@@ -395,7 +397,7 @@ def loss_curves(recipes: tuple[Recipe, ...], bf16_seeds: tuple[int, ...] = (0, 1
 def run_loss(factory: ModelFactory, model_name: str, curves_to_run: list[Curve], config: TrainConfig, corpus, writer: RunWriter,
              collect_stats: bool = False, on_curve=None) -> list[CurveResult]:  # fmt: skip
     """Loss curves; results.csv gets one row per curve with its gap to the first curve (BF16, seed 0)."""
-    results = _train_all(factory, model_name, curves_to_run, config, corpus, writer.run_dir, collect_stats, on_curve)
+    results = _train_all(factory, curves_to_run, config, corpus, writer.run_dir, collect_stats, on_curve)
     _write_gaps(results, results[0], "loss", config, model_name, writer)
     return results
 
@@ -412,7 +414,7 @@ def run_startup(factory: ModelFactory, model_name: str, config: TrainConfig, cor
                 on_curve=None) -> list[CurveResult]:  # fmt: skip
     """Each pair (calibrated vs scale-1, master-from-hp vs master-from-fp8) with tensor statistics; the
     gap of the second of a pair is to the first."""
-    results = _train_all(factory, model_name, startup_curves(recipe, seed), config, corpus, writer.run_dir, True, on_curve)
+    results = _train_all(factory, startup_curves(recipe, seed), config, corpus, writer.run_dir, True, on_curve)
     for first, second in (results[0:2], results[2:4]):
         _write_gaps([first, second], first, f"startup.{second.curve.start}", config, model_name, writer)
     return results
@@ -499,7 +501,7 @@ def run_optimizer(factory: ModelFactory, model_name: str, config: TrainConfig, c
         writer.append(_row("optimizer.update", curve, config, model_name, Status.OK.value, measured))
     if loss_steps:
         loss_config = TrainConfig(**{**asdict(config), "steps": loss_steps})
-        results = _train_all(factory, model_name, optimizer_curves(), loss_config, corpus, writer.run_dir, False, on_curve)
+        results = _train_all(factory, optimizer_curves(), loss_config, corpus, writer.run_dir, False, on_curve)
         _write_gaps(results, results[0], "optimizer.loss", loss_config, model_name, writer)
     return summary
 

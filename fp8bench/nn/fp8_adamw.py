@@ -80,7 +80,7 @@ class FP8AdamW(torch.optim.Optimizer):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            params_t, table, scales = self._group_state(index, params)
+            _, table, scales = self._group_state(index, params)
             hyper = AdamWHyperparameters(group["lr"], *group["betas"], group["eps"], group["weight_decay"])
             adamw_fp8_step(
                 params, [p.grad.contiguous() for p in params], [self.state[p]["exp_avg"] for p in params],
