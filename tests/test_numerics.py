@@ -58,6 +58,10 @@ def test_loss_curves_rows_and_determinism(corpus, tmp_path):
     values = curves_of(tmp_path)
     per_curve = values.groupby(["curve", "metric"]).size()
     assert per_curve[("tensorwise-seed0", "loss")] == 2 and per_curve[("bf16-seed1", "val_loss")] == 2
+    gaps = values[(values.metric == "loss_gap") & (values.curve == "tensorwise-seed0")].set_index("step")["value"]
+    assert list(gaps.index) == [1, 2]  # checkpoints at 25-100% of two steps
+    assert float(gaps[1]) == pytest.approx(results[2].losses[0] / results[0].losses[0] - 1, rel=1e-6)
+    assert float(gaps[2]) == pytest.approx(rows["rel_err"].iloc[2], rel=1e-5)
     # The same seed gives the same curve; another seed another one.
     (tmp_path / "again").mkdir()
     again_writer = numerics.CurveWriter(tmp_path / "again")
@@ -118,6 +122,25 @@ def test_optimizer_memory_and_update_error(corpus, tmp_path):
     assert len(errors[errors.metric == "update_rel_err"]) == 6
 
 
+def test_optimizer_timing_rows_with_a_fake_timer(corpus, tmp_path):
+    """The timing path's rows, GB/s and speedups, timed by a fake timer (random milliseconds, never a GPU number)."""
+    from test_cast import FakeTimer
+
+    from fp8bench.config import TimingConfig
+
+    timing = TimingConfig(repeats=3, settle_ms=0, warmup_ms=0, samples_ms=1)
+    with RunWriter(tmp_path, {}) as writer:
+        numerics.run_optimizer(micro, "micro", CONFIG, corpus, writer, loss_steps=0, error_steps=1, timer=FakeTimer(), timing=timing)
+    rows = load_results(tmp_path)
+    assert list(rows["case"]) == ["optimizer.update"] * 3 and set(rows["timer"]) == {"fake"}
+    optimizers = [json.loads(o)["optimizer"] for o in rows["options"]]
+    assert optimizers == ["adamw-fp32", "e4m3-sqrt-e5m2", "e4m3-fp16"]
+    numel = sum(p.numel() for p in micro().parameters())
+    for row, fmt in zip(rows.itertuples(), (None, *numerics.StateFormat)):
+        assert row.gbps == pytest.approx(numerics.optimizer_bytes(fmt, numel) / row.median_ms / 1e6, rel=1e-5)
+    assert rows["speedup_vs_bf16"].iloc[0] == 1.0
+
+
 def test_cli_loss_writes_rows_curves_and_corpus_metadata(tmp_path, monkeypatch):
     monkeypatch.setitem(numerics.MODELS, "micro", micro)
     out = tmp_path / "run"
@@ -151,3 +174,16 @@ def test_the_numerics_suite_runs_each_command_into_its_folder(tmp_path):
     for argv in argvs.values():  # every option is one the command takes
         result = CliRunner().invoke(app, [*argv[:2], *argv[2:-2], "--help"])
         assert result.exit_code == 0, result.output
+
+
+@pytest.mark.gpu
+def test_every_recipe_and_state_format_trains_on_a_gpu(corpus, tmp_path):
+    """On a GPU: every recipe of ours and both FP8 optimizer state formats train the tiny-2l model and
+    stay near BF16 after a few steps."""
+    config = numerics.TrainConfig(steps=20, batch_size=4, seq_len=128, eval_every=10, eval_batches=2, warmup_steps=5, device="cuda")
+    curves = [*numerics.loss_curves(tuple(RECIPES.values()), (0,)), *numerics.optimizer_curves()[1:]]
+    with RunWriter(tmp_path, {}) as writer:
+        results = numerics.run_loss(numerics.MODELS["tiny-2l"], "tiny-2l", curves, config, corpus, writer)
+    for result in results:
+        assert result.status == "ok", (result.curve.name, result.status)
+        assert abs(numerics.relative_gap(result.losses, results[0].losses)) < 0.05, result.curve.name

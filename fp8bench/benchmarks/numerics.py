@@ -382,10 +382,20 @@ def _train_all(factory, curves_to_run: list[Curve], config, corpus, run_dir: Pat
     return results
 
 
+CHECKPOINTS = (0.25, 0.5, 0.75, 1.0)  # fractions of the run at which curves.csv gets the gap
+
+
 def _write_gaps(results: list[CurveResult], reference: CurveResult, case: str, config, model_name, writer: RunWriter) -> None:
+    """Per curve a results row with its gap to `reference` over the last 10% of steps (rel_err), and in
+    curves.csv the gap at each checkpoint: over the last 10% of the steps up to it (`loss_gap`)."""
+    curves = CurveWriter(writer.run_dir)
     for result in results:
-        gap = relative_gap(result.losses, reference.losses) if result.losses and reference.losses else None
+        measured = bool(result.losses and reference.losses)
+        gap = relative_gap(result.losses, reference.losses) if measured else None
         writer.append(_row(case, result.curve, config, model_name, result.status, {"rel_err": gap}))
+        for step in sorted({max(1, round(f * len(result.losses))) for f in CHECKPOINTS}) if measured else ():
+            curves.write(result.curve.name, step, "loss_gap", relative_gap(result.losses[:step], reference.losses[:step]))
+    curves.close()
 
 
 def loss_curves(recipes: tuple[Recipe, ...], bf16_seeds: tuple[int, ...] = (0, 1)) -> list[Curve]:
