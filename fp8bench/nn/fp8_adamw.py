@@ -15,8 +15,10 @@ import enum
 
 import torch
 
-from fp8kernels.adamw_fp8 import AdamWHyperparameters, ChunkTable, adamw_fp8_step
 from fp8kernels.reference import E4M3, E5M2
+
+# fp8kernels.adamw_fp8 is imported where it runs: whether Triton interprets is fixed when a kernel is
+# defined, so importing this module must not define one before a CPU caller sets TRITON_INTERPRET=1.
 
 
 class StateFormat(str, enum.Enum):
@@ -40,10 +42,12 @@ class FP8AdamW(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, state_format: StateFormat = StateFormat.E4M3_SQRT_E5M2):  # fmt: skip
+        from fp8kernels.adamw_fp8 import AdamWHyperparameters
+
         AdamWHyperparameters(lr, betas[0], betas[1], eps, weight_decay)  # validates
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.state_format = StateFormat(state_format)
-        self._groups: list[tuple[tuple[torch.Tensor, ...], ChunkTable, torch.Tensor] | None] = [None] * len(self.param_groups)
+        self._groups: list[tuple[tuple[torch.Tensor, ...], "ChunkTable", torch.Tensor] | None] = [None] * len(self.param_groups)
         self._step = 0
         for group in self.param_groups:
             for p in group["params"]:
@@ -52,6 +56,8 @@ class FP8AdamW(torch.optim.Optimizer):
 
     def _group_state(self, index: int, params: list[torch.Tensor]):
         """The group's tensors with gradients, their chunk table and scales: made at the first step."""
+        from fp8kernels.adamw_fp8 import ChunkTable
+
         known = self._groups[index]
         if known is not None:
             if known[0] != tuple(params):
@@ -71,6 +77,8 @@ class FP8AdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        from fp8kernels.adamw_fp8 import AdamWHyperparameters, adamw_fp8_step
+
         loss = None
         if closure is not None:
             with torch.enable_grad():
