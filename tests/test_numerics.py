@@ -133,8 +133,8 @@ def test_optimizer_timing_rows_with_a_fake_timer(corpus, tmp_path):
         numerics.run_optimizer(micro, "micro", CONFIG, corpus, writer, loss_steps=0, error_steps=1, timer=FakeTimer(), timing=timing)
     rows = load_results(tmp_path)
     assert list(rows["case"]) == ["optimizer.update"] * 3 and set(rows["timer"]) == {"fake"}
-    optimizers = [json.loads(o)["optimizer"] for o in rows["options"]]
-    assert optimizers == ["adamw-fp32", "e4m3-sqrt-e5m2", "e4m3-fp16"]
+    assert list(rows["recipe"]) == ["adamw-fp32", "adamw-e4m3-sqrt-e5m2", "adamw-e4m3-fp16"]
+    assert list(rows["backend"]) == ["torch", "triton", "triton"]
     numel = sum(p.numel() for p in micro().parameters())
     for row, fmt in zip(rows.itertuples(), (None, *numerics.StateFormat)):
         assert row.gbps == pytest.approx(numerics.optimizer_bytes(fmt, numel) / row.median_ms / 1e6, rel=1e-5)

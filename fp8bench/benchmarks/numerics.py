@@ -269,7 +269,7 @@ def _prepare_start(model: nn.Module, curve: Curve, first_batch, device: str) -> 
 
 def train_curve(factory: ModelFactory, curve: Curve, config: TrainConfig, corpus: text_data.TextCorpus, curves: CurveWriter,
                 collect_stats: bool = False, on_step: Callable[[int, float], None] | None = None) -> list[float]:  # fmt: skip
-    """Train one curve for config.steps steps, writing loss, grad_norm, lr and (every eval_every steps
+    """Train one curve for config.steps steps, writing loss, grad_norm and (every eval_every steps
     and at the end) val_loss to `curves`, and with `collect_stats` the tensor statistics. Returns the
     per-step training losses."""
     device = config.device
@@ -338,15 +338,19 @@ def relative_gap(losses: list[float], reference_losses: list[float]) -> float:
 
 def _row(case: str, curve: Curve, config: TrainConfig, model_name: str, status: str, values: dict[str, Any]) -> Row:
     """A summary row: M is the tokens per step, K the sequence length, N the vocabulary; the curve's
-    model, seed, optimizer and start are in `options`."""
+    model, seed, optimizer and start are in `options`. `recipe` names what is compared: the FP8 recipe,
+    in optimizer cases the optimizer (adamw-fp32 or adamw-<state format>), else bf16; `backend` is
+    triton where our kernels run, torch for torch's AdamW in optimizer cases, else bf16."""
     recipe = curve.recipe
-    options = {"model": model_name, "seed": curve.seed, "steps": config.steps, "optimizer": curve.state_format.value if curve.state_format else "adamw-fp32",
-               "start": curve.start, "curve": curve.name}  # fmt: skip
+    optimizer = f"adamw-{curve.state_format.value}" if curve.state_format else "adamw-fp32"
+    compares_optimizers = case.startswith("optimizer")
+    options = {"model": model_name, "seed": curve.seed, "steps": config.steps, "optimizer": optimizer, "start": curve.start, "curve": curve.name}
+    backend = "triton" if recipe or curve.state_format else ("torch" if compares_optimizers else BF16)
     return Row({
         "benchmark": BENCHMARK, "case": case, "M": config.batch_size * config.seq_len, "K": config.seq_len, "N": text_data.VOCAB_SIZE,
-        "granularity": recipe.granularity.value if recipe else Granularity.NONE.value, "backend": "triton" if recipe else BF16,
-        "recipe": recipe.name if recipe else BF16, "fast_accum": "n/a", "options": json.dumps(options, sort_keys=True),
-        "status": status, **values,
+        "granularity": recipe.granularity.value if recipe else Granularity.NONE.value, "backend": backend,
+        "recipe": recipe.name if recipe else (optimizer if compares_optimizers else BF16), "fast_accum": "n/a",
+        "options": json.dumps(options, sort_keys=True), "status": status, **values,
     })  # fmt: skip
 
 
