@@ -570,6 +570,163 @@ def calibrate(
     )
 
 
+# ---- numerics: loss curves, tensor statistics, start-up, FP8 optimizer states (fp8bench.benchmarks.numerics) ----
+numerics_app = typer.Typer(help="What FP8 costs in training quality: loss curves on real text against BF16, tensor statistics, delayed-scaling start-up, FP8 optimizer states.", no_args_is_help=True)
+app.add_typer(numerics_app, name="numerics")
+_NUMERICS_MODEL_HELP = "the model to train: tiny | tiny-2l (fp8bench.benchmarks.numerics.MODELS)"
+
+
+def _numerics_setup(command: str, model: str, steps: int, batch_size: int, seq_len: int, lr: float, eval_every: int,
+                    corpus_bytes: Optional[int], out: Optional[Path], extra: dict):  # fmt: skip
+    """The model factory, the training config, the corpus and an open RunWriter (with the corpus's and
+    the config's metadata) of a numerics command."""
+    import torch
+
+    from fp8bench.benchmarks import numerics
+    from fp8bench.harness.env import run_metadata
+    from fp8bench.harness.results import RunWriter
+    from fp8bench.nn.text_data import load_stdlib_corpus
+
+    factory = choice(model, {name: (f,) for name, f in numerics.MODELS.items()}, "model")[0]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        config = numerics.TrainConfig(steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, eval_every=min(eval_every, steps),
+                                      corpus_bytes=corpus_bytes, device=device)  # fmt: skip
+        corpus = load_stdlib_corpus(corpus_bytes)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    run_dir = out or default_run_dir("numerics", f"{command}-{model}")
+    metadata = run_metadata(command_line(), {"benchmark": "numerics", "experiment": command, "model": model, "device": device,
+                                             "train": dataclasses.asdict(config), "corpus": corpus.metadata(), **extra})  # fmt: skip
+    console.print(f"[bold]numerics {command}[/] {model} on {device} ({metadata.get('gpu_name') or 'no GPU'}) -> {run_dir}")
+    return factory, config, corpus, RunWriter(run_dir, metadata)
+
+
+def _print_curve(result) -> None:
+    losses = result.losses
+    last = f"last loss {losses[-1]:.4f}" if losses else ""
+    console.print(f"  {result.curve.name:28} {result.status:10} {last}")
+
+
+def _numerics_recipes(recipe: Optional[list[str]]):
+    from fp8bench.nn.recipes import RECIPE_CHOICES
+
+    return tuple(dict.fromkeys(r for name in recipe or ["all"] for r in choice(name, RECIPE_CHOICES, "recipe")))
+
+
+def _numerics_loss(command: str, model, recipe, steps, batch_size, seq_len, lr, eval_every, bf16_seeds, corpus_bytes, out, stats) -> None:
+    from fp8bench.benchmarks import numerics
+
+    recipes = _numerics_recipes(recipe)
+    factory, config, corpus, writer = _numerics_setup(command, model, steps, batch_size, seq_len, lr, eval_every, corpus_bytes, out, {})
+    with writer:
+        results = numerics.run_loss(factory, model, numerics.loss_curves(recipes, tuple(range(bf16_seeds))), config, corpus, writer,
+                                    collect_stats=stats, on_curve=_print_curve)  # fmt: skip
+    reference = results[0].losses
+    for result in results[1:]:
+        if result.losses and reference:
+            console.print(f"  {result.curve.name:28} loss gap to BF16 over the last 10%: {100 * numerics.relative_gap(result.losses, reference):+.2f}%")
+
+
+_RECIPE_HELP = "repeatable; tensorwise | tensorwise-delayed | rowwise | rowwise_with_gw_hp | blockwise | all (default)"
+# Options every numerics command takes, declared once.
+_MODEL_OPTION = typer.Option("tiny", help=_NUMERICS_MODEL_HELP)
+_BATCH_SIZE_OPTION = typer.Option(16, min=1, help="sequences per step")
+_SEQ_LEN_OPTION = typer.Option(256, min=1, help="tokens (bytes) per sequence")
+_LR_OPTION = typer.Option(1e-3, help="peak learning rate (linear warm-up, then constant)")
+_CORPUS_BYTES_OPTION = typer.Option(None, help="use only the first files of the corpus up to this many bytes")
+_OUT_OPTION = typer.Option(None, help="run folder (default runs/<time>-numerics-<command>-<model>)")
+
+
+@numerics_app.command("loss")
+def numerics_loss(
+    model: str = _MODEL_OPTION,
+    recipe: Optional[list[str]] = typer.Option(None, help=_RECIPE_HELP),
+    steps: int = typer.Option(1000, min=1),
+    batch_size: int = _BATCH_SIZE_OPTION,
+    seq_len: int = _SEQ_LEN_OPTION,
+    lr: float = _LR_OPTION,
+    eval_every: int = typer.Option(100, min=1, help="validation loss every this many steps (and at the end)"),
+    bf16_seeds: int = typer.Option(2, min=1, help="BF16 curves, seeds 0.. (their spread is the run-to-run noise)"),
+    corpus_bytes: Optional[int] = _CORPUS_BYTES_OPTION,
+    out: Optional[Path] = _OUT_OPTION,
+) -> None:
+    """Loss curves on the standard library's sources: BF16 (several seeds) and each FP8 recipe, the gap over the last 10% of steps."""
+    _numerics_loss("loss", model, recipe, steps, batch_size, seq_len, lr, eval_every, bf16_seeds, corpus_bytes, out, stats=False)
+
+
+@numerics_app.command("stats")
+def numerics_stats(
+    model: str = _MODEL_OPTION,
+    recipe: Optional[list[str]] = typer.Option(None, help=_RECIPE_HELP),
+    steps: int = typer.Option(200, min=1),
+    batch_size: int = _BATCH_SIZE_OPTION,
+    seq_len: int = _SEQ_LEN_OPTION,
+    lr: float = _LR_OPTION,
+    eval_every: int = typer.Option(100, min=1),
+    corpus_bytes: Optional[int] = _CORPUS_BYTES_OPTION,
+    out: Optional[Path] = _OUT_OPTION,
+) -> None:
+    """Loss curves with tensor statistics per layer and role: underflow, saturation, amax, scale, SQNR of each output."""
+    _numerics_loss("stats", model, recipe, steps, batch_size, seq_len, lr, eval_every, 1, corpus_bytes, out, stats=True)
+
+
+@numerics_app.command("startup")
+def numerics_startup(
+    model: str = _MODEL_OPTION,
+    recipe: str = typer.Option("tensorwise-delayed", help="a recipe with delayed scaling"),
+    steps: int = typer.Option(50, min=1),
+    batch_size: int = _BATCH_SIZE_OPTION,
+    seq_len: int = _SEQ_LEN_OPTION,
+    lr: float = _LR_OPTION,
+    corpus_bytes: Optional[int] = _CORPUS_BYTES_OPTION,
+    out: Optional[Path] = _OUT_OPTION,
+) -> None:
+    """Delayed scaling's first scale (1 against calibrated) and master weights from FP8 against high-precision values."""
+    from fp8bench.benchmarks import numerics
+    from fp8bench.nn.recipes import get_recipe
+
+    try:
+        chosen = get_recipe(recipe)
+        numerics.startup_curves(chosen)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    factory, config, corpus, writer = _numerics_setup("startup", model, steps, batch_size, seq_len, lr, steps, corpus_bytes, out, {})
+    with writer:
+        numerics.run_startup(factory, model, config, corpus, writer, chosen, on_curve=_print_curve)
+
+
+@numerics_app.command("optimizer")
+def numerics_optimizer(
+    model: str = _MODEL_OPTION,
+    loss_steps: int = typer.Option(1000, min=0, help="steps of the loss curve per optimizer (0: none)"),
+    error_steps: int = typer.Option(20, min=1, help="steps of the update-error comparison"),
+    batch_size: int = _BATCH_SIZE_OPTION,
+    seq_len: int = _SEQ_LEN_OPTION,
+    lr: float = _LR_OPTION,
+    repeats: int = typer.Option(5, min=1, help="GPU timing: independent repeats per optimizer"),
+    corpus_bytes: Optional[int] = _CORPUS_BYTES_OPTION,
+    out: Optional[Path] = _OUT_OPTION,
+) -> None:
+    """FP8 optimizer states against FP32: memory, update error, loss curve, and on a GPU the fused update against torch's fused AdamW."""
+    from fp8bench.benchmarks import numerics
+
+    factory, config, corpus, writer = _numerics_setup("optimizer", model, max(loss_steps, 1), batch_size, seq_len, lr, 100, corpus_bytes, out,
+                                                      {"timing": dataclasses.asdict(TimingConfig(repeats=repeats))})  # fmt: skip
+    timer = None
+    if config.device == "cuda":
+        from fp8bench.harness.timing import CudaEventTimer, GpuClock
+
+        timer = CudaEventTimer(GpuClock())
+    else:
+        err_console.print("[yellow]no CUDA GPU: the update is not timed[/]")
+    with writer:
+        summary = numerics.run_optimizer(factory, model, config, corpus, writer, loss_steps, error_steps, timer, TimingConfig(repeats=repeats),
+                                         on_curve=_print_curve)  # fmt: skip
+    for key, value in summary.items():
+        console.print(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}")
+
+
 def main() -> None:
     try:
         app()

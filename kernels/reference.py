@@ -74,3 +74,76 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         block_rows, block_cols = rows // scale.shape[0], cols // scale.shape[1]
         scale = scale.repeat_interleave(block_rows, 0).repeat_interleave(block_cols, 1)
     return q.float() * scale
+
+
+# ---- AdamW with FP8 moments (fp8kernels.adamw_fp8) -------------------------------------------------
+# The first moment m is stored in e4m3, the second as sqrt(v) in e5m2 or as v in fp16, each with one
+# scale per tensor. A new state's scale must be known before any element is stored, so it comes from a
+# bound on the new amax that needs no pass over the new state: |m'| <= beta1 |m| + (1 - beta1) |g| and
+# v' <= beta2 v + (1 - beta2) g^2, from the amax the previous step recorded of the stored state and the
+# gradient's amax. The bound never saturates; it is at most 1 / (1 - beta) times the true amax.
+
+FP16_MAX = float(torch.finfo(torch.float16).max)
+
+
+def adamw_state_multipliers(
+    grad_amax: torch.Tensor, m_amax: torch.Tensor, v_amax: torch.Tensor, beta1: float, beta2: float, sqrt_v: bool,
+    v_max: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Per tensor (vectors of the tensors' amaxes, float32): the multipliers that store the new m and the
+    new second moment (sqrt(v) where `sqrt_v`, else v), from the bounds above."""
+    g = grad_amax.float()
+    m_bound = beta1 * m_amax + (1 - beta1) * g
+    if sqrt_v:
+        v_bound = torch.sqrt(beta2 * (v_amax * v_amax) + (1 - beta2) * (g * g))
+    else:
+        v_bound = beta2 * v_amax + (1 - beta2) * (g * g)
+    return fp8_max(E4M3) / m_bound.clamp(min=AMAX_FLOOR), v_max / v_bound.clamp(min=AMAX_FLOOR)
+
+
+def adamw_fp8_update(
+    param: torch.Tensor, grad: torch.Tensor, m_q: torch.Tensor, v_q: torch.Tensor, scales_old: tuple[float, float],
+    multipliers: tuple[float, float], *, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, step: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, float]:  # fmt: skip
+    """One AdamW step of one tensor whose m_q (e4m3) and v_q (e5m2: sqrt(v); fp16: v) are stored with
+    dequantization scales `scales_old`: (new param float32, new m_q, new v_q, amax of the stored new m,
+    amax of the stored new second moment). The new states are stored with `multipliers`. The update
+    itself uses the new moments in float32, before they are stored; operations in the kernel's order."""
+    sqrt_v = v_q.dtype == E5M2
+    v_max = fp8_max(E5M2) if sqrt_v else FP16_MAX
+    c = adamw_constants(lr, beta1, beta2, eps, weight_decay, step)
+    g = grad.float()
+    m = c["beta1"] * (m_q.float() * scales_old[0]) + c["one_minus_beta1"] * g
+    stored = v_q.float() * scales_old[1]
+    if sqrt_v:
+        v = c["beta2"] * (stored * stored) + c["one_minus_beta2"] * (g * g)
+        second = torch.sqrt(v)
+        denom = second * c["inv_sqrt_bias2"] + c["eps"]
+    else:
+        second = c["beta2"] * stored + c["one_minus_beta2"] * (g * g)
+        denom = torch.sqrt(second) * c["inv_sqrt_bias2"] + c["eps"]
+    p = param.float() * c["decay"]
+    p = p - c["step_size"] * (m / denom)
+    m_mult = torch.tensor(multipliers[0], dtype=torch.float32)
+    v_mult = torch.tensor(multipliers[1], dtype=torch.float32)
+    m_new = _cast(m, m_mult, E4M3)
+    v_new = (second * v_mult).clamp(-v_max, v_max).to(v_q.dtype)
+    m_amax = float((m_new.float() * (1.0 / m_mult)).abs().max())
+    v_amax = float((v_new.float() * (1.0 / v_mult)).abs().max())
+    return p, m_new, v_new, m_amax, v_amax
+
+
+def adamw_constants(lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, step: int) -> dict[str, float]:
+    """The scalars of AdamW's update at `step` (from 1), computed once in double and used as float32
+    by the kernel and this reference alike: decoupled weight decay, bias corrections folded into the
+    step size and into 1 / sqrt(1 - beta2^step), as torch.optim.AdamW does."""
+    return {
+        "beta1": beta1,
+        "one_minus_beta1": 1 - beta1,
+        "beta2": beta2,
+        "one_minus_beta2": 1 - beta2,
+        "eps": eps,
+        "decay": 1 - lr * weight_decay,
+        "step_size": lr / (1 - beta1**step),
+        "inv_sqrt_bias2": 1 / (1 - beta2**step) ** 0.5,
+    }

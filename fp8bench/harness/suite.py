@@ -26,7 +26,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-_COMMANDS = ("matmul", "cast", "roofline")
+_COMMANDS = ("matmul", "cast", "roofline", "numerics loss", "numerics stats", "numerics startup", "numerics optimizer")
 RESUMABLE_COMMANDS = ("matmul", "roofline")  # those with --resume
 
 
@@ -38,7 +38,7 @@ class SuiteEntry:
 
     def argv(self, base: Path, resume: bool = False) -> list[str]:
         """The command line; `resume` continues the entry's run folder where it holds results already."""
-        args = [self.command]
+        args = self.command.split()  # a sub-app's command is two words: "numerics loss"
         for key, value in self.options.items():
             if isinstance(value, bool):
                 args.append(f"--{key}" if value else f"--no-{key}")

@@ -1,0 +1,158 @@
+"""FP8 optimizer states: the fused multi-tensor AdamW kernel against its PyTorch reference, and the
+optimizer against torch.optim.AdamW (memory of the states, update error, training)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+
+import pytest
+import torch
+
+from fp8bench.nn.fp8_adamw import FP8AdamW, StateFormat, state_bytes
+from fp8kernels import reference
+from fp8kernels.adamw_fp8 import AdamWHyperparameters, ChunkTable, adamw_fp8_step
+
+SIZES = (1, 17, 1000, 4099)  # one element, odd sizes, more than one chunk with a ragged end
+HYPER = AdamWHyperparameters(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+
+
+def _codes(q: torch.Tensor) -> torch.Tensor:
+    """Integer codes of an fp8 or fp16 tensor that count ulps between values of one sign."""
+    bits = q.view(torch.uint8 if q.element_size() == 1 else torch.int16).to(torch.int32)
+    sign_bit = 1 << (8 * q.element_size() - 1)
+    return torch.where(bits & sign_bit != 0, -(bits & (sign_bit - 1)), bits)
+
+
+def assert_stored_matches(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """Stored moments: on a GPU exactly the reference's; under the interpreter within one ulp (the kernel
+    and torch round the same float32 value, but the interpreter's float32 -> fp8 conversion rounds ties
+    away from zero), or, under the
+    interpreter, half of a power of two the reference reached by rounding up (it drops that carry: 31000
+    becomes 16384 in e5m2, not 32768; tests/test_kernels_quantize.py)."""
+    close = (_codes(got) - _codes(want)).abs() <= (0 if got.is_cuda else 1)  # a GPU rounds as torch does
+    lost_carry = (torch.frexp(want.float())[0].abs() == 0.5) & (got.float() == want.float() / 2) & (not got.is_cuda)
+    bad = ~(close | lost_carry)
+    assert not bad.any(), f"{what}: {int(bad.sum())} values off, first got {got.float()[bad][0]}, want {want.float()[bad][0]}"
+
+
+@pytest.mark.parametrize("state_format", list(StateFormat))
+@pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("device,sizes", [("cpu", SIZES), pytest.param("cuda", (*SIZES, 2**20 + 3), marks=pytest.mark.gpu)])
+def test_kernel_matches_reference_over_uneven_tensors(state_format, grad_dtype, device, sizes):
+    """Each step from the same state: the kernel's launch over all tensors against the reference per tensor."""
+    gen = torch.Generator().manual_seed(0)
+    T = len(sizes)
+    params = [torch.randn(n, generator=gen).to(device) for n in sizes]
+    ms = [torch.zeros(n, dtype=reference.E4M3, device=device) for n in sizes]
+    vs = [torch.zeros(n, dtype=state_format.second_moment_dtype, device=device) for n in sizes]
+    m_scale, v_scale = torch.ones(T, device=device), torch.ones(T, device=device)
+    m_amax, v_amax = torch.zeros(T, device=device), torch.zeros(T, device=device)
+    sqrt_v = state_format is StateFormat.E4M3_SQRT_E5M2
+    v_max = reference.fp8_max(reference.E5M2) if sqrt_v else reference.FP16_MAX
+    table = ChunkTable.build(sizes, torch.device(device))
+    for step in (1, 2, 3):
+        # Gradients of very different magnitudes per tensor, most values far below their tensor's amax.
+        grads = [(torch.randn(n, generator=gen) * 10.0 ** (-3 * (i % 4))).to(device, grad_dtype) for i, n in enumerate(sizes)]
+        grad_amax = torch.stack([g.float().abs().max() for g in grads])
+        m_mult, v_mult = reference.adamw_state_multipliers(grad_amax, m_amax, v_amax, HYPER.beta1, HYPER.beta2, sqrt_v, v_max)
+        want = [
+            reference.adamw_fp8_update(
+                params[i], grads[i], ms[i], vs[i], (float(m_scale[i]), float(v_scale[i])), (float(m_mult[i]), float(v_mult[i])),
+                lr=HYPER.lr, beta1=HYPER.beta1, beta2=HYPER.beta2, eps=HYPER.eps, weight_decay=HYPER.weight_decay, step=step,
+            )
+            for i in range(T)
+        ]  # fmt: skip
+        adamw_fp8_step(params, grads, ms, vs, m_scale, v_scale, m_amax, v_amax, HYPER, step, table)
+        for i, (p, m, v, _, _) in enumerate(want):
+            # Bit for bit with float32 gradients; with bf16 gradients under the interpreter about one
+            # element in a thousand is one float32 ulp off (its bf16 loads; not investigated further).
+            ulps = 0 if grad_dtype == torch.float32 or device == "cuda" else 1
+            torch.testing.assert_close(params[i], p, rtol=ulps * 2**-23, atol=0)
+            assert_stored_matches(ms[i], m, f"m of tensor {i}, step {step}")
+            assert_stored_matches(vs[i], v, f"second moment of tensor {i}, step {step}")
+        torch.testing.assert_close(m_scale, 1.0 / m_mult, rtol=0, atol=0)
+        torch.testing.assert_close(v_scale, 1.0 / v_mult, rtol=0, atol=0)
+        # The recorded amaxes are those of what the kernel stored.
+        torch.testing.assert_close(m_amax, torch.stack([(m.float() * s).abs().max() for m, s in zip(ms, m_scale)]), rtol=0, atol=0)
+        torch.testing.assert_close(v_amax, torch.stack([(v.float() * s).abs().max() for v, s in zip(vs, v_scale)]), rtol=0, atol=0)
+    # The bound keeps every stored value below the format's largest: nothing saturates.
+    assert all(m.float().abs().max() < reference.fp8_max(reference.E4M3) for m in ms if m.numel() > 1)
+
+
+def test_multiplier_bounds_never_below_the_true_amax():
+    g_amax, m_amax, v_amax = torch.tensor([2.0, 0.0]), torch.tensor([1.0, 0.0]), torch.tensor([3.0, 0.0])
+    m_mult, v_mult = reference.adamw_state_multipliers(g_amax, m_amax, v_amax, 0.9, 0.99, True, 57344.0)
+    assert m_mult[0] == pytest.approx(448.0 / (0.9 * 1.0 + 0.1 * 2.0))
+    assert v_mult[0] == pytest.approx(57344.0 / (0.99 * 9 + 0.01 * 4) ** 0.5)
+    assert torch.isfinite(m_mult).all() and m_mult[1] == pytest.approx(448.0 / reference.AMAX_FLOOR)
+
+
+def _model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(17, 64), torch.nn.GELU(), torch.nn.Linear(64, 1000), torch.nn.Linear(1000, 3))
+
+
+def _train(model, optimizer, steps: int) -> list[float]:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 17, generator=gen)
+    target = torch.randn(64, 3, generator=gen)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("state_format", list(StateFormat))
+def test_optimizer_follows_torch_adamw(state_format):
+    fp32_model, fp8_model = _model(0), _model(0)
+    fp32 = torch.optim.AdamW(fp32_model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    fp8 = FP8AdamW(fp8_model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, state_format=state_format)
+    _train(fp32_model, fp32, 1)
+    _train(fp8_model, fp8, 1)
+    # The first step's update is sign-like (m / sqrt(v) = g / |g|): both move every weight by about lr.
+    for a, b in zip(fp32_model.parameters(), fp8_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-4)
+    fp32_losses = _train(fp32_model, fp32, 30)
+    fp8_losses = _train(fp8_model, fp8, 30)
+    assert fp8_losses[-1] < 0.5 * fp8_losses[0]
+    # Within 10% after 30 steps (measured here under the interpreter, whose fp8 rounding is coarser than
+    # a GPU's: e5m2 6%, fp16 less); the benchmark measures the gap on real training.
+    assert abs(fp8_losses[-1] - fp32_losses[-1]) / fp32_losses[-1] < 0.10
+
+
+def test_state_memory_per_parameter():
+    fp32_model, fp8_model, fp16_model = _model(0), _model(0), _model(0)
+    optimizers = (
+        torch.optim.AdamW(fp32_model.parameters()),
+        FP8AdamW(fp8_model.parameters()),
+        FP8AdamW(fp16_model.parameters(), state_format=StateFormat.E4M3_FP16),
+    )
+    for model, optimizer in zip((fp32_model, fp8_model, fp16_model), optimizers):
+        _train(model, optimizer, 1)
+    n = sum(p.numel() for p in fp32_model.parameters())
+    tensors = len(list(fp32_model.parameters()))
+    fp32_bytes, fp8_bytes, fp16_bytes = (state_bytes(o) for o in optimizers)
+    assert fp32_bytes == 8 * n + 4 * tensors  # two float32 moments and a float32 step count per tensor
+    assert fp8_bytes == 2 * n + 16 * tensors  # e4m3 m, e5m2 sqrt(v), 4 float32 scalars per tensor
+    assert fp16_bytes == 3 * n + 16 * tensors
+    assert fp8_bytes <= 0.40 * fp32_bytes and fp16_bytes <= 0.40 * fp32_bytes
+
+
+def test_bad_inputs_say_what_is_wrong():
+    with pytest.raises(ValueError, match="float32 master weights"):
+        FP8AdamW([torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))])
+    with pytest.raises(ValueError, match="betas"):
+        FP8AdamW([torch.nn.Parameter(torch.zeros(3))], betas=(1.0, 0.9))
+    p = torch.zeros(4)
+    with pytest.raises(ValueError, match="contiguous grad, m and v of its shape"):
+        adamw_fp8_step([p], [torch.zeros(5)], [torch.zeros(4, dtype=reference.E4M3)], [torch.zeros(4, dtype=reference.E5M2)],
+                       torch.ones(1), torch.ones(1), torch.zeros(1), torch.zeros(1), HYPER, 1)  # fmt: skip
+    with pytest.raises(ValueError, match="float8_e5m2 .sqrt.v.. or float16"):
+        adamw_fp8_step([p], [p], [torch.zeros(4, dtype=reference.E4M3)], [torch.zeros(4)],
+                       torch.ones(1), torch.ones(1), torch.zeros(1), torch.zeros(1), HYPER, 1)  # fmt: skip
