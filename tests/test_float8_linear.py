@@ -31,7 +31,7 @@ if not torch.cuda.is_available():
 
 from fp8bench.nn import _float8_ops as ops  # noqa: E402
 from fp8bench.benchmarks import layer  # noqa: E402
-from fp8bench.model import roofline as model  # noqa: E402
+from fp8bench.model import roofline  # noqa: E402
 from fp8bench.cli import app  # noqa: E402
 from fp8bench.config import BLOCK, Activation, GemmShape, Granularity, TimingConfig  # noqa: E402
 from fp8bench.nn.float8_linear import Float8Linear, convert_to_float8, recipe_problem  # noqa: E402
@@ -464,7 +464,7 @@ def test_delayed_cast_of_an_empty_history_in_the_producer_scales_by_one():
     earlier one filled it), scales by 1 and still records the tensor's amax."""
     from fp8bench.nn.float8_linear import _delayed_in_producer, plan
 
-    call = plan(RECIPES["tensorwise-delayed"]).casts[0][0]
+    call = plan(RECIPES["tensorwise-delayed"]).quantize.input[0]
     x = torch.randn(64, 32).to(torch.bfloat16)
     history = torch.zeros(4)
     data, scale, data_t, scale_t = _delayed_in_producer(x, call, history)
@@ -495,17 +495,17 @@ def test_bad_dimensions_and_recipes_are_clear_errors():
 
 
 def test_convert_swaps_filters_and_says_what_stayed_in_bf16():
-    model_ = nn.Sequential(
+    model = nn.Sequential(
         nn.Linear(256, 128), nn.ReLU(), nn.Sequential(nn.Linear(128, 200), nn.Linear(200, 128)), nn.Linear(128, 128)
     )
-    weight = model_[0].weight
-    conversion = convert_to_float8(model_, RECIPES["rowwise"], module_filter=lambda module, name: name != "3")
+    weight = model[0].weight
+    conversion = convert_to_float8(model, RECIPES["rowwise"], module_filter=lambda module, name: name != "3")
     assert conversion.converted == ("0",)
     assert set(conversion.left_in_bf16) == {"2.0", "2.1"}
     assert "N=200" in conversion.left_in_bf16["2.0"] and "K=200" in conversion.left_in_bf16["2.1"]
-    assert isinstance(model_[0], Float8Linear) and model_[0].weight is weight  # parameters shared, not copied
-    assert type(model_[2][0]) is nn.Linear and type(model_[3]) is nn.Linear
-    assert "recipe=rowwise" in repr(model_[0])
+    assert isinstance(model[0], Float8Linear) and model[0].weight is weight  # parameters shared, not copied
+    assert type(model[2][0]) is nn.Linear and type(model[3]) is nn.Linear
+    assert "recipe=rowwise" in repr(model[0])
     blockwise = convert_to_float8(nn.Sequential(nn.Linear(128, 384), nn.Linear(384, 200)), RECIPES["blockwise"])
     assert blockwise.converted == ("0",) and list(blockwise.left_in_bf16) == ["1"]
     with pytest.raises(ValueError, match="wrap a lone nn.Linear"):
@@ -606,7 +606,7 @@ def test_layer_run_writes_measured_rows_beside_predictions(tmp_path):
     shape = GemmShape(128, 128, 128)
     config = layer.LayerConfig((shape,), (RECIPES["tensorwise"], RECIPES["blockwise"]), timing=TimingConfig(repeats=2),
                                compile_backend="aot_eager")  # fmt: skip
-    ceilings = model.spec_ceilings(GPUS["h100-sxm"])
+    ceilings = roofline.spec_ceilings(GPUS["h100-sxm"])
     with RunWriter(tmp_path, {}) as writer:
         layer.run_layer(config, writer, ceilings, FakeLayerTimer(), device=DEVICE)
     rows = load_results(tmp_path).set_index(["backend", "recipe"])
@@ -615,7 +615,7 @@ def test_layer_run_writes_measured_rows_beside_predictions(tmp_path):
     for recipe in ("tensorwise", "blockwise"):
         row = rows.loc[("triton-compile", recipe)]
         assert row["status"] == "ok" and row["speedup_vs_bf16"] == 2.0
-        predicted = model.predict(shape, RECIPES[recipe], model.IMPLEMENTATIONS["triton-compile"], ceilings)
+        predicted = roofline.predict(shape, RECIPES[recipe], roofline.IMPLEMENTATIONS["triton-compile"], ceilings)
         assert row["predicted_ms"] == pytest.approx(predicted.fp8_s * 1e3, rel=1e-5)
         assert row["measured_vs_predicted"] == pytest.approx(2.0 / predicted.speedup, rel=1e-5)
         assert (row["gemm_ms"], row["cast_ms"], row["other_ms"]) == (0.6, 0.1, 0.3)
@@ -643,7 +643,7 @@ def test_a_layer_step_with_a_wrong_gradient_is_a_failed_row_not_a_time(tmp_path,
     shape = GemmShape(128, 128, 128)
     config = layer.LayerConfig((shape,), (RECIPES["rowwise"],), ("triton",), timing=TimingConfig(repeats=2), compile_backend="aot_eager")
     with RunWriter(tmp_path, {}) as writer:
-        layer.run_layer(config, writer, model.spec_ceilings(GPUS["h100-sxm"]), FakeLayerTimer(), device=DEVICE)
+        layer.run_layer(config, writer, roofline.spec_ceilings(GPUS["h100-sxm"]), FakeLayerTimer(), device=DEVICE)
     rows = load_results(tmp_path).set_index(["backend", "recipe"])
     for backend in ("triton", "triton-compile"):
         row = rows.loc[(backend, "rowwise")]
@@ -661,7 +661,7 @@ def test_a_resumed_roofline_run_measures_only_the_unfinished_shapes(tmp_path):
     shapes = (GemmShape(128, 128, 128), GemmShape(256, 128, 128))
     config = layer.LayerConfig(shapes, (RECIPES["rowwise"],), ("triton",), timing=TimingConfig(repeats=2),
                                eager=False, compile_backend="aot_eager")
-    ceilings = model.spec_ceilings(GPUS["h100-sxm"])
+    ceilings = roofline.spec_ceilings(GPUS["h100-sxm"])
     with RunWriter(tmp_path, {"call": "first"}) as writer:
         writer.append(Row({"case": shapes[0].name, "backend": "model", "status": "ok"}))  # a prediction row
         layer.run_layer(config, writer, ceilings, FakeLayerTimer(), device=DEVICE)

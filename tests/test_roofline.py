@@ -242,8 +242,8 @@ def test_unsupported_recipes_name_the_reason():
 def test_recipe_per_argument_defaults_and_gemm_kernels():
     tensorwise = RECIPES["tensorwise"]
     assert tensorwise.input_for_grad_weight == tensorwise.input
-    assert tensorwise.gemm_config(rl.GemmRole.OUTPUT).use_fast_accum
-    assert not tensorwise.gemm_config(rl.GemmRole.GRAD_WEIGHT).use_fast_accum
+    assert tensorwise.gemms.output.use_fast_accum
+    assert not tensorwise.gemms.grad_weight.use_fast_accum
     hp = RECIPES["rowwise_with_gw_hp"]
     assert hp.gemm_granularity(rl.GemmRole.GRAD_INPUT) is Granularity.AXISWISE  # axiswise x tensorwise
     assert hp.gemm_granularity(rl.GemmRole.GRAD_WEIGHT) is Granularity.NONE

@@ -46,7 +46,7 @@ BLOCKWISE_FUSION = "blockwise"
 def layer_norm_fusion(how: _Plan) -> str | None:
     """How the LayerNorm writes the input's fp8 copies (module docstring): one cast makes both uses, delayed
     or in 1 x 128 groups; None where it does not."""
-    calls = how.casts[0]
+    calls = how.quantize.input
     if len(calls) != 1 or not (calls[0].rowwise and calls[0].columnwise):
         return None
     call = calls[0]
@@ -64,7 +64,7 @@ class _Float8LayerNormLinearFunction(torch.autograd.Function):
     def forward(
         ctx, x, ln_weight, ln_bias, weight, input_history, weight_history, grad_output_history, how: _Plan, eps: float
     ):  # fmt: skip
-        call = how.casts[0][0]
+        (call,) = how.quantize.input  # one call makes both forms (layer_norm_fusion)
         if call.delayed:
             data, scale, data_t, mean, rstd = ops.layernorm_quantize_delayed(
                 x, ln_weight, ln_bias, eps, input_history, call.fp8_dtype, call.power_of_two, True
