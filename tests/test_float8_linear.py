@@ -512,6 +512,51 @@ def test_convert_swaps_filters_and_says_what_stayed_in_bf16():
         convert_to_float8(nn.Linear(128, 128), RECIPES["tensorwise"])
 
 
+def signed_permutation(n: int, exponent: int, seed: int) -> torch.Tensor:
+    """A bf16 [n, n] weight with one +-2^exponent per row and column: x @ w.T permutes x's columns, so a
+    tensor on the FP8 grid stays on it (its rows, columns and, at n = 128, its 1 x 128 groups keep their
+    values), and the next linear's casts round nothing either."""
+    generator = torch.Generator().manual_seed(seed)
+    signs = torch.where(torch.rand(n, generator=generator) < 0.5, -1.0, 1.0)
+    weight = torch.zeros(n, n)
+    weight[torch.arange(n), torch.randperm(n, generator=generator)] = signs * 2.0**exponent
+    return weight.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES.values()), ids=list(RECIPES))
+def test_a_converted_sequential_trains_as_the_reference(recipe):
+    """convert_to_float8 on an nn.Sequential of linears: the chosen ones become Float8Linear sharing their
+    parameters (an optimizer made before the conversion keeps training them), and forward and backward
+    through the chain, a linear left in BF16 between them, equal the fp32 model's on inputs every cast
+    represents exactly (grid_tensor; signed permutations as weights keep each layer's output on the grid)."""
+    model = nn.Sequential(*(nn.Linear(128, 128, bias=False, dtype=torch.bfloat16) for _ in range(3)))
+    with torch.no_grad():
+        for index, linear in enumerate(model):
+            linear.weight.copy_(signed_permutation(128, index - 1, seed=40 + index))
+    reference = nn.Sequential(*(nn.Linear(128, 128, bias=False) for _ in range(3)))
+    reference.load_state_dict({name: value.float() for name, value in model.state_dict().items()})
+    parameters = dict(model.named_parameters())
+    conversion = convert_to_float8(model, recipe, module_filter=lambda module, name: name != "1")
+    assert conversion.converted == ("0", "2") and not conversion.left_in_bf16
+    assert [type(m) for m in model] == [Float8Linear, nn.Linear, Float8Linear]
+    shared = {name: p is parameters.get(name) for name, p in model.named_parameters()}
+    assert shared == dict.fromkeys(parameters, True)  # the same Parameter objects, under the same names
+    x = grid_tensor(256, 128, dtype_of(recipe, TensorRole.INPUT), 3, seed=43)
+    g = grid_tensor(256, 128, dtype_of(recipe, TensorRole.GRAD_OUTPUT), -12, seed=44)
+    def train_step(module: nn.Module, x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """output, grad_input and each weight's gradient"""
+        module.zero_grad(set_to_none=True)
+        x = x.clone().requires_grad_()
+        out = module(x)
+        out.backward(g)
+        return out, x.grad, *(p.grad for p in module.parameters())
+
+    for step in range(2):  # delayed scaling: the second step scales from the first one's amaxes
+        actual, expected = train_step(model, x, g), train_step(reference, x.float(), g.float())
+        for what, got, wanted in zip(("output", "grad_input", "grad_weight 0", "grad_weight 1", "grad_weight 2"), actual, expected):
+            assert_matches(got, wanted, f"step {step}, {what}")
+
+
 # ---- the layer measurement's pieces ---------------------------------------------------------------
 
 

@@ -140,7 +140,7 @@ class Float8LayerNormLinear(Float8Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = self.rows_of(x)
         histories, histories_filled = self.step_state()
-        how = self.products_plan()
+        how = self.call_plan()
         if self._fusion == BLOCKWISE_FUSION or (self._fusion == DELAYED_FUSION and histories_filled):
             out = _Float8LayerNormLinearFunction.apply(
                 x2d, self.layer_norm_weight, self.layer_norm_bias, self.weight, *histories, how, self.eps

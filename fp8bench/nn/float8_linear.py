@@ -366,13 +366,13 @@ class Float8Linear(nn.Linear):
             self._histories_filled = True  # a Python bool: torch.compile guards on it, compiling once more
         return histories, histories_filled
 
-    def products_plan(self) -> _Plan:
+    def call_plan(self) -> _Plan:
         """The plan of this call: the activation in the output product's epilogue unless a bias comes first."""
         return self._epilogue_plan if self.bias is None else self._plan
 
     def finish(self, out2d: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The [M, N] product back in x's leading dimensions, plus the bias, then the activation where the
-        product did not apply it (products_plan)."""
+        product did not apply it (call_plan)."""
         out = out2d.reshape(*x.shape[:-1], self.out_features)
         if self.bias is None:
             return out
@@ -381,7 +381,7 @@ class Float8Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = self.rows_of(x)
         histories, histories_filled = self.step_state()
-        out = _Float8LinearFunction.apply(x2d, self.weight, *histories, self.products_plan(), histories_filled)
+        out = _Float8LinearFunction.apply(x2d, self.weight, *histories, self.call_plan(), histories_filled)
         return self.finish(out, x)
 
     def extra_repr(self) -> str:
@@ -401,9 +401,21 @@ ModuleFilter = Callable[[nn.Module, str], bool]
 
 
 def convert_to_float8(model: nn.Module, recipe: Recipe, module_filter: ModuleFilter | None = None) -> Float8Conversion:
-    """Swap, in place, every nn.Linear of `model` (torchao's convert_to_float8_training) for a
-    Float8Linear running `recipe`. `module_filter(module, name)` returning False keeps a linear as it is;
-    a linear whose dimensions the recipe cannot run stays in BF16 and is listed with the reason."""
+    """Swap, in place, every nn.Linear of `model` (exactly nn.Linear, not a subclass) for a Float8Linear
+    running `recipe`, as torchao's convert_to_float8_training does; returns what was swapped.
+
+    - `module_filter(module, name)`, `name` as model.named_modules() gives it ("layers.0.attention.wq"),
+      returning False keeps that linear as it is.
+    - A linear whose in/out features the recipe's products cannot run at (shape_problem) stays in BF16
+      and is listed in `left_in_bf16` with the reason.
+    - The Float8Linear shares the linear's weight and bias (no copy), so an optimizer made before the
+      conversion still holds the model's parameters, under the same names; a recipe with delayed
+      scaling adds the `amax_history_<tensor>` buffers.
+    - At run time each converted linear takes inputs of any leading dimensions whose row count suits the
+      recipe (a multiple of 1, 16 or 128), else a ValueError says why. Without a GPU the kernels run only
+      under TRITON_INTERPRET=1, set before the first forward imports them.
+
+    ValueError for a recipe our kernels cannot run (recipe_problem) or a lone nn.Linear as `model`."""
     problem = recipe_problem(recipe)
     if problem:
         raise ValueError(f"recipe {recipe.name!r} cannot run on our kernels: {problem}")
