@@ -30,6 +30,7 @@ from fp8bench.nn import _float8_ops as ops
 from fp8bench.config import Activation, Granularity
 from fp8bench.nn.float8_linear import (
     Float8Linear,
+    Forms,
     _Float8LinearFunction,
     _Plan,
     backward_products,
@@ -77,7 +78,7 @@ class _Float8LayerNormLinearFunction(torch.autograd.Function):
         # Histories filled (True): this runs where delayed scaling's histories hold amaxes, or where the
         # recipe has none (blockwise mixes with no tensorwise scaling: float8_linear.recipe_problem).
         out, saved, ctx.weight_tensors = forward_products(
-            None, ((data, scale), (data_t, scale_t)), weight, weight_history, how, True
+            None, Forms((data, scale), (data_t, scale_t)), weight, weight_history, how, True
         )
         ctx.save_for_backward(*saved, grad_output_history, x, mean, rstd, ln_weight, ln_bias)
         ctx.plan = how
@@ -89,7 +90,7 @@ class _Float8LayerNormLinearFunction(torch.autograd.Function):
         needs_x, needs_ln_weight, needs_ln_bias, needs_weight = ctx.needs_input_grad[:4]
         needs_ln = (needs_x, needs_ln_weight, needs_ln_bias)
         grad_ln_out, grad_weight = backward_products(
-            ctx.plan, saved, ctx.weight_tensors, grad_output, grad_output_history, True, (any(needs_ln), needs_weight)
+            ctx.plan, saved, ctx.weight_tensors, grad_output, grad_output_history, True, any(needs_ln), needs_weight
         )
         grad_x = grad_ln_weight = grad_ln_bias = None
         if any(needs_ln):

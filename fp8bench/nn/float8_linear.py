@@ -180,6 +180,14 @@ def _activated(out: torch.Tensor, activation: str) -> torch.Tensor:
 Form = tuple[torch.Tensor, torch.Tensor] | torch.Tensor
 
 
+class Forms(NamedTuple):
+    """The FP8 forms of one tensor x[R, C] for its two uses: `first` (R, C) scaled along rows, `second`
+    (C, R) = x.T scaled along x's columns; None for a use kept in original precision."""
+
+    first: tuple[torch.Tensor, torch.Tensor] | None
+    second: tuple[torch.Tensor, torch.Tensor] | None
+
+
 def _row_amax(x: torch.Tensor) -> torch.Tensor:
     """max |x| as 0-d float32 (exact in any dtype), per row first: inductor fuses that into a pointwise
     producer too (sigmoid backward), a whole-tensor amax it does not (torch 2.11)."""
@@ -195,11 +203,10 @@ def _delayed_in_producer(x: torch.Tensor, call: _QuantizeCall, history: torch.Te
     return data, scale, ops.transpose_fp8(data) if call.columnwise else None, None
 
 
-def cast_tensor(x: torch.Tensor, calls: tuple[_QuantizeCall, ...], history: torch.Tensor | None, histories_filled: bool):
-    """[first form, second form] of x[R, C]: first (R, C) scaled along rows, second (C, R) = x.T scaled
-    along x's columns; None for a use kept in original precision. `histories_filled`: the module has run
-    a training step, so its delayed-scaling histories hold amaxes."""
-    forms: list[tuple[torch.Tensor, torch.Tensor] | None] = [None, None]
+def cast_tensor(x: torch.Tensor, calls: tuple[_QuantizeCall, ...], history: torch.Tensor | None, histories_filled: bool) -> Forms:
+    """x's forms made by `calls`. `histories_filled`: the module has run a training step, so its
+    delayed-scaling histories hold amaxes."""
+    first = second = None
     for call in calls:
         tensorwise_args = (call.fp8_dtype, call.power_of_two, call.rowwise, call.columnwise)
         if call.in_producer and histories_filled and torch.compiler.is_compiling():
@@ -213,10 +220,10 @@ def cast_tensor(x: torch.Tensor, calls: tuple[_QuantizeCall, ...], history: torc
                 x, call.granularity, call.block_rows, call.fp8_dtype, call.power_of_two, call.rowwise, call.columnwise
             )
         if call.rowwise:
-            forms[0] = (data, scale)
+            first = (data, scale)
         if call.columnwise:
-            forms[1] = (data_t, scale if call.shared_scale else scale_t)
-    return forms
+            second = (data_t, scale if call.shared_scale else scale_t)
+    return Forms(first, second)
 
 
 def run_gemm(call: _GemmCall, a: Form, b_t: Form, activation: str = Activation.NONE.value) -> torch.Tensor:
@@ -242,24 +249,24 @@ def _flat(form: Form) -> tuple[torch.Tensor, ...]:
     return form if isinstance(form, tuple) else (form,)
 
 
-def forward_products(x: torch.Tensor | None, x_forms, weight: torch.Tensor, weight_history, how: _Plan, histories_filled: bool):
+def forward_products(x: torch.Tensor | None, x_forms: Forms, weight: torch.Tensor, weight_history, how: _Plan, histories_filled: bool):
     """The weight's casts and the output product, given x's forms (cast_tensor); x itself is needed only
     where a use keeps its original precision. Returns the output, what the backward reads as a flat
     tuple of tensors (the activated output where there is an activation, then the weight's and x's
     second forms), and how many of those tensors are the weight's (for backward_products)."""
     w_first, w_second = cast_tensor(weight, how.quantize.weight, weight_history, histories_filled)
-    out = run_gemm(how.gemms.output, _or_original(x_forms[0], x), _or_original(w_first, weight), how.activation)
+    out = run_gemm(how.gemms.output, _or_original(x_forms.first, x), _or_original(w_first, weight), how.activation)
     # Second uses, read transposed: [K, N] of the weight for grad_input, [K, M] of x for grad_weight.
-    x_second = _flat(x_forms[1] if x_forms[1] is not None else x.t())
+    x_second = _flat(x_forms.second if x_forms.second is not None else x.t())  # x is None where both are FP8
     w_second = _flat(_or_original(w_second, weight.t()))
     activated = (out,) if how.activation != Activation.NONE.value else ()
     return out, (*activated, *w_second, *x_second), len(w_second)
 
 
 def backward_products(how: _Plan, saved, weight_tensors: int, grad_output, grad_output_history, histories_filled: bool,
-                      needs_grad):  # fmt: skip
-    """grad_input and grad_weight (None where `needs_grad` says no) from what forward_products saved
-    (`saved`, of which `weight_tensors` are the weight's)."""
+                      needs_grad_input: bool, needs_grad_weight: bool):  # fmt: skip
+    """grad_input and grad_weight (None where not needed) from what forward_products saved (`saved`, of
+    which `weight_tensors` are the weight's)."""
     if how.activation != Activation.NONE.value:
         activated, saved = saved[0], saved[1:]
         grad_output = _ACTIVATION_BACKWARD[how.activation](grad_output, in_input_dtype(activated, grad_output))
@@ -269,9 +276,9 @@ def backward_products(how: _Plan, saved, weight_tensors: int, grad_output, grad_
     grad_output = grad_output.contiguous()
     g_first, g_second = cast_tensor(grad_output, how.quantize.grad_output, grad_output_history, histories_filled)
     grad_input = grad_weight = None
-    if needs_grad[0]:
+    if needs_grad_input:
         grad_input = run_gemm(how.gemms.grad_input, _or_original(g_first, grad_output), w_second)
-    if needs_grad[1]:
+    if needs_grad_weight:
         grad_weight = run_gemm(how.gemms.grad_weight, _or_original(g_second, grad_output.t()), x_second)
     return grad_input, grad_weight
 
@@ -296,9 +303,11 @@ class _Float8LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         *saved, grad_output_history = ctx.saved_tensors
+        needs_grad_input, needs_grad_weight = ctx.needs_input_grad[:2]  # x, weight
         grads = backward_products(
-            ctx.plan, saved, ctx.weight_tensors, grad_output, grad_output_history, ctx.histories_filled, ctx.needs_input_grad[:2]
-        )
+            ctx.plan, saved, ctx.weight_tensors, grad_output, grad_output_history, ctx.histories_filled,
+            needs_grad_input, needs_grad_weight,
+        )  # fmt: skip
         return *grads, None, None, None, None, None
 
 
