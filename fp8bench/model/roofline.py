@@ -175,7 +175,7 @@ class Kernel:
     bytes_read: float = 0.0
     bytes_written: float = 0.0
     flops: float = 0.0
-    gemm: Granularity | None = None  # None: no matrix product; NONE: a BF16 one
+    gemm_granularity: Granularity | None = None  # None: no matrix product; NONE: a BF16 one
     fast_accum: bool = False
 
     @property
@@ -204,7 +204,7 @@ class KernelTime:
 
 
 def time_kernel(kernel: Kernel, ceilings: Ceilings) -> KernelTime:
-    compute = kernel.flops / (ceilings.gemm_tflops(kernel.gemm, kernel.fast_accum) * 1e12) if kernel.flops else 0.0
+    compute = kernel.flops / (ceilings.gemm_tflops(kernel.gemm_granularity, kernel.fast_accum) * 1e12) if kernel.flops else 0.0
     return KernelTime(kernel, compute, kernel.bytes / (ceilings.mem_tbps * 1e12), ceilings.launch_us * 1e-6)
 
 
@@ -352,7 +352,7 @@ def _gemm_kernel(gemm: GemmRole, product: GemmShape, recipe: Recipe | None, coun
         bytes_read=(m * k + k * n) * operand_bytes + scale_elements * SCALE_BYTES,
         bytes_written=m * n * BF16_BYTES,
         flops=2.0 * m * k * n,
-        gemm=granularity,
+        gemm_granularity=granularity,
         fast_accum=bool(recipe and recipe.gemms[gemm].use_fast_accum),
     )
 
