@@ -19,6 +19,8 @@ import json
 import math
 import os
 import statistics
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -510,6 +512,16 @@ def test_convert_swaps_filters_and_says_what_stayed_in_bf16():
     assert blockwise.converted == ("0",) and list(blockwise.left_in_bf16) == ["1"]
     with pytest.raises(ValueError, match="wrap a lone nn.Linear"):
         convert_to_float8(nn.Linear(128, 128), RECIPES["tensorwise"])
+
+
+def test_nn_imports_only_the_config_and_fp8kernels():
+    """fp8bench.nn sits under the roofline model, the backends and the benchmarks: imported alone, the
+    layers load nothing of fp8bench beyond the config and fp8bench.nn itself."""
+    code = "import sys, fp8bench.nn.float8_layernorm_linear; print(' '.join(sorted(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    ours = [m for m in loaded if m.split(".")[0] == "fp8bench"]
+    assert "fp8bench.nn.float8_linear" in ours
+    assert [m for m in ours if m not in ("fp8bench", "fp8bench.config") and not m.startswith("fp8bench.nn")] == []
 
 
 def signed_permutation(n: int, exponent: int, seed: int) -> torch.Tensor:
