@@ -38,7 +38,7 @@ from fp8bench.cli import app  # noqa: E402
 from fp8bench.config import BLOCK, Activation, GemmShape, Granularity, TimingConfig  # noqa: E402
 from fp8bench.nn.float8_linear import Float8Linear, convert_to_float8, recipe_problem  # noqa: E402
 from fp8bench.model.hardware import GPUS  # noqa: E402
-from fp8bench.nn.recipes import RECIPES, CastConfig, Fp8Dtype, Recipe, ScalingType, TensorRole  # noqa: E402
+from fp8bench.nn.recipes import RECIPES, CastConfig, Fp8Dtype, LinearGemms, Recipe, ScalingType, TensorRole  # noqa: E402
 from fp8bench.harness.results import Row, RunWriter, load_results  # noqa: E402
 from fp8kernels import reference as ref  # noqa: E402
 
@@ -91,8 +91,8 @@ def reference_use(x: torch.Tensor, cast: CastConfig, amax: float | None = None) 
     return ref.dequantize(q, scale)
 
 
-def reference_step(x, w, g, recipe: Recipe, amaxes: dict | None = None):
-    """(output, grad_input, grad_weight) in fp32: the three products of the recipe, dequantized operands."""
+def reference_step(x, w, g, recipe: Recipe, amaxes: dict | None = None) -> LinearGemms[torch.Tensor]:
+    """The three products of the recipe in fp32, from dequantized operands."""
     amaxes = amaxes or {}
 
     def uses(t, role):
@@ -100,15 +100,16 @@ def reference_step(x, w, g, recipe: Recipe, amaxes: dict | None = None):
         return reference_use(t, first, amaxes.get(role)), reference_use(t.t().contiguous(), second, amaxes.get(role))
 
     (x1, x2), (w1, w2), (g1, g2) = uses(x, TensorRole.INPUT), uses(w, TensorRole.WEIGHT), uses(g, TensorRole.GRAD_OUTPUT)
-    return x1 @ w1.t(), g1 @ w2.t(), g2 @ x2.t()
+    return LinearGemms(output=x1 @ w1.t(), grad_input=g1 @ w2.t(), grad_weight=g2 @ x2.t())
 
 
-def run_step(module: nn.Module, x: torch.Tensor, g: torch.Tensor):
+def run_step(module: nn.Module, x: torch.Tensor, g: torch.Tensor) -> LinearGemms[torch.Tensor]:
+    """One training step of a linear: its output and the gradients of x and of its weight."""
     x = x.clone().requires_grad_()
     module.weight.grad = None
     out = module(x)
     out.backward(g)
-    return out, x.grad, module.weight.grad
+    return LinearGemms(output=out, grad_input=x.grad, grad_weight=module.weight.grad)
 
 
 def assert_matches(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
@@ -138,10 +139,9 @@ def float8_module(recipe: Recipe, w: torch.Tensor) -> Float8Linear:
 @pytest.mark.parametrize("M,K,N", [(128, 128, 256), (256, 256, 128)])
 def test_forward_and_gradients_match_the_reference(recipe, M, K, N):
     x, w, g = grid_inputs(recipe, M, K, N, seed=M + K + N)
-    out, grad_input, grad_weight = run_step(float8_module(recipe, w), x, g)
-    expected = reference_step(x, w, g, recipe)
-    for what, actual, wanted in zip(("output", "grad_input", "grad_weight"), (out, grad_input, grad_weight), expected):
-        assert_matches(actual, wanted, f"{recipe.name} {what}")
+    actual = run_step(float8_module(recipe, w), x, g)
+    for gemm, wanted in reference_step(x, w, g, recipe).items():
+        assert_matches(actual[gemm], wanted, f"{recipe.name} {gemm.value}")
 
 
 def test_the_reference_check_is_sensitive():
@@ -149,7 +149,7 @@ def test_the_reference_check_is_sensitive():
     applied to the wrong rows: scales differ from group to group."""
     recipe = RECIPES["rowwise"]
     x, w, g = grid_inputs(recipe, 128, 128, 256, seed=7)
-    _, grad_input, _ = reference_step(x, w, g, recipe)
+    grad_input = reference_step(x, w, g, recipe).grad_input
     scales = ref.quantize_axiswise(w.t().contiguous())[1]
     assert scales.unique().numel() > 1
     with pytest.raises(AssertionError):
@@ -227,11 +227,11 @@ def test_original_precision_uses_stay_in_bf16():
     x = torch.randn(128, 256, generator=generator).to(torch.bfloat16)
     w = torch.randn(128, 256, generator=generator).to(torch.bfloat16)
     g = torch.randn(128, 128, generator=generator).to(torch.bfloat16)
-    out, grad_input, grad_weight = run_step(float8_module(recipe, w), x, g)
-    assert torch.equal(grad_weight, torch.mm(g.t(), x))
+    actual = run_step(float8_module(recipe, w), x, g)
+    assert torch.equal(actual.grad_weight, torch.mm(g.t(), x))
     # The FP8 products do differ from BF16 on data off the FP8 grid.
-    assert not torch.equal(out, torch.mm(x, w.t()))
-    assert not torch.equal(grad_input, torch.mm(g, w))
+    assert not torch.equal(actual.output, torch.mm(x, w.t()))
+    assert not torch.equal(actual.grad_input, torch.mm(g, w))
 
 
 def test_delayed_scaling_records_amaxes_and_scales_from_the_history():
@@ -248,11 +248,10 @@ def test_delayed_scaling_records_amaxes_and_scales_from_the_history():
         assert not first[role][1:].any()
 
     # Second step on halved activations: scaled with the first step's (larger) amaxes, then recorded.
-    out, grad_input, grad_weight = run_step(module, x / 2, g / 2)
+    actual = run_step(module, x / 2, g / 2)
     amaxes = {role: first[role][0].item() for role in TensorRole}
-    expected = reference_step(x / 2, w, g / 2, recipe, amaxes)
-    for what, actual, wanted in zip(("output", "grad_input", "grad_weight"), (out, grad_input, grad_weight), expected):
-        assert_matches(actual, wanted, f"delayed {what}")
+    for gemm, wanted in reference_step(x / 2, w, g / 2, recipe, amaxes).items():
+        assert_matches(actual[gemm], wanted, f"delayed {gemm.value}")
     assert histories[TensorRole.INPUT][0].item() == amaxes[TensorRole.INPUT] / 2
     assert torch.equal(histories[TensorRole.INPUT][1], first[TensorRole.INPUT][0])
     assert histories[TensorRole.GRAD_OUTPUT][0].item() == amaxes[TensorRole.GRAD_OUTPUT] / 2
@@ -310,14 +309,15 @@ def test_the_sigmoid_runs_in_the_output_products_epilogue(recipe, monkeypatch):
     plain = float8_module(recipe, w)
     activations = gemm_activations(monkeypatch)
     for index in range(2):
-        y, grad_input, grad_weight = run_step(fused, x, g)
+        actual = run_step(fused, x, g)
         expected_activations = ["sigmoid", "none"] + (["none"] if recipe.name != "blockwise" else [])
         assert activations == expected_activations, index
         activations.clear()
-        expected = run_step(plain, x, torch.ops.aten.sigmoid_backward(g, y))
+        expected = run_step(plain, x, torch.ops.aten.sigmoid_backward(g, actual.output))
         activations.clear()
-        torch.testing.assert_close(y.float(), torch.sigmoid(expected[0].float()), rtol=0, atol=2.0**-7)
-        assert torch.equal(grad_input, expected[1]) and torch.equal(grad_weight, expected[2]), index
+        torch.testing.assert_close(actual.output.float(), torch.sigmoid(expected.output.float()), rtol=0, atol=2.0**-7)
+        assert torch.equal(actual.grad_input, expected.grad_input), index
+        assert torch.equal(actual.grad_weight, expected.grad_weight), index
         for role in TensorRole:
             if plain.amax_history(role) is not None:
                 assert torch.equal(fused.amax_history(role), plain.amax_history(role)), (index, role)
@@ -370,8 +370,9 @@ def test_compiles_without_graph_breaks(recipe):
     x_c = x.clone().requires_grad_()
     out = compiled(x_c)
     out.backward(g)
-    for actual, wanted in zip((out, x_c.grad, compiled_module.weight.grad), expected):
-        assert torch.equal(actual, wanted)
+    actual = LinearGemms(output=out, grad_input=x_c.grad, grad_weight=compiled_module.weight.grad)
+    for gemm, wanted in expected.items():
+        assert torch.equal(actual[gemm], wanted), gemm.value
     for role in TensorRole:
         history = compiled_module.amax_history(role)
         if history is not None:
@@ -414,8 +415,9 @@ def test_compiled_dynamic_tensorwise_casts_take_their_amax_from_torch_ops(recipe
     assert launches == {"tensor_amax": casts, "cast_tensorwise": casts}
     launches.clear()
     compiled = torch.compile(eager, backend="aot_eager", fullgraph=True)
-    for actual, wanted in zip(run_step(compiled, x, g), expected):
-        assert torch.equal(actual, wanted)
+    actual = run_step(compiled, x, g)
+    for gemm, wanted in expected.items():
+        assert torch.equal(actual[gemm], wanted), gemm.value
     assert launches == {"cast_tensorwise": casts}
 
 
@@ -450,8 +452,9 @@ def test_compiled_delayed_activation_casts_run_as_torch_ops_from_the_second_step
         x_step, g_step = x * 0.5**step, g * 0.5**step
         expected = run_step(eager, x_step, g_step)
         launches.clear()
-        for actual, wanted in zip(run_step(compiled, x_step, g_step), expected):
-            assert torch.equal(actual, wanted), step
+        actual = run_step(compiled, x_step, g_step)
+        for gemm, wanted in expected.items():
+            assert torch.equal(actual[gemm], wanted), (step, gemm.value)
         for role in TensorRole:
             assert torch.equal(compiled_module.amax_history(role), eager.amax_history(role)), (step, role)
         if step == 0:
@@ -782,8 +785,6 @@ def test_gpu_every_recipe_is_as_accurate_as_its_numerics_allow(recipe):
     """Normal random data at 1024^3 on the GPU: output and both gradients equal the plain-PyTorch
     emulation of the recipe (fp8kernels.reference) up to accumulation (35 dB: fast accumulation's error
     is about 1e-2), and are within the recipe's FP8 noise of the BF16 linear's (MIN_SQNR_DB)."""
-    from fp8bench.nn.recipes import GemmRole
-
     generator = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(1024, 1024, device="cuda", generator=generator).to(torch.bfloat16)
     w = (torch.randn(1024, 1024, device="cuda", generator=generator) / 32).to(torch.bfloat16)
@@ -796,7 +797,8 @@ def test_gpu_every_recipe_is_as_accurate_as_its_numerics_allow(recipe):
     for _ in range(3):  # delayed scaling: the same data every step, so its history holds these amaxes
         actual = run_step(module, x, g)
     emulated = reference_step(x, w, g, recipe)
-    for gemm, got, wanted, emulation in zip(GemmRole, actual, expected, emulated):
+    for gemm, got in actual.items():
+        wanted, emulation = expected[gemm], emulated[gemm]
         assert layer.sqnr_db(emulation, got) >= 35.0, (recipe.name, gemm.value, "vs emulation", layer.sqnr_db(emulation, got))
         assert layer.sqnr_db(wanted, got) >= min_sqnr_db(recipe, gemm), (recipe.name, gemm.value, layer.sqnr_db(wanted, got))
 

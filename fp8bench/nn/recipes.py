@@ -9,11 +9,11 @@ A linear layer runs three products per training step:
 Each tensor (input, weight, grad_output) is an operand of two of them, and each use has its own
 `CastConfig`: how that use is scaled, to which FP8 dtype, or kept in its original precision. Each
 product has its own `GemmConfig` (fast accumulation). A `Recipe` is the nine of them with a name;
-`RECIPES` holds the named presets, the names the result files' `recipe` column of the layer level
-holds. Whatever is carried once per product is a `LinearGemms` (fields output, grad_input,
-grad_weight: torchao's LinearMMConfig), once per tensor a `LinearTensors`. The layer code
-(Float8Linear) and the roofline model both read recipes from here, so a recipe means the same thing to
-what is measured and to what is predicted, and `layer_shape_problem` says for both where it cannot run.
+`RECIPES` holds the named presets, whose names the layer level's result rows hold in `recipe`.
+Whatever is carried once per product is a `LinearGemms` (fields output, grad_input, grad_weight:
+torchao's LinearMMConfig), once per tensor a `LinearTensors`. The layer code (Float8Linear) and the
+roofline model both read recipes from here, so a recipe means the same thing to what is measured and
+to what is predicted, and `layer_shape_problem` says for both where it cannot run.
 
 The *first use* of a tensor reads it in its stored layout, scaled along its contiguous dimension
 (the reduction dimension of that product); the *second use* reads it transposed, scaled along the
