@@ -235,7 +235,7 @@ class Implementation:
 
     name: str
     description: str
-    recipes: frozenset[str] | None = None  # presets it offers; None: all
+    recipe_names: frozenset[str] | None = None  # the presets it offers; None: all
     amax_in_producer: frozenset[TensorRole] = frozenset()
     cast_in_producer: frozenset[TensorRole] = frozenset()
     cast_in_producer_needs_known_scale: bool = False
@@ -248,8 +248,8 @@ class Implementation:
     activation_in_epilogue: bool = False
 
     def unsupported_reason(self, recipe: Recipe) -> str | None:
-        if self.recipes is not None and recipe.name not in self.recipes:
-            return f"{self.name} has no {recipe.name} recipe (it offers {', '.join(sorted(self.recipes))})"
+        if self.recipe_names is not None and recipe.name not in self.recipe_names:
+            return f"{self.name} has no {recipe.name} recipe (it offers {', '.join(sorted(self.recipe_names))})"
         return None
 
 
@@ -293,7 +293,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
             "torchao Float8Linear under torch.compile: amax and row-local casts fused into LayerNorm and "
             "sigmoid backward, both layouts in one kernel, column scales via a BF16 transpose, weight cast "
             "again in the backward (torchao's own counts)",
-            recipes=frozenset({"tensorwise", "rowwise", "rowwise_with_gw_hp"}),
+            recipe_names=frozenset({"tensorwise", "rowwise", "rowwise_with_gw_hp"}),
             amax_in_producer=_PRODUCED,
             cast_in_producer=_PRODUCED,
             cast_transpose=True,
@@ -302,7 +302,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
             "te",
             "TransformerEngine LayerNormLinear: LayerNorm writes the FP8 input when its scale is known "
             "(delayed scaling), cast+transpose kernels, FP8 weight cached per step, one scale-update kernel",
-            recipes=frozenset({"tensorwise", "tensorwise-delayed", "blockwise"}),
+            recipe_names=frozenset({"tensorwise", "tensorwise-delayed", "blockwise"}),
             cast_in_producer=frozenset({TensorRole.INPUT}),
             cast_in_producer_needs_known_scale=True,
             cast_transpose=True,
