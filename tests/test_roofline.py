@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from dataclasses import replace
 
 import pandas as pd
@@ -21,7 +23,18 @@ from fp8bench.model.calibrate import CalibrationProfile, load_profile, save_prof
 from fp8bench.cli import EnvironmentProblem, app
 from fp8bench.config import FastAccum, GemmShape, Granularity
 from fp8bench.model.hardware import GPUS
-from fp8bench.nn.recipes import RECIPES, CastConfig, Recipe, ScalingType, TensorRole, get_recipe
+from fp8bench.nn.recipes import (
+    RECIPES,
+    CastConfig,
+    GemmRole,
+    LinearTensors,
+    Recipe,
+    ScalingType,
+    TensorRole,
+    get_recipe,
+    layer_shape_problem,
+    linear_gemm_shapes,
+)
 from fp8bench.harness.results import load_results
 
 H100 = GPUS["h100-sxm"]
@@ -242,12 +255,26 @@ def test_unsupported_recipes_name_the_reason():
 def test_recipe_per_argument_defaults_and_gemm_kernels():
     tensorwise = RECIPES["tensorwise"]
     assert tensorwise.input_for_grad_weight == tensorwise.input
-    assert tensorwise.gemm_config(rl.GemmRole.OUTPUT).use_fast_accum
-    assert not tensorwise.gemm_config(rl.GemmRole.GRAD_WEIGHT).use_fast_accum
+    assert tensorwise.gemms.output.use_fast_accum
+    assert not tensorwise.gemms.grad_weight.use_fast_accum
     hp = RECIPES["rowwise_with_gw_hp"]
-    assert hp.gemm_granularity(rl.GemmRole.GRAD_INPUT) is Granularity.AXISWISE  # axiswise x tensorwise
-    assert hp.gemm_granularity(rl.GemmRole.GRAD_WEIGHT) is Granularity.NONE
+    assert hp.gemm_granularity(GemmRole.GRAD_INPUT) is Granularity.AXISWISE  # axiswise x tensorwise
+    assert hp.gemm_granularity(GemmRole.GRAD_WEIGHT) is Granularity.NONE
     assert RECIPES["blockwise"].weight.transpose_invariant and not RECIPES["blockwise"].input.transpose_invariant
+
+
+def test_the_three_products_of_a_linear_by_name():
+    """out[M, N] = x[M, K] @ w.T: grad_input = grad_output[M, N] @ w[N, K], grad_weight = grad_output.T[N, M] @ x[M, K]."""
+    products = linear_gemm_shapes(GemmShape(8192, 4096, 1024))
+    assert (products.output.M, products.output.K, products.output.N) == (8192, 4096, 1024)
+    assert (products.grad_input.M, products.grad_input.K, products.grad_input.N) == (8192, 1024, 4096)
+    assert (products.grad_weight.M, products.grad_weight.K, products.grad_weight.N) == (1024, 8192, 4096)
+    assert [gemm for gemm, _ in products.items()] == list(GemmRole)
+    assert all(products[gemm] is getattr(products, gemm.value) for gemm in GemmRole)
+    assert LinearTensors.build(lambda role: role.value) == LinearTensors("input", "weight", "grad_output")
+    # K = 8200 is a multiple of 8 but not of 16: the output and grad_weight products reduce over it.
+    assert layer_shape_problem(GemmShape(4096, 8200, 4096), RECIPES["tensorwise"]).startswith("the output product (4096x8200x4096)")
+    assert layer_shape_problem(GemmShape(4096, 4096, 4096), RECIPES["blockwise"]) is None
 
 
 @pytest.mark.parametrize(
@@ -464,3 +491,12 @@ def test_our_output_gemm_applies_the_sigmoid_so_only_its_backward_is_a_kernel():
                 separate = rl.layer_kernels(shape, recipe, replace(impl, activation_in_epilogue=False))
                 saved = sum(k.bytes for k in separate) - sum(k.bytes for k in rl.layer_kernels(shape, recipe, impl))
                 assert saved == 4 * shape.M * shape.N
+
+
+def test_the_model_imports_no_benchmark_backend_cli_or_torch():
+    """The roofline model is pure: imported alone it loads no benchmark, backend, CLI or report, and not torch."""
+    code = "import sys, fp8bench.model.roofline; print(' '.join(sorted(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    forbidden = ("fp8bench.benchmarks", "fp8bench.backends", "fp8bench.cli", "fp8bench.report", "fp8bench.gate", "torch")
+    assert "fp8bench.model.roofline" in loaded
+    assert [m for m in loaded if any(m == p or m.startswith(f"{p}.") for p in forbidden)] == []

@@ -33,11 +33,19 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from fp8bench.backends.base import fp8_shape_problem
 from fp8bench.model.calibrate import REQUIRED_FP8, CalibrationProfile, fp8_key
 from fp8bench.config import BLOCK, FastAccum, GemmShape, Granularity, Status
 from fp8bench.model.hardware import GpuSpec
-from fp8bench.nn.recipes import CastConfig, GemmRole, Recipe, ScalingType, TensorRole
+from fp8bench.nn.recipes import (
+    CastConfig,
+    GemmRole,
+    LinearTensors,
+    Recipe,
+    ScalingType,
+    TensorRole,
+    layer_shape_problem,
+    linear_gemm_shapes,
+)
 from fp8bench.harness.results import Row, RunWriter, status_text
 
 BF16_BYTES = 2
@@ -167,7 +175,7 @@ class Kernel:
     bytes_read: float = 0.0
     bytes_written: float = 0.0
     flops: float = 0.0
-    gemm: Granularity | None = None  # None: no matrix product; NONE: a BF16 one
+    gemm_granularity: Granularity | None = None  # None: no matrix product; NONE: a BF16 one
     fast_accum: bool = False
 
     @property
@@ -196,7 +204,7 @@ class KernelTime:
 
 
 def time_kernel(kernel: Kernel, ceilings: Ceilings) -> KernelTime:
-    compute = kernel.flops / (ceilings.gemm_tflops(kernel.gemm, kernel.fast_accum) * 1e12) if kernel.flops else 0.0
+    compute = kernel.flops / (ceilings.gemm_tflops(kernel.gemm_granularity, kernel.fast_accum) * 1e12) if kernel.flops else 0.0
     return KernelTime(kernel, compute, kernel.bytes / (ceilings.mem_tbps * 1e12), ceilings.launch_us * 1e-6)
 
 
@@ -227,7 +235,7 @@ class Implementation:
 
     name: str
     description: str
-    recipes: frozenset[str] | None = None  # presets it offers; None: all
+    recipe_names: frozenset[str] | None = None  # the presets it offers; None: all
     amax_in_producer: frozenset[TensorRole] = frozenset()
     cast_in_producer: frozenset[TensorRole] = frozenset()
     cast_in_producer_needs_known_scale: bool = False
@@ -240,12 +248,13 @@ class Implementation:
     activation_in_epilogue: bool = False
 
     def unsupported_reason(self, recipe: Recipe) -> str | None:
-        if self.recipes is not None and recipe.name not in self.recipes:
-            return f"{self.name} has no {recipe.name} recipe (it offers {', '.join(sorted(self.recipes))})"
+        if self.recipe_names is not None and recipe.name not in self.recipe_names:
+            return f"{self.name} has no {recipe.name} recipe (it offers {', '.join(sorted(self.recipe_names))})"
         return None
 
 
-_ACTIVATIONS = frozenset({TensorRole.INPUT, TensorRole.GRAD_OUTPUT})
+# The tensors a kernel of the layer produces (LayerNorm forward, sigmoid backward); the weight is none.
+_PRODUCED = frozenset({TensorRole.INPUT, TensorRole.GRAD_OUTPUT})
 
 _TRITON = Implementation(
     "triton",
@@ -269,8 +278,8 @@ _TRITON_COMPILE = replace(
     description="ours under torch.compile: as triton, but inductor fuses the activations' dynamic tensor "
     "amax into LayerNorm and sigmoid backward, and grad_output's delayed cast into sigmoid backward; our "
     "fp8 transpose makes the delayed casts' second copy (fp8bench.nn.float8_linear)",
-    amax_in_producer=_ACTIVATIONS,
-    cast_in_producer=_ACTIVATIONS,
+    amax_in_producer=_PRODUCED,
+    cast_in_producer=_PRODUCED,
     cast_in_producer_needs_known_scale=True,
 )
 
@@ -284,16 +293,16 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
             "torchao Float8Linear under torch.compile: amax and row-local casts fused into LayerNorm and "
             "sigmoid backward, both layouts in one kernel, column scales via a BF16 transpose, weight cast "
             "again in the backward (torchao's own counts)",
-            recipes=frozenset({"tensorwise", "rowwise", "rowwise_with_gw_hp"}),
-            amax_in_producer=_ACTIVATIONS,
-            cast_in_producer=_ACTIVATIONS,
+            recipe_names=frozenset({"tensorwise", "rowwise", "rowwise_with_gw_hp"}),
+            amax_in_producer=_PRODUCED,
+            cast_in_producer=_PRODUCED,
             cast_transpose=True,
         ),
         Implementation(
             "te",
             "TransformerEngine LayerNormLinear: LayerNorm writes the FP8 input when its scale is known "
             "(delayed scaling), cast+transpose kernels, FP8 weight cached per step, one scale-update kernel",
-            recipes=frozenset({"tensorwise", "tensorwise-delayed", "blockwise"}),
+            recipe_names=frozenset({"tensorwise", "tensorwise-delayed", "blockwise"}),
             cast_in_producer=frozenset({TensorRole.INPUT}),
             cast_in_producer_needs_known_scale=True,
             cast_transpose=True,
@@ -319,29 +328,15 @@ IMPLEMENTATION_CHOICES: dict[str, tuple[Implementation, ...]] = {
 # The layer's kernels
 
 
-@dataclass(frozen=True)
-class _Dims:
-    """Element counts of the layer's tensors at (M, K, N)."""
-
-    M: int
-    K: int
-    N: int
-
-    def numel(self, role: TensorRole) -> int:
-        return {TensorRole.INPUT: self.M * self.K, TensorRole.WEIGHT: self.K * self.N, TensorRole.GRAD_OUTPUT: self.M * self.N}[role]
-
-    def gemm(self, gemm: GemmRole) -> tuple[int, int, int]:
-        """(m, k, n) of a product: out[m, n] = a[m, k] @ b[k, n]."""
-        return {
-            GemmRole.OUTPUT: (self.M, self.K, self.N),
-            GemmRole.GRAD_INPUT: (self.M, self.N, self.K),
-            GemmRole.GRAD_WEIGHT: (self.N, self.M, self.K),
-        }[gemm]
+def _tensor_elements(shape: GemmShape) -> LinearTensors[int]:
+    """Element counts of the linear's tensors: input [M, K], weight [N, K], grad_output [M, N]."""
+    return LinearTensors(input=shape.M * shape.K, weight=shape.K * shape.N, grad_output=shape.M * shape.N)
 
 
-def _gemm_kernel(dims: _Dims, gemm: GemmRole, recipe: Recipe | None, count_scales: bool = True) -> Kernel:
-    """One product in BF16 (no recipe) or as the recipe runs it; the public model reads no scales."""
-    m, k, n = dims.gemm(gemm)
+def _gemm_kernel(gemm: GemmRole, product: GemmShape, recipe: Recipe | None, count_scales: bool) -> Kernel:
+    """One product, out[m, n] = a[m, k] @ b[k, n], in BF16 (no recipe) or as the recipe runs it; the
+    public model reads no scales."""
+    m, k, n = product.M, product.K, product.N
     granularity = recipe.gemm_granularity(gemm) if recipe else Granularity.NONE
     operand_bytes = BF16_BYTES if granularity is Granularity.NONE else FP8_BYTES
     scale_elements = 0.0
@@ -357,8 +352,8 @@ def _gemm_kernel(dims: _Dims, gemm: GemmRole, recipe: Recipe | None, count_scale
         bytes_read=(m * k + k * n) * operand_bytes + scale_elements * SCALE_BYTES,
         bytes_written=m * n * BF16_BYTES,
         flops=2.0 * m * k * n,
-        gemm=granularity,
-        fast_accum=bool(recipe and recipe.gemm_config(gemm).use_fast_accum),
+        gemm_granularity=granularity,
+        fast_accum=bool(recipe and recipe.gemms[gemm].use_fast_accum),
     )
 
 
@@ -385,7 +380,7 @@ def _plan_casts(role: TensorRole, n: int, recipe: Recipe, impl: Implementation) 
         return _CastPlan()
     term, who = f"cast:{role.value}", role.value
     plan = _CastPlan(reads_bf16=not (first.is_fp8 and second.is_fp8))  # a BF16 use reads it as it is
-    has_producer = role is not TensorRole.WEIGHT
+    has_producer = role in _PRODUCED
     # The weight's two forms are made in different passes (forward, backward) unless it is saved.
     split = role is TensorRole.WEIGHT and not impl.weight_fp8_saved
 
@@ -475,14 +470,19 @@ def _plan_casts(role: TensorRole, n: int, recipe: Recipe, impl: Implementation) 
     return plan
 
 
+def _gemm_kernels(shape: GemmShape, recipe: Recipe | None, count_scales: bool = True) -> list[Kernel]:
+    """The linear's three products (fp8bench.nn.recipes.linear_gemm_shapes)."""
+    return [_gemm_kernel(gemm, product, recipe, count_scales) for gemm, product in linear_gemm_shapes(shape).items()]
+
+
 def _memory_kernels(
-    dims: _Dims, input_plan: _CastPlan, grad_output_plan: _CastPlan, activation_in_epilogue: bool = False
+    shape: GemmShape, input_plan: _CastPlan, grad_output_plan: _CastPlan, activation_in_epilogue: bool = False
 ) -> list[Kernel]:
     """LayerNorm (no affine) and sigmoid, forward and backward. A producer that makes FP8 forms
     writes them, and writes its BF16 output only if something still reads it. The sigmoid forward is
     no kernel where the output GEMM's epilogue applies it."""
-    x, y = dims.M * dims.K, dims.M * dims.N
-    stats = dims.M * LN_STATS_BYTES
+    x, y = shape.M * shape.K, shape.M * shape.N
+    stats = shape.M * LN_STATS_BYTES
     sigmoid_forward = () if activation_in_epilogue else (Kernel("sigmoid", "sigmoid forward", y * BF16_BYTES, y * BF16_BYTES),)
     return [
         Kernel(
@@ -501,30 +501,30 @@ def _memory_kernels(
 def layer_kernels(shape: GemmShape, recipe: Recipe | None, impl: Implementation | None = None) -> list[Kernel]:
     """Every kernel of one forward + backward of LayerNorm -> Linear -> sigmoid at (M, K, N):
     BF16 when `recipe` is None, else the recipe as `impl` would run it."""
-    dims = _Dims(shape.M, shape.K, shape.N)
-    gemms = [_gemm_kernel(dims, gemm, recipe) for gemm in GemmRole]
+    gemms = _gemm_kernels(shape, recipe)
     if recipe is None:
-        return _memory_kernels(dims, _CastPlan(), _CastPlan()) + gemms
+        return _memory_kernels(shape, _CastPlan(), _CastPlan()) + gemms
     if impl is None:
         raise ValueError("an FP8 recipe needs an implementation to plan its casts")
-    plans = {role: _plan_casts(role, dims.numel(role), recipe, impl) for role in TensorRole}
-    delayed = [role for role in TensorRole if any(c.scaling_type is ScalingType.DELAYED for c in recipe.casts(role))]
+    elements = _tensor_elements(shape)
+    plans = LinearTensors.build(lambda role: _plan_casts(role, elements[role], recipe, impl))
+    delayed = recipe.delayed_roles()
     if impl.one_scale_update:
         delayed = delayed[:1]  # one kernel updates every tensor's history
     scale_updates = [Kernel(f"cast:{role.value}", "amax history update, new scale") for role in delayed]
-    casts = [k for plan in plans.values() for k in plan.kernels]
-    memory = _memory_kernels(dims, plans[TensorRole.INPUT], plans[TensorRole.GRAD_OUTPUT], impl.activation_in_epilogue)
+    casts = [k for _, plan in plans.items() for k in plan.kernels]
+    memory = _memory_kernels(shape, plans.input, plans.grad_output, impl.activation_in_epilogue)
     return memory + casts + scale_updates + gemms
 
 
 # torchao's published cast traffic per kernel, in bytes per element of the tensor, with fusion into
 # the producer on (LayerNorm -> Linear -> sigmoid): roofline_utils.get_tensor_memory_traffic_ovhd_s.
 # A zero is a kernel torchao counts at the launch floor (a second reduction stage, or a read fused away).
-PUBLIC_CAST_BYTES: Mapping[str, Mapping[TensorRole, tuple[int, ...]]] = MappingProxyType(
+PUBLIC_CAST_BYTES: Mapping[str, LinearTensors[tuple[int, ...]]] = MappingProxyType(
     {
-        "tensorwise": {TensorRole.INPUT: (0, 0, 4), TensorRole.WEIGHT: (2, 0, 3, 3), TensorRole.GRAD_OUTPUT: (0, 0, 4)},
-        "rowwise": {TensorRole.INPUT: (3, 3), TensorRole.WEIGHT: (3, 4, 3), TensorRole.GRAD_OUTPUT: (3, 3)},
-        "rowwise_with_gw_hp": {TensorRole.INPUT: (1,), TensorRole.WEIGHT: (3, 0, 3), TensorRole.GRAD_OUTPUT: (1,)},
+        "tensorwise": LinearTensors(input=(0, 0, 4), weight=(2, 0, 3, 3), grad_output=(0, 0, 4)),
+        "rowwise": LinearTensors(input=(3, 3), weight=(3, 4, 3), grad_output=(3, 3)),
+        "rowwise_with_gw_hp": LinearTensors(input=(1,), weight=(3, 0, 3), grad_output=(1,)),
     }
 )
 
@@ -532,12 +532,12 @@ PUBLIC_CAST_BYTES: Mapping[str, Mapping[TensorRole, tuple[int, ...]]] = MappingP
 def public_kernels(shape: GemmShape, recipe: Recipe | None) -> list[Kernel]:
     """torchao's public model: the three GEMMs (FP8 operands read at one byte, no scales) and, for an
     FP8 recipe of PUBLIC_CAST_BYTES, its cast kernels as torchao counts them."""
-    dims = _Dims(shape.M, shape.K, shape.N)
-    gemms = [_gemm_kernel(dims, gemm, recipe, count_scales=False) for gemm in GemmRole]
+    gemms = _gemm_kernels(shape, recipe, count_scales=False)
     if recipe is None:
         return gemms
+    elements = _tensor_elements(shape)
     casts = [
-        Kernel(f"cast:{role.value}", f"{role.value}: torchao kernel {i + 1}", per_element * dims.numel(role))
+        Kernel(f"cast:{role.value}", f"{role.value}: torchao kernel {i + 1}", per_element * elements[role])
         for role, counts in PUBLIC_CAST_BYTES[recipe.name].items()
         for i, per_element in enumerate(counts)
     ]
@@ -649,17 +649,6 @@ class LayerPredictions:
     bf16: Mapping[Model, tuple[KernelTime, ...]]
     public: Mapping[Recipe, Prediction | None]
     refined: Mapping[tuple[Recipe, Implementation], Prediction | str]
-
-
-def layer_shape_problem(shape: GemmShape, recipe: Recipe) -> str | None:
-    """Why the recipe's FP8 products cannot run at this layer shape (fp8_shape_problem), or None."""
-    dims = _Dims(shape.M, shape.K, shape.N)
-    for gemm in GemmRole:
-        product = GemmShape(*dims.gemm(gemm))
-        problem = fp8_shape_problem(product, recipe.gemm_granularity(gemm))
-        if problem:
-            return f"the {gemm.value} product ({product.name}): {problem}"
-    return None
 
 
 def predict_layer(shape: GemmShape, config: RooflineConfig, ceilings: Ceilings) -> LayerPredictions:

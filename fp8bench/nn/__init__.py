@@ -1,0 +1,11 @@
+"""FP8 training layers on our kernels (fp8kernels), for the layer benchmark and for models of your own.
+
+- fp8bench.nn.recipes: training recipes per GEMM argument (Recipe, RECIPES, get_recipe), the three
+  products of a linear by name (LinearGemms, LinearTensors) and where a recipe cannot run (layer_shape_problem).
+- fp8bench.nn.float8_linear: Float8Linear, and convert_to_float8(model, recipe, module_filter), which swaps a
+  model's nn.Linear modules for it.
+- fp8bench.nn.float8_layernorm_linear: Float8LayerNormLinear, LayerNorm -> Float8Linear as one module.
+
+This package imports only fp8bench.config and fp8kernels; the roofline model, the backends and the benchmarks
+build on it. Importing it loads no torch: its modules do.
+"""

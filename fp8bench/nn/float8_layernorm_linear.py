@@ -30,6 +30,7 @@ from fp8bench.nn import _float8_ops as ops
 from fp8bench.config import Activation, Granularity
 from fp8bench.nn.float8_linear import (
     Float8Linear,
+    Forms,
     _Float8LinearFunction,
     _Plan,
     backward_products,
@@ -46,7 +47,7 @@ BLOCKWISE_FUSION = "blockwise"
 def layer_norm_fusion(how: _Plan) -> str | None:
     """How the LayerNorm writes the input's fp8 copies (module docstring): one cast makes both uses, delayed
     or in 1 x 128 groups; None where it does not."""
-    calls = how.casts[0]
+    calls = how.quantize.input
     if len(calls) != 1 or not (calls[0].rowwise and calls[0].columnwise):
         return None
     call = calls[0]
@@ -64,7 +65,7 @@ class _Float8LayerNormLinearFunction(torch.autograd.Function):
     def forward(
         ctx, x, ln_weight, ln_bias, weight, input_history, weight_history, grad_output_history, how: _Plan, eps: float
     ):  # fmt: skip
-        call = how.casts[0][0]
+        (call,) = how.quantize.input  # one call makes both forms (layer_norm_fusion)
         if call.delayed:
             data, scale, data_t, mean, rstd = ops.layernorm_quantize_delayed(
                 x, ln_weight, ln_bias, eps, input_history, call.fp8_dtype, call.power_of_two, True
@@ -77,7 +78,7 @@ class _Float8LayerNormLinearFunction(torch.autograd.Function):
         # Histories filled (True): this runs where delayed scaling's histories hold amaxes, or where the
         # recipe has none (blockwise mixes with no tensorwise scaling: float8_linear.recipe_problem).
         out, saved, ctx.weight_tensors = forward_products(
-            None, ((data, scale), (data_t, scale_t)), weight, weight_history, how, True
+            None, Forms((data, scale), (data_t, scale_t)), weight, weight_history, how, True
         )
         ctx.save_for_backward(*saved, grad_output_history, x, mean, rstd, ln_weight, ln_bias)
         ctx.plan = how
@@ -89,7 +90,7 @@ class _Float8LayerNormLinearFunction(torch.autograd.Function):
         needs_x, needs_ln_weight, needs_ln_bias, needs_weight = ctx.needs_input_grad[:4]
         needs_ln = (needs_x, needs_ln_weight, needs_ln_bias)
         grad_ln_out, grad_weight = backward_products(
-            ctx.plan, saved, ctx.weight_tensors, grad_output, grad_output_history, True, (any(needs_ln), needs_weight)
+            ctx.plan, saved, ctx.weight_tensors, grad_output, grad_output_history, True, any(needs_ln), needs_weight
         )
         grad_x = grad_ln_weight = grad_ln_bias = None
         if any(needs_ln):
@@ -140,7 +141,7 @@ class Float8LayerNormLinear(Float8Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = self.rows_of(x)
         histories, histories_filled = self.step_state()
-        how = self.products_plan()
+        how = self.call_plan()
         if self._fusion == BLOCKWISE_FUSION or (self._fusion == DELAYED_FUSION and histories_filled):
             out = _Float8LayerNormLinearFunction.apply(
                 x2d, self.layer_norm_weight, self.layer_norm_bias, self.weight, *histories, how, self.eps

@@ -51,8 +51,16 @@ from torch import nn
 
 from fp8bench.nn import _float8_ops as ops
 from fp8bench.config import BLOCK, FP8_DIM_MULTIPLE, Activation, GemmShape, Granularity
-from fp8bench.nn.recipes import CastConfig, GemmRole, Recipe, ScalingType, TensorRole
-from fp8bench.model.roofline import layer_shape_problem
+from fp8bench.nn.recipes import (
+    CastConfig,
+    GemmRole,
+    LinearGemms,
+    LinearTensors,
+    Recipe,
+    ScalingType,
+    TensorRole,
+    layer_shape_problem,
+)
 from fp8kernels import reference
 
 
@@ -67,7 +75,7 @@ def recipe_problem(recipe: Recipe) -> str | None:
             return f"the {gemm.value} product mixes blockwise with other scaling, which no kernel of ours multiplies"
         if all(blockwise) and a.block != (1, BLOCK):
             return f"the {gemm.value} product's left operand has {a.block[0]}x{a.block[1]} blocks; our GEMMs take 1x{BLOCK}"
-    for role in _delayed_roles(recipe):
+    for role in recipe.delayed_roles():
         first, second = recipe.casts(role)
         if first.is_fp8 and second.is_fp8 and first != second:
             return f"{role.value} is scaled with delay in one use and otherwise in the other; one amax history needs one cast"
@@ -75,20 +83,17 @@ def recipe_problem(recipe: Recipe) -> str | None:
 
 
 def shape_problem(M: int, K: int, N: int, recipe: Recipe) -> str | None:
-    """Why the recipe cannot run a linear of K -> N features on M rows (fp8bench.model.roofline's rule)."""
+    """Why the recipe cannot run a linear of K -> N features on M rows (fp8bench.nn.recipes.layer_shape_problem)."""
     return layer_shape_problem(GemmShape(M, K, N), recipe)
-
-
-def _delayed_roles(recipe: Recipe) -> list[TensorRole]:
-    return [role for role in TensorRole if any(c.scaling_type is ScalingType.DELAYED for c in recipe.casts(role))]
 
 
 # ---- the plan: a recipe turned into constants, once per module --------------------------------------
 # What runs inside the autograd function is decided when the module is built: the traced code only
-# indexes tuples of strings, ints and bools, which torch.compile treats as constants.
+# reads frozen dataclasses and named tuples of strings, ints and bools, which torch.compile treats as
+# constants.
 
 
-class _Cast(NamedTuple):
+class _QuantizeCall(NamedTuple):
     """One quantize kernel call (fp8bench.nn._float8_ops)."""
 
     delayed: bool
@@ -102,8 +107,8 @@ class _Cast(NamedTuple):
     shared_scale: bool  # tensorwise with both forms: one scale, returned once (fp8bench.nn._float8_ops)
 
 
-class _Product(NamedTuple):
-    """How one product runs: `kernel` is "bf16" (torch.mm), a granularity of fp8kernels.gemm, or
+class _GemmCall(NamedTuple):
+    """How one product runs: `kernel` is BF16_GEMM (torch.mm), a granularity of fp8kernels.gemm, or
     BLOCKWISE_1D; `broadcast` says which operand's tensorwise scale becomes one per row."""
 
     kernel: str
@@ -111,49 +116,51 @@ class _Product(NamedTuple):
     broadcast: tuple[bool, bool]
 
 
-class _Plan(NamedTuple):
-    casts: tuple[tuple[_Cast, ...], ...]  # per tensor (input, weight, grad_output): its kernel calls
-    products: tuple[_Product, ...]  # output, grad_input, grad_weight
+@dataclass(frozen=True)
+class _Plan:
+    quantize: LinearTensors[tuple[_QuantizeCall, ...]]  # per tensor: its quantize kernel calls
+    gemms: LinearGemms[_GemmCall]
     activation: str  # applied to the output product's result (Activation's value; "none")
 
 
-BF16_PRODUCT = "bf16"
+BF16_GEMM = "bf16"
 BLOCKWISE_1D = "blockwise-1x128-1x128"  # both operands in 1 x 128 groups: fp8_gemm_1x128_1x128
 
 
-def _cast_call(role: TensorRole, cast: CastConfig, rowwise: bool, columnwise: bool) -> _Cast:
+def _quantize_call(role: TensorRole, cast: CastConfig, rowwise: bool, columnwise: bool) -> _QuantizeCall:
     delayed = cast.scaling_type is ScalingType.DELAYED
-    return _Cast(
+    return _QuantizeCall(
         delayed, delayed and rowwise and role is not TensorRole.WEIGHT, cast.granularity.value, cast.block[0] if cast.block else 0,
         cast.dtype.value, cast.power_of_two_scale, rowwise, columnwise,
         cast.granularity is Granularity.TENSORWISE and rowwise and columnwise,
     )  # fmt: skip
 
 
-def _tensor_casts(role: TensorRole, first: CastConfig, second: CastConfig) -> tuple[_Cast, ...]:
+def _quantize_calls(recipe: Recipe, role: TensorRole) -> tuple[_QuantizeCall, ...]:
     """One kernel for both forms where both uses share a cast config (one read), else one per FP8 use."""
+    first, second = recipe.casts(role)
     if first.is_fp8 and first == second:
-        return (_cast_call(role, first, True, True),)
-    return tuple(_cast_call(role, c, use == 0, use == 1) for use, c in enumerate((first, second)) if c.is_fp8)
+        return (_quantize_call(role, first, True, True),)
+    return tuple(_quantize_call(role, c, use == 0, use == 1) for use, c in enumerate((first, second)) if c.is_fp8)
 
 
-def _product(recipe: Recipe, gemm: GemmRole) -> _Product:
+def _gemm_call(recipe: Recipe, gemm: GemmRole) -> _GemmCall:
     granularity = recipe.gemm_granularity(gemm)
     a, b = recipe.operand_casts(gemm)
     if granularity is Granularity.NONE:
-        return _Product(BF16_PRODUCT, False, (False, False))
+        return _GemmCall(BF16_GEMM, False, (False, False))
     if granularity is Granularity.BLOCKWISE and b.block[0] == 1:
-        return _Product(BLOCKWISE_1D, False, (False, False))
+        return _GemmCall(BLOCKWISE_1D, False, (False, False))
     broadcast = tuple(granularity is Granularity.AXISWISE and c.granularity is Granularity.TENSORWISE for c in (a, b))
-    return _Product(granularity.value, recipe.gemm_config(gemm).use_fast_accum, broadcast)
+    return _GemmCall(granularity.value, recipe.gemms[gemm].use_fast_accum, broadcast)
 
 
 def plan(recipe: Recipe, activation: Activation = Activation.NONE) -> _Plan:
     """The kernel calls of one training step under `recipe`, `activation` applied to the output product
     (module docstring)."""
     return _Plan(
-        tuple(_tensor_casts(role, *recipe.casts(role)) for role in TensorRole),
-        tuple(_product(recipe, gemm) for gemm in GemmRole),
+        LinearTensors.build(lambda role: _quantize_calls(recipe, role)),
+        LinearGemms.build(lambda gemm: _gemm_call(recipe, gemm)),
         Activation(activation).value,
     )
 
@@ -173,13 +180,21 @@ def _activated(out: torch.Tensor, activation: str) -> torch.Tensor:
 Form = tuple[torch.Tensor, torch.Tensor] | torch.Tensor
 
 
+class Forms(NamedTuple):
+    """The FP8 forms of one tensor x[R, C] for its two uses: `first` (R, C) scaled along rows, `second`
+    (C, R) = x.T scaled along x's columns; None for a use kept in original precision."""
+
+    first: tuple[torch.Tensor, torch.Tensor] | None
+    second: tuple[torch.Tensor, torch.Tensor] | None
+
+
 def _row_amax(x: torch.Tensor) -> torch.Tensor:
     """max |x| as 0-d float32 (exact in any dtype), per row first: inductor fuses that into a pointwise
     producer too (sigmoid backward), a whole-tensor amax it does not (torch 2.11)."""
     return x.abs().amax(dim=1).amax().to(torch.float32)
 
 
-def _delayed_in_producer(x: torch.Tensor, call: _Cast, history: torch.Tensor):
+def _delayed_in_producer(x: torch.Tensor, call: _QuantizeCall, history: torch.Tensor):
     """A delayed cast as torch ops that inductor fuses into x's producer (module docstring); the same
     values and scale as quantize_delayed once the history holds an amax."""
     fp8 = ops.FP8_DTYPES[call.fp8_dtype]
@@ -188,11 +203,10 @@ def _delayed_in_producer(x: torch.Tensor, call: _Cast, history: torch.Tensor):
     return data, scale, ops.transpose_fp8(data) if call.columnwise else None, None
 
 
-def cast_tensor(x: torch.Tensor, calls: tuple[_Cast, ...], history: torch.Tensor | None, histories_filled: bool):
-    """[first form, second form] of x[R, C]: first (R, C) scaled along rows, second (C, R) = x.T scaled
-    along x's columns; None for a use kept in original precision. `histories_filled`: the module has run
-    a training step, so its delayed-scaling histories hold amaxes."""
-    forms: list[tuple[torch.Tensor, torch.Tensor] | None] = [None, None]
+def cast_tensor(x: torch.Tensor, calls: tuple[_QuantizeCall, ...], history: torch.Tensor | None, histories_filled: bool) -> Forms:
+    """x's forms made by `calls`. `histories_filled`: the module has run a training step, so its
+    delayed-scaling histories hold amaxes."""
+    first = second = None
     for call in calls:
         tensorwise_args = (call.fp8_dtype, call.power_of_two, call.rowwise, call.columnwise)
         if call.in_producer and histories_filled and torch.compiler.is_compiling():
@@ -206,24 +220,24 @@ def cast_tensor(x: torch.Tensor, calls: tuple[_Cast, ...], history: torch.Tensor
                 x, call.granularity, call.block_rows, call.fp8_dtype, call.power_of_two, call.rowwise, call.columnwise
             )
         if call.rowwise:
-            forms[0] = (data, scale)
+            first = (data, scale)
         if call.columnwise:
-            forms[1] = (data_t, scale if call.shared_scale else scale_t)
-    return forms
+            second = (data_t, scale if call.shared_scale else scale_t)
+    return Forms(first, second)
 
 
-def product(how: _Product, a: Form, b_t: Form, activation: str = Activation.NONE.value) -> torch.Tensor:
+def run_gemm(call: _GemmCall, a: Form, b_t: Form, activation: str = Activation.NONE.value) -> torch.Tensor:
     """activation(a[m, k] @ b_t[n, k].T), bf16 out: in our GEMM's epilogue, or after a product without one."""
-    if how.kernel == BF16_PRODUCT:
+    if call.kernel == BF16_GEMM:
         return _activated(torch.mm(a, b_t.t()), activation)
     (a_data, a_scale), (b_data, b_scale) = a, b_t
-    if how.kernel == BLOCKWISE_1D:
+    if call.kernel == BLOCKWISE_1D:
         return _activated(ops.fp8_gemm_1x128_1x128(a_data, b_data, a_scale, b_scale), activation)
-    if how.broadcast[0]:
+    if call.broadcast[0]:
         a_scale = a_scale.expand(a_data.shape[0], 1)
-    if how.broadcast[1]:
+    if call.broadcast[1]:
         b_scale = b_scale.expand(b_data.shape[0], 1)
-    return ops.fp8_gemm(a_data, b_data, a_scale, b_scale, how.kernel, how.fast_accum, activation)
+    return ops.fp8_gemm(a_data, b_data, a_scale, b_scale, call.kernel, call.fast_accum, activation)
 
 
 def _or_original(form, original: torch.Tensor) -> Form:
@@ -235,24 +249,24 @@ def _flat(form: Form) -> tuple[torch.Tensor, ...]:
     return form if isinstance(form, tuple) else (form,)
 
 
-def forward_products(x: torch.Tensor | None, x_forms, weight: torch.Tensor, weight_history, how: _Plan, histories_filled: bool):
+def forward_products(x: torch.Tensor | None, x_forms: Forms, weight: torch.Tensor, weight_history, how: _Plan, histories_filled: bool):
     """The weight's casts and the output product, given x's forms (cast_tensor); x itself is needed only
     where a use keeps its original precision. Returns the output, what the backward reads as a flat
     tuple of tensors (the activated output where there is an activation, then the weight's and x's
     second forms), and how many of those tensors are the weight's (for backward_products)."""
-    w_first, w_second = cast_tensor(weight, how.casts[1], weight_history, histories_filled)
-    out = product(how.products[0], _or_original(x_forms[0], x), _or_original(w_first, weight), how.activation)
+    w_first, w_second = cast_tensor(weight, how.quantize.weight, weight_history, histories_filled)
+    out = run_gemm(how.gemms.output, _or_original(x_forms.first, x), _or_original(w_first, weight), how.activation)
     # Second uses, read transposed: [K, N] of the weight for grad_input, [K, M] of x for grad_weight.
-    x_second = _flat(x_forms[1] if x_forms[1] is not None else x.t())
+    x_second = _flat(x_forms.second if x_forms.second is not None else x.t())  # x is None where both are FP8
     w_second = _flat(_or_original(w_second, weight.t()))
     activated = (out,) if how.activation != Activation.NONE.value else ()
     return out, (*activated, *w_second, *x_second), len(w_second)
 
 
 def backward_products(how: _Plan, saved, weight_tensors: int, grad_output, grad_output_history, histories_filled: bool,
-                      needs_grad):  # fmt: skip
-    """grad_input and grad_weight (None where `needs_grad` says no) from what forward_products saved
-    (`saved`, of which `weight_tensors` are the weight's)."""
+                      needs_grad_input: bool, needs_grad_weight: bool):  # fmt: skip
+    """grad_input and grad_weight (None where not needed) from what forward_products saved (`saved`, of
+    which `weight_tensors` are the weight's)."""
     if how.activation != Activation.NONE.value:
         activated, saved = saved[0], saved[1:]
         grad_output = _ACTIVATION_BACKWARD[how.activation](grad_output, in_input_dtype(activated, grad_output))
@@ -260,12 +274,12 @@ def backward_products(how: _Plan, saved, weight_tensors: int, grad_output, grad_
     w_second = w_saved if len(w_saved) == 2 else w_saved[0]
     x_second = x_saved if len(x_saved) == 2 else x_saved[0]
     grad_output = grad_output.contiguous()
-    g_first, g_second = cast_tensor(grad_output, how.casts[2], grad_output_history, histories_filled)
+    g_first, g_second = cast_tensor(grad_output, how.quantize.grad_output, grad_output_history, histories_filled)
     grad_input = grad_weight = None
-    if needs_grad[0]:
-        grad_input = product(how.products[1], _or_original(g_first, grad_output), w_second)
-    if needs_grad[1]:
-        grad_weight = product(how.products[2], _or_original(g_second, grad_output.t()), x_second)
+    if needs_grad_input:
+        grad_input = run_gemm(how.gemms.grad_input, _or_original(g_first, grad_output), w_second)
+    if needs_grad_weight:
+        grad_weight = run_gemm(how.gemms.grad_weight, _or_original(g_second, grad_output.t()), x_second)
     return grad_input, grad_weight
 
 
@@ -280,7 +294,7 @@ class _Float8LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, input_history, weight_history, grad_output_history, how: _Plan, histories_filled: bool):
-        x_forms = cast_tensor(x, how.casts[0], input_history, histories_filled)
+        x_forms = cast_tensor(x, how.quantize.input, input_history, histories_filled)
         out, saved, ctx.weight_tensors = forward_products(x, x_forms, weight, weight_history, how, histories_filled)
         ctx.save_for_backward(*saved, grad_output_history)
         ctx.plan, ctx.histories_filled = how, histories_filled
@@ -289,9 +303,11 @@ class _Float8LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         *saved, grad_output_history = ctx.saved_tensors
+        needs_grad_input, needs_grad_weight = ctx.needs_input_grad[:2]  # x, weight
         grads = backward_products(
-            ctx.plan, saved, ctx.weight_tensors, grad_output, grad_output_history, ctx.histories_filled, ctx.needs_input_grad[:2]
-        )
+            ctx.plan, saved, ctx.weight_tensors, grad_output, grad_output_history, ctx.histories_filled,
+            needs_grad_input, needs_grad_weight,
+        )  # fmt: skip
         return *grads, None, None, None, None, None
 
 
@@ -317,15 +333,15 @@ class Float8Linear(nn.Linear):
         self._epilogue_plan = plan(recipe, self.activation)
         # The row counts the recipe takes are the multiples of this (1, 16 or 128): a cheap check per call.
         self._rows_multiple = next(m for m in (1, FP8_DIM_MULTIPLE, BLOCK) if not shape_problem(m, in_features, out_features, recipe))
-        self._history_names = tuple(f"amax_history_{role.value}" if role in _delayed_roles(recipe) else None for role in TensorRole)
+        self._history_names = tuple(f"amax_history_{role.value}" if role in recipe.delayed_roles() else None for role in TensorRole)
         # Set by the first forward that records gradients: from the next one on, every history it uses
         # has been written (the input's and weight's in that forward, grad_output's in its backward).
         # Only a plan with casts in the producer reads it (no recompile for the others).
-        self._histories_filled = not any(call.in_producer for calls in self._plan.casts for call in calls)
+        self._histories_filled = not any(call.in_producer for _, calls in self._plan.quantize.items() for call in calls)
         self._register_histories(device)
 
     def _register_histories(self, device) -> None:
-        for role in _delayed_roles(self.recipe):
+        for role in self.recipe.delayed_roles():
             length = max(c.amax_history_len for c in self.recipe.casts(role) if c.is_fp8)
             self.register_buffer(f"amax_history_{role.value}", torch.zeros(length, dtype=torch.float32, device=device))
 
@@ -359,13 +375,13 @@ class Float8Linear(nn.Linear):
             self._histories_filled = True  # a Python bool: torch.compile guards on it, compiling once more
         return histories, histories_filled
 
-    def products_plan(self) -> _Plan:
+    def call_plan(self) -> _Plan:
         """The plan of this call: the activation in the output product's epilogue unless a bias comes first."""
         return self._epilogue_plan if self.bias is None else self._plan
 
     def finish(self, out2d: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The [M, N] product back in x's leading dimensions, plus the bias, then the activation where the
-        product did not apply it (products_plan)."""
+        product did not apply it (call_plan)."""
         out = out2d.reshape(*x.shape[:-1], self.out_features)
         if self.bias is None:
             return out
@@ -374,7 +390,7 @@ class Float8Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = self.rows_of(x)
         histories, histories_filled = self.step_state()
-        out = _Float8LinearFunction.apply(x2d, self.weight, *histories, self.products_plan(), histories_filled)
+        out = _Float8LinearFunction.apply(x2d, self.weight, *histories, self.call_plan(), histories_filled)
         return self.finish(out, x)
 
     def extra_repr(self) -> str:
@@ -394,9 +410,21 @@ ModuleFilter = Callable[[nn.Module, str], bool]
 
 
 def convert_to_float8(model: nn.Module, recipe: Recipe, module_filter: ModuleFilter | None = None) -> Float8Conversion:
-    """Swap, in place, every nn.Linear of `model` (torchao's convert_to_float8_training) for a
-    Float8Linear running `recipe`. `module_filter(module, name)` returning False keeps a linear as it is;
-    a linear whose dimensions the recipe cannot run stays in BF16 and is listed with the reason."""
+    """Swap, in place, every nn.Linear of `model` (exactly nn.Linear, not a subclass) for a Float8Linear
+    running `recipe`, as torchao's convert_to_float8_training does; returns what was swapped.
+
+    - `module_filter(module, name)`, `name` as model.named_modules() gives it ("layers.0.attention.wq"),
+      returning False keeps that linear as it is.
+    - A linear whose in/out features the recipe's products cannot run at (shape_problem) stays in BF16
+      and is listed in `left_in_bf16` with the reason.
+    - The Float8Linear shares the linear's weight and bias (no copy), so an optimizer made before the
+      conversion still holds the model's parameters, under the same names; a recipe with delayed
+      scaling adds the `amax_history_<tensor>` buffers.
+    - At run time each converted linear takes inputs of any leading dimensions whose row count suits the
+      recipe (a multiple of 1, 16 or 128), else a ValueError says why. Without a GPU the kernels run only
+      under TRITON_INTERPRET=1, set before the first forward imports them.
+
+    ValueError for a recipe our kernels cannot run (recipe_problem) or a lone nn.Linear as `model`."""
     problem = recipe_problem(recipe)
     if problem:
         raise ValueError(f"recipe {recipe.name!r} cannot run on our kernels: {problem}")

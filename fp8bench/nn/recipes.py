@@ -7,10 +7,13 @@ A linear layer runs three products per training step:
     grad_weight = grad_output.T @ input       (N x M) @ (M x K)   backward
 
 Each tensor (input, weight, grad_output) is an operand of two of them, and each use has its own
-`CastConfig`: how it is scaled, to which FP8 dtype, or kept in its original precision. Each product
-has its own `GemmConfig` (fast accumulation). A `Recipe` is the nine of them with a name; `RECIPES`
-holds the named presets. The layer code (Float8Linear) and the roofline model both read recipes from
-here, so a recipe means the same thing to what is measured and to what is predicted.
+`CastConfig`: how that use is scaled, to which FP8 dtype, or kept in its original precision. Each
+product has its own `GemmConfig` (fast accumulation). A `Recipe` is the nine of them with a name;
+`RECIPES` holds the named presets, whose names the layer level's result rows hold in `recipe`.
+Whatever is carried once per product is a `LinearGemms` (fields output, grad_input, grad_weight:
+torchao's LinearMMConfig), once per tensor a `LinearTensors`. The layer code (Float8Linear) and the
+roofline model both read recipes from here, so a recipe means the same thing to what is measured and
+to what is predicted, and `layer_shape_problem` says for both where it cannot run.
 
 The *first use* of a tensor reads it in its stored layout, scaled along its contiguous dimension
 (the reduction dimension of that product); the *second use* reads it transposed, scaled along the
@@ -20,9 +23,11 @@ other dimension: input -> grad_weight, weight -> grad_input, grad_output -> grad
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar, Generic, TypeVar
 
-from fp8bench.config import BLOCK, Granularity, parse_choice
+from fp8bench.config import BLOCK, GemmShape, Granularity, fp8_shape_problem, parse_choice
 
 
 class ScalingType(str, enum.Enum):
@@ -48,13 +53,62 @@ class GemmRole(str, enum.Enum):
     GRAD_WEIGHT = "grad_weight"
 
 
-# Which tensors each product multiplies, in operand order, and whether each is used in its second
-# (transposed) form. The order follows the table in the module docstring.
-GEMM_OPERANDS: dict[GemmRole, tuple[tuple[TensorRole, bool], tuple[TensorRole, bool]]] = {
-    GemmRole.OUTPUT: ((TensorRole.INPUT, False), (TensorRole.WEIGHT, False)),
-    GemmRole.GRAD_INPUT: ((TensorRole.GRAD_OUTPUT, False), (TensorRole.WEIGHT, True)),
-    GemmRole.GRAD_WEIGHT: ((TensorRole.GRAD_OUTPUT, True), (TensorRole.INPUT, True)),
-}
+Value = TypeVar("Value")
+
+
+@dataclass(frozen=True)
+class _PerRole(Generic[Value]):
+    """One named field per member of `roles`, the field named by the member's value."""
+
+    roles: ClassVar[type[enum.Enum]]
+
+    @classmethod
+    def build(cls, value_of: Callable[[enum.Enum], Value]) -> "_PerRole[Value]":
+        return cls(**{role.value: value_of(role) for role in cls.roles})
+
+    def __getitem__(self, role: enum.Enum) -> Value:
+        return getattr(self, role.value)
+
+    def items(self) -> tuple[tuple[enum.Enum, Value], ...]:
+        return tuple((role, self[role]) for role in self.roles)
+
+
+@dataclass(frozen=True)
+class LinearGemms(_PerRole[Value]):
+    """One value per product of a linear's training step (module docstring), as torchao's
+    LinearMMConfig(output, grad_input, grad_weight) holds one ScaledMMConfig per product."""
+
+    roles: ClassVar[type[enum.Enum]] = GemmRole
+    output: Value
+    grad_input: Value
+    grad_weight: Value
+
+
+@dataclass(frozen=True)
+class LinearTensors(_PerRole[Value]):
+    """One value per tensor a linear casts: its input, its weight and the gradient of its output."""
+
+    roles: ClassVar[type[enum.Enum]] = TensorRole
+    input: Value
+    weight: Value
+    grad_output: Value
+
+
+# Which tensors each product multiplies, in operand order (a, b of a @ b), and whether each is used in
+# its second (transposed) form, as the table in the module docstring says.
+GEMM_OPERANDS: LinearGemms[tuple[tuple[TensorRole, bool], tuple[TensorRole, bool]]] = LinearGemms(
+    output=((TensorRole.INPUT, False), (TensorRole.WEIGHT, False)),
+    grad_input=((TensorRole.GRAD_OUTPUT, False), (TensorRole.WEIGHT, True)),
+    grad_weight=((TensorRole.GRAD_OUTPUT, True), (TensorRole.INPUT, True)),
+)
+
+
+def linear_gemm_shapes(shape: GemmShape) -> LinearGemms[GemmShape]:
+    """The three products of a linear whose forward product is `shape` (out[M, N] = x[M, K] @ w.T), each
+    as out[m, n] = a[m, k] @ b[k, n]."""
+    M, K, N = shape.M, shape.K, shape.N
+    return LinearGemms(output=GemmShape(M, K, N), grad_input=GemmShape(M, N, K), grad_weight=GemmShape(N, M, K))
+
 
 # Finer granularities need the more general GEMM kernel: a tensorwise operand multiplied with an
 # axiswise one runs in the axiswise (rowwise) kernel with its scale broadcast.
@@ -63,7 +117,8 @@ _GRANULARITY_ORDER = (Granularity.TENSORWISE, Granularity.AXISWISE, Granularity.
 
 @dataclass(frozen=True)
 class CastConfig:
-    """How one use of one tensor is cast to FP8.
+    """How one use of one tensor of a linear (input, weight or grad_output, as one product reads it) is
+    cast to FP8 in training, or kept in its original precision: torchao's CastConfig.
 
     `block` is the scaling tile for blockwise granularity, (rows, cols) of the operand as its product
     reads it, cols along the reduction dimension: (1, 128) for activations and gradients, (128, 128)
@@ -118,12 +173,16 @@ class CastConfig:
 
 @dataclass(frozen=True)
 class GemmConfig:
+    """How a recipe runs one product (torchao's Float8GemmConfig); the kernels' tile configurations are
+    fp8kernels.gemm_configs'."""
+
     use_fast_accum: bool = False  # accumulate without periodic FP32 promotion (faster, less exact)
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """Cast configs per GEMM argument and GEMM configs per product, as in torchao's Float8LinearConfig.
+    """Cast configs per GEMM argument and a GEMM config per product (`gemms`), as in torchao's
+    Float8LinearConfig.
 
     A `*_for_*` cast left as None takes the tensor's first cast config. Validated once: a product's
     operands are both FP8 or both original precision, and a tensor has one FP8 dtype in both uses.
@@ -139,9 +198,9 @@ class Recipe:
     input_for_grad_weight: CastConfig | None = None
     weight_for_grad_input: CastConfig | None = None
     grad_output_for_grad_weight: CastConfig | None = None
-    output: GemmConfig = GemmConfig(use_fast_accum=True)
-    grad_input: GemmConfig = GemmConfig()
-    grad_weight: GemmConfig = GemmConfig()
+    gemms: LinearGemms[GemmConfig] = LinearGemms(
+        output=GemmConfig(use_fast_accum=True), grad_input=GemmConfig(), grad_weight=GemmConfig()
+    )
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -176,8 +235,9 @@ class Recipe:
         """(first use, second use) of a tensor."""
         return self.cast(role, False), self.cast(role, True)
 
-    def gemm_config(self, gemm: GemmRole) -> GemmConfig:
-        return getattr(self, gemm.value)
+    def delayed_roles(self) -> tuple[TensorRole, ...]:
+        """The tensors scaled with delay in a use: each keeps an amax history."""
+        return tuple(role for role in TensorRole if any(c.scaling_type is ScalingType.DELAYED for c in self.casts(role)))
 
     def operand_casts(self, gemm: GemmRole) -> tuple[CastConfig, CastConfig]:
         (role_a, second_a), (role_b, second_b) = GEMM_OPERANDS[gemm]
@@ -200,7 +260,7 @@ class Recipe:
         parts = []
         for gemm in GemmRole:
             a, b = self.operand_casts(gemm)
-            fast = ", fast accum" if a.is_fp8 and self.gemm_config(gemm).use_fast_accum else ""
+            fast = ", fast accum" if a.is_fp8 and self.gemms[gemm].use_fast_accum else ""
             parts.append(f"{gemm.value}: {a.short()} x {b.short()}{fast}")
         return "; ".join(parts)
 
@@ -209,7 +269,7 @@ def _axiswise(dtype: Fp8Dtype = Fp8Dtype.E4M3, power_of_two: bool = True) -> Cas
     return CastConfig(granularity=Granularity.AXISWISE, dtype=dtype, power_of_two_scale=power_of_two)
 
 
-_ACTIVATION_BLOCKS = CastConfig(granularity=Granularity.BLOCKWISE, block=(1, BLOCK))
+_BLOCKS_1X128 = CastConfig(granularity=Granularity.BLOCKWISE, block=(1, BLOCK))
 _DELAYED = CastConfig(scaling_type=ScalingType.DELAYED)
 
 # Named presets. tensorwise, rowwise and rowwise_with_gw_hp are torchao's Float8LinearRecipeName
@@ -248,15 +308,15 @@ RECIPES: dict[str, Recipe] = {
         ),
         Recipe(
             "blockwise",
-            input=_ACTIVATION_BLOCKS,
+            input=_BLOCKS_1X128,
             weight=CastConfig(granularity=Granularity.BLOCKWISE, block=(BLOCK, BLOCK)),
-            grad_output=_ACTIVATION_BLOCKS,
+            grad_output=_BLOCKS_1X128,
             description=f"1x{BLOCK} activations and gradients, {BLOCK}x{BLOCK} weights (DeepSeek-V3)",
         ),
     )
 }
 
-# What a user may type for --recipe.
+# What a user may type for a training recipe (`fp8bench roofline --recipe`): a preset's name or `all`.
 RECIPE_CHOICES: dict[str, tuple[Recipe, ...]] = {
     **{name: (recipe,) for name, recipe in RECIPES.items()},
     "all": tuple(RECIPES.values()),
@@ -266,3 +326,13 @@ RECIPE_CHOICES: dict[str, tuple[Recipe, ...]] = {
 def get_recipe(name: str) -> Recipe:
     """The preset of that name, or ValueError listing the presets."""
     return parse_choice(name, {k: v for k, v in RECIPE_CHOICES.items() if k != "all"}, "recipe")[0]
+
+
+def layer_shape_problem(shape: GemmShape, recipe: Recipe) -> str | None:
+    """Why one of the recipe's FP8 products cannot run in a linear whose forward product is `shape`
+    (fp8_shape_problem of each product), or None."""
+    for gemm, product in linear_gemm_shapes(shape).items():
+        problem = fp8_shape_problem(product, recipe.gemm_granularity(gemm))
+        if problem:
+            return f"the {gemm.value} product ({product.name}): {problem}"
+    return None
