@@ -552,3 +552,39 @@ def row_line(row: Row) -> str:
     return (f"{what}: {v['tokens_per_s']:.0f} tok/s/GPU ({v['median_ms']:.1f} ms/step, spread {v['spread_pct']:.1f}%){speedup}"
             f"{mfu}, loss {v['final_loss']:.4f}")  # fmt: skip
 
+
+def run_command(config: E2EConfig, run_dir, device_name: str, command: str, distributed: bool,
+                say: Callable[[str], None], warn: Callable[[str], None]) -> None:  # fmt: skip
+    """`fp8bench e2e` on one GPU, or as one rank of a torchrun launch (NCCL; rank 0 writes the run)."""
+    import torch
+
+    from fp8bench.harness.env import run_metadata
+    from fp8bench.model.hardware import spec_for_device_name
+
+    group = None
+    if distributed:
+        import os
+
+        import torch.distributed as dist
+
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+        group = dist.group.WORLD
+    rank = torch.distributed.get_rank() if distributed else 0
+    spec = spec_for_device_name(device_name)
+    if spec is None and rank == 0:
+        warn(f"{device_name} is not in the hardware table: MFU is left empty")
+    extra = {"benchmark": BENCHMARK, "gpu_spec": spec.key if spec else None, "world_size": config.world_size,
+             "flops_formula": "torchtitan: 6 * parameters without the embedding + 12 * layers * heads * head_dim * seq_len per token"}  # fmt: skip
+    writer = RunWriter(run_dir, run_metadata(command, extra)) if rank == 0 else None
+    try:
+        if writer:
+            say(f"e2e {config.model.name} on {config.world_size} x {device_name} -> {writer.csv_path}")
+        inputs = E2EInputs(f"cuda:{torch.cuda.current_device()}", group)
+        run_e2e(config, writer, GpuStepClock(), spec, inputs, on_row=lambda row: say(row_line(row)))
+    finally:
+        if writer:
+            writer.close()
+        if distributed:
+            torch.distributed.destroy_process_group()
+

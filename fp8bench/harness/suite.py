@@ -26,7 +26,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-_COMMANDS = ("matmul", "cast", "roofline")
+_COMMANDS = ("matmul", "cast", "roofline", "e2e")
 RESUMABLE_COMMANDS = ("matmul", "roofline")  # those with --resume
 
 
