@@ -13,11 +13,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from fp8bench.benchmarks import e2e
-from fp8bench.nn.fsdp import Float8AllGatherLinear, Float8AllGatherWeight, GatheredFloat8Weight, all_gather_bytes, enable_float8_all_gather
-from fp8bench.nn.llama import Llama, LlamaConfig
-from fp8bench.nn.recipes import RECIPES
-from fp8kernels import reference
+if not torch.cuda.is_available():  # our kernels on the CPU, before any kernel module is imported
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from fp8bench.benchmarks import e2e  # noqa: E402
+from fp8bench.nn.float8_linear import Float8Linear  # noqa: E402
+from fp8bench.nn.fsdp import (  # noqa: E402
+    Float8AllGatherLinear, Float8AllGatherWeight, GatheredFloat8Weight, all_gather_bytes, enable_float8_all_gather,
+)
+from fp8bench.nn.llama import Llama, LlamaConfig  # noqa: E402
+from fp8bench.nn.recipes import RECIPES  # noqa: E402
+from fp8kernels import reference  # noqa: E402
 
 WORLD = 2
 TINY = LlamaConfig("tiny", dim=64, ffn_dim=128, heads=4, kv_heads=2, vocab=256, layers=2)
@@ -172,3 +178,33 @@ def test_our_fp8_all_gather_is_only_for_dynamic_tensorwise_weights():
         model = nn.Sequential(nn.Linear(128, 256, bias=False), nn.Linear(256, 128, bias=False))
         convert_to_float8(model, RECIPES[recipe])
         assert enable_float8_all_gather(model) == expected, recipe
+
+
+def _on_fp8_grid(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """BF16 values that a tensorwise cast maps onto the FP8 grid exactly: e4m3 numbers with amax 448, so
+    the scale is 1 and the interpreter's rounding (tests/test_float8_linear.py) never enters."""
+    values = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)).to(torch.float8_e4m3fn).float()
+    values[0, 0] = 448.0
+    return values.to(torch.bfloat16)
+
+
+def test_a_gathered_fp8_weight_trains_as_float8linear_on_the_full_weight():
+    """Float8AllGatherLinear on the weight as the all-gather delivers it (FP8 data and scale) gives the
+    output and gradients of Float8Linear casting the full BF16 weight itself."""
+    recipe = RECIPES["tensorwise"]
+    weight, x, grad_output = _on_fp8_grid(256, 128, 0), _on_fp8_grid(32, 128, 1), _on_fp8_grid(32, 256, 2)
+    linear = nn.Linear(128, 256, bias=False, dtype=torch.bfloat16)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+    expected = Float8Linear.from_linear(linear, recipe)
+    gathered = Float8AllGatherLinear.from_linear(nn.Linear(128, 256, bias=False, dtype=torch.bfloat16), recipe)
+    gathered.weight = nn.Parameter(GatheredFloat8Weight(*reference.quantize_tensorwise(weight, torch.float8_e4m3fn), torch.bfloat16))
+    results = []
+    for module in (expected, gathered):
+        inputs = x.clone().requires_grad_()
+        out = module(inputs)
+        out.backward(grad_output)
+        results.append((out, inputs.grad, module.weight.grad))
+    for name, want, got in zip(("output", "grad_input", "grad_weight"), *results):
+        assert type(got) is torch.Tensor, name
+        torch.testing.assert_close(got, want, rtol=2.0**-7, atol=0, msg=name)
