@@ -334,11 +334,18 @@ def apply_checkpointing(model, mode: str) -> None:
 
 
 def apply_compile(model, mode: str) -> None:
-    """torch.compile in place: each block (`block`, as torchtitan) or the whole model (`model`)."""
+    """torch.compile each block (`block`) or the whole model (`model`). A compiled block replaces the block
+    (torchtitan's order: checkpointing, compile, then FSDP2, whose hooks stay outside the compiled code)."""
+    if mode == "none":
+        return
+    import torch
+    from torch._dynamo.utils import counters
+
+    counters.clear()  # for layer.compile_report: this case's graphs and breaks only
     if mode == "block":
-        for block in model.layers:
-            block.compile()
-    elif mode == "model":
+        for index, block in enumerate(model.layers):
+            model.layers[index] = torch.compile(block)
+    else:
         model.compile()
 
 

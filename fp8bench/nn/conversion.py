@@ -142,11 +142,14 @@ def _te(model: nn.Module, recipe: Recipe, keep: Callable[[str], bool], fp8_all_g
         setattr(model.get_submodule(parent), child, linear)
         swapped += 1
     te_recipe_object = te_recipe(recipe.name)
-    # TE 2.x names its context `autocast`; earlier 2.x releases only `fp8_autocast`.
+    # TE 2.x names its context `autocast`; earlier 2.x releases only `fp8_autocast`. The group is passed only
+    # under FSDP2, so a single-GPU run never depends on the keyword's name.
     if hasattr(te, "autocast"):
-        context = lambda: te.autocast(enabled=True, recipe=te_recipe_object, amax_reduction_group=process_group)  # noqa: E731
+        group = {"amax_reduction_group": process_group} if process_group is not None else {}
+        context = lambda: te.autocast(enabled=True, recipe=te_recipe_object, **group)  # noqa: E731
     else:
-        context = lambda: te.fp8_autocast(enabled=True, fp8_recipe=te_recipe_object, fp8_group=process_group)  # noqa: E731
+        group = {"fp8_group": process_group} if process_group is not None else {}
+        context = lambda: te.fp8_autocast(enabled=True, fp8_recipe=te_recipe_object, **group)  # noqa: E731
     options = {"te_recipe": TE_RECIPES[recipe.name], "te_linears": swapped, "te_version": getattr(te, "__version__", "?")}
     return Converted(model, step_context=context, options=options)
 
