@@ -593,13 +593,13 @@ def e2e(
     if nproc_per_node > 1 and not distributed:  # every rank runs this command again, under torchrun
         import subprocess
 
+        import click
         import torch
 
         if torch.cuda.device_count() < nproc_per_node:
             raise EnvironmentProblem(f"--nproc-per-node {nproc_per_node} but this host shows {torch.cuda.device_count()} CUDA GPUs")
-        args = [*sys.argv[1:], *([] if out else ["--out", str(run_dir)])]  # one run folder for every rank
-        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}", "-m", "fp8bench.cli", *args]
-        raise typer.Exit(subprocess.run(launch).returncode)
+        # From the options as parsed: a suite runs commands in-process, so sys.argv may be another command's.
+        raise typer.Exit(subprocess.run(bench.torchrun_command(click.get_current_context().params, run_dir)).returncode)
     if distributed and world_size != nproc_per_node:
         raise typer.BadParameter(f"torchrun started {world_size} ranks but --nproc-per-node is {nproc_per_node}")
     try:
@@ -607,8 +607,6 @@ def e2e(
     except KeyboardInterrupt:
         err_console.print(f"[yellow]interrupted: the finished cases are in {run_dir / 'results.csv'}[/]")
         raise typer.Exit(130) from None
-
-
 
 
 @app.command()

@@ -46,3 +46,17 @@ def test_the_committed_suite_names_valid_options():
     for entry in suite.entries:
         result = runner.invoke(app, entry.argv(Path("runs")))
         assert result.exit_code == 1, (entry.name, result.output)  # options parsed; only the GPU is missing
+
+
+def test_several_gpus_relaunch_the_parsed_options_under_torchrun(tmp_path):
+    from fp8bench.benchmarks.e2e import torchrun_command
+
+    options = {"model": "llama3-8b", "layers": 4, "recipe": ["tensorwise", "rowwise"], "dim": None, "nproc_per_node": 2,
+               "compile": "block", "out": None}  # fmt: skip
+    command = torchrun_command(options, tmp_path / "run")
+    assert command[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    args = command[command.index("fp8bench.cli") + 1 :]
+    assert args == ["e2e", "--out", str(tmp_path / "run"), "--model", "llama3-8b", "--layers", "4", "--recipe", "tensorwise",
+                    "--recipe", "rowwise", "--nproc-per-node", "2", "--compile", "block"]  # fmt: skip
+    result = runner.invoke(app, args)  # each rank parses them back (and here finds no GPU)
+    assert result.exit_code == 1, result.output

@@ -560,6 +560,21 @@ def row_line(row: Row) -> str:
             f"{mfu}, loss {v['final_loss']:.4f}")  # fmt: skip
 
 
+def torchrun_command(options: Mapping[str, Any], run_dir) -> list[str]:
+    """The command that runs `fp8bench e2e` with these parsed options (Typer parameter names -> values) on
+    `nproc_per_node` ranks under torchrun, every rank writing to one run folder."""
+    import sys
+
+    args = ["e2e", "--out", str(run_dir)]
+    for name, value in options.items():
+        if value is None or name == "out":
+            continue
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            args += [f"--{name.replace('_', '-')}", str(item)]
+    nproc = f"--nproc-per-node={options['nproc_per_node']}"
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", nproc, "-m", "fp8bench.cli", *args]
+
+
 def run_command(config: E2EConfig, run_dir, device_name: str, command: str, distributed: bool,
                 say: Callable[[str], None], warn: Callable[[str], None]) -> None:  # fmt: skip
     """`fp8bench e2e` on one GPU, or as one rank of a torchrun launch (NCCL; rank 0 writes the run)."""
