@@ -91,6 +91,8 @@ SCHEMA: tuple[Column, ...] = (
     Column("optimizer_ms", "measure", "float", "e2e step: GPU time of the AdamW kernels, ms"),
     Column("comm_ms", "measure", "float", "e2e step: GPU time of collectives and FSDP2's buffer copies, ms (overlaps compute)"),
     Column("allgather_gb", "derived", "float", "e2e: bytes FSDP2 all-gathers per step per rank, GB, from parameter sizes and dtypes"),
+    Column("ideal_speedup", "predicted", "float", "e2e: the BF16 reference's step with every converted linear's GEMMs at the "
+           "FP8 rate (calibrated where a profile exists), casts free: the most FP8 can give this model"),
     Column("measured_vs_predicted", "derived", "float", "speedup_vs_bf16 / predicted_speedup: the share of the modelled gain measured"),
 )
 COLUMNS: tuple[str, ...] = tuple(c.name for c in SCHEMA)

@@ -54,11 +54,14 @@ class LlamaConfig:
         """A proxy of this model: the same widths, `layers` blocks."""
         return replace(self, layers=layers)
 
+    def block_linear_parameters(self) -> int:
+        """Weights of one block's projections (wqkv, wo, w13, w2): what FP8 conversion converts."""
+        kv_dim = self.kv_heads * self.head_dim
+        return self.dim * (self.dim + 2 * kv_dim) + self.dim * self.dim + 3 * self.dim * self.ffn_dim
+
     def parameter_count(self) -> int:
         """Every parameter of the model, from the config alone (no model built)."""
-        kv_dim = self.kv_heads * self.head_dim
-        attention = self.dim * (self.dim + 2 * kv_dim) + self.dim * self.dim
-        block = attention + 3 * self.dim * self.ffn_dim + 2 * self.dim
+        block = self.block_linear_parameters() + 2 * self.dim
         head = 0 if self.tie_embeddings else self.vocab * self.dim
         return self.vocab * self.dim + self.layers * block + self.dim + head
 
