@@ -227,3 +227,32 @@ def test_activation_checkpointing_recomputes_the_same_step(checkpointing):
     model = Llama(TINY)
     e2e.apply_checkpointing(model, checkpointing)
     assert all(type(block).__name__ == "CheckpointWrapper" for block in model.layers)
+
+
+def test_fp8_gemm_time_relative_to_bf16_per_recipe():
+    rates = e2e.GemmRates(500.0, {"tensorwise/on": 1000.0, "tensorwise/off": 800.0, "axiswise/off": 625.0}, 900.0, "test")
+    # Forward with fast accumulation, both backward products without.
+    assert rates.relative_time(RECIPES["tensorwise"]) == pytest.approx((0.5 + 0.625 + 0.625) / 3)
+    # grad_weight kept in BF16; grad_input axiswise (its weight tensorwise, broadcast); no axiswise/on: off's rate.
+    assert rates.relative_time(RECIPES["rowwise_with_gw_hp"]) == pytest.approx((0.8 + 0.8 + 1.0) / 3)
+    # Blockwise was not measured: the fallback.
+    assert rates.relative_time(RECIPES["blockwise"]) == pytest.approx(500 / 900)
+
+
+def test_ideal_speedup_runs_the_converted_share_of_the_bf16_gemm_time_at_the_fp8_rate():
+    rates = e2e.GemmRates(500.0, {}, 1000.0, "test")  # FP8 twice as fast everywhere
+    case = e2e.E2ECase(TINY, 32, 2, 1, "block", "none", "triton", RECIPES["tensorwise"])
+    linears = TINY.layers * TINY.block_linear_parameters()
+    share = linears / (linears + TINY.vocab * TINY.dim)  # the LM head stays BF16
+    assert e2e.ideal_speedup(case, 100.0, 60.0, rates) == pytest.approx(100 / (100 - 60 * share * 0.5))
+    head = e2e.E2ECase(TINY, 32, 2, 1, "block", "none", "triton", RECIPES["tensorwise"], "fp8")
+    assert e2e.ideal_speedup(head, 100.0, 60.0, rates) == pytest.approx(100 / 70)
+
+
+def test_gemm_rates_come_from_the_calibration_profile_where_there_is_one():
+    from fp8bench.model.hardware import GPUS
+
+    calibrated = e2e.GemmRates.of_gpu(GPUS["h100-sxm"])  # calibration/h100-sxm.json is committed
+    assert calibrated.source.startswith("calibrated") and calibrated.bf16_tflops < GPUS["h100-sxm"].bf16_tflops
+    peaks = e2e.GemmRates.of_gpu(GPUS["h100-pcie"])
+    assert (peaks.bf16_tflops, peaks.fp8_fallback_tflops) == (GPUS["h100-pcie"].bf16_tflops, GPUS["h100-pcie"].fp8_tflops)

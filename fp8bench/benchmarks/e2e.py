@@ -27,6 +27,11 @@ gemm_ms, cast_ms, attention_ms, norm_act_ms, optimizer_ms, comm_ms and other_ms 
 concurrent streams, such as FSDP2's collectives, overlap, so the classes may add up to more than the step);
 every kernel is in the run's e2e_kernels.csv. allgather_gb: the bytes FSDP2 all-gathers per step on each
 rank, from the parameters' sizes and all-gather dtypes (fp8bench.nn.fsdp.all_gather_bytes).
+
+The model-level roofline (`ideal_speedup`, `GemmRates`): the group's BF16 reference step with the GEMM time
+of every converted linear (its share of the profiled gemm_ms by FLOPs; attention's products are not
+converted) run at the FP8 rate of the recipe's products, casts free. Rates are those of the GPU's
+calibration profile (fp8bench.model.calibrate) where one exists, else the dense peaks.
 """
 
 from __future__ import annotations
@@ -42,14 +47,14 @@ from typing import Any, Protocol
 import pandas as pd
 
 from fp8bench.benchmarks.layer import KERNEL_KINDS
-from fp8bench.config import Granularity, Status
+from fp8bench.config import FastAccum, Granularity, Status
 from fp8bench.harness.case import Built, Failed, Unsupported, Work
 from fp8bench.harness.results import Row, RunWriter, measurement_values, status_text
 from fp8bench.harness.timing import Measurement
 from fp8bench.model.hardware import GpuSpec
 from fp8bench.nn.conversion import IMPLEMENTATIONS, convert
 from fp8bench.nn.llama import PRESETS, LlamaConfig
-from fp8bench.nn.recipes import RECIPES, Recipe
+from fp8bench.nn.recipes import RECIPES, GemmRole, Recipe
 
 BENCHMARK = "e2e"
 KERNELS_CSV = "e2e_kernels.csv"
@@ -434,6 +439,55 @@ class GpuStepClock:
         return self._cupti.kernel_ms(fn, count)
 
 
+@dataclass(frozen=True)
+class GemmRates:
+    """GEMM throughput, TFLOPS: BF16's and each FP8 configuration's (fp8bench.model.calibrate's keys, e.g.
+    `tensorwise/on`), with a fallback for configurations not measured, and where the numbers come from."""
+
+    bf16_tflops: float
+    fp8_tflops: Mapping[str, float]
+    fp8_fallback_tflops: float
+    source: str
+
+    @classmethod
+    def of_gpu(cls, spec: GpuSpec) -> "GemmRates":
+        """The calibration profile of the GPU if there is one, else its dense peaks."""
+        from fp8bench.model.calibrate import REQUIRED_FP8, default_profile_path, load_profile
+
+        path = default_profile_path(spec.key)
+        if path.exists():
+            profile = load_profile(path)
+            return cls(profile.bf16_tflops, dict(profile.fp8_tflops), profile.fp8_tflops[REQUIRED_FP8], f"calibrated ({path})")
+        return cls(spec.bf16_tflops, {}, spec.fp8_tflops, f"dense peaks of {spec.key}")
+
+    def relative_time(self, recipe: Recipe) -> float:
+        """FP8 GEMM time over BF16's for the same FLOPs, over the three products of a linear's step (equal
+        FLOPs each): 1 for a product the recipe keeps in BF16."""
+        from fp8bench.model.calibrate import fp8_key
+
+        total = 0.0
+        for gemm in GemmRole:
+            granularity = recipe.gemm_granularity(gemm)
+            if granularity is Granularity.NONE:
+                total += 1.0
+                continue
+            accum = FastAccum.ON if recipe.gemm_config(gemm).use_fast_accum else FastAccum.OFF
+            rate = self.fp8_tflops.get(fp8_key(granularity, accum)) or self.fp8_tflops.get(fp8_key(granularity, FastAccum.OFF))
+            total += self.bf16_tflops / (rate or self.fp8_fallback_tflops)
+        return total / len(GemmRole)
+
+
+def ideal_speedup(case: E2ECase, reference_ms: float, reference_gemm_ms: float, rates: GemmRates) -> float:
+    """The model-level roofline of an FP8 case (module docstring) from its BF16 reference's step time and
+    GEMM kernel time."""
+    model = case.model
+    linears = model.layers * model.block_linear_parameters()
+    head = model.vocab * model.dim
+    converted = linears + (head if case.lm_head == "fp8" else 0)
+    converted_ms = reference_gemm_ms * converted / (linears + head)
+    return reference_ms / (reference_ms - converted_ms * (1.0 - rates.relative_time(case.recipe)))
+
+
 def loss_problem(loss: float, reference_loss: float | None) -> str | None:
     """Why a final loss is wrong (not finite, or off BF16's by more than LOSS_RTOL), or None."""
     if not math.isfinite(loss):
@@ -448,8 +502,10 @@ def case_row(case: E2ECase, status: str, options: Mapping[str, Any], **values) -
 
 
 def measured_row(case: E2ECase, step_ms: list[float], wall_ms: float, clock: StepClock, kernels: Mapping[str, float],
-                 checked: Mapping[str, Any], options: Mapping[str, Any], spec: GpuSpec | None, reference_ms: float | None) -> Row:  # fmt: skip
-    """A finished case's row: step times, throughput, TFLOPS and MFU, memory, loss, time by kernel class."""
+                 checked: Mapping[str, Any], options: Mapping[str, Any], spec: GpuSpec | None, reference: "_GroupState",
+                 rates: GemmRates | None) -> Row:  # fmt: skip
+    """A finished case's row: step times, throughput, TFLOPS and MFU, memory, loss, time by kernel class,
+    and for an FP8 case its speedup beside the ideal one."""
     sm_clock = clock.sm_clock_mhz()
     measurement = Measurement(tuple(step_ms), 1, wall_ms, clock.name, (sm_clock,) if sm_clock else ())
     values = {**measurement_values(measurement), "throttled": None, "dropped_repeats": None}
@@ -458,8 +514,10 @@ def measured_row(case: E2ECase, step_ms: list[float], wall_ms: float, clock: Ste
     values.update(tokens_per_s=case.tokens / median_s, tflops=tflops, **checked)
     if spec is not None:
         values.update(mfu_bf16_pct=100 * tflops / spec.bf16_tflops, mfu_fp8_pct=100 * tflops / spec.fp8_tflops)
-    if reference_ms:
-        values["speedup_vs_bf16"] = reference_ms / measurement.median_ms
+    if reference.reference_ms:
+        values["speedup_vs_bf16"] = reference.reference_ms / measurement.median_ms
+        if case.recipe is not None and rates is not None and reference.reference_gemm_ms:
+            values["ideal_speedup"] = ideal_speedup(case, reference.reference_ms, reference.reference_gemm_ms, rates)
     by_class = dict.fromkeys(CLASS_COLUMNS.values(), 0.0)
     for name, ms in kernels.items():
         by_class[CLASS_COLUMNS[kernel_class(name)]] += ms
@@ -471,12 +529,15 @@ def measured_row(case: E2ECase, step_ms: list[float], wall_ms: float, clock: Ste
 
 @dataclass
 class _GroupState:
+    """What a group's BF16 reference measured, for the rows after it."""
+
     reference_ms: float | None = None
     reference_loss: float | None = None
+    reference_gemm_ms: float | None = None
 
 
 def run_case(case: E2ECase, inputs: E2EInputs, config: E2EConfig, clock: StepClock, spec: GpuSpec | None,
-             reference: _GroupState) -> tuple[Row, dict[str, float]]:  # fmt: skip
+             reference: _GroupState, rates: GemmRates | None = None) -> tuple[Row, dict[str, float]]:  # fmt: skip
     """Build, train and measure one case; every error is its row. Returns the row and its kernels."""
     import torch
 
@@ -499,7 +560,9 @@ def run_case(case: E2ECase, inputs: E2EInputs, config: E2EConfig, clock: StepClo
         problem = loss_problem(checked["final_loss"], None if case.is_reference else reference.reference_loss)
         if problem:
             raise Failed(f"wrong result: {problem}")
-        return measured_row(case, step_ms, wall_ms, clock, kernels, checked, options, spec, reference.reference_ms), kernels
+        if rates is not None and case.recipe is not None:
+            options["ideal_rates"] = rates.source
+        return measured_row(case, step_ms, wall_ms, clock, kernels, checked, options, spec, reference, rates), kernels
     except Unsupported as err:
         return case_row(case, status_text(Status.UNSUPPORTED, str(err)), options), {}
     except Failed as err:
@@ -519,7 +582,7 @@ def run_case(case: E2ECase, inputs: E2EInputs, config: E2EConfig, clock: StepClo
 
 def run_e2e(
     config: E2EConfig, writer: RunWriter | None, clock: StepClock, spec: GpuSpec | None, inputs: E2EInputs,
-    on_row: Callable[[Row], None] = lambda row: None,
+    on_row: Callable[[Row], None] = lambda row: None, rates: GemmRates | None = None,
 ) -> list[Row]:  # fmt: skip
     """Run every case in order (each group's BF16 reference first), appending each row to `writer` as it
     finishes with every profiled kernel in e2e_kernels.csv beside it. On several ranks every rank runs
@@ -529,9 +592,10 @@ def run_e2e(
     groups: dict[Hashable, _GroupState] = {}
     for case in config.cases():
         state = groups.setdefault(case.group, _GroupState())
-        row, kernels = run_case(case, inputs, config, clock, spec, state)
+        row, kernels = run_case(case, inputs, config, clock, spec, state, rates)
         if case.is_reference and row.values["status"] == Status.OK.value:
             state.reference_ms, state.reference_loss = row.values["median_ms"], row.values["final_loss"]
+            state.reference_gemm_ms = row.values["gemm_ms"]
         rows.append(row)
         if writer is None:
             continue
@@ -555,6 +619,8 @@ def row_line(row: Row) -> str:
     if v["status"] != Status.OK.value:
         return f"{what}: {v['status']}"
     speedup = f", {v['speedup_vs_bf16']:.3f}x" if v.get("speedup_vs_bf16") else ""
+    if v.get("ideal_speedup"):
+        speedup += f" (ideal {v['ideal_speedup']:.3f}x)"
     mfu = f", MFU {v['mfu_bf16_pct']:.1f}% of BF16 peak" if v.get("mfu_bf16_pct") else ""
     return (f"{what}: {v['tokens_per_s']:.0f} tok/s/GPU ({v['median_ms']:.1f} ms/step, spread {v['spread_pct']:.1f}%){speedup}"
             f"{mfu}, loss {v['final_loss']:.4f}")  # fmt: skip
@@ -603,7 +669,8 @@ def run_command(config: E2EConfig, run_dir, device_name: str, command: str, dist
         if writer:
             say(f"e2e {config.model.name} on {config.world_size} x {device_name} -> {writer.csv_path}")
         inputs = E2EInputs(f"cuda:{torch.cuda.current_device()}", group)
-        run_e2e(config, writer, GpuStepClock(), spec, inputs, on_row=lambda row: say(row_line(row)))
+        rates = GemmRates.of_gpu(spec) if spec else None
+        run_e2e(config, writer, GpuStepClock(), spec, inputs, on_row=lambda row: say(row_line(row)), rates=rates)
     finally:
         if writer:
             writer.close()
