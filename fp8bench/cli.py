@@ -540,6 +540,76 @@ def _measure_layer(config, writer, ceilings, earlier_kernels=()) -> None:
 
 
 @app.command()
+def e2e(
+    model: str = typer.Option("llama3-8b", help="llama3-8b | llama3-70b | llama3-405b | custom (with --dim, --ffn-dim, --heads, --kv-heads, --vocab)"),
+    layers: int = typer.Option(4, min=1, help="transformer blocks: a proxy of the model's width (the full 8B has 32)"),
+    dim: Optional[int] = typer.Option(None, min=1, help="with --model custom: model width"),
+    ffn_dim: Optional[int] = typer.Option(None, min=1, help="with --model custom: SwiGLU hidden width"),
+    heads: Optional[int] = typer.Option(None, min=1, help="with --model custom: query heads"),
+    kv_heads: Optional[int] = typer.Option(None, min=1, help="with --model custom: key/value heads"),
+    vocab: Optional[int] = typer.Option(None, min=1, help="with --model custom: vocabulary size"),
+    seq_len: int = typer.Option(8192, min=1, help="tokens per sequence"),
+    batch: int = typer.Option(1, min=1, help="sequences per step per GPU"),
+    steps: int = typer.Option(10, min=2, help="measured training steps"),
+    warmup: int = typer.Option(3, min=1, help="training steps before the measured ones (compilation, autotuning)"),
+    recipe: Optional[list[str]] = typer.Option(None, help="repeatable; tensorwise | tensorwise-delayed | rowwise | rowwise_with_gw_hp | blockwise | all (default)"),
+    implementation: Optional[list[str]] = typer.Option(None, help="repeatable; bf16 | triton (ours) | torchao | te | all (default); BF16 always runs as the reference"),
+    compile: str = typer.Option("block", "--compile", help="torch.compile: none | block | model (BF16 also runs eagerly)"),
+    activation_checkpointing: str = typer.Option("none", help="none | selective | full, per block"),
+    lm_head: str = typer.Option("bf16", help="bf16 | fp8: the LM head's products"),
+    nproc_per_node: int = typer.Option(1, min=1, help="GPUs of this host to train on with FSDP2 (launched with torchrun)"),
+    out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-e2e-<model>)"),
+) -> None:
+    """Training throughput of a LLaMa-3 model or proxy: BF16 eager and compiled against ours, torchao and
+    TransformerEngine per recipe, on one GPU or several with FSDP2 (fp8bench.benchmarks.e2e)."""
+    from fp8bench.benchmarks import e2e as bench
+    from fp8bench.nn.conversion import IMPLEMENTATIONS
+    from fp8bench.nn.llama import PRESETS
+    from fp8bench.nn.recipes import RECIPE_CHOICES
+
+    if model not in bench.MODEL_CHOICES:
+        raise typer.BadParameter(f"unknown model {model!r}; choose one of: {', '.join(bench.MODEL_CHOICES)}")
+    recipes = tuple(dict.fromkeys(r for name in recipe or ["all"] for r in choice(name, RECIPE_CHOICES, "recipe")))
+    impl_choices = {**{name: (name,) for name in IMPLEMENTATIONS}, "all": IMPLEMENTATIONS}
+    impls = tuple(dict.fromkeys(i for name in implementation or ["all"] for i in choice(name, impl_choices, "implementation")))
+    distributed = "LOCAL_RANK" in os.environ  # a rank that torchrun started
+    world_size = int(os.environ.get("WORLD_SIZE", "1")) if distributed else nproc_per_node
+    try:
+        if model == bench.CUSTOM:
+            dims = (dim, ffn_dim, heads, kv_heads, vocab)
+            if None in dims:
+                raise ValueError("--model custom needs --dim, --ffn-dim, --heads, --kv-heads and --vocab")
+            architecture = bench.custom_model(*dims, layers)
+        else:
+            architecture = PRESETS[model].with_layers(layers)
+        config = bench.E2EConfig(
+            architecture, recipes, tuple(i for i in impls if i != "bf16"), seq_len, batch, steps, warmup, compile.strip().lower(),
+            activation_checkpointing.strip().lower(), lm_head.strip().lower(), world_size,
+        )
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    device_name = require_cuda("e2e")
+    run_dir = out or default_run_dir("e2e", architecture.name)
+    if nproc_per_node > 1 and not distributed:  # every rank runs this command again, under torchrun
+        import subprocess
+
+        import click
+        import torch
+
+        if torch.cuda.device_count() < nproc_per_node:
+            raise EnvironmentProblem(f"--nproc-per-node {nproc_per_node} but this host shows {torch.cuda.device_count()} CUDA GPUs")
+        # From the options as parsed: a suite runs commands in-process, so sys.argv may be another command's.
+        raise typer.Exit(subprocess.run(bench.torchrun_command(click.get_current_context().params, run_dir)).returncode)
+    if distributed and world_size != nproc_per_node:
+        raise typer.BadParameter(f"torchrun started {world_size} ranks but --nproc-per-node is {nproc_per_node}")
+    try:
+        bench.run_command(config, run_dir, device_name, command_line(), distributed, console.print, err_console.print)
+    except KeyboardInterrupt:
+        err_console.print(f"[yellow]interrupted: the finished cases are in {run_dir / 'results.csv'}[/]")
+        raise typer.Exit(130) from None
+
+
+@app.command()
 def calibrate(
     out: Optional[Path] = typer.Option(None, help="profile file (default calibration/<gpu>.json)"),
     gpu: str = typer.Option("auto", help="hardware-table key the profile is for: auto (detect) or a key"),

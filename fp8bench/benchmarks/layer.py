@@ -246,16 +246,6 @@ def _build_torchao(case: LayerCase, weight, config: LayerConfig) -> Built:
     return Built(_compiled(layer, case, config), layer[1].weight, (layer[1].weight,), {"recipe_name": case.recipe.name})
 
 
-def _te_recipe(name: str):
-    from transformer_engine.common import recipe as te_recipe
-
-    return {
-        "tensorwise-delayed": lambda: te_recipe.DelayedScaling(fp8_format=te_recipe.Format.HYBRID, amax_history_len=16, amax_compute_algo="max"),
-        "tensorwise": lambda: te_recipe.Float8CurrentScaling(fp8_format=te_recipe.Format.HYBRID),
-        "blockwise": lambda: te_recipe.Float8BlockScaling(fp8_format=te_recipe.Format.E4M3),
-    }[name]()
-
-
 def _build_te(case: LayerCase, weight, config: LayerConfig) -> Built:
     from fp8bench.benchmarks.cast import te_unavailable_reason
 
@@ -277,7 +267,9 @@ def _build_te(case: LayerCase, weight, config: LayerConfig) -> Built:
     )
     with torch.no_grad():
         layer.weight.copy_(weight)
-    recipe = _te_recipe(case.recipe.name) if case.recipe else None
+    from fp8bench.nn.conversion import te_recipe
+
+    recipe = te_recipe(case.recipe.name) if case.recipe else None
 
     def forward(x):
         with te.autocast(enabled=recipe is not None, recipe=recipe):

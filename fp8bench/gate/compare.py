@@ -242,6 +242,11 @@ class CaseId:
     backend: str
     recipe: str
     fast_accum: str
+    # e2e's further identity (fp8bench.harness.results.OPTIONAL_ID_COLUMNS); empty for the other benchmarks
+    world_size: str = ""
+    compile: str = ""
+    activation_checkpointing: str = ""
+    lm_head: str = ""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "CaseId":

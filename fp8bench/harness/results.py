@@ -42,6 +42,10 @@ SCHEMA: tuple[Column, ...] = (
     Column("backend", "id", "str", "bf16 | cublas | triton | torchao | te | ..."),
     Column("recipe", "id", "str", "layer/model recipe name, or the GEMM's operand dtypes"),
     Column("fast_accum", "id", "str", "on | off | n/a"),
+    Column("world_size", "id", "str", "e2e: GPUs the model trains on (FSDP2 beyond 1); empty for the other benchmarks"),
+    Column("compile", "id", "str", "e2e: torch.compile of none | block (each transformer block) | model"),
+    Column("activation_checkpointing", "id", "str", "e2e: none | selective (products and attention saved) | full, per block"),
+    Column("lm_head", "id", "str", "e2e: bf16 | fp8, the precision of the LM head's products"),
     Column("options", "id", "str", "JSON of further options, e.g. the kernel config chosen"),
     Column("status", "measure", "str", "ok | unsupported: <reason> | failed: <reason>"),
     Column("median_ms", "measure", "float", "GPU kernel time: median over repeats of each repeat's median"),
@@ -57,7 +61,7 @@ SCHEMA: tuple[Column, ...] = (
            "the clock, so each repeat ran the throttled window (TimingConfig.throttled_samples_ms) | no"),
     Column("dropped_repeats", "measure", "int", "repeats taken and dropped because the window of the last "
            "`repeats` still drifted (fp8bench.harness.timing)"),
-    Column("tflops", "derived", "float", "2MKN / median time"),
+    Column("tflops", "derived", "float", "2MKN / median time; e2e: the model's FLOPs per step (fp8bench.nn.llama's formula) / median time"),
     Column("pct_peak", "derived", "float", "matmul: tflops as % of the GPU's dense peak for the operand dtype; "
            "cast: GB/s as % of the device copy bandwidth measured in the same run"),
     Column("gbps", "derived", "float", "bytes moved / median time (memory-bound benchmarks)"),
@@ -68,16 +72,33 @@ SCHEMA: tuple[Column, ...] = (
     Column("bound", "predicted", "str", "compute | memory | launch: the bound holding most of the predicted time"),
     # The measured layer of `fp8bench roofline` (fp8bench.benchmarks.layer): its kernel time by kind of kernel, from
     # the CUPTI trace (mean per step), and its accuracy against the BF16 layer on the same inputs and weights.
-    Column("gemm_ms", "measure", "float", "layer step: GPU time of its matrix-product kernels, ms (by kernel name)"),
-    Column("cast_ms", "measure", "float", "layer step: GPU time of its FP8 cast, amax and scale kernels, ms"),
-    Column("other_ms", "measure", "float", "layer step: GPU time of every other kernel (LayerNorm, sigmoid, copies), ms"),
+    Column("gemm_ms", "measure", "float", "layer or model step: GPU time of its matrix-product kernels, ms (by kernel name)"),
+    Column("cast_ms", "measure", "float", "layer or model step: GPU time of its FP8 cast, amax and scale kernels, ms"),
+    Column("other_ms", "measure", "float", "layer or model step: GPU time of every other kernel (LayerNorm, sigmoid, copies), ms"),
     Column("sqnr_out_db", "derived", "float", "SQNR of the layer output vs the BF16 eager layer, dB (empty: identical)"),
     Column("sqnr_grad_input_db", "derived", "float", "SQNR of the layer input's gradient vs the BF16 eager layer, dB"),
     Column("sqnr_grad_weight_db", "derived", "float", "SQNR of the linear weight's gradient vs the BF16 eager layer, dB"),
+    # The model of `fp8bench e2e` (fp8bench.benchmarks.e2e): a training step's throughput, memory and loss, and the
+    # rest of its kernel time by class (beside gemm_ms, cast_ms and other_ms) from one profiled step.
+    Column("tokens_per_s", "derived", "float", "e2e: tokens per second per GPU, batch x seq / median step time"),
+    Column("mfu_bf16_pct", "derived", "float", "e2e: tflops as % of the GPU's dense BF16 peak"),
+    Column("mfu_fp8_pct", "derived", "float", "e2e: tflops as % of the GPU's dense FP8 peak"),
+    Column("mem_alloc_gb", "measure", "float", "e2e: peak memory allocated by torch over the measured steps, GB (1e9 bytes)"),
+    Column("mem_reserved_gb", "measure", "float", "e2e: peak memory reserved by torch's caching allocator, GB"),
+    Column("final_loss", "measure", "float", "e2e: training loss of the last step (mean over ranks)"),
+    Column("attention_ms", "measure", "float", "e2e step: GPU time of attention kernels, ms"),
+    Column("norm_act_ms", "measure", "float", "e2e step: GPU time of RMSNorm and SwiGLU kernels (with casts fused into them), ms"),
+    Column("optimizer_ms", "measure", "float", "e2e step: GPU time of the AdamW kernels, ms"),
+    Column("comm_ms", "measure", "float", "e2e step: GPU time of collectives and FSDP2's buffer copies, ms (overlaps compute)"),
+    Column("allgather_gb", "derived", "float", "e2e: bytes FSDP2 all-gathers per step per rank, GB, from parameter sizes and dtypes"),
+    Column("ideal_speedup", "predicted", "float", "e2e: the BF16 reference's step with every converted linear's GEMMs at the "
+           "FP8 rate (calibrated where a profile exists), casts free: the most FP8 can give this model"),
     Column("measured_vs_predicted", "derived", "float", "speedup_vs_bf16 / predicted_speedup: the share of the modelled gain measured"),
 )
 COLUMNS: tuple[str, ...] = tuple(c.name for c in SCHEMA)
 ID_COLUMNS: tuple[str, ...] = tuple(c.name for c in SCHEMA if c.kind == "id")
+# Id columns that only the e2e benchmark sets: files of the other benchmarks may lack them (they read as empty).
+OPTIONAL_ID_COLUMNS: tuple[str, ...] = ("world_size", "compile", "activation_checkpointing", "lm_head")
 
 
 def status_text(status: Status, reason: str = "") -> str:
@@ -175,7 +196,7 @@ def load_results(path: Path) -> pd.DataFrame:
     if not csv_path.exists():
         raise FileNotFoundError(f"no results at {csv_path}")
     frame = pd.read_csv(csv_path, dtype=str, keep_default_na=False)
-    missing_ids = [c for c in (*ID_COLUMNS, "status") if c not in frame.columns]
+    missing_ids = [c for c in (*ID_COLUMNS, "status") if c not in frame.columns and c not in OPTIONAL_ID_COLUMNS]
     if missing_ids:
         raise ValueError(f"{csv_path} does not follow the result schema: missing {missing_ids}")
     # Files outlive the schema: measurement columns added after a run was written read as empty.

@@ -26,7 +26,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-_COMMANDS = ("matmul", "cast", "roofline", "numerics loss", "numerics stats", "numerics startup", "numerics optimizer")
+_COMMANDS = ("matmul", "cast", "roofline", "e2e", "numerics loss", "numerics stats", "numerics startup", "numerics optimizer")
 RESUMABLE_COMMANDS = ("matmul", "roofline")  # those with --resume
 
 

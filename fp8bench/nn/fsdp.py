@@ -1,0 +1,240 @@
+"""FSDP2 for the e2e benchmark: sharding a model, and all-gathering our tensorwise weights in FP8.
+
+`shard_model` applies torch.distributed.fsdp.fully_shard to each transformer block and then to the root,
+with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): parameters are all-gathered in BF16 and
+gradients reduce-scattered in FP32. The blocks free their gathered weights after the forward and gather
+them again for the backward; the root (embedding, final norm, LM head) keeps them through the step.
+
+FP8 all-gather (torchao's `enable_fsdp_float8_all_gather`, through the same FSDP2 extension points): a
+Float8Linear whose weight is scaled tensorwise and dynamically in both its uses gets its weight wrapped in
+`Float8AllGatherWeight`, a tensor subclass that behaves as the BF16 shard for every op (the optimizer
+updates it in place) and tells FSDP2 what to all-gather:
+- `fsdp_pre_all_gather`: the amax of the local shard, all-reduced (MAX) across the mesh, so every rank
+  scales its shard by the amax of the whole weight; the shard cast to FP8 with that scale is what is
+  all-gathered (1 byte per element instead of BF16's 2), the scale goes as metadata;
+- `fsdp_post_all_gather`: the gathered FP8 data and the scale as a `GatheredFloat8Weight`, the unsharded
+  parameter the module sees in its forward and backward.
+`Float8AllGatherLinear` takes such a gathered weight as it is (no cast of the weight; its transpose for
+the grad_input product is our FP8 transpose, half the bytes of a cast) and otherwise runs Float8Linear's
+products. The FP8 data and scale equal those of casting the full weight with its own amax.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.utils._pytree as pytree
+from torch import nn
+
+from fp8bench.config import Activation, Granularity
+from fp8bench.nn import _float8_ops as ops
+from fp8bench.nn.float8_linear import Float8Linear, backward_products, cast_tensor, in_input_dtype, product
+from fp8bench.nn.recipes import CastConfig, ScalingType, TensorRole
+from fp8kernels import reference
+
+# Ops through which the shard stays a Float8AllGatherWeight: those FSDP2 applies to a parameter when it
+# pads, slices, views and copies it into its shard (torchao's list).
+_PRESERVING_OPS = {
+    torch.ops.aten.empty_like.default,
+    torch.ops.aten.new_zeros.default,
+    torch.ops.aten.slice.Tensor,
+    torch.ops.aten.copy_.default,
+    torch.ops.aten.view.default,
+    torch.ops.aten.as_strided.default,
+    torch.ops.aten._to_copy.default,
+    torch.ops.aten._pin_memory.default,
+    torch.ops.aten.split.Tensor,
+    torch.ops.aten.clone.default,
+}
+# What FSDP2 applies to the gathered parameter: its unpadded view and nn.Parameter's detach.
+_GATHERED_VIEW_OPS = {torch.ops.aten.as_strided.default, torch.ops.aten.view.default, torch.ops.aten.detach.default}
+
+
+def _wrapper(cls, like: torch.Tensor, dtype: torch.dtype, requires_grad: bool = False):
+    return torch.Tensor._make_wrapper_subclass(
+        cls, like.size(), strides=like.stride(), storage_offset=like.storage_offset(), dtype=dtype, layout=like.layout,
+        device=like.device, requires_grad=requires_grad,
+    )  # fmt: skip
+
+
+def fp8_all_gather_cast(config: CastConfig) -> bool:
+    """Whether a weight cast this way can be all-gathered in FP8: one dynamic tensor scale."""
+    return config.scaling_type is ScalingType.DYNAMIC and config.granularity is Granularity.TENSORWISE
+
+
+class GatheredFloat8Weight(torch.Tensor):
+    """The unsharded weight after an FP8 all-gather: FP8 `data` [N, K] and its tensorwise dequantization
+    `scale`, presented as a tensor of the parameter dtype. Views keep the FP8 form; any other op sees
+    the dequantized values."""
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+        return _wrapper(cls, data, dtype)
+
+    def __init__(self, data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+        self._data, self._scale = data, scale
+
+    def __repr__(self) -> str:
+        return f"GatheredFloat8Weight(shape={tuple(self.shape)}, fp8={self._data.dtype}, scale={self._scale})"
+
+    def dequantized(self) -> torch.Tensor:
+        return reference.dequantize(self._data, self._scale).to(self.dtype)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args, kwargs=None):
+        kwargs = kwargs or {}
+        if func in _GATHERED_VIEW_OPS:
+            source = args[0]
+            return cls(func(source._data, *args[1:], **kwargs), source._scale, source.dtype)
+        args, kwargs = pytree.tree_map_only(cls, lambda t: t.dequantized(), (args, kwargs))
+        return func(*args, **kwargs)
+
+    def __tensor_flatten__(self):
+        return ["_data", "_scale"], self.dtype
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, dtype, outer_size, outer_stride):
+        return GatheredFloat8Weight(inner_tensors["_data"], inner_tensors["_scale"], dtype)
+
+
+class Float8AllGatherWeight(torch.Tensor):
+    """A weight shard that FSDP2 all-gathers in FP8 (module docstring); for every other op, the BF16 shard."""
+
+    @staticmethod
+    def __new__(cls, tensor: torch.Tensor, fp8_dtype: torch.dtype, power_of_two: bool):
+        return _wrapper(cls, tensor, tensor.dtype, tensor.requires_grad)
+
+    def __init__(self, tensor: torch.Tensor, fp8_dtype: torch.dtype, power_of_two: bool):
+        self._tensor, self._fp8_dtype, self._power_of_two = tensor, fp8_dtype, power_of_two
+
+    def __repr__(self) -> str:
+        return f"Float8AllGatherWeight({self._tensor!r}, fp8={self._fp8_dtype})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args, kwargs=None):
+        settings = next(t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, cls))
+        if func is torch.ops.aten.detach.default:
+            return cls(args[0]._tensor, settings._fp8_dtype, settings._power_of_two)
+        args, kwargs = pytree.tree_map_only(cls, lambda t: t._tensor, (args, kwargs or {}))
+        out = func(*args, **kwargs)
+        if func not in _PRESERVING_OPS:
+            return out
+        return pytree.tree_map_only(torch.Tensor, lambda t: cls(t, settings._fp8_dtype, settings._power_of_two), out)
+
+    def __tensor_flatten__(self):
+        return ["_tensor"], (self._fp8_dtype, self._power_of_two)
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, settings, outer_size, outer_stride):
+        return Float8AllGatherWeight(inner_tensors["_tensor"], *settings)
+
+    def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
+        """The shard in FP8, scaled by the amax of the whole weight (MAX over the mesh), padded to FSDP2's
+        padded shard size; the scale as metadata."""
+        shard = self._tensor
+        amax = shard.abs().amax().float() if shard.numel() else torch.zeros((), dtype=torch.float32, device=shard.device)
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=mesh.get_group())
+        data, scale = reference.quantize_with_amax(shard, amax, self._fp8_dtype, self._power_of_two)
+        padded_rows = math.ceil(outer_size[0] / mesh.size())
+        if data.shape[0] < padded_rows:
+            data = torch.cat([data, data.new_zeros((padded_rows - data.shape[0], *data.shape[1:]))])
+        return (data,), (scale,)
+
+    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
+        (data,) = all_gather_outputs
+        (scale,) = metadata
+        if out is not None:  # FSDP2 gathered into the storage of the previous step's data
+            out._scale = scale
+            return None
+        return GatheredFloat8Weight(data, scale, param_dtype), (data,)
+
+
+class _GatheredWeightFunction(torch.autograd.Function):
+    """x[M, K] @ weight.T where the weight came FP8 from the all-gather: Float8Linear's products without
+    the weight's cast (the recipe is tensorwise, dynamic, one cast call per tensor)."""
+
+    @staticmethod
+    def forward(ctx, x, weight: GatheredFloat8Weight, how):
+        x_forms = cast_tensor(x, how.casts[0], None, True)
+        data, scale = weight._data, weight._scale
+        out = product(how.products[0], x_forms[0], (data, scale), how.activation)
+        activated = (out,) if how.activation != Activation.NONE.value else ()
+        ctx.save_for_backward(*activated, ops.transpose_fp8(data), scale, *x_forms[1])
+        ctx.plan = how
+        return in_input_dtype(out, x)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_input, grad_weight = backward_products(ctx.plan, ctx.saved_tensors, 2, grad_output, None, True, ctx.needs_input_grad[:2])
+        return grad_input, grad_weight, None
+
+
+class Float8AllGatherLinear(Float8Linear):
+    """Float8Linear whose weight FSDP2 all-gathers in FP8 (module docstring); unsharded, it is Float8Linear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(self.weight, GatheredFloat8Weight):
+            return super().forward(x)
+        out = _GatheredWeightFunction.apply(self.rows_of(x), self.weight, self.products_plan())
+        return self.finish(out, x)
+
+
+def enable_float8_all_gather(model: nn.Module) -> int:
+    """Swap, in place, every Float8Linear whose weight is tensorwise and dynamic in both uses for a
+    Float8AllGatherLinear with its weight wrapped for FP8 all-gather; before fully_shard. Returns how many."""
+    swapped = 0
+    for name, module in list(model.named_modules()):
+        if type(module) is not Float8Linear:
+            continue
+        first, second = module.recipe.casts(TensorRole.WEIGHT)
+        if not (first == second and fp8_all_gather_cast(first)):
+            continue
+        new = Float8AllGatherLinear.from_linear(module, module.recipe, module.activation)
+        new.weight = nn.Parameter(Float8AllGatherWeight(module.weight.data, ops.FP8_DTYPES[first.dtype.value], first.power_of_two_scale))
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, new)
+        swapped += 1
+    return swapped
+
+
+def mixed_precision_policy():
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def shard_model(model: nn.Module, process_group=None, mp_policy=None) -> None:
+    """fully_shard each block of `model.layers`, then the root (module docstring), over `process_group`
+    (default: the world); `mp_policy` defaults to mixed_precision_policy()."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    device_type = next(model.parameters()).device.type
+    mesh = DeviceMesh.from_group(process_group or dist.group.WORLD, device_type)
+    policy = mp_policy or mixed_precision_policy()
+    for block in model.layers:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+
+
+def _all_gather_element_bytes(parameter: torch.Tensor, param_dtype: torch.dtype | None) -> int:
+    """Bytes per element FSDP2 all-gathers for `parameter`: 1 for an FP8 all-gather (ours or torchao's),
+    else the policy's param dtype (the parameter's own without one)."""
+    local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+    if isinstance(local, Float8AllGatherWeight) or "Float8" in type(local).__name__:
+        return 1
+    return (param_dtype or parameter.dtype).itemsize
+
+
+def all_gather_bytes(model: nn.Module, mp_policy: Any = None) -> int:
+    """Bytes all-gathered per training step on each rank by shard_model's layout: the unsharded size of
+    every parameter, twice for the blocks' (forward and backward), once for the root's."""
+    param_dtype = (mp_policy or mixed_precision_policy()).param_dtype
+    total = 0
+    for name, parameter in model.named_parameters():
+        gathers = 2 if name.startswith("layers.") else 1
+        total += gathers * parameter.numel() * _all_gather_element_bytes(parameter, param_dtype)
+    return total

@@ -1,0 +1,258 @@
+"""`fp8bench e2e` on the CPU: cases and identity, the kernel classifier, conversion, the run loop on a tiny
+model with a fake clock. The GPU measurement is marked `gpu`."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from fp8bench.benchmarks import e2e
+from fp8bench.config import Status
+from fp8bench.harness.case import Unsupported
+from fp8bench.harness.results import ID_COLUMNS, RunWriter, load_results
+from fp8bench.nn.conversion import convert
+from fp8bench.nn.float8_linear import Float8Linear
+from fp8bench.nn.llama import PRESETS, Llama, LlamaConfig
+from fp8bench.nn.recipes import RECIPES
+
+TINY = LlamaConfig("tiny", dim=64, ffn_dim=128, heads=4, kv_heads=2, vocab=256, layers=2)
+
+# Kernel names recorded from torch.profiler traces of LLaMa training steps on an H100 (BF16 and FP8, eager,
+# compiled and FSDP2), with the class each belongs to.
+RECORDED_KERNELS = {
+    "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT": "gemm",
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__5x_cublas": "gemm",
+    "_gemm_persistent_kernel": "gemm",
+    "triton_tem_fused_mm_0": "gemm",
+    "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t>, true, false, false, false, true, true, false>(pytorch_flash::Flash_fwd_params)": "attention",
+    "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<128, 64, 128, 8, 2, 4, 2, false, false, cutlass::bfloat16_t>>(pytorch_flash::Flash_bwd_params)": "attention",
+    "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1_kernel0_0": "attention",
+    "fmha_cutlassF_bf16_aligned_64x128_rf_sm80": "attention",
+    "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<c10::BFloat16, 4, (at::native::ADAM_MODE)1, false>>": "optimizer",
+    "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "comm",
+    "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "comm",
+    "void at::native::(anonymous namespace)::chunk_cat_cuda_kernel<float, float>": "comm",
+    "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0": "norm_act",
+    "triton_poi_fused_mul_silu_1": "norm_act",
+    "triton_red_fused__to_copy_abs_amax_clamp_mean_mul_pow_rsqrt_2": "norm_act",
+    "_quantize_tensorwise_kernel": "cast",
+    "void transformer_engine::detail::cast_transpose_kernel<8, true, __nv_bfloat16, __nv_fp8_e4m3>": "cast",
+    "triton_red_fused_abs_amax_0": "cast",
+    "void at::native::(anonymous namespace)::indexSelectLargeIndex<c10::BFloat16, long, unsigned int, 2, 2, -2, true>": "other",
+    "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>": "other",
+}
+
+
+@pytest.mark.parametrize("name, expected", RECORDED_KERNELS.items())
+def test_kernel_classes_of_recorded_kernel_names(name, expected):
+    assert e2e.kernel_class(name) == expected
+
+
+def _config(**kwargs) -> e2e.E2EConfig:
+    defaults = dict(model=TINY, recipes=(RECIPES["tensorwise"],), seq_len=32, batch=2, steps=3, warmup=1, compile="none")
+    return e2e.E2EConfig(**{**defaults, **kwargs})
+
+
+def test_cases_put_each_groups_bf16_reference_first_and_name_their_identity():
+    config = _config(model=PRESETS["llama3-8b"].with_layers(4), seq_len=8192, batch=1, compile="block",
+                     recipes=(RECIPES["tensorwise"], RECIPES["blockwise"]))  # fmt: skip
+    cases = config.cases()
+    assert [(c.implementation, c.compile) for c in cases[:2]] == [("bf16", "none"), ("bf16", "block")]
+    assert {(c.implementation, c.recipe_name) for c in cases[2:]} == {
+        (impl, recipe) for impl in ("triton", "torchao", "te") for recipe in ("tensorwise", "blockwise")
+    }
+    identity = cases[2].identity
+    assert set(identity) == set(ID_COLUMNS) - {"options"}
+    assert identity["case"] == "llama3-8b.L4.S8192.B1"
+    assert (identity["M"], identity["K"], identity["world_size"], identity["compile"]) == (8192, 4096, "1", "block")
+    assert cases[2].group == cases[1].group != cases[0].group
+    assert cases[2].work.tokens == 8192
+    assert cases[2].work.flops == PRESETS["llama3-8b"].with_layers(4).flops_per_token(8192) * 8192
+
+
+def test_case_from_identity_round_trips_presets_and_custom_models():
+    bench = e2e.E2EBenchmark(device="cpu")
+    custom = e2e.custom_model(512, 1536, 8, 2, 32000, 3)
+    for model in (PRESETS["llama3-70b"].with_layers(2), custom):
+        case = e2e.E2ECase(model, 4096, 2, 2, "model", "selective", "torchao", RECIPES["rowwise"], "fp8")
+        assert bench.case_from_identity(case.identity) == case
+    with pytest.raises(ValueError, match="not an e2e case name"):
+        bench.case_from_identity({**case.identity, "case": "4096x4096x4096"})
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(compile="blocks"), "unknown compile mode 'blocks'"),
+        (dict(checkpointing="some"), "unknown activation checkpointing"),
+        (dict(lm_head="fp16"), "unknown LM head precision"),
+        (dict(implementations=("tri",)), "unknown FP8 implementation 'tri'"),
+        (dict(steps=1), "at least 2 measured steps"),
+    ],
+)
+def test_config_validates_once(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        _config(**kwargs)
+
+
+def test_synthetic_tokens_are_seeded_and_targets_are_the_next_tokens():
+    a = next(e2e.SyntheticTokens(256, 2, 16, 7, "cpu"))
+    b = next(e2e.SyntheticTokens(256, 2, 16, 7, "cpu"))
+    torch.testing.assert_close(a, b)
+    tokens, targets = a
+    assert tokens.shape == targets.shape == (2, 16)
+    torch.testing.assert_close(tokens[:, 1:], targets[:, :-1])
+    # Zipf: the most frequent token is token 0, far above uniform.
+    many = next(e2e.SyntheticTokens(256, 4, 1024, 0, "cpu"))[0]
+    assert (many == 0).float().mean() > 5 / 256
+
+
+def test_loss_problem_catches_divergence_and_non_finite_losses():
+    assert e2e.loss_problem(5.0, 5.01) is None
+    assert "vs BF16's" in e2e.loss_problem(6.0, 5.0)
+    assert e2e.loss_problem(math.nan, 5.0) == "final loss nan"
+
+
+def test_our_conversion_keeps_the_lm_head_in_bf16_unless_asked():
+    model = Llama(TINY)
+    converted = convert(model, "triton", RECIPES["tensorwise"])
+    assert isinstance(model.layers[0].attention.wqkv, Float8Linear) and type(model.output) is nn.Linear
+    assert converted.options["converted_linears"] == 4 * TINY.layers
+    head = Llama(TINY)
+    convert(head, "triton", RECIPES["tensorwise"], lm_head_fp8=True)
+    assert isinstance(head.output, Float8Linear)
+
+
+@pytest.mark.parametrize(
+    "implementation, recipe, message",
+    [("torchao", "blockwise", "torchao"), ("te", "rowwise", "TransformerEngine has no rowwise"), ("te", "tensorwise", "transformer_engine")],
+)
+def test_conversions_a_library_cannot_do_are_unsupported(implementation, recipe, message):
+    with pytest.raises(Unsupported, match=message):
+        convert(Llama(TINY), implementation, RECIPES[recipe])
+
+
+class FakeClock:
+    """Runs each step for real (the model trains) and reports made-up, fixed times."""
+
+    name = "fake"
+
+    def __init__(self):
+        self.calls = 0
+
+    def _call(self, fn, count):
+        for _ in range(count):
+            fn()
+            self.calls += 1
+
+    def run(self, fn, calls):
+        self._call(fn, calls)
+
+    def samples(self, fn, count):
+        self._call(fn, count)
+        return [10.0 + i for i in range(count)]
+
+    def wall_ms(self, fn, count):
+        self._call(fn, count)
+        return 12.0
+
+    def kernel_ms(self, fn, count):
+        self._call(fn, count)
+        return {"nvjet_tst_128x256": 6.0, "pytorch_flash::flash_fwd_kernel": 2.0, "_quantize_tensorwise_kernel": 0.5, "elementwise": 0.25}
+
+    def sm_clock_mhz(self):
+        return None
+
+
+def test_run_writes_a_row_per_case_with_throughput_loss_and_breakdown(tmp_path):
+    torch.manual_seed(0)
+    config = _config(implementations=("te",))
+    clock = FakeClock()
+    with RunWriter(tmp_path, {}) as writer:
+        rows = e2e.run_e2e(config, writer, clock, None, e2e.E2EInputs("cpu"))
+    frame = load_results(tmp_path)
+    assert list(frame["backend"]) == ["bf16", "te"]
+    bf16, te = frame.iloc[0], frame.iloc[1]
+    assert bf16["status"] == Status.OK.value and te["status"].startswith("unsupported: transformer_engine")
+    assert clock.calls == config.warmup + config.steps + e2e.WALL_STEPS + 1
+    assert bf16["median_ms"] == 11.0 and bf16["repeats"] == 3
+    assert bf16["tokens_per_s"] == pytest.approx(64 / 0.011, rel=1e-5)  # the CSV keeps 6 digits
+    assert bf16["tflops"] == pytest.approx(TINY.flops_per_token(32) * 64 / 0.011 / 1e12, rel=1e-5)
+    assert (bf16["gemm_ms"], bf16["attention_ms"], bf16["cast_ms"], bf16["other_ms"]) == (6.0, 2.0, 0.5, 0.25)
+    # Trained on Zipf tokens, the loss has fallen below the uniform loss ln(vocab) within a few steps.
+    assert 0 < bf16["final_loss"] < math.log(TINY.vocab)
+    assert (tmp_path / e2e.KERNELS_CSV).exists()
+    assert "tok/s/GPU" in e2e.row_line(rows[0])
+
+
+def test_a_diverging_fp8_run_is_a_wrong_result(tmp_path, monkeypatch):
+    # BF16's run as the reference, then the same case with a loss far from it.
+    config = _config(implementations=())
+    reference = e2e._GroupState(reference_ms=11.0, reference_loss=1.0)
+    case = e2e.E2ECase(TINY, 32, 2, 1, "none", "none", "bf16", None)
+    monkeypatch.setattr(e2e.E2ECase, "is_reference", property(lambda self: False))
+    row, kernels = e2e.run_case(case, e2e.E2EInputs("cpu"), config, FakeClock(), None, reference)
+    assert row.values["status"].startswith("failed: wrong result: final loss")
+    assert kernels == {}
+
+
+@pytest.mark.gpu
+def test_e2e_on_the_gpu_measures_bf16_and_ours(tmp_path):
+    config = _config(model=PRESETS["llama3-8b"].with_layers(1), seq_len=2048, batch=1, steps=3, warmup=2,
+                     implementations=("triton",), compile="block")  # fmt: skip
+    from fp8bench.model.hardware import spec_for_device_name
+
+    with RunWriter(tmp_path, {}) as writer:
+        rows = e2e.run_e2e(config, writer, e2e.GpuStepClock(), spec_for_device_name(torch.cuda.get_device_name()), e2e.E2EInputs("cuda"))
+    statuses = [r.values["status"] for r in rows]
+    assert statuses == ["ok"] * 3, statuses
+    ours = rows[2].values
+    assert ours["speedup_vs_bf16"] > 0.5 and ours["gemm_ms"] > 0 and ours["mem_alloc_gb"] > 0
+
+
+@pytest.mark.parametrize("checkpointing", ["selective", "full"])
+def test_activation_checkpointing_recomputes_the_same_step(checkpointing):
+    """Checkpointed blocks train to the same loss as stored activations, on the same tokens."""
+    losses = []
+    for mode in ("none", checkpointing):
+        case = e2e.E2ECase(TINY, 32, 2, 1, "none", mode, "bf16", None)
+        built = case.build(e2e.E2EInputs("cpu"))
+        for _ in range(3):
+            built.run()
+        losses.append(built.check()["final_loss"])
+    assert losses[1] == pytest.approx(losses[0], rel=1e-6)
+    model = Llama(TINY)
+    e2e.apply_checkpointing(model, checkpointing)
+    assert all(type(block).__name__ == "CheckpointWrapper" for block in model.layers)
+
+
+def test_fp8_gemm_time_relative_to_bf16_per_recipe():
+    rates = e2e.GemmRates(500.0, {"tensorwise/on": 1000.0, "tensorwise/off": 800.0, "axiswise/off": 625.0}, 900.0, "test")
+    # Forward with fast accumulation, both backward products without.
+    assert rates.relative_time(RECIPES["tensorwise"]) == pytest.approx((0.5 + 0.625 + 0.625) / 3)
+    # grad_weight kept in BF16; grad_input axiswise (its weight tensorwise, broadcast); no axiswise/on: off's rate.
+    assert rates.relative_time(RECIPES["rowwise_with_gw_hp"]) == pytest.approx((0.8 + 0.8 + 1.0) / 3)
+    # Blockwise was not measured: the fallback.
+    assert rates.relative_time(RECIPES["blockwise"]) == pytest.approx(500 / 900)
+
+
+def test_ideal_speedup_runs_the_converted_share_of_the_bf16_gemm_time_at_the_fp8_rate():
+    rates = e2e.GemmRates(500.0, {}, 1000.0, "test")  # FP8 twice as fast everywhere
+    case = e2e.E2ECase(TINY, 32, 2, 1, "block", "none", "triton", RECIPES["tensorwise"])
+    linears = TINY.layers * TINY.block_linear_parameters()
+    share = linears / (linears + TINY.vocab * TINY.dim)  # the LM head stays BF16
+    assert e2e.ideal_speedup(case, 100.0, 60.0, rates) == pytest.approx(100 / (100 - 60 * share * 0.5))
+    head = e2e.E2ECase(TINY, 32, 2, 1, "block", "none", "triton", RECIPES["tensorwise"], "fp8")
+    assert e2e.ideal_speedup(head, 100.0, 60.0, rates) == pytest.approx(100 / 70)
+
+
+def test_gemm_rates_come_from_the_calibration_profile_where_there_is_one():
+    from fp8bench.model.hardware import GPUS
+
+    calibrated = e2e.GemmRates.of_gpu(GPUS["h100-sxm"])  # calibration/h100-sxm.json is committed
+    assert calibrated.source.startswith("calibrated") and calibrated.bf16_tflops < GPUS["h100-sxm"].bf16_tflops
+    peaks = e2e.GemmRates.of_gpu(GPUS["h100-pcie"])
+    assert (peaks.bf16_tflops, peaks.fp8_fallback_tflops) == (GPUS["h100-pcie"].bf16_tflops, GPUS["h100-pcie"].fp8_tflops)

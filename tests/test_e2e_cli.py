@@ -1,0 +1,62 @@
+"""`fp8bench e2e`'s command line: bad options are usage errors (exit 2, one message), no GPU is exit 1."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from fp8bench.cli import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "llama4"], "unknown model 'llama4'"),
+        (["--compile", "blocks"], "unknown compile mode"),
+        (["--activation-checkpointing", "half"], "unknown activation checkpointing"),
+        (["--lm-head", "fp4"], "unknown LM head precision"),
+        (["--implementation", "cublas"], "unknown implementation 'cublas'"),
+        (["--recipe", "mxfp8"], "unknown recipe 'mxfp8'"),
+        (["--model", "custom"], "--model custom needs --dim"),
+        (["--layers", "0"], "layers"),
+        (["--nproc-per-node", "0"], "nproc-per-node"),
+    ],
+)
+def test_cli_rejects_bad_options_with_exit_2(args, message):
+    result = runner.invoke(app, ["e2e", *args])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+
+
+def test_cli_without_a_gpu_says_so_with_exit_1():
+    result = runner.invoke(app, ["e2e", "--layers", "1"])
+    assert result.exit_code == 1
+    assert "CUDA GPU" in str(result.exception) or "CUDA GPU" in result.output
+
+
+def test_the_committed_suite_names_valid_options():
+    from pathlib import Path
+
+    from fp8bench.harness.suite import load_suite
+
+    suite = load_suite(Path(__file__).parent.parent / "suites" / "e2e.toml")
+    assert suite.entries
+    for entry in suite.entries:
+        result = runner.invoke(app, entry.argv(Path("runs")))
+        assert result.exit_code == 1, (entry.name, result.output)  # options parsed; only the GPU is missing
+
+
+def test_several_gpus_relaunch_the_parsed_options_under_torchrun(tmp_path):
+    from fp8bench.benchmarks.e2e import torchrun_command
+
+    options = {"model": "llama3-8b", "layers": 4, "recipe": ["tensorwise", "rowwise"], "dim": None, "nproc_per_node": 2,
+               "compile": "block", "out": None}  # fmt: skip
+    command = torchrun_command(options, tmp_path / "run")
+    assert command[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    args = command[command.index("fp8bench.cli") + 1 :]
+    assert args == ["e2e", "--out", str(tmp_path / "run"), "--model", "llama3-8b", "--layers", "4", "--recipe", "tensorwise",
+                    "--recipe", "rowwise", "--nproc-per-node", "2", "--compile", "block"]  # fmt: skip
+    result = runner.invoke(app, args)  # each rank parses them back (and here finds no GPU)
+    assert result.exit_code == 1, result.output
