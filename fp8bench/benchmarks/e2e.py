@@ -471,7 +471,7 @@ class GemmRates:
             if granularity is Granularity.NONE:
                 total += 1.0
                 continue
-            accum = FastAccum.ON if recipe.gemm_config(gemm).use_fast_accum else FastAccum.OFF
+            accum = FastAccum.ON if recipe.gemms[gemm].use_fast_accum else FastAccum.OFF
             rate = self.fp8_tflops.get(fp8_key(granularity, accum)) or self.fp8_tflops.get(fp8_key(granularity, FastAccum.OFF))
             total += self.bf16_tflops / (rate or self.fp8_fallback_tflops)
         return total / len(GemmRole)

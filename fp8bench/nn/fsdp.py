@@ -31,7 +31,7 @@ from torch import nn
 
 from fp8bench.config import Activation, Granularity
 from fp8bench.nn import _float8_ops as ops
-from fp8bench.nn.float8_linear import Float8Linear, backward_products, cast_tensor, in_input_dtype, product
+from fp8bench.nn.float8_linear import Float8Linear, backward_products, cast_tensor, in_input_dtype, run_gemm
 from fp8bench.nn.recipes import CastConfig, ScalingType, TensorRole
 from fp8kernels import reference
 
@@ -158,17 +158,17 @@ class _GatheredWeightFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight: GatheredFloat8Weight, how):
-        x_forms = cast_tensor(x, how.casts[0], None, True)
+        x_forms = cast_tensor(x, how.quantize.input, None, True)
         data, scale = weight._data, weight._scale
-        out = product(how.products[0], x_forms[0], (data, scale), how.activation)
+        out = run_gemm(how.gemms.output, x_forms.first, (data, scale), how.activation)
         activated = (out,) if how.activation != Activation.NONE.value else ()
-        ctx.save_for_backward(*activated, ops.transpose_fp8(data), scale, *x_forms[1])
+        ctx.save_for_backward(*activated, ops.transpose_fp8(data), scale, *x_forms.second)
         ctx.plan = how
         return in_input_dtype(out, x)
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad_input, grad_weight = backward_products(ctx.plan, ctx.saved_tensors, 2, grad_output, None, True, ctx.needs_input_grad[:2])
+        grad_input, grad_weight = backward_products(ctx.plan, ctx.saved_tensors, 2, grad_output, None, True, *ctx.needs_input_grad[:2])
         return grad_input, grad_weight, None
 
 
@@ -178,7 +178,7 @@ class Float8AllGatherLinear(Float8Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(self.weight, GatheredFloat8Weight):
             return super().forward(x)
-        out = _GatheredWeightFunction.apply(self.rows_of(x), self.weight, self.products_plan())
+        out = _GatheredWeightFunction.apply(self.rows_of(x), self.weight, self.call_plan())
         return self.finish(out, x)
 
 
