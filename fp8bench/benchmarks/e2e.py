@@ -36,6 +36,7 @@ calibration profile (fp8bench.model.calibrate) where one exists, else the dense 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
@@ -52,7 +53,7 @@ from fp8bench.harness.case import Built, Failed, Unsupported, Work
 from fp8bench.harness.results import Row, RunWriter, measurement_values, status_text
 from fp8bench.harness.timing import Measurement
 from fp8bench.model.hardware import GpuSpec
-from fp8bench.nn.conversion import IMPLEMENTATIONS, convert
+from fp8bench.nn.conversion import IMPLEMENTATIONS, convert, te_module
 from fp8bench.nn.llama import PRESETS, LlamaConfig
 from fp8bench.nn.recipes import RECIPES, GemmRole, Recipe
 
@@ -67,9 +68,10 @@ MODEL_CHOICES = (*PRESETS, CUSTOM)
 SEED = 0
 LEARNING_RATE = 3e-4
 WALL_STEPS = 3
-# Past this relative difference from BF16's final loss an FP8 run diverged: FP8 noise moves the loss of
-# the first tens of steps by well under 1%.
-LOSS_RTOL = 0.05
+# Past this relative difference from BF16's final loss an FP8 run diverged. Over the first tens of steps
+# from a random start the loss moves fast and recipes differ by several % (on an H100, 13 steps of the
+# 8B-width proxy: BF16 eager and compiled 1.9% apart, FP8 recipes up to 5.4% above BF16 compiled).
+LOSS_RTOL = 0.10
 BYTES_PER_GB = 1e9
 
 # Kernel names by class, lower case, checked in this order (the first class with a matching fragment wins):
@@ -590,6 +592,11 @@ def run_e2e(
     rows: list[Row] = []
     kernel_records: list[dict[str, Any]] = []
     groups: dict[Hashable, _GroupState] = {}
+    if "te" in config.implementations:
+        # TransformerEngine loads cuDNN itself: after torch's attention has loaded torch's cuDNN, TE's import
+        # mixes the two builds and fails, so it is imported before the first step (a failure is its rows' reason).
+        with contextlib.suppress(Unsupported):
+            te_module()
     for case in config.cases():
         state = groups.setdefault(case.group, _GroupState())
         row, kernels = run_case(case, inputs, config, clock, spec, state, rates)
