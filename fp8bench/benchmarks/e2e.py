@@ -76,16 +76,18 @@ BYTES_PER_GB = 1e9
 
 # Kernel names by class, lower case, checked in this order (the first class with a matching fragment wins):
 # NCCL collectives and FSDP2's copies into and out of its communication buffers; attention (FlashAttention,
-# cuDNN's and CUTLASS's fused attention, before GEMM: their names hold "gemm"/"wgmma" too); the fused AdamW;
+# cuDNN's (cudnn::fusion) and CUTLASS's fused attention, before GEMM: their names hold "gemm"/"wgmma" too); the fused AdamW;
 # the layer benchmark's matrix products; RMSNorm and SwiGLU (with whatever casts inductor fuses into them,
 # as the layer benchmark counts a cast fused into LayerNorm); the layer benchmark's FP8 casts; else other
 # (embedding, cross-entropy, residual adds, copies).
 KERNEL_CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("comm", ("nccl", "allgather", "all_gather", "reducescatter", "reduce_scatter", "allreduce", "all_reduce", "chunk_cat", "split_with_sizes_copy")),
-    ("attention", ("flash", "fmha", "sdpa", "attention")),
+    ("attention", ("flash", "fmha", "sdpa", "attention", "cudnn::fusion")),
     ("optimizer", ("adam",)),
     ("gemm", dict(KERNEL_KINDS)["gemm"]),
     ("norm_act", ("rms_norm", "rmsnorm", "rsqrt", "layer_norm", "layernorm", "silu", "swiglu", "sigmoid")),
+    # PyTorch's dtype conversions (the loss's float32 logits) name their loads "LoadWithCast": not FP8 casts.
+    ("other", ("copy_kernel_cuda",)),
     ("cast", dict(KERNEL_KINDS)["cast"]),
 )
 CLASS_COLUMNS = {name: f"{name}_ms" for name in (*(kind for kind, _ in KERNEL_CLASSES), "other")}
