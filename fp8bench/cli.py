@@ -436,8 +436,9 @@ def roofline(
     """LayerNorm -> Linear -> sigmoid, fwd + bwd: predicted FP8 speedup per recipe and implementation, and
     on a GPU the measured step of BF16, ours, torchao and TransformerEngine beside it (fp8bench.benchmarks.layer)."""
     from fp8bench.model import roofline as model
+    from fp8bench.benchmarks import roofline as predicted
     from fp8bench.benchmarks import shapes
-    from fp8bench.model.calibrate import default_profile_path, load_profile
+    from fp8bench.model.calibration import default_profile_path, load_profile
     from fp8bench.harness.env import cuda_device_name, run_metadata
     from fp8bench.model.hardware import resolve_gpu, spec_for_device_name
     from fp8bench.nn.recipes import RECIPE_CHOICES
@@ -472,7 +473,7 @@ def roofline(
         if profile.gpu_key != spec.key:
             raise typer.BadParameter(f"{profile_path} was measured on {profile.gpu_key}, not {spec.key}")
         ceilings.append(model.calibrated_ceilings(profile, profile_path))
-    config = model.RooflineConfig(tuple(shape_list), tuple(recipes), impls, tuple(ceilings))
+    config = predicted.RooflineConfig(tuple(shape_list), tuple(recipes), impls, tuple(ceilings))
 
     layer_config = None
     if measuring:
@@ -498,9 +499,9 @@ def roofline(
         if resumed:  # the first call wrote every shape's predictions
             console.print(f"predictions: kept from the first call in {writer.csv_path}")
         else:
-            layers = model.run_roofline(config, writer)
-            model.print_tables(console, config, layers)
-            console.print(f"predictions -> {writer.csv_path} (kernels: {run_dir / model.KERNELS_CSV})")
+            layers = predicted.run_roofline(config, writer)
+            predicted.print_tables(console, config, layers)
+            console.print(f"predictions -> {writer.csv_path} (kernels: {run_dir / predicted.KERNELS_CSV})")
         if layer_config:
             _measure_layer(layer_config, writer, ceilings[-1], earlier_kernels)
 
@@ -546,7 +547,8 @@ def calibrate(
     repeats: int = typer.Option(5, min=1, help="independent repeats per measurement"),
 ) -> None:
     """Measure this GPU's achievable GEMM TFLOPS, copy bandwidth and launch floor for the roofline."""
-    from fp8bench.model.calibrate import REQUIRED_FP8, default_profile_path, measure_profile, save_profile
+    from fp8bench.benchmarks.calibrate import measure_profile
+    from fp8bench.model.calibration import REQUIRED_FP8, default_profile_path, save_profile
     from fp8bench.harness.env import run_metadata
     from fp8bench.model.hardware import gpu_choices, resolve_gpu
 

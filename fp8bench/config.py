@@ -74,6 +74,20 @@ class GemmShape:
         return 2 * self.M * self.K * self.N
 
 
+def fp8_shape_problem(shape: GemmShape, granularity: Granularity) -> str | None:
+    """The hardware-level constraints every FP8 tensor-core GEMM shares."""
+    if granularity is Granularity.NONE:
+        return None
+    odd = [f"{d}={getattr(shape, d)}" for d in ("K", "N") if getattr(shape, d) % FP8_DIM_MULTIPLE]
+    if odd:
+        return f"FP8 GEMMs need K and N to be multiples of {FP8_DIM_MULTIPLE} ({', '.join(odd)})"
+    if granularity is Granularity.BLOCKWISE:
+        odd = [f"{d}={getattr(shape, d)}" for d in ("K", "N") if getattr(shape, d) % BLOCK]
+        if odd:
+            return f"blockwise scaling needs K and N to be multiples of {BLOCK} ({', '.join(odd)})"
+    return None
+
+
 @dataclass(frozen=True)
 class MatmulCase:
     """One measurement: a shape, a backend and how it scales."""

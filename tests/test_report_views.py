@@ -2,7 +2,7 @@
 every point it should, without a script error.
 
 The runs are synthetic fixtures (timer "fake"): cast rows built by fp8bench.benchmarks.cast's own row builders,
-roofline predictions by the model itself (fp8bench.model.roofline.run_roofline) and measured rows by
+roofline predictions by the model itself (fp8bench.benchmarks.roofline.run_roofline) and measured rows by
 fp8bench.benchmarks.layer's builders, from made-up, randomly perturbed timings, written with RunWriter into a
 temporary folder. No number here is a GPU measurement.
 """
@@ -21,8 +21,9 @@ import pytest
 from browser import render
 from fp8bench.benchmarks import cast
 from fp8bench.benchmarks import layer
+from fp8bench.benchmarks import roofline as predicted
 from fp8bench.model import roofline as rl
-from fp8bench.model.calibrate import CalibrationProfile
+from fp8bench.model.calibration import CalibrationProfile
 from fp8bench.config import GemmShape, Granularity, Status
 from fp8bench.model.hardware import GPUS
 from fp8bench.nn.recipes import RECIPES
@@ -150,9 +151,9 @@ def synthetic_sqnr(case: layer.LayerCase, rng) -> dict[str, float]:
 def write_roofline_run(run_dir, rng: np.random.Generator, measured: bool) -> None:
     ceilings = (rl.spec_ceilings(GPU), rl.calibrated_ceilings(SYNTHETIC_PROFILE))
     recipes = tuple(RECIPES.values())
-    config = rl.RooflineConfig(ROOFLINE_SHAPES, recipes, tuple(rl.IMPLEMENTATIONS.values()), ceilings)
+    config = predicted.RooflineConfig(ROOFLINE_SHAPES, recipes, tuple(rl.IMPLEMENTATIONS.values()), ceilings)
     with RunWriter(run_dir, {**METADATA, "benchmark": "roofline", "prediction_only": not measured}) as writer:
-        rl.run_roofline(config, writer)
+        predicted.run_roofline(config, writer)
         if not measured:
             return
         measured_with = ceilings[-1]  # the calibrated ceilings, as `fp8bench roofline` picks them

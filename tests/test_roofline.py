@@ -15,9 +15,10 @@ import pytest
 from scipy import stats
 from typer.testing import CliRunner
 
+from fp8bench.benchmarks import roofline as predicted
 from fp8bench.model import roofline as rl
 from fp8bench.benchmarks import shapes
-from fp8bench.model.calibrate import CalibrationProfile, load_profile, save_profile
+from fp8bench.model.calibration import CalibrationProfile, load_profile, save_profile
 from fp8bench.cli import EnvironmentProblem, app
 from fp8bench.config import FastAccum, GemmShape, Granularity
 from fp8bench.model.hardware import GPUS
@@ -327,7 +328,7 @@ def test_roofline_cli_writes_predictions_not_measurements(tmp_path, monkeypatch)
     assert set(unsupported["recipe"]) == {"tensorwise-delayed", "blockwise", "rowwise", "rowwise_with_gw_hp"}
     refined = ok[ok["options"].map(lambda o: json.loads(o)["model"]) == "refined"].dropna(subset=["predicted_speedup"])
     assert len(refined) == len(RECIPES) * len(rl.IMPLEMENTATIONS) - len(unsupported)
-    kernels = pd.read_csv(tmp_path / "run" / rl.KERNELS_CSV)
+    kernels = pd.read_csv(tmp_path / "run" / predicted.KERNELS_CSV)
     assert {"term", "kernel", "time_us", "bound"} <= set(kernels.columns) and len(kernels) > len(rows)
     metadata = json.loads((tmp_path / "run" / "metadata.json").read_text())
     assert metadata["prediction_only"] is True and set(metadata["ceilings"]) == {"spec"}

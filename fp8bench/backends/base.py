@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fp8bench.config import BLOCK, FP8_DIM_MULTIPLE, FastAccum, GemmShape, Granularity
+from fp8bench.config import BLOCK, FastAccum, GemmShape, Granularity, fp8_shape_problem
 
 
 class Level(str, enum.Enum):
@@ -92,17 +92,3 @@ def quantize_operands(operands: Operands, granularity: Granularity) -> tuple[Any
     else:
         (qa, sa), (qb_t, sb) = ref.quantize_blockwise(a, 1, BLOCK), ref.quantize_blockwise(b_t, BLOCK, BLOCK)
     return qa, qb_t, sa, sb
-
-
-def fp8_shape_problem(shape: GemmShape, granularity: Granularity) -> str | None:
-    """The hardware-level constraints every FP8 tensor-core GEMM shares."""
-    if granularity is Granularity.NONE:
-        return None
-    odd = [f"{d}={getattr(shape, d)}" for d in ("K", "N") if getattr(shape, d) % FP8_DIM_MULTIPLE]
-    if odd:
-        return f"FP8 GEMMs need K and N to be multiples of {FP8_DIM_MULTIPLE} ({', '.join(odd)})"
-    if granularity is Granularity.BLOCKWISE:
-        odd = [f"{d}={getattr(shape, d)}" for d in ("K", "N") if getattr(shape, d) % BLOCK]
-        if odd:
-            return f"blockwise scaling needs K and N to be multiples of {BLOCK} ({', '.join(odd)})"
-    return None

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 import pandas as pd
 
+from fp8bench.benchmarks import roofline as predicted
 from fp8bench.model import roofline as model
 from fp8bench.backends import Unsupported
 from fp8bench.config import Activation, GemmShape, Granularity, Status, TimingConfig
@@ -352,7 +353,7 @@ class LayerTimer(Timer, Protocol):
 def _prediction(case: LayerCase, ceilings: model.Ceilings) -> tuple[dict[str, Any], float | None]:
     """The model's columns for a case, and its predicted speedup (None for BF16 rows)."""
     if case.recipe is None:
-        times = tuple(model.time_kernel(kernel, ceilings) for kernel in model.layer_kernels(case.shape, None))
+        times = predicted.bf16_step(model.layer_kernels(case.shape, None), ceilings)
         return {"predicted_ms": sum(t.seconds for t in times) * 1e3, "bound": model.Prediction.bound_of(times).value}, None
     p = model.predict(case.shape, case.recipe, model.IMPLEMENTATIONS[case.model_implementation], ceilings)
     columns = {"predicted_ms": p.fp8_s * 1e3, "predicted_speedup": p.speedup, "bound": model.Prediction.bound_of(p.fp8).value}
@@ -360,7 +361,7 @@ def _prediction(case: LayerCase, ceilings: model.Ceilings) -> tuple[dict[str, An
 
 
 def case_row(case: LayerCase, status: str, options: dict[str, Any]) -> Row:
-    return model.layer_row(case.shape, case.recipe_name, case.granularity, options, status, case.backend)
+    return predicted.layer_row(case.shape, case.recipe_name, case.granularity, options, status, case.backend)
 
 
 def measured_row(

@@ -35,7 +35,7 @@ TABLE_COLUMNS = (
     "sqnr_grad_input_db", "sqnr_grad_weight_db", "wall_ms", "sm_clock_mhz", "sm_clock_min_mhz", "throttled", "repeats", "dropped_repeats",
     "samples", "timer", "options",
 )
-MODEL_BACKEND = "model"  # the backend of prediction rows (fp8bench.model.roofline.layer_row)
+MODEL_BACKEND = "model"  # the backend of prediction rows (fp8bench.benchmarks.roofline.layer_row)
 # Measured kernel time by kind of kernel (fp8bench.benchmarks.layer.KERNEL_KINDS), as stacked in the bars.
 KERNEL_TIME_COLUMNS = {"gemm_ms": "GEMM", "cast_ms": "cast", "other_ms": "other"}
 SQNR_COLUMNS = {"sqnr_out_db": "output", "sqnr_grad_input_db": "grad_input", "sqnr_grad_weight_db": "grad_weight"}
