@@ -100,9 +100,6 @@ def matmul(
         raise typer.BadParameter(f"unknown backend {unknown[0]!r}; choose from: {', '.join(REGISTRY)}")
     config = MatmulConfig(tuple(shape_list), granularities, backends, fast_accums, TimingConfig(repeats=repeats))
     device_name = require_cuda("matmul")
-    resumed_from = None
-    if resume:
-        config, resumed_from = _resume(config, out)
     try:
         spec = resolve_gpu(gpu, device_name)
     except ValueError as err:
@@ -110,41 +107,12 @@ def matmul(
             raise typer.BadParameter(str(err)) from None
         err_console.print(f"[yellow]{err}; % of peak is left empty[/]")
         spec = None
-    from fp8bench.benchmarks.matmul import run_matmul
+    from fp8bench.benchmarks.matmul import MatmulBenchmark
+    from fp8bench.harness.timing import TimerChoice
 
-    body = lambda writer, on_row: run_matmul(config, writer, spec, timer, on_row)  # noqa: E731
-    _run_benchmark("matmul", shape_gen, out, report, body, spec, config.timing, resumed_from=resumed_from)
-
-
-MATMUL_ROW_KEY = ("case", "backend", "granularity", "fast_accum")
-
-
-def _resume(config, out: Optional[Path]) -> tuple:
-    """`config` narrowed to the shapes the run in `out` has not finished (a shape's BF16 reference and FP8
-    cases are measured together, so a half-done shape is measured again, its rows dropped), and the earlier
-    run's metadata for the new one to carry."""
-    from fp8bench.benchmarks.matmul import expected_rows
-    from fp8bench.harness.results import read_metadata
-
-    done = _finished_shapes(out, expected_rows(config), MATMUL_ROW_KEY, keep_other_rows=lambda row: False)
-    config = dataclasses.replace(config, shapes=tuple(s for s in config.shapes if s.name not in done))
-    console.print(f"resuming {out}: {len(done)} shapes finished, {len(config.shapes)} to measure")
-    return config, read_metadata(out)
-
-
-def _finished_shapes(out: Optional[Path], expected: dict, key_columns: tuple[str, ...], keep_other_rows) -> set[str]:
-    """The shapes of the run in `out` that hold every expected row; its CSV keeps their rows and those
-    `keep_other_rows` accepts, and loses the rest (they are measured again)."""
-    from fp8bench.harness.results import RESULTS_CSV, finished_shapes, keep_rows, load_results
-
-    if out is None or not (out / RESULTS_CSV).exists():
-        raise typer.BadParameter("--resume continues a run: give its folder with --out")
-    try:
-        done = finished_shapes(load_results(out), expected, key_columns)
-        keep_rows(out, lambda row: row["case"] in done or keep_other_rows(row))
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
-    return done
+    benchmark = MatmulBenchmark(spec)
+    clock = TimerChoice(timer, config.timing.flush_l2)
+    _run_benchmark(benchmark, benchmark.cases(config), clock, config.timing, shape_gen, out, report, spec, resume=resume)
 
 
 @app.command()
@@ -186,31 +154,33 @@ def cast(
 
 
 def _run_benchmark(
-    benchmark: str, label: str, out: Optional[Path], report: bool, body, spec, timing: TimingConfig, printers=None,
-    resumed_from: Optional[dict] = None,
+    benchmark, cases, clock, timing: TimingConfig, label: str, out: Optional[Path], report: bool, spec,
+    printers=None, resume: bool = False,
 ) -> None:
-    """Open the run folder, run `body(writer, on_row)`, print the table, write reports.
+    """Open the run folder, run the cases through the harness (fp8bench.harness.runner), print the table,
+    write reports.
 
     `printers` is (print_row, print_summary) for benchmarks whose rows are not GEMMs (default: console's).
-    `resumed_from`: the metadata of the run this one continues, kept inside the new metadata.
-    Ctrl-C stops the run; every finished case is already in the CSV and the reports cover them.
+    `resume` continues the run in `out`: its finished groups are kept, the rest measured, its metadata
+    kept inside the new metadata. Ctrl-C stops the run; every finished case is already in the CSV and the
+    reports cover them.
     """
     from fp8bench.report import console as gemm_printers
     from fp8bench.harness.env import run_metadata
-    from fp8bench.harness.results import RunWriter
+    from fp8bench.harness.runner import run_cases
 
     print_row, print_summary = printers or (gemm_printers.print_row, gemm_printers.print_summary)
-    run_dir = out or default_run_dir(benchmark, label)
+    run_dir = out or default_run_dir(benchmark.name, label)
     metadata = run_metadata(
-        command_line(), {"benchmark": benchmark, "gpu_spec": spec.key if spec else None, "timing": dataclasses.asdict(timing)}
+        command_line(), {"benchmark": benchmark.name, "gpu_spec": spec.key if spec else None, "timing": dataclasses.asdict(timing)}
     )
-    if resumed_from is not None:
-        metadata["resumed_from"] = resumed_from
+    if resume:
+        cases, metadata["resumed_from"] = _resumed(cases, out)
     interrupted = False
-    with RunWriter(run_dir, metadata) as writer:
-        console.print(f"[bold]{benchmark}[/] on {metadata.get('gpu_name')} -> {writer.csv_path}")
+    with _open_run(run_dir, metadata, resume) as writer:
+        console.print(f"[bold]{benchmark.name}[/] on {metadata.get('gpu_name')} -> {writer.csv_path}")
         try:
-            rows = body(writer, lambda row: print_row(console, row))
+            rows = run_cases(benchmark, cases, writer, clock, timing, lambda row: print_row(console, row))
         except KeyboardInterrupt:
             interrupted = True
             rows = None
@@ -228,6 +198,32 @@ def _run_benchmark(
                 console.print(f"report: {page}")
     if interrupted:
         raise typer.Exit(130)
+
+
+def _resumed(cases: list, out: Optional[Path], keep=lambda row: False) -> tuple[list, dict]:
+    """The cases the run in `out` has not finished (fp8bench.harness.runner.resume: its CSV keeps the
+    finished groups' rows and those `keep` accepts), and that run's metadata for the new one to carry."""
+    from fp8bench.harness.results import RESULTS_CSV, read_metadata
+    from fp8bench.harness.runner import resume
+
+    if out is None or not (out / RESULTS_CSV).exists():
+        raise typer.BadParameter("--resume continues a run: give its folder with --out")
+    try:
+        left = resume(cases, out, keep)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    console.print(f"resuming {out}: {len(cases) - len(left)} cases finished, {len(left)} to measure")
+    return left, read_metadata(out)
+
+
+def _open_run(run_dir: Path, metadata: dict, resume: bool):
+    """The run's writer; a folder holding another run is a usage error unless resuming."""
+    from fp8bench.harness.results import RunWriter
+
+    try:
+        return RunWriter(run_dir, metadata, resume)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
 
 
 @app.command()

@@ -150,27 +150,25 @@ def test_rows_reach_the_csv_as_they_are_appended(tmp_path):
 def test_writer_refuses_to_append_to_another_schema(tmp_path):
     (tmp_path / RESULTS_CSV).write_text("case,median_ms\nx,1\n")
     with pytest.raises(ValueError, match="another result schema"):
-        RunWriter(tmp_path, {})
+        RunWriter(tmp_path, {}, resume=True)
 
 
-def test_a_resumed_run_keeps_finished_shapes_and_measures_the_rest(tmp_path):
-    from fp8bench.cli import MATMUL_ROW_KEY
-    from fp8bench.benchmarks.matmul import expected_rows
-    from fp8bench.harness.results import finished_shapes, keep_rows
+def test_a_resumed_matmul_run_keeps_finished_shapes_and_measures_the_rest(tmp_path):
+    from fp8bench.benchmarks.matmul import MatmulBenchmark
+    from fp8bench.harness.runner import case_row, resume
 
     square = shapes.generate("square", None, None, None)[:3]
     config = MatmulConfig(tuple(square), (Granularity.TENSORWISE,), ("bf16", "cublas"), (FastAccum.ON, FastAccum.OFF))
-    cases = config.cases()  # per shape: bf16, then cublas on / off
+    benchmark = MatmulBenchmark()
+    cases = benchmark.cases(config)  # per shape: bf16, then cublas on / off
     with RunWriter(tmp_path, {}) as writer:
         for case in cases[:5]:  # the first shape whole, the second without its last case
-            writer.append(Row({"benchmark": "matmul", "case": case.shape.name, "backend": case.backend,
-                               "granularity": case.granularity.value, "fast_accum": case.fast_accum.value, "status": "ok"}))
-    done = finished_shapes(load_results(tmp_path), expected_rows(config), MATMUL_ROW_KEY)
-    assert done == {square[0].name}
-    keep_rows(tmp_path, lambda row: row["case"] in done)
+            writer.append(case_row(benchmark, case, "ok", {"chosen": "config of the first call"}))
+    left = resume(cases, tmp_path)
+    assert left == cases[3:]
     assert list(load_results(tmp_path)["case"]) == [square[0].name] * 3
-    with RunWriter(tmp_path, {}) as writer:  # the resumed run appends under the same header
-        writer.append(Row({"case": square[1].name, "status": "ok"}))
+    with RunWriter(tmp_path, {}, resume=True) as writer:  # the resumed run appends under the same header
+        writer.append(case_row(benchmark, left[0], "ok"))
     assert len(load_results(tmp_path)) == 4
 
 
