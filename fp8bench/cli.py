@@ -128,6 +128,9 @@ def cast(
     repeats: int = typer.Option(5, min=1, help="independent repeats per case (each with its own warm-up)"),
     timer: str = typer.Option("auto", help="auto | cuda-events | cupti"),
     out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-cast-<shape-gen>)"),
+    resume: bool = typer.Option(
+        False, help="continue the run in --out with the same options: its finished tensors are kept, the rest measured"
+    ),
     report: bool = typer.Option(True, help="write the HTML reports when the run ends"),
 ) -> None:
     """FP8 quantize kernels: GPU time, GB/s and % of the copy bandwidth, ours against torch, torch.compile and TE."""
@@ -149,8 +152,10 @@ def cast(
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     spec = spec_for_device_name(require_cuda("cast"))  # recorded with the run; the copy is the ceiling
-    body = lambda writer, on_row: casts.run_cast(config, writer, TimerChoice(timer, config.timing.flush_l2), on_row)  # noqa: E731
-    _run_benchmark("cast", shape_gen, out, report, body, spec, config.timing, (casts.print_cast_row, casts.print_cast_summary))
+    benchmark = casts.CastBenchmark(config)
+    clock = TimerChoice(timer, config.timing.flush_l2)
+    printers = (casts.print_cast_row, casts.print_cast_summary)
+    _run_benchmark(benchmark, benchmark.cases(), clock, config.timing, shape_gen, out, report, spec, printers, resume)
 
 
 def _run_benchmark(

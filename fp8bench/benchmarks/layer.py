@@ -44,15 +44,12 @@ from fp8bench.model import roofline as model
 from fp8bench.backends import Unsupported
 from fp8bench.config import Activation, GemmShape, Granularity, Status, TimingConfig
 from fp8bench.nn.recipes import GemmRole, Recipe
-from fp8bench.harness.results import Row, RunWriter, measurement_values, status_text
+from fp8bench.harness.results import BREAKDOWN_STEPS, LAYER_REFERENCE_BACKEND, Row, RunWriter, measurement_values, status_text
 from fp8bench.harness.timing import Measurement, Timer, measure
 
 KERNELS_CSV = "measured_kernels.csv"
-REFERENCE_BACKEND = "bf16-compile"
 # What we measure, besides plain torch: the model's implementations that exist as code.
 MEASURED_IMPLEMENTATIONS = ("triton", "torchao", "te")
-# Kernel time of the breakdown: the mean over this many flushed steps.
-BREAKDOWN_STEPS = 5
 
 # Kernel names by kind, lower case, checked in this order (the first kind with a matching fragment wins):
 # matrix products (ours, cuBLAS "nvjet"/"xmma" and its split-K reduction, CUTLASS, inductor templates),
@@ -426,7 +423,7 @@ def run_layer(
         reference_ms = None
         for case in cases:
             row, kernels = _run_case(case, inputs, config, ceilings, timer, reference_ms)
-            if case.backend == REFERENCE_BACKEND and row.values["status"] == Status.OK.value:
+            if case.backend == LAYER_REFERENCE_BACKEND and row.values["status"] == Status.OK.value:
                 reference_ms = row.values["median_ms"]
             kernel_records += [
                 {"case": shape.name, "backend": case.backend, "recipe": case.recipe_name, "kernel": name,
@@ -509,7 +506,7 @@ def print_rows(console, rows: list[Row]) -> None:
         )  # fmt: skip
     console.print(table)
     console.print(
-        f"[dim]speedup: {REFERENCE_BACKEND}'s kernel time / the row's; predicted: the refined model of the row's "
+        f"[dim]speedup: {LAYER_REFERENCE_BACKEND}'s kernel time / the row's; predicted: the refined model of the row's "
         "implementation; meas/pred = speedup / predicted; SQNR against the BF16 eager layer.[/]"
     )
 

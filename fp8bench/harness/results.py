@@ -23,6 +23,11 @@ from fp8bench.config import Status
 RESULTS_CSV = "results.csv"
 METADATA_JSON = "metadata.json"
 
+# Values rows spell that readers (reports, comparisons) rely on:
+COPY_RECIPE = "copy"  # cast: the device-to-device copy of the tensor, the reference and ceiling of its group
+LAYER_REFERENCE_BACKEND = "bf16-compile"  # roofline: the measured step every speedup_vs_bf16 divides
+BREAKDOWN_STEPS = 5  # roofline: gemm_ms / cast_ms / other_ms are the mean over this many flushed steps
+
 
 @dataclass(frozen=True)
 class Column:

@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 
 from fp8bench.config import Granularity
 from fp8bench.model.hardware import GpuSpec
-from fp8bench.benchmarks.layer import BREAKDOWN_STEPS, REFERENCE_BACKEND
+from fp8bench.harness.results import BREAKDOWN_STEPS, LAYER_REFERENCE_BACKEND as REFERENCE_BACKEND
 from fp8bench.report.html import (
     Chart, chart_id, colour_map, panels_height, plotted_rows, ratio_whisker_note, ratio_whiskers, run_order,
 )
