@@ -82,7 +82,7 @@ def matmul(
 ) -> None:
     """One FP8 GEMM per backend and granularity against BF16: time, TFLOPS, % of peak, speedup."""
     from fp8bench.benchmarks import shapes
-    from fp8bench.backends import REGISTRY, backend_names
+    from fp8bench.backends import Level, backend_names
     from fp8bench.model.hardware import resolve_gpu
     from fp8bench.harness.timing import TIMER_CHOICES
 
@@ -94,10 +94,10 @@ def matmul(
         shape_list = shapes.generate(shape_gen, M, K, N)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
-    backends = tuple(backend or backend_names())
-    unknown = [name for name in backends if name not in REGISTRY]
+    backends = tuple(backend or backend_names(Level.GEMM))
+    unknown = [name for name in backends if name not in backend_names(Level.GEMM)]
     if unknown:
-        raise typer.BadParameter(f"unknown backend {unknown[0]!r}; choose from: {', '.join(REGISTRY)}")
+        raise typer.BadParameter(f"unknown backend {unknown[0]!r}; choose from: {', '.join(backend_names(Level.GEMM))}")
     config = MatmulConfig(tuple(shape_list), granularities, backends, fast_accums, TimingConfig(repeats=repeats))
     device_name = require_cuda("matmul")
     try:
@@ -439,12 +439,11 @@ def roofline(
     from fp8bench.model import roofline as model
     from fp8bench.benchmarks import roofline as predicted
     from fp8bench.benchmarks import shapes
+    from fp8bench.harness.results import MODEL_BACKEND
     from fp8bench.model.calibration import default_profile_path, load_profile
     from fp8bench.harness.env import cuda_device_name, run_metadata
     from fp8bench.model.hardware import resolve_gpu, spec_for_device_name
     from fp8bench.nn.recipes import RECIPE_CHOICES
-    from fp8bench.harness.results import RunWriter
-
     granularities = choice(granularity, GRANULARITY_CHOICES, "granularity")
     recipes = [r for name in recipe or ["all"] for r in choice(name, RECIPE_CHOICES, "recipe")]
     recipes = [r for r in dict.fromkeys(recipes) if r.granularity in granularities]
@@ -488,52 +487,39 @@ def roofline(
         raise typer.BadParameter("--resume continues a measured run; it needs a CUDA GPU and --measure")
     run_dir = out or default_run_dir("roofline", shape_gen)
     extra = {"benchmark": "roofline", "gpu_spec": spec.key, "prediction_only": not measuring, "ceilings": {c.source: c.label for c in ceilings}}
+    benchmark = cases = None
     if layer_config:
-        from dataclasses import asdict
+        from fp8bench.benchmarks.layer import LayerBenchmark
+        from fp8bench.harness.timing import CuptiTimer, GpuClock
 
-        extra["timing"] = asdict(layer_config.timing)
-    resumed = _resume_roofline(layer_config, out) if resume else None
-    earlier_kernels = ()
-    if resumed:
-        layer_config, extra["resumed_from"], earlier_kernels = resumed
-    with RunWriter(run_dir, run_metadata(command_line(), extra)) as writer:
-        if resumed:  # the first call wrote every shape's predictions
+        extra["timing"] = dataclasses.asdict(layer_config.timing)
+        benchmark = LayerBenchmark(layer_config, ceilings[-1], CuptiTimer(GpuClock()), run_dir)
+        cases = benchmark.cases()
+    if resume:  # the first call wrote every shape's predictions: they stay
+        left, extra["resumed_from"] = _resumed(cases, out, keep=lambda row: row["backend"] == MODEL_BACKEND)
+        benchmark.resume_kernels({c.case.shape.name for c in cases} - {c.case.shape.name for c in left})
+        cases = left
+    with _open_run(run_dir, run_metadata(command_line(), extra), resume) as writer:
+        if resume:
             console.print(f"predictions: kept from the first call in {writer.csv_path}")
         else:
             layers = predicted.run_roofline(config, writer)
             predicted.print_tables(console, config, layers)
             console.print(f"predictions -> {writer.csv_path} (kernels: {run_dir / predicted.KERNELS_CSV})")
-        if layer_config:
-            _measure_layer(layer_config, writer, ceilings[-1], earlier_kernels)
+        if benchmark:
+            _measure_layer(benchmark, cases, writer)
 
 
-def _resume_roofline(config, out: Optional[Path]) -> tuple:
-    """The measured layer's config narrowed to the shapes the run in `out` has not finished (None when
-    none is left), the earlier run's metadata, and its measured kernels of the finished shapes. Prediction
-    rows stay: the first call wrote them for every shape."""
-    import pandas as pd
-
-    from fp8bench.benchmarks.layer import KERNELS_CSV
-    from fp8bench.harness.results import read_metadata
-
-    expected = {shape.name: {(shape.name, c.backend, c.recipe_name) for c in config.cases(shape)} for shape in config.shapes}
-    done = _finished_shapes(out, expected, ("case", "backend", "recipe"), keep_other_rows=lambda row: row["backend"] == "model")
-    kernels_csv = out / KERNELS_CSV
-    kernels = pd.read_csv(kernels_csv) if kernels_csv.exists() else pd.DataFrame(columns=["case"])
-    left = tuple(s for s in config.shapes if s.name not in done)
-    console.print(f"resuming {out}: {len(done)} shapes finished, {len(left)} to measure")
-    return (dataclasses.replace(config, shapes=left) if left else None, read_metadata(out),
-            kernels[kernels["case"].isin(done)].to_dict("records"))
-
-
-def _measure_layer(config, writer, ceilings, earlier_kernels=()) -> None:
-    """The measured half of `roofline` (fp8bench.benchmarks.layer); Ctrl-C keeps the finished rows."""
+def _measure_layer(benchmark, cases: list, writer) -> None:
+    """The measured half of `roofline` (fp8bench.benchmarks.layer) through the harness; Ctrl-C keeps the
+    finished rows."""
     from fp8bench.benchmarks import layer
-    from fp8bench.harness.timing import CuptiTimer, GpuClock
+    from fp8bench.harness.runner import run_cases
+    from fp8bench.harness.timing import OneTimer
 
     try:
-        rows = layer.run_layer(config, writer, ceilings, CuptiTimer(GpuClock()), on_row=lambda row: console.print(layer.row_line(row)),
-                               earlier_kernels=earlier_kernels)
+        rows = run_cases(benchmark, cases, writer, OneTimer(benchmark.timer), benchmark.config.timing,
+                         lambda row: console.print(layer.row_line(row)))  # fmt: skip
     except KeyboardInterrupt:
         err_console.print(f"[yellow]interrupted: the finished cases are in {writer.csv_path}[/]")
         raise typer.Exit(130) from None

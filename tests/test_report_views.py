@@ -154,21 +154,20 @@ def write_roofline_run(run_dir, rng: np.random.Generator, measured: bool) -> Non
         if not measured:
             return
         measured_with = ceilings[-1]  # the calibrated ceilings, as `fp8bench roofline` picks them
+        layer_config = layer.LayerConfig(ROOFLINE_SHAPES, recipes)
+        benchmark = layer.LayerBenchmark(layer_config, measured_with, timer=None, run_dir=run_dir)
         for shape in ROOFLINE_SHAPES:
             reference_ms = None
-            for case in layer.LayerConfig(ROOFLINE_SHAPES, recipes).cases(shape):
-                options = {  # as fp8bench.benchmarks.layer's _run_case starts them
-                    "implementation": case.implementation, "compiled": case.compiled, "model": "refined",
-                    "ceilings": measured_with.source,
-                }
+            for case in layer_config.cases(shape):
+                step = layer.StepCase(case, benchmark)
                 status = synthetic_status(case)
                 if status:
-                    writer.append(layer.case_row(case, status, options))
+                    writer.append(runner.case_row(benchmark, step, status))
                     continue
                 m, kernels = synthetic_step(case, measured_with, rng)
-                sqnr = synthetic_sqnr(case, rng)
-                writer.append(layer.measured_row(case, m, kernels, sqnr, options, measured_with, reference_ms))
-                if case.backend == LAYER_REFERENCE_BACKEND:
+                columns = layer.step_columns(case, kernels, synthetic_sqnr(case, rng), measured_with)
+                writer.append(runner.measured_row(benchmark, step, m, reference_ms=reference_ms, columns=columns))
+                if step.is_reference:
                     reference_ms = m.median_ms
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fp8bench.backends.base import Backend, Level
+from fp8bench.backends.base import Backend, LayerStep, Level
 from fp8bench.backends.quantize import CastRecipe, Quantizer
 from fp8bench.config import Granularity
 from fp8bench.harness.case import Unsupported
@@ -43,6 +43,16 @@ def _quantizer(recipe: CastRecipe, spec: Any, history_amax: Any) -> Quantizer:
     return Quantizer(quantizer.quantize, lambda out: out.dequantize(dtype=torch.float32))
 
 
+def _te_recipe(name: str):
+    from transformer_engine.common import recipe as te_recipe
+
+    return {
+        "tensorwise-delayed": lambda: te_recipe.DelayedScaling(fp8_format=te_recipe.Format.HYBRID, amax_history_len=16, amax_compute_algo="max"),
+        "tensorwise": lambda: te_recipe.Float8CurrentScaling(fp8_format=te_recipe.Format.HYBRID),
+        "blockwise": lambda: te_recipe.Float8BlockScaling(fp8_format=te_recipe.Format.E4M3),
+    }[name]()
+
+
 class TeBackend(Backend):
     name = "te"
     description = "NVIDIA TransformerEngine: quantizers, te.LayerNormLinear under te.autocast"
@@ -53,3 +63,33 @@ class TeBackend(Backend):
 
     def quantizer(self, recipe: CastRecipe, spec: Any, history_amax: Any) -> Quantizer:
         return _quantizer(recipe, spec, history_amax)
+
+    def layer(self, case: Any, weight: Any, compile_backend: str) -> LayerStep:
+        """te.LayerNormLinear + torch.sigmoid, eager, under te.autocast (no FP8 for recipe None)."""
+        reason = te_unavailable_reason()
+        if reason:
+            raise Unsupported(reason)
+        import torch
+        import transformer_engine.pytorch as te
+
+        available, why = (
+            te.is_fp8_block_scaling_available(return_reason=True)
+            if case.recipe and case.recipe.name == "blockwise"
+            else te.is_fp8_available(return_reason=True)
+        )
+        if case.recipe and not available:
+            raise Unsupported(f"transformer_engine: {why}")
+        layer = te.LayerNormLinear(
+            case.shape.K, case.shape.N, eps=1e-5, bias=False, params_dtype=weight.dtype, device=weight.device
+        )
+        with torch.no_grad():
+            layer.weight.copy_(weight)
+        recipe = _te_recipe(case.recipe.name) if case.recipe else None
+
+        def forward(x):
+            with te.autocast(enabled=recipe is not None, recipe=recipe):
+                y = layer(x)
+            return torch.sigmoid(y)
+
+        options = {"te_recipe": type(recipe).__name__ if recipe else "none", "layernorm": "affine (gamma 1, beta 0), grads computed"}
+        return LayerStep(forward, layer.weight, tuple(layer.parameters()), options)

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fp8bench.backends.base import Backend, Level, Operands, PreparedGemm, fp8_device_problem, quantize_operands
+from fp8bench.backends.base import Backend, LayerStep, Level, Operands, PreparedGemm, fp8_device_problem, quantize_operands
 from fp8bench.backends.quantize import CastRecipe, Quantizer, dequantize_ours
-from fp8bench.config import FastAccum, Granularity
+from fp8bench.backends.torch_bf16 import compiled, torch_layer, weight_of
+from fp8bench.config import Activation, FastAccum, Granularity
+from fp8bench.harness.case import Unsupported
+from fp8bench.nn.recipes import GemmRole
 
 def quantize_config(recipe: CastRecipe, x) -> dict[str, int]:
     """The launch config our kernel picks for x (recorded in the row's options)."""
@@ -102,3 +105,26 @@ class TritonBackend(Backend):
             kernel = blockwise_kernel(recipe.block_rows)
         rows, cols = x.shape
         return {"kernel": kernel.value, **choose(kernel, rows, cols, recipe.columnwise, multiprocessors(x)).as_dict()}
+
+    def layer(self, case: Any, weight: Any, compile_backend: str) -> LayerStep:
+        """Our Float8LayerNormLinear (LayerNorm -> our Float8Linear, the sigmoid in the output GEMM's epilogue)."""
+        from fp8bench.nn.float8_layernorm_linear import Float8LayerNormLinear, layer_norm_fusion
+        from fp8bench.nn.float8_linear import plan, recipe_problem, shape_problem
+
+        if case.recipe is None:
+            raise Unsupported("ours is an FP8 layer: the BF16 layer is bf16's")
+        problem = recipe_problem(case.recipe) or shape_problem(case.shape.M, case.shape.K, case.shape.N, case.recipe)
+        if problem:
+            raise Unsupported(problem)
+        plain = torch_layer(case.shape, weight)
+        layer = type(plain)(Float8LayerNormLinear.from_modules(plain[0], plain[1], case.recipe, activation=Activation.SIGMOID))
+        fusion = layer_norm_fusion(plan(case.recipe))
+        options = {
+            "summary": case.recipe.summary(),
+            "sigmoid": "in the output GEMM's epilogue (fp8kernels.gemm activation)",
+            "layernorm": f"fused with the input's {fusion} fp8 cast (fp8kernels.layernorm_cast)" if fusion
+            else "torch layer_norm, then the input's cast",
+        }
+        if case.recipe.gemm_granularity(GemmRole.GRAD_WEIGHT) is Granularity.BLOCKWISE:
+            options["grad_weight_gemm"] = "torch._scaled_mm: fp8kernels.gemm has no 1x128 x 1x128 product"
+        return LayerStep(compiled(layer, case.compiled, compile_backend), weight_of(layer), (weight_of(layer),), options, case.compiled)

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fp8bench.config import FastAccum, GemmShape, Granularity, Status
-from fp8bench.harness.results import Row, RunWriter, status_text
+from fp8bench.harness.results import MODEL_BACKEND, Row, RunWriter, status_text
 from fp8bench.model.roofline import (
     Ceilings, Implementation, Kernel, KernelTime, Model, Prediction, layer_kernels, layer_shape_problem, predict,
     predict_public, public_kernels, time_kernel, uniform_fp8,
@@ -83,9 +83,9 @@ def predict_layer(shape: GemmShape, config: RooflineConfig, ceilings: Ceilings) 
 
 
 def layer_row(
-    shape: GemmShape, recipe: str, granularity: Granularity, options: dict, status: str, backend: str = "model", **values
+    shape: GemmShape, recipe: str, granularity: Granularity, options: dict, status: str, backend: str = MODEL_BACKEND, **values
 ) -> Row:
-    """A row of `fp8bench roofline`: a prediction (backend `model`) or a measured step (fp8bench.benchmarks.layer)."""
+    """A prediction row of `fp8bench roofline` (the measured steps: fp8bench.benchmarks.layer)."""
     return Row(
         {
             "benchmark": "roofline",

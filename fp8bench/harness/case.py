@@ -35,8 +35,8 @@ class Unsupported(Exception):
 
 
 class Failed(Exception):
-    """Raised by a check: the case ran but its result is wrong. Becomes a `failed: <reason>` row that keeps
-    the measurement and `columns` (e.g. the error that condemned it)."""
+    """Raised by a check: the case ran but its result is wrong. Becomes a `failed: <reason>` row with
+    `columns` (e.g. the error that condemned it) and no time: a wrong result's time measures nothing."""
 
     def __init__(self, reason: str, columns: Mapping[str, Any] | None = None):
         super().__init__(reason)

@@ -26,6 +26,7 @@ METADATA_JSON = "metadata.json"
 # Values rows spell that readers (reports, comparisons) rely on:
 COPY_RECIPE = "copy"  # cast: the device-to-device copy of the tensor, the reference and ceiling of its group
 LAYER_REFERENCE_BACKEND = "bf16-compile"  # roofline: the measured step every speedup_vs_bf16 divides
+MODEL_BACKEND = "model"  # roofline: the backend of the roofline model's prediction rows
 BREAKDOWN_STEPS = 5  # roofline: gemm_ms / cast_ms / other_ms are the mean over this many flushed steps
 
 
@@ -210,6 +211,8 @@ def load_results(path: Path) -> pd.DataFrame:
     missing_ids = [c for c in (*ID_COLUMNS, "status") if c not in frame.columns]
     if missing_ids:
         raise ValueError(f"{csv_path} does not follow the result schema: missing {missing_ids}")
+    # Cast rows written before a cast's N was given a value (0: no product) left it empty: the same cases.
+    frame.loc[(frame["benchmark"] == "cast") & (frame["N"] == ""), "N"] = "0"
     # Files outlive the schema: measurement columns added after a run was written read as empty.
     for column in COLUMNS:
         if column not in frame.columns:

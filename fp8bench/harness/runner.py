@@ -107,14 +107,13 @@ def _measure_case(benchmark: Benchmark, case: Case, inputs: Any, clock: Clock, t
         built = case.build(inputs)
         measurement = clock.measure(built.run, timing)
         values = measured_values(case, measurement)
-        status = status_text(Status.OK)
         try:
             values.update(built.check() if built.check else {})
-        except Failed as failed:
-            status = status_text(Status.FAILED, str(failed))
-            values.update(failed.columns)
+        except Failed as failed:  # the time of a wrong result is no measurement of the case: none is published
+            options.update(built.options)
+            return _Measured(case_row(benchmark, case, status_text(Status.FAILED, str(failed)), options, failed.columns), None)
         options.update(built.options)
-        return _Measured(case_row(benchmark, case, status, options, values), measurement.median_ms)
+        return _Measured(case_row(benchmark, case, status_text(Status.OK), options, values), measurement.median_ms)
     except Unsupported as err:
         return _Measured(case_row(benchmark, case, status_text(Status.UNSUPPORTED, str(err)), options), None)
     except Exception as err:  # noqa: BLE001 - one broken case must not end the run; its row says why
@@ -139,6 +138,8 @@ def _finish(benchmark: Benchmark, case: Case, measured: _Measured, reference: Ma
         values["pct_peak"] = 100.0 * values[peak.column] / peak.value
     if benchmark.speedup_vs_reference and reference_ms:
         values["speedup_vs_bf16"] = reference_ms / measured.median_ms
+        if values.get("predicted_speedup"):  # a row beside the roofline model's prediction
+            values["measured_vs_predicted"] = values["speedup_vs_bf16"] / values["predicted_speedup"]
     return measured.row
 
 
