@@ -532,11 +532,14 @@ def calibrate(
     out: Optional[Path] = typer.Option(None, help="profile file (default calibration/<gpu>.json)"),
     gpu: str = typer.Option("auto", help="hardware-table key the profile is for: auto (detect) or a key"),
     repeats: int = typer.Option(5, min=1, help="independent repeats per measurement"),
+    run_out: Optional[Path] = typer.Option(None, help="run folder for the measurements (default runs/<time>-calibrate-<gpu>)"),
 ) -> None:
     """Measure this GPU's achievable GEMM TFLOPS, copy bandwidth and launch floor for the roofline."""
-    from fp8bench.benchmarks.calibrate import measure_profile
-    from fp8bench.model.calibration import REQUIRED_FP8, default_profile_path, save_profile
+    from fp8bench.benchmarks.calibrate import CalibrationBenchmark, profile_from_rows
     from fp8bench.harness.env import run_metadata
+    from fp8bench.harness.runner import run_cases
+    from fp8bench.harness.timing import TimerChoice
+    from fp8bench.model.calibration import REQUIRED_FP8, default_profile_path, save_profile
     from fp8bench.model.hardware import gpu_choices, resolve_gpu
 
     if gpu not in gpu_choices():
@@ -547,8 +550,14 @@ def calibrate(
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     console.print(f"[bold]calibrate[/] {device_name} as {spec.key}")
+    timing = TimingConfig(repeats=repeats)
+    benchmark = CalibrationBenchmark()
+    metadata = run_metadata(command_line(), {"benchmark": benchmark.name, "gpu_spec": spec.key, "timing": dataclasses.asdict(timing)})
+    with _open_run(run_out or default_run_dir(benchmark.name, spec.key), metadata, resume=False) as writer:
+        rows = run_cases(benchmark, benchmark.cases(), writer, TimerChoice("auto", timing.flush_l2), timing)
+    console.print(f"measurements -> {writer.csv_path}")
     try:
-        profile = measure_profile(spec.key, device_name, TimingConfig(repeats=repeats), run_metadata(command_line()), console.print)
+        profile = profile_from_rows([row.values for row in rows], spec.key, device_name, benchmark.shapes, metadata, console.print)
     except ValueError as err:
         raise EnvironmentProblem(str(err)) from None
     path = save_profile(profile, out or default_profile_path(spec.key))

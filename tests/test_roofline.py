@@ -465,3 +465,50 @@ def test_our_output_gemm_applies_the_sigmoid_so_only_its_backward_is_a_kernel():
                 separate = rl.layer_kernels(shape, recipe, replace(impl, activation_in_epilogue=False))
                 saved = sum(k.bytes for k in separate) - sum(k.bytes for k in rl.layer_kernels(shape, recipe, impl))
                 assert saved == 4 * shape.M * shape.N
+
+
+# ---- the calibration measurement, through the harness (a fake clock on the CPU) ---------------------
+
+
+class _OneMillisecond:
+    """Every case takes 1 ms: a made-up clock (timer `fake`), never a measurement."""
+
+    def measure(self, fn, config):
+        from fp8bench.harness.timing import Measurement
+
+        fn()
+        return Measurement((1.0, 1.0), 5, 1.5, "fake", ())
+
+
+def test_calibration_measures_through_the_harness_and_profiles_its_rows(tmp_path, monkeypatch):
+    from fp8bench.backends import REGISTRY, Level
+    from fp8bench.backends.base import PreparedGemm
+    from fp8bench.benchmarks import calibrate
+    from fp8bench.config import FastAccum, GemmShape, Granularity, TimingConfig
+    from fp8bench.harness.results import RunWriter, load_results
+    from fp8bench.harness.runner import run_cases
+
+    def tensorwise_only(operands, granularity, fast_accum):  # a stand-in cuBLAS that has tensorwise alone
+        if granularity is not Granularity.TENSORWISE:
+            raise RuntimeError("scaled_gemm: no such configuration")
+        return PreparedGemm(lambda: operands.a @ operands.b.t())
+
+    monkeypatch.setattr(REGISTRY["cublas"], "unavailable_reason", lambda level=Level.GEMM: None)
+    monkeypatch.setattr(REGISTRY["cublas"], "prepare_gemm", tensorwise_only)
+    monkeypatch.setattr(calibrate, "COPY_BYTES", 2**12)
+    shapes = (GemmShape(64, 128, 256), GemmShape(128, 128, 128))
+    benchmark = calibrate.CalibrationBenchmark(shapes, device="cpu")
+    with RunWriter(tmp_path, {}) as writer:
+        rows = run_cases(benchmark, benchmark.cases(), writer, _OneMillisecond(), TimingConfig(repeats=2))
+    frame = load_results(tmp_path)
+    assert len(frame) == len(shapes) * 7 + 2 and set(frame["benchmark"]) == {"calibrate"}
+    assert frame.loc[frame.granularity == "axiswise", "status"].str.startswith("failed: RuntimeError").all()
+    lines: list[str] = []
+    profile = calibrate.profile_from_rows([r.values for r in rows], "h100-sxm", "test", shapes, on_result=lines.append)
+    best = max(s.flops for s in shapes) / 1e-3 / 1e12  # the larger product in the same 1 ms
+    assert profile.bf16_tflops == pytest.approx(best) and set(profile.fp8_tflops) == {"tensorwise/on", "tensorwise/off"}
+    assert profile.copy_tbps == pytest.approx(2 * 2**12 / 1e-3 / 1e12) and profile.launch_us == pytest.approx(1000.0)
+    assert any("fp8 axiswise/on GEMM: skipped: failed: RuntimeError" in line for line in lines)
+    without_tensorwise = [r.values for r in rows if r.values["granularity"] != "tensorwise"]
+    with pytest.raises(ValueError, match="tensorwise/on"):
+        calibrate.profile_from_rows(without_tensorwise, "h100-sxm", "test", shapes)

@@ -22,13 +22,13 @@ BENCHMARK = "matmul"
 WRONG_RESULT_REL_ERR = 0.1
 
 
-def random_operands(shape: GemmShape, seed: int = 0) -> Operands:
+def random_operands(shape: GemmShape, seed: int = 0, device: str = "cuda") -> Operands:
     """Normal random BF16 operands (never zeros: they run faster than real data and hide bugs)."""
     import torch
 
-    generator = torch.Generator(device="cuda").manual_seed(seed)
-    a = torch.randn(shape.M, shape.K, device="cuda", dtype=torch.bfloat16, generator=generator)
-    b_t = torch.randn(shape.N, shape.K, device="cuda", dtype=torch.bfloat16, generator=generator)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    a = torch.randn(shape.M, shape.K, device=device, dtype=torch.bfloat16, generator=generator)
+    b_t = torch.randn(shape.N, shape.K, device=device, dtype=torch.bfloat16, generator=generator)
     return Operands(a, b_t)
 
 
