@@ -3,6 +3,7 @@ once, then hands them to the module that does the work."""
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import datetime as dt
 import os
@@ -174,6 +175,8 @@ def _run_benchmark(
     from fp8bench.harness.env import run_metadata
     from fp8bench.harness.runner import run_cases
 
+    if _planned(benchmark, clock, timing):
+        return
     print_row, print_summary = printers or (gemm_printers.print_row, gemm_printers.print_summary)
     run_dir = out or default_run_dir(benchmark.name, label)
     metadata = run_metadata(
@@ -203,6 +206,52 @@ def _run_benchmark(
                 console.print(f"report: {page}")
     if interrupted:
         raise typer.Exit(130)
+
+
+# Set while `_plan` parses a command: the command hands over what it would run instead of running it.
+_PLANNING: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("planning", default=None)
+
+
+def _planned(benchmark, clock, timing: TimingConfig) -> bool:
+    """Whether `_plan` asked for the command's benchmark (then it has it, and nothing runs)."""
+    planning = _PLANNING.get()
+    if planning is not None:
+        planning.append((benchmark, clock, timing))
+    return planning is not None
+
+
+def _plan(entry, run_dir: Path) -> tuple:
+    """(benchmark, clock, timing) that a suite entry's command builds from its options, with `run_dir` as
+    its --out: the command's own parsing, so a re-run measures with the entry's settings."""
+    from fp8bench.harness.suite import SuiteEntry
+
+    planning: list = []
+    token = _PLANNING.set(planning)
+    try:
+        app(SuiteEntry(run_dir.name, entry.command, entry.options).argv(run_dir.parent), standalone_mode=False)
+    finally:
+        _PLANNING.reset(token)
+    if not planning:
+        raise ValueError(f"fp8bench {entry.command} with these options measures nothing here")
+    return planning[0]
+
+
+def _remeasure(entry, case_id, run_dir: Path) -> Optional[Path]:
+    """The gate's re-run (fp8bench.gate.gate.Remeasure): the flagged case, from its identity, beside its group's
+    reference (fp8bench.harness.runner.rerun), with the entry's settings, into `run_dir`."""
+    from fp8bench.harness.env import run_metadata
+    from fp8bench.harness.runner import rerun
+
+    try:
+        benchmark, clock, timing = _plan(entry, run_dir)
+        identity = dataclasses.asdict(case_id)
+        extra = {"benchmark": benchmark.name, "rerun_of": case_id.label, "timing": dataclasses.asdict(timing)}
+        with _open_run(run_dir, run_metadata(command_line(), extra), resume=False) as writer:
+            rerun([identity], writer, {benchmark.name: benchmark}, clock, timing, lambda row: console.print(row.values["status"]))
+    except ValueError as err:
+        err_console.print(f"[yellow]{case_id.label} cannot be re-run: {err}[/]")
+        return None
+    return run_dir
 
 
 def _resumed(cases: list, out: Optional[Path], keep=lambda row: False) -> tuple[list, dict]:
@@ -388,7 +437,7 @@ def gate(
     def body():
         config = gating.resolve_config(suite, metric, fail_on_inconclusive)
         run_dir = out or default_run_dir("gate", suite.stem)
-        return gating.gate(suite, baseline, baseline_dir, run_dir, config, device_name, invoke, runs, rerun, console)
+        return gating.gate(suite, baseline, baseline_dir, run_dir, config, device_name, invoke, runs, rerun, console, _remeasure)
 
     raise typer.Exit(gating.conclude(body, _outputs(markdown, json_path, junit), console, err_console))
 
@@ -490,11 +539,13 @@ def roofline(
     benchmark = cases = None
     if layer_config:
         from fp8bench.benchmarks.layer import LayerBenchmark
-        from fp8bench.harness.timing import CuptiTimer, GpuClock
+        from fp8bench.harness.timing import CuptiTimer, GpuClock, OneTimer
 
         extra["timing"] = dataclasses.asdict(layer_config.timing)
         benchmark = LayerBenchmark(layer_config, ceilings[-1], CuptiTimer(GpuClock()), run_dir)
         cases = benchmark.cases()
+        if _planned(benchmark, OneTimer(benchmark.timer), layer_config.timing):
+            return
     if resume:  # the first call wrote every shape's predictions: they stay
         left, extra["resumed_from"] = _resumed(cases, out, keep=lambda row: row["backend"] == MODEL_BACKEND)
         benchmark.resume_kernels({c.case.shape.name for c in cases} - {c.case.shape.name for c in left})

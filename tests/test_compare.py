@@ -463,11 +463,19 @@ def _option(argv: list[str], name: str) -> list[str]:
 class FakeMatmul:
     """Stands in for `fp8bench matmul`: writes a synthetic run where the argv says, slowing the
     (granularity, backend, accum) keys of `slow_first` in the suite's run and of `slow_always` in
-    every run, re-runs included."""
+    every run, re-runs included (`remeasure`: the gate's re-run of one case from its identity)."""
 
     def __init__(self, slow_first=(), slow_always=()):
         self.calls: list[list[str]] = []
+        self.reruns: list[tuple[str, CaseId, Path]] = []
         self.slow_first, self.slow_always = set(slow_first), set(slow_always)
+
+    def remeasure(self, entry, case_id: CaseId, run_dir: Path) -> Path:
+        self.reruns.append((entry.name, case_id, run_dir))
+        key = (case_id.granularity, case_id.backend, case_id.fast_accum)
+        slowdown = {key: 1.2} if key in self.slow_always else {}
+        shape = (case_id.M, case_id.K, case_id.N)
+        return write_run(run_dir, seed=100 + len(self.reruns), shapes=(shape,), cases=[key], slowdown=slowdown)
 
     def __call__(self, argv: list[str]) -> None:
         self.calls.append(argv)
@@ -504,19 +512,17 @@ def _save_baseline(tmp_path: Path) -> None:
 def _gate(tmp_path: Path, fake: FakeMatmul, gpu: str = H100, **kwargs):
     suite = _suite(tmp_path)
     config = gating.resolve_config(suite, None, None)
-    return gating.gate(suite, "main", tmp_path / "baselines", tmp_path / "out", config, gpu, fake, **kwargs)
+    return gating.gate(suite, "main", tmp_path / "baselines", tmp_path / "out", config, gpu, fake, remeasure=fake.remeasure, **kwargs)
 
 
 def test_gate_reruns_a_flagged_case_once_and_clears_a_transient_slowdown(tmp_path):
     _save_baseline(tmp_path)
     fake = FakeMatmul(slow_first={("axiswise", "cublas", "off")})
     comparison = _gate(tmp_path, fake)
-    assert len(fake.calls) == 2  # the suite's entry, then one re-run
-    rerun = fake.calls[1]
-    assert _option(rerun, "--shape-gen") == ["custom"] and _option(rerun, "--M") == ["4096"]
-    assert _option(rerun, "--granularity") == ["axiswise"] and _option(rerun, "--fast-accum") == ["off"]
-    assert _option(rerun, "--backend") == ["cublas"] and _option(rerun, "--timer") == ["cuda-events"]
-    assert "--no-report" in rerun and Path(_option(rerun, "--out")[0]).parts[-3:-1] == ("_reruns", "square-4096")
+    assert len(fake.calls) == 1 and len(fake.reruns) == 1  # the suite's entry, then one re-run
+    entry, case_id, run_dir = fake.reruns[0]
+    assert entry == "square-4096" and (case_id.M, case_id.granularity, case_id.backend, case_id.fast_accum) == (4096, "axiswise", "cublas", "off")
+    assert run_dir.parts[-3:-1] == ("_reruns", "square-4096")
     (case,) = [c for c in comparison.cases if c.reruns]
     assert (case.case_id.granularity, case.new_repeats) == ("axiswise", 2 * REPEATS)
     # 20% slower in the first run only: not reproduced, so not a regression, but not a clean pass either.
@@ -536,7 +542,7 @@ def test_gate_without_reruns_measures_the_suite_only(tmp_path):
     _save_baseline(tmp_path)
     fake = FakeMatmul(slow_first={("axiswise", "cublas", "off")})
     comparison = _gate(tmp_path, fake, rerun=False)
-    assert len(fake.calls) == 1 and comparison.exit_code is ExitCode.REGRESSION
+    assert len(fake.calls) == 1 and not fake.reruns and comparison.exit_code is ExitCode.REGRESSION
 
 
 def test_gate_refuses_a_used_out_folder_and_a_baseline_of_another_model(tmp_path):
@@ -569,14 +575,10 @@ def test_gate_cli_judges_existing_runs_and_exits_with_the_documented_codes(tmp_p
     assert result.exit_code == ExitCode.USAGE and "--no-rerun" in result.output
 
 
-def test_rerun_and_ci_suite_command_lines_parse_with_the_real_matmul_command(tmp_path):
+def test_ci_suite_command_lines_parse_with_the_real_matmul_command(tmp_path):
     """Each argv must get past option parsing (exit 2 otherwise) to the GPU check, which this CPU
     machine fails; the CI suite's backends (triton included) must resolve."""
-    entry = load_suite(REPO / "suites" / "ci.toml").entries[0]
-    case_id = CaseId("matmul", "2048x2048x2048", 2048, 2048, 2048, "blockwise", "triton", "e4m3-blockwise", "off")
-    reference = CaseId("matmul", "2048x2048x2048", 2048, 2048, 2048, "none", "bf16", "bf16", "n/a")
     argvs = [entry.argv(tmp_path / "ci") for entry in load_suite(REPO / "suites" / "ci.toml").entries]
-    argvs += [gating.matmul_rerun_argv(entry, c, tmp_path / "_reruns") for c in (case_id, reference)]
     for argv in argvs:
         result = runner.invoke(app, argv)
         assert isinstance(result.exception, EnvironmentProblem), (argv, result.output)
