@@ -9,6 +9,7 @@ import math
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from fp8bench.gate.compare import (
     Outcome,
     Thresholds,
     judge,
+    geomean,
     judge_rerun,
     needs_rerun,
     run_samples,
@@ -91,6 +93,70 @@ def test_simulation_welch_test_alone_fails_about_alpha_of_unchanged_cases():
     which shows the p-values are calibrated (pairing-free, one-sided, right degrees of freedom)."""
     first, _ = _simulate(0.0, Thresholds(floor_pct=0.0, k_sigma=0.0, alpha=0.05), seed=4)
     assert 0.035 <= _rate(first, Outcome.REGRESSION) <= 0.065
+
+
+# A clock step right after a group's BF16 reference: every later kernel of the group runs 3% slower. The
+# harness measures the reference again after the group (fp8bench.harness.runner) and pairs each FP8 repeat
+# with the geometric mean of the two reference repeats (fp8bench.harness.timing.bracketed): half the step
+# stays in the speedups. Simulated on suites of SUITE_CASES cases, the unit a gate decides, geomean included.
+STEP = math.log(1.03)
+SUITE_CASES = 20
+SUITE_TRIALS = 1000
+
+
+def _suite_run(rng, step: float, shift: float, bracketed: bool) -> np.ndarray:
+    """Per-repeat log speedup costs of SUITE_TRIALS suites (trials x cases x repeats)."""
+    shape = (SUITE_TRIALS, SUITE_CASES, REPEATS)
+    before = rng.normal(0.0, SIGMA, shape)
+    fp8 = rng.normal(shift, SIGMA, shape) + step
+    after = rng.normal(0.0, SIGMA, shape) + step
+    return fp8 - ((before + after) / 2 if bracketed else before)
+
+
+def _suite_regressions(shift: float, bracketed: bool, seed: int, rerun_step: float = 0.0) -> tuple[float, float]:
+    """Shares of suites that `compare` and `gate` (one re-run of flagged cases) fail: a case or the geomean
+    a REGRESSION. The baseline ran without the step, the new run with it, its re-runs with `rerun_step`."""
+    rng = np.random.default_rng(seed)
+    base = _suite_run(rng, 0.0, 0.0, bracketed)
+    new = _suite_run(rng, STEP, shift, bracketed)
+    fresh = _suite_run(rng, rerun_step, shift, bracketed)
+    gate = DEFAULT_GATES[Metric.SPEEDUP]
+    flat = lambda a: a.reshape(-1, REPEATS)  # noqa: E731
+    first = judge(flat(base), flat(new), gate.thresholds)
+    second, _ = judge_rerun(flat(base), flat(new), flat(fresh), gate.thresholds)
+    flagged = first.is_(Outcome.REGRESSION) | first.is_(Outcome.INCONCLUSIVE)
+    final = np.where(flagged, second.codes, first.codes).reshape(SUITE_TRIALS, SUITE_CASES)
+    merged = np.where(flagged.reshape(SUITE_TRIALS, SUITE_CASES, 1), (new + fresh) / 2, new)
+    regression = list(Outcome).index(Outcome.REGRESSION)
+
+    def failed(codes: np.ndarray, newest: np.ndarray) -> np.ndarray:
+        slowdowns = np.expm1(newest.mean(axis=-1) - base.mean(axis=-1)) * 100
+        suites = [geomean([SimpleNamespace(slowdown_pct=s) for s in row], gate, gate.thresholds.alpha) for row in slowdowns]
+        return (codes == regression).any(axis=1) | np.array([g.outcome is Outcome.REGRESSION for g in suites])
+
+    return float(failed(first.codes.reshape(SUITE_TRIALS, SUITE_CASES), new).mean()), float(failed(final, merged).mean())
+
+
+def test_simulation_a_clock_step_after_the_bracketed_reference_does_not_fail_unchanged_suites():
+    """A step in the run only (re-runs are fresh groups): the gate keeps its promise with the bracket and
+    breaks it without. `compare` alone, with no re-run, still fails some suites (half the step stays)."""
+    compare_fails, gate_fails = _suite_regressions(0.0, bracketed=True, seed=6)
+    assert gate_fails <= 0.01 and compare_fails <= 0.2
+    unbracketed_compare, unbracketed_gate = _suite_regressions(0.0, bracketed=False, seed=6)
+    assert unbracketed_gate > 0.2 and unbracketed_compare > 0.8
+
+
+def test_simulation_a_step_after_every_reference_is_only_halved_by_the_bracket():
+    """A step that recurs in every group, re-runs included: the bracket halves it, so a few suites still
+    fail (where the recorded reference_before_ms / reference_after_ms show it)."""
+    _, gate_fails = _suite_regressions(0.0, bracketed=True, seed=6, rerun_step=STEP)
+    _, unbracketed = _suite_regressions(0.0, bracketed=False, seed=6, rerun_step=STEP)
+    assert gate_fails <= 0.05 < 0.5 < unbracketed
+
+
+def test_simulation_a_clock_step_after_the_bracketed_reference_still_lets_an_eight_percent_slowdown_fail():
+    compare_fails, gate_fails = _suite_regressions(math.log(1.08), bracketed=True, seed=7)
+    assert compare_fails >= 0.90 and gate_fails >= 0.90
 
 
 def test_judge_a_single_case_matches_the_batched_decision():

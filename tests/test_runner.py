@@ -169,7 +169,8 @@ def test_a_bracketed_reference_cancels_a_clock_step_after_it(tmp_path):
     assert fp8.reference_before_ms == 1.0 and fp8.reference_after_ms == pytest.approx(1.03)
     # Unbracketed the step would read 2 / 1.03 = 1.94; the geometric mean of before and after takes half of it.
     assert fp8.speedup_vs_bf16 == pytest.approx(math.sqrt(1.03) / 1.03 * 2.0)
-    assert ref.median_ms == 1.0  # the reference row is its first measurement
+    # The reference row is both measurements as one: what comparisons pair the FP8 repeats with.
+    assert ref.median_ms == pytest.approx(math.sqrt(1.03)) and ref.repeat_ms == "1.01489;1.01489;1.01489"
 
 
 def _write_partial_run(run_dir: Path) -> list[FakeCase]:

@@ -11,7 +11,6 @@ result rows again (the gate).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from fp8bench.harness.results import (
     read_rows,
     status_text,
 )
-from fp8bench.harness.timing import Measurement
+from fp8bench.harness.timing import Measurement, bracketed
 
 OUT_OF_MEMORY = "out of memory"
 REASON_CHARS = 200
@@ -89,15 +88,19 @@ def measured_row(
     """The `ok` row of a measured case (also what synthetic runs in tests are made of): `reference` is the
     group's reference row's values (for a peak the benchmark takes from it), `reference_ms` its time."""
     row = case_row(benchmark, case, status_text(Status.OK), options, {**measured_values(case, measurement), **columns})
-    return _finish(benchmark, case, _Measured(row, measurement.median_ms), reference, reference_ms)
+    return _finish(benchmark, case, _Measured(row, measurement), reference, reference_ms)
 
 
 @dataclass
 class _Measured:
-    """A case's outcome before its reference is known: the row's values, and its time (None: no time)."""
+    """A case's outcome before its reference is known: the row, and its measurement (None: no time)."""
 
     row: Row
-    median_ms: float | None
+    measurement: Measurement | None = None
+
+    @property
+    def median_ms(self) -> float | None:
+        return self.measurement.median_ms if self.measurement else None
 
 
 def _measure_case(benchmark: Benchmark, case: Case, inputs: Any, clock: Clock, timing: TimingConfig) -> _Measured:
@@ -111,16 +114,16 @@ def _measure_case(benchmark: Benchmark, case: Case, inputs: Any, clock: Clock, t
             values.update(built.check() if built.check else {})
         except Failed as failed:  # the time of a wrong result is no measurement of the case: none is published
             options.update(built.options)
-            return _Measured(case_row(benchmark, case, status_text(Status.FAILED, str(failed)), options, failed.columns), None)
+            return _Measured(case_row(benchmark, case, status_text(Status.FAILED, str(failed)), options, failed.columns))
         options.update(built.options)
-        return _Measured(case_row(benchmark, case, status_text(Status.OK), options, values), measurement.median_ms)
+        return _Measured(case_row(benchmark, case, status_text(Status.OK), options, values), measurement)
     except Unsupported as err:
-        return _Measured(case_row(benchmark, case, status_text(Status.UNSUPPORTED, str(err)), options), None)
+        return _Measured(case_row(benchmark, case, status_text(Status.UNSUPPORTED, str(err)), options))
     except Exception as err:  # noqa: BLE001 - one broken case must not end the run; its row says why
         if built is not None:
             options.update(built.options)
         reason = OUT_OF_MEMORY if _is_out_of_memory(err) else _failure(err)
-        return _Measured(case_row(benchmark, case, status_text(Status.FAILED, reason), options), None)
+        return _Measured(case_row(benchmark, case, status_text(Status.FAILED, reason), options))
     finally:
         if built is not None and built.release is not None:
             built.release()
@@ -212,12 +215,14 @@ def _run_group(benchmark: Benchmark, members: Sequence[Case], inputs: Any, clock
     measured = [(case, _measure_case(benchmark, case, inputs, clock, timing)) for case in others]
     after = _measure_case(benchmark, reference_case, inputs, clock, timing)
     brackets = {"reference_before_ms": reference.median_ms, "reference_after_ms": after.median_ms}
-    reference_ms = math.sqrt(reference.median_ms * after.median_ms) if after.median_ms else reference.median_ms
+    if after.measurement is not None:  # the reference's row and every speedup: both measurements as one
+        reference.measurement = bracketed(reference.measurement, after.measurement)
+        reference.row.values.update(measured_values(reference_case, reference.measurement))
     reference.row.values.update(brackets)
     emit(_finish(benchmark, reference_case, reference, None, None))
     for case, outcome in measured:
         outcome.row.values.update(brackets)
-        emit(_finish(benchmark, case, outcome, reference.row.values, reference_ms))
+        emit(_finish(benchmark, case, outcome, reference.row.values, reference.median_ms))
 
 
 def resume(cases: Sequence[Case], run_dir: Path, keep: Callable[[Mapping[str, str]], bool] = lambda row: False) -> list[Case]:
