@@ -243,3 +243,29 @@ def test_case_keys_match_between_cases_and_csv_rows(tmp_path):
     case = FakeCase("a", "fp8")
     _run(tmp_path, [case])
     assert case_key(read_rows(tmp_path)[0]) == case_key(case.identity)
+
+
+def test_the_cli_refuses_an_out_folder_holding_another_run_and_resumes_one(tmp_path, monkeypatch):
+    """`fp8bench cast` (a stand-in clock: the GPU check and the timer are bypassed, nothing runs on a GPU):
+    a second run into the same --out is exit 2 with a one-line reason, its first run untouched."""
+    from typer.testing import CliRunner
+
+    import fp8bench.cli as cli
+    import fp8bench.harness.runner as runner
+    import fp8bench.harness.timing as timing
+
+    monkeypatch.setattr(cli, "require_cuda", lambda command: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(timing, "TimerChoice", lambda choice, flush_l2: FakeClock())
+    ran: list[int] = []
+    monkeypatch.setattr(runner, "run_cases", lambda benchmark, cases, *args, **kwargs: ran.append(len(cases)) or [])
+    args = ["cast", "--shape-gen", "custom", "--M", "128", "--K", "256", "--recipe", "tensorwise", "--no-report", "--out", str(tmp_path)]
+    first = CliRunner().invoke(cli.app, args)
+    assert first.exit_code == 0, first.output
+    with RunWriter(tmp_path, {"command": "first"}, resume=True) as writer:  # the first run's copy row
+        writer.append(case_row(FakeBenchmark(), FakeCase("x", "ref"), "ok"))
+    second = CliRunner().invoke(cli.app, args, env={"COLUMNS": "300"})
+    assert second.exit_code == 2 and "holds another run (results.csv); give a new --out, or --resume" in second.output
+    assert len(read_rows(tmp_path)) == 1 and ran == [5]  # the copy, then tensorwise by 4 backends
+    resumed = CliRunner().invoke(cli.app, [*args, "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert ran == [5, 5] and "resuming" in resumed.output  # none of the cast's cases is in the first run's rows
