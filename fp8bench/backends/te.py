@@ -21,28 +21,6 @@ def te_unavailable_reason() -> str | None:
     return None
 
 
-def _quantizer(recipe: CastRecipe, spec: Any, history_amax: Any) -> Quantizer:
-    if recipe.granularity is Granularity.AXISWISE:
-        raise Unsupported("transformer_engine has no per-row (axiswise) scaling")
-    import torch
-    import transformer_engine_torch as tex
-    from transformer_engine.pytorch.tensor.float8_blockwise_tensor import Float8BlockQuantizer
-    from transformer_engine.pytorch.tensor.float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer
-
-    from fp8kernels import reference as ref
-
-    te_dtype = tex.DType.kFloat8E4M3 if spec.dtype == ref.E4M3 else tex.DType.kFloat8E5M2
-    usage = dict(rowwise=spec.rowwise, columnwise=spec.columnwise, force_pow_2_scales=spec.power_of_two)
-    if recipe.delayed:  # TE's scale is our multiplier; its amax buffer takes x's amax as the cast runs
-        multiplier = ref.scales_from_amax(history_amax, spec.dtype, spec.power_of_two)[0].reshape(1)
-        quantizer = Float8Quantizer(multiplier, torch.zeros_like(multiplier), te_dtype, rowwise=spec.rowwise, columnwise=spec.columnwise)
-    elif recipe.granularity is Granularity.TENSORWISE:
-        quantizer = Float8CurrentScalingQuantizer(te_dtype, torch.device("cuda"), **usage)
-    else:
-        quantizer = Float8BlockQuantizer(te_dtype, block_scaling_dim=1 if recipe.block_rows == 1 else 2, **usage)
-    return Quantizer(quantizer.quantize, lambda out: out.dequantize(dtype=torch.float32))
-
-
 def _te_recipe(name: str):
     from transformer_engine.common import recipe as te_recipe
 
@@ -62,7 +40,25 @@ class TeBackend(Backend):
         return super().unavailable_reason(level) or te_unavailable_reason()
 
     def quantizer(self, recipe: CastRecipe, spec: Any, history_amax: Any) -> Quantizer:
-        return _quantizer(recipe, spec, history_amax)
+        if recipe.granularity is Granularity.AXISWISE:
+            raise Unsupported("transformer_engine has no per-row (axiswise) scaling")
+        import torch
+        import transformer_engine_torch as tex
+        from transformer_engine.pytorch.tensor.float8_blockwise_tensor import Float8BlockQuantizer
+        from transformer_engine.pytorch.tensor.float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer
+
+        from fp8kernels import reference as ref
+
+        te_dtype = tex.DType.kFloat8E4M3 if spec.dtype == ref.E4M3 else tex.DType.kFloat8E5M2
+        usage = dict(rowwise=spec.rowwise, columnwise=spec.columnwise, force_pow_2_scales=spec.power_of_two)
+        if recipe.delayed:  # TE's scale is our multiplier; its amax buffer takes x's amax as the cast runs
+            multiplier = ref.scales_from_amax(history_amax, spec.dtype, spec.power_of_two)[0].reshape(1)
+            quantizer = Float8Quantizer(multiplier, torch.zeros_like(multiplier), te_dtype, rowwise=spec.rowwise, columnwise=spec.columnwise)
+        elif recipe.granularity is Granularity.TENSORWISE:
+            quantizer = Float8CurrentScalingQuantizer(te_dtype, torch.device("cuda"), **usage)
+        else:
+            quantizer = Float8BlockQuantizer(te_dtype, block_scaling_dim=1 if recipe.block_rows == 1 else 2, **usage)
+        return Quantizer(quantizer.quantize, lambda out: out.dequantize(dtype=torch.float32))
 
     def layer(self, case: Any, weight: Any, compile_backend: str) -> LayerStep:
         """te.LayerNormLinear + torch.sigmoid, eager, under te.autocast (no FP8 for recipe None)."""
