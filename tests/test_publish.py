@@ -53,7 +53,7 @@ def write_run(run_dir: Path, started: str | None, seed: int, slow_fast_accum: fl
     if started is not None:
         metadata["started_utc"] = started
     rng = np.random.default_rng(seed)
-    with RunWriter(run_dir, metadata) as writer:
+    with RunWriter(run_dir, metadata, resume=True) as writer:  # a later call appends rows: the run grew
         for shape in SHAPES:
             bf16_case = MatmulCase(shape, "bf16", Granularity.NONE, FastAccum.NA)
             bf16 = synthetic_measurement(bf16_case, rng)
