@@ -336,7 +336,7 @@ def run_suite(
     out: Optional[Path] = typer.Option(None, help="folder for the suite's runs (default: the suite's `out`)"),
     parallel: bool = typer.Option(False, "--parallel/--sequential", help="one entry per GPU of this host at a time, each in its own process (log: <out>/<entry>.log)"),
     only: Optional[list[str]] = typer.Option(None, "--only", help="run only the entry of this name (repeatable)"),
-    resume: bool = typer.Option(False, help="matmul and roofline entries whose run folder holds results continue it (--resume)"),
+    resume: bool = typer.Option(False, help="entries whose run folder holds results continue it (--resume)"),
 ) -> None:
     """Run every benchmark a suite file lists (or those named by --only), each into its own run folder."""
     import dataclasses
