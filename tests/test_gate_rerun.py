@@ -170,7 +170,7 @@ def test_the_gate_reruns_a_flagged_cast_case_and_a_flagged_roofline_case_from_th
 
 
 def test_a_cast_run_compared_with_itself_matches_every_case(tmp_path):
-    from fp8bench.gate.compare import Metric, compare_runs, run_samples
+    from fp8bench.gate.compare import Metric, run_samples
 
     clock = CaseClock()
     benchmark = Timed(cast.CastBenchmark(CAST_CONFIG, "cpu"), clock)

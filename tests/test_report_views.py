@@ -32,7 +32,7 @@ from fp8bench.report.cast import TARGET_PCT_OF_COPY, gbps_chart, pct_of_copy_cha
 from fp8bench.report.html import chart_id, plotted_rows, ratio_whiskers
 from fp8bench.report.roofline import SQNR_COLUMNS, SYMBOLS, measured_vs_predicted_chart, speedup_chart
 from fp8bench.harness import runner
-from fp8bench.harness.results import COPY_RECIPE, LAYER_REFERENCE_BACKEND, RunWriter, load_results, status_text
+from fp8bench.harness.results import COPY_RECIPE, RunWriter, load_results, status_text
 from fp8bench.harness.timing import Measurement
 
 GPU = GPUS["h100-sxm"]

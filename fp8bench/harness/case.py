@@ -20,6 +20,16 @@ the same way:
 
 The gate re-runs a case from its identity: `Benchmark.case_from_identity(identity)`, with the reference
 of its group (`Benchmark.reference_of(case)`) measured beside it (fp8bench.harness.runner.rerun).
+
+What a benchmark provides, in full (fp8bench.benchmarks.matmul is the shortest example):
+- each case: `identity` (dict of the id columns but `options`: benchmark, case, M, K, N, granularity,
+  backend, recipe, fast_accum), `options` (dict), `work` (Work), `group` (hashable), `is_reference`
+  (bool), `build(inputs) -> Built` (raises Unsupported);
+- `Built(run, options={}, check=None, release=None)`; `check()` returns columns or raises
+  `Failed(reason, columns={})`;
+- the benchmark: `name`, `speedup_vs_reference`, `bracket_reference`, `inputs(group)`,
+  `peak(case, reference_row_values) -> Peak | None`, `case_from_identity(identity)`, `reference_of(case)`;
+- running it: `run_cases(benchmark, cases, writer, clock, timing, on_row)` (fp8bench.harness.runner).
 """
 
 from __future__ import annotations
