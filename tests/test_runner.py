@@ -269,3 +269,33 @@ def test_the_cli_refuses_an_out_folder_holding_another_run_and_resumes_one(tmp_p
     resumed = CliRunner().invoke(cli.app, [*args, "--resume"])
     assert resumed.exit_code == 0, resumed.output
     assert ran == [5, 5] and "resuming" in resumed.output  # none of the cast's cases is in the first run's rows
+
+
+def test_a_benchmark_with_only_the_required_parts_runs(tmp_path):
+    """Options, peak, speedup_vs_reference and bracket_reference are optional (case.py lists the defaults)."""
+
+    @dataclass(frozen=True)
+    class BareCase:
+        backend: str
+        identity: dict = field(default_factory=dict)
+        work: Work = Work(tokens=10.0)
+        group: str = "g"
+
+        @property
+        def is_reference(self):
+            return self.backend == "ref"
+
+        def build(self, inputs):
+            return Built(lambda: 1.0 if self.is_reference else 0.25)
+
+    class Bare:
+        name = "bare"
+
+        def inputs(self, group):
+            return None
+
+    cases = [BareCase(b, {"case": "g", "backend": b}) for b in ("ref", "fp8")]
+    _, frame = _run(tmp_path, cases, Bare())
+    fp8 = frame[frame.backend == "fp8"].iloc[0]
+    assert fp8.speedup_vs_bf16 == 4.0 and fp8.tokens_per_s == pytest.approx(10 / 0.25e-3) and math.isnan(fp8.pct_peak)
+    assert fp8.options == "{}" and math.isnan(frame.iloc[0].reference_after_ms)

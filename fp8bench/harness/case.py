@@ -23,12 +23,13 @@ of its group (`Benchmark.reference_of(case)`) measured beside it (fp8bench.harne
 
 What a benchmark provides, in full (fp8bench.benchmarks.matmul is the shortest example):
 - each case: `identity` (dict of the id columns but `options`: benchmark, case, M, K, N, granularity,
-  backend, recipe, fast_accum), `options` (dict), `work` (Work), `group` (hashable), `is_reference`
-  (bool), `build(inputs) -> Built` (raises Unsupported);
+  backend, recipe, fast_accum and any the benchmark adds), `options` (dict; optional: none recorded),
+  `work` (Work), `group` (hashable), `is_reference` (bool), `build(inputs) -> Built` (raises Unsupported);
 - `Built(run, options={}, check=None, release=None)`; `check()` returns columns or raises
   `Failed(reason, columns={})`;
-- the benchmark: `name`, `speedup_vs_reference`, `bracket_reference`, `inputs(group)`,
-  `peak(case, reference_row_values) -> Peak | None`, `case_from_identity(identity)`, `reference_of(case)`;
+- the benchmark: `name`, `inputs(group)`, `case_from_identity(identity)`, `reference_of(case)` (for
+  re-runs); optional, with these defaults: `speedup_vs_reference` (True), `bracket_reference` (False),
+  `peak(case, reference_row_values) -> Peak | None` (none);
 - running it: `run_cases(benchmark, cases, writer, clock, timing, on_row)` (fp8bench.harness.runner).
 """
 
@@ -82,7 +83,7 @@ class Built:
 
 class Case(Protocol):
     identity: Mapping[str, Any]  # the schema's id columns (fp8bench.harness.results.ID_COLUMNS) but `options`
-    options: Mapping[str, Any]  # recorded in every row of the case, whatever its status
+    options: Mapping[str, Any]  # recorded in every row of the case, whatever its status (optional)
     work: Work
     group: Hashable  # cases of one group share their inputs and their reference
     is_reference: bool  # the reference of its group: measured first, divides every speedup
@@ -105,17 +106,18 @@ class Peak:
 class Benchmark(Protocol):
     name: str  # the `benchmark` column
     # Whether rows carry speedup_vs_bf16 against the group's reference (False where the reference is a
-    # ceiling, not a BF16 step: the cast benchmark's copy).
+    # ceiling, not a BF16 step: the cast benchmark's copy). Optional: True.
     speedup_vs_reference: bool
     # Whether the reference is measured again after the group's other cases (the speedup divides the
-    # geometric mean of both): only where a group is short enough to hold its clocks' drift.
+    # geometric mean of both): where building the reference again costs little. Optional: False.
     bracket_reference: bool
 
     def inputs(self, group: Hashable) -> Any:
         """Allocate what a group's cases share (random inputs, never zeros); may raise out of memory."""
 
     def peak(self, case: Case, reference: Mapping[str, Any] | None) -> Peak | None:
-        """What the case's pct_peak divides (the GPU's dense peak, or the reference row's throughput), or None."""
+        """What the case's pct_peak divides (the GPU's dense peak, or the reference row's throughput), or
+        None. Optional: no pct_peak."""
 
     def case_from_identity(self, identity: Mapping[str, Any]) -> Case:
         """The case a result row names, for re-running it (the gate); ValueError if it names none."""

@@ -40,8 +40,13 @@ class Clock(Protocol):
 
 
 def case_key(values: Mapping[str, Any]) -> tuple[str, ...]:
-    """A case's identity as the CSV spells it (ints and strings alike as text), options left out."""
-    return tuple(str(values[column]) for column in CASE_KEY)
+    """A case's identity as the CSV spells it (ints and strings alike as text, an id column a benchmark
+    does not use as the empty cell), options left out."""
+    return tuple(str(values.get(column, "")) for column in CASE_KEY)
+
+
+def _options(case: Case) -> dict[str, Any]:
+    return dict(getattr(case, "options", {}))  # optional in the protocol: none recorded
 
 
 def _first_line(err: BaseException) -> str:
@@ -67,7 +72,7 @@ def _free_memory() -> None:
 
 def case_row(benchmark: Benchmark, case: Case, status: str, options: Mapping[str, Any] | None = None, values: Mapping[str, Any] = {}) -> Row:
     """A row of `case`: its identity, options (the case's when not given), status and further values."""
-    options = case.options if options is None else options
+    options = _options(case) if options is None else options
     return Row({**case.identity, "benchmark": benchmark.name, "options": json.dumps(dict(options), sort_keys=True),
                 "status": status, **values})  # fmt: skip
 
@@ -104,7 +109,7 @@ class _Measured:
 
 
 def _measure_case(benchmark: Benchmark, case: Case, inputs: Any, clock: Clock, timing: TimingConfig) -> _Measured:
-    options: dict[str, Any] = dict(case.options)
+    options = _options(case)
     built = None
     try:
         built = case.build(inputs)
@@ -136,10 +141,10 @@ def _finish(benchmark: Benchmark, case: Case, measured: _Measured, reference: Ma
     values = measured.row.values
     if measured.median_ms is None:
         return measured.row
-    peak = benchmark.peak(case, reference)
+    peak = benchmark.peak(case, reference) if hasattr(benchmark, "peak") else None
     if peak is not None and values.get(peak.column) is not None:
         values["pct_peak"] = 100.0 * values[peak.column] / peak.value
-    if benchmark.speedup_vs_reference and reference_ms:
+    if getattr(benchmark, "speedup_vs_reference", True) and reference_ms:
         values["speedup_vs_bf16"] = reference_ms / measured.median_ms
         if values.get("predicted_speedup"):  # a row beside the roofline model's prediction
             values["measured_vs_predicted"] = values["speedup_vs_bf16"] / values["predicted_speedup"]
@@ -188,7 +193,7 @@ def run_cases(
         except Exception as err:  # noqa: BLE001 - a group that cannot start fails its rows, the run goes on
             reason = f"{OUT_OF_MEMORY} allocating the inputs" if _is_out_of_memory(err) else _failure(err)
             for case in members:
-                emit(case_row(benchmark, case, status_text(Status.FAILED, reason), case.options))
+                emit(case_row(benchmark, case, status_text(Status.FAILED, reason)))
             _free_memory()
             continue
         try:
@@ -203,7 +208,7 @@ def _run_group(benchmark: Benchmark, members: Sequence[Case], inputs: Any, clock
     reference_case = members[0] if members[0].is_reference else None
     others = members[1:] if reference_case else members
     reference = _measure_case(benchmark, reference_case, inputs, clock, timing) if reference_case else None
-    bracket = reference is not None and reference.median_ms is not None and benchmark.bracket_reference and others
+    bracket = reference is not None and reference.median_ms is not None and getattr(benchmark, "bracket_reference", False) and others
     if not bracket:
         reference_values = reference.row.values if reference else None
         reference_ms = reference.median_ms if reference else None
