@@ -108,6 +108,25 @@ def test_registry_declares_capabilities():
         get_backend("cutlass")
 
 
+def test_every_implementation_is_one_backend_declaring_its_levels():
+    from fp8bench.backends import Level, Unsupported, backend_names
+    from fp8bench.backends.quantize import CAST_RECIPES
+
+    assert backend_names(Level.GEMM) == ["bf16", "cublas", "triton"]
+    assert backend_names(Level.CAST) == ["triton", "torch", "torch-compile", "te"]
+    assert set(backend_names(Level.LAYER)) == set(backend_names(Level.MODEL)) == {"bf16", "triton", "te", "torchao"}
+    with pytest.raises(ValueError, match="choose one of: bf16, cublas, triton"):
+        get_backend("te", Level.GEMM)
+    te = get_backend("te")
+    assert te.unavailable_reason(Level.GEMM) == "te has no gemm level"
+    assert "no GEMM" in te.unsupported_reason(GemmShape(256, 256, 256), Granularity.TENSORWISE, FastAccum.ON)
+    with pytest.raises(Unsupported, match="cublas has no quantize kernels"):
+        get_backend("cublas").quantizer(CAST_RECIPES["tensorwise"], None, None)
+    for name in backend_names(Level.MODEL):  # the model level's converter: declared, filled per backend
+        with pytest.raises(Unsupported, match="does not convert models"):
+            get_backend(name).convert_model(None, None)
+
+
 @pytest.mark.parametrize(
     "backend, shape, granularity, fast_accum, reason",
     [
