@@ -5,7 +5,8 @@ One step: `out = sigmoid(linear(layer_norm(x))); out.backward(grad_output)` with
 grad_output[M, N] random BF16 (the same tensors for every case of a shape), LayerNorm without affine
 parameters, the linear K -> N without bias and with one random weight shared by all cases; the step
 computes the gradients of x and of the weight (set to None before each step: no accumulation kernel).
-The implementations (the model's names in fp8bench.model.roofline.IMPLEMENTATIONS; a row's backend adds
+The implementations are the backends with a LAYER level (fp8bench.backends: Backend.layer builds each
+step; their names are the model's in fp8bench.model.roofline.IMPLEMENTATIONS; a row's backend adds
 `-compile` where torch.compile ran):
 - `bf16`: plain torch, eager and compiled; `bf16-compile` is the reference every speedup divides;
 - `triton`: our Float8LayerNormLinear (fp8bench.nn.float8_layernorm_linear: LayerNorm -> our Float8Linear,
@@ -16,7 +17,8 @@ The implementations (the model's names in fp8bench.model.roofline.IMPLEMENTATION
   (tensorwise-delayed), Float8CurrentScaling (tensorwise), Float8BlockScaling (blockwise), and without
   FP8 (recipe bf16). Its LayerNorm has affine parameters (gamma = 1, beta = 0) and computes their grads.
 An implementation that is not installed gives `unsupported: <reason>` rows; a recipe it does not offer,
-no row.
+no row. Each shape is a group of the harness (fp8bench.harness.runner): its inputs and the BF16 eager
+layer's results on them are made once, bf16-compile is measured first.
 
 Timing (fp8bench.harness.timing, L2 flushed before every step): median_ms is the CUPTI timer's GPU kernel time
 per step, wall_ms the host time of a synchronized step. gemm_ms / cast_ms / other_ms split the kernel time
