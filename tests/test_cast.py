@@ -306,3 +306,21 @@ def test_reports_render_cast_rows(tmp_path, monkeypatch):
     assert names == ["blockwise.html", "index.html", "tensorwise.html"]
     blockwise = (tmp_path / "blockwise.html").read_text()
     assert "blockwise-1x128+t" in blockwise and "cast" in blockwise
+
+
+def test_cast_rows_written_with_an_empty_n_read_as_the_same_cases(tmp_path):
+    """Every id column has a value: a cast has no product, its N is 0; files that left N empty read alike."""
+    from fp8bench.harness.results import RESULTS_CSV
+
+    config = cast.CastConfig((cast.CastShape(64, 128),), (cast.CAST_RECIPES["tensorwise"],), ("torch",), timing=FAST_TIMING)
+    benchmark = cast.CastBenchmark(config, DEVICE)
+    with RunWriter(tmp_path, {}) as writer:
+        rows = run_cases(benchmark, benchmark.cases(), writer, FakeTimers(), config.timing)
+    assert [r.values["N"] for r in rows] == [0, 0]
+    csv_path = tmp_path / RESULTS_CSV
+    lines = csv_path.read_text().splitlines()
+    header = lines[0].split(",")
+    n = header.index("N")
+    csv_path.write_text("\n".join([lines[0], *(",".join(c if i != n else "" for i, c in enumerate(line.split(","))) for line in lines[1:])]) + "\n")
+    assert "" in csv_path.read_text().splitlines()[1].split(",")[n:n + 1]
+    assert list(load_results(tmp_path)["N"]) == [0, 0]
