@@ -3,6 +3,7 @@ once, then hands them to the module that does the work."""
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import datetime as dt
 import os
@@ -82,7 +83,7 @@ def matmul(
 ) -> None:
     """One FP8 GEMM per backend and granularity against BF16: time, TFLOPS, % of peak, speedup."""
     from fp8bench.benchmarks import shapes
-    from fp8bench.backends import REGISTRY, backend_names
+    from fp8bench.backends import Level, backend_names
     from fp8bench.model.hardware import resolve_gpu
     from fp8bench.harness.timing import TIMER_CHOICES
 
@@ -94,15 +95,12 @@ def matmul(
         shape_list = shapes.generate(shape_gen, M, K, N)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
-    backends = tuple(backend or backend_names())
-    unknown = [name for name in backends if name not in REGISTRY]
+    backends = tuple(backend or backend_names(Level.GEMM))
+    unknown = [name for name in backends if name not in backend_names(Level.GEMM)]
     if unknown:
-        raise typer.BadParameter(f"unknown backend {unknown[0]!r}; choose from: {', '.join(REGISTRY)}")
+        raise typer.BadParameter(f"unknown backend {unknown[0]!r}; choose from: {', '.join(backend_names(Level.GEMM))}")
     config = MatmulConfig(tuple(shape_list), granularities, backends, fast_accums, TimingConfig(repeats=repeats))
     device_name = require_cuda("matmul")
-    resumed_from = None
-    if resume:
-        config, resumed_from = _resume(config, out)
     try:
         spec = resolve_gpu(gpu, device_name)
     except ValueError as err:
@@ -110,41 +108,12 @@ def matmul(
             raise typer.BadParameter(str(err)) from None
         err_console.print(f"[yellow]{err}; % of peak is left empty[/]")
         spec = None
-    from fp8bench.benchmarks.matmul import run_matmul
+    from fp8bench.benchmarks.matmul import MatmulBenchmark
+    from fp8bench.harness.timing import TimerChoice
 
-    body = lambda writer, on_row: run_matmul(config, writer, spec, timer, on_row)  # noqa: E731
-    _run_benchmark("matmul", shape_gen, out, report, body, spec, config.timing, resumed_from=resumed_from)
-
-
-MATMUL_ROW_KEY = ("case", "backend", "granularity", "fast_accum")
-
-
-def _resume(config, out: Optional[Path]) -> tuple:
-    """`config` narrowed to the shapes the run in `out` has not finished (a shape's BF16 reference and FP8
-    cases are measured together, so a half-done shape is measured again, its rows dropped), and the earlier
-    run's metadata for the new one to carry."""
-    from fp8bench.benchmarks.matmul import expected_rows
-    from fp8bench.harness.results import read_metadata
-
-    done = _finished_shapes(out, expected_rows(config), MATMUL_ROW_KEY, keep_other_rows=lambda row: False)
-    config = dataclasses.replace(config, shapes=tuple(s for s in config.shapes if s.name not in done))
-    console.print(f"resuming {out}: {len(done)} shapes finished, {len(config.shapes)} to measure")
-    return config, read_metadata(out)
-
-
-def _finished_shapes(out: Optional[Path], expected: dict, key_columns: tuple[str, ...], keep_other_rows) -> set[str]:
-    """The shapes of the run in `out` that hold every expected row; its CSV keeps their rows and those
-    `keep_other_rows` accepts, and loses the rest (they are measured again)."""
-    from fp8bench.harness.results import RESULTS_CSV, finished_shapes, keep_rows, load_results
-
-    if out is None or not (out / RESULTS_CSV).exists():
-        raise typer.BadParameter("--resume continues a run: give its folder with --out")
-    try:
-        done = finished_shapes(load_results(out), expected, key_columns)
-        keep_rows(out, lambda row: row["case"] in done or keep_other_rows(row))
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
-    return done
+    benchmark = MatmulBenchmark(spec)
+    clock = TimerChoice(timer, config.timing.flush_l2)
+    _run_benchmark(benchmark, benchmark.cases(config), clock, config.timing, shape_gen, out, report, spec, resume=resume)
 
 
 @app.command()
@@ -160,6 +129,9 @@ def cast(
     repeats: int = typer.Option(5, min=1, help="independent repeats per case (each with its own warm-up)"),
     timer: str = typer.Option("auto", help="auto | cuda-events | cupti"),
     out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-cast-<shape-gen>)"),
+    resume: bool = typer.Option(
+        False, help="continue the run in --out with the same options: its finished tensors are kept, the rest measured"
+    ),
     report: bool = typer.Option(True, help="write the HTML reports when the run ends"),
 ) -> None:
     """FP8 quantize kernels: GPU time, GB/s and % of the copy bandwidth, ours against torch, torch.compile and TE."""
@@ -181,36 +153,42 @@ def cast(
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     spec = spec_for_device_name(require_cuda("cast"))  # recorded with the run; the copy is the ceiling
-    body = lambda writer, on_row: casts.run_cast(config, writer, TimerChoice(timer, config.timing.flush_l2), on_row)  # noqa: E731
-    _run_benchmark("cast", shape_gen, out, report, body, spec, config.timing, (casts.print_cast_row, casts.print_cast_summary))
+    benchmark = casts.CastBenchmark(config)
+    clock = TimerChoice(timer, config.timing.flush_l2)
+    printers = (casts.print_cast_row, casts.print_cast_summary)
+    _run_benchmark(benchmark, benchmark.cases(), clock, config.timing, shape_gen, out, report, spec, printers, resume)
 
 
 def _run_benchmark(
-    benchmark: str, label: str, out: Optional[Path], report: bool, body, spec, timing: TimingConfig, printers=None,
-    resumed_from: Optional[dict] = None,
+    benchmark, cases, clock, timing: TimingConfig, label: str, out: Optional[Path], report: bool, spec,
+    printers=None, resume: bool = False,
 ) -> None:
-    """Open the run folder, run `body(writer, on_row)`, print the table, write reports.
+    """Open the run folder, run the cases through the harness (fp8bench.harness.runner), print the table,
+    write reports.
 
     `printers` is (print_row, print_summary) for benchmarks whose rows are not GEMMs (default: console's).
-    `resumed_from`: the metadata of the run this one continues, kept inside the new metadata.
-    Ctrl-C stops the run; every finished case is already in the CSV and the reports cover them.
+    `resume` continues the run in `out`: its finished groups are kept, the rest measured, its metadata
+    kept inside the new metadata. Ctrl-C stops the run; every finished case is already in the CSV and the
+    reports cover them.
     """
     from fp8bench.report import console as gemm_printers
     from fp8bench.harness.env import run_metadata
-    from fp8bench.harness.results import RunWriter
+    from fp8bench.harness.runner import run_cases
 
+    if _planned(benchmark, clock, timing):
+        return
     print_row, print_summary = printers or (gemm_printers.print_row, gemm_printers.print_summary)
-    run_dir = out or default_run_dir(benchmark, label)
+    run_dir = out or default_run_dir(benchmark.name, label)
     metadata = run_metadata(
-        command_line(), {"benchmark": benchmark, "gpu_spec": spec.key if spec else None, "timing": dataclasses.asdict(timing)}
+        command_line(), {"benchmark": benchmark.name, "gpu_spec": spec.key if spec else None, "timing": dataclasses.asdict(timing)}
     )
-    if resumed_from is not None:
-        metadata["resumed_from"] = resumed_from
+    if resume:
+        cases, metadata["resumed_from"] = _resumed(cases, out)
     interrupted = False
-    with RunWriter(run_dir, metadata) as writer:
-        console.print(f"[bold]{benchmark}[/] on {metadata.get('gpu_name')} -> {writer.csv_path}")
+    with _open_run(run_dir, metadata, resume) as writer:
+        console.print(f"[bold]{benchmark.name}[/] on {metadata.get('gpu_name')} -> {writer.csv_path}")
         try:
-            rows = body(writer, lambda row: print_row(console, row))
+            rows = run_cases(benchmark, cases, writer, clock, timing, lambda row: print_row(console, row))
         except KeyboardInterrupt:
             interrupted = True
             rows = None
@@ -228,6 +206,78 @@ def _run_benchmark(
                 console.print(f"report: {page}")
     if interrupted:
         raise typer.Exit(130)
+
+
+# Set while `_plan` parses a command: the command hands over what it would run instead of running it.
+_PLANNING: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("planning", default=None)
+
+
+def _planned(benchmark, clock, timing: TimingConfig) -> bool:
+    """Whether `_plan` asked for the command's benchmark (then it has it, and nothing runs)."""
+    planning = _PLANNING.get()
+    if planning is not None:
+        planning.append((benchmark, clock, timing))
+    return planning is not None
+
+
+def _plan(entry, run_dir: Path) -> tuple:
+    """(benchmark, clock, timing) that a suite entry's command builds from its options, with `run_dir` as
+    its --out: the command's own parsing, so a re-run measures with the entry's settings."""
+    from fp8bench.harness.suite import SuiteEntry
+
+    planning: list = []
+    token = _PLANNING.set(planning)
+    try:
+        app(SuiteEntry(run_dir.name, entry.command, entry.options).argv(run_dir.parent), standalone_mode=False)
+    finally:
+        _PLANNING.reset(token)
+    if not planning:
+        raise ValueError(f"fp8bench {entry.command} with these options measures nothing here")
+    return planning[0]
+
+
+def _remeasure(entry, case_id, run_dir: Path) -> Optional[Path]:
+    """The gate's re-run (fp8bench.gate.gate.Remeasure): the flagged case, from its identity, beside its group's
+    reference (fp8bench.harness.runner.rerun), with the entry's settings, into `run_dir`."""
+    from fp8bench.harness.env import run_metadata
+    from fp8bench.harness.runner import rerun
+
+    try:
+        benchmark, clock, timing = _plan(entry, run_dir)
+        identity = dataclasses.asdict(case_id)
+        extra = {"benchmark": benchmark.name, "rerun_of": case_id.label, "timing": dataclasses.asdict(timing)}
+        with _open_run(run_dir, run_metadata(command_line(), extra), resume=False) as writer:
+            rerun([identity], writer, {benchmark.name: benchmark}, clock, timing, lambda row: console.print(row.values["status"]))
+    except ValueError as err:
+        err_console.print(f"[yellow]{case_id.label} cannot be re-run: {err}[/]")
+        return None
+    return run_dir
+
+
+def _resumed(cases: list, out: Optional[Path], keep=lambda row: False) -> tuple[list, dict]:
+    """The cases the run in `out` has not finished (fp8bench.harness.runner.resume: its CSV keeps the
+    finished groups' rows and those `keep` accepts), and that run's metadata for the new one to carry."""
+    from fp8bench.harness.results import RESULTS_CSV, read_metadata
+    from fp8bench.harness.runner import resume
+
+    if out is None or not (out / RESULTS_CSV).exists():
+        raise typer.BadParameter("--resume continues a run: give its folder with --out")
+    try:
+        left = resume(cases, out, keep)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    console.print(f"resuming {out}: {len(cases) - len(left)} cases finished, {len(left)} to measure")
+    return left, read_metadata(out)
+
+
+def _open_run(run_dir: Path, metadata: dict, resume: bool):
+    """The run's writer; a folder holding another run is a usage error unless resuming."""
+    from fp8bench.harness.results import RunWriter
+
+    try:
+        return RunWriter(run_dir, metadata, resume)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
 
 
 @app.command()
@@ -286,7 +336,7 @@ def run_suite(
     out: Optional[Path] = typer.Option(None, help="folder for the suite's runs (default: the suite's `out`)"),
     parallel: bool = typer.Option(False, "--parallel/--sequential", help="one entry per GPU of this host at a time, each in its own process (log: <out>/<entry>.log)"),
     only: Optional[list[str]] = typer.Option(None, "--only", help="run only the entry of this name (repeatable)"),
-    resume: bool = typer.Option(False, help="matmul and roofline entries whose run folder holds results continue it (--resume)"),
+    resume: bool = typer.Option(False, help="entries whose run folder holds results continue it (--resume)"),
 ) -> None:
     """Run every benchmark a suite file lists (or those named by --only), each into its own run folder."""
     import dataclasses
@@ -387,7 +437,7 @@ def gate(
     def body():
         config = gating.resolve_config(suite, metric, fail_on_inconclusive)
         run_dir = out or default_run_dir("gate", suite.stem)
-        return gating.gate(suite, baseline, baseline_dir, run_dir, config, device_name, invoke, runs, rerun, console)
+        return gating.gate(suite, baseline, baseline_dir, run_dir, config, device_name, invoke, runs, rerun, console, _remeasure)
 
     raise typer.Exit(gating.conclude(body, _outputs(markdown, json_path, junit), console, err_console))
 
@@ -436,13 +486,13 @@ def roofline(
     """LayerNorm -> Linear -> sigmoid, fwd + bwd: predicted FP8 speedup per recipe and implementation, and
     on a GPU the measured step of BF16, ours, torchao and TransformerEngine beside it (fp8bench.benchmarks.layer)."""
     from fp8bench.model import roofline as model
+    from fp8bench.benchmarks import roofline as predicted
     from fp8bench.benchmarks import shapes
-    from fp8bench.model.calibrate import default_profile_path, load_profile
+    from fp8bench.harness.results import MODEL_BACKEND
+    from fp8bench.model.calibration import default_profile_path, load_profile
     from fp8bench.harness.env import cuda_device_name, run_metadata
     from fp8bench.model.hardware import resolve_gpu, spec_for_device_name
     from fp8bench.nn.recipes import RECIPE_CHOICES
-    from fp8bench.harness.results import RunWriter
-
     granularities = choice(granularity, GRANULARITY_CHOICES, "granularity")
     recipes = [r for name in recipe or ["all"] for r in choice(name, RECIPE_CHOICES, "recipe")]
     recipes = [r for r in dict.fromkeys(recipes) if r.granularity in granularities]
@@ -472,7 +522,7 @@ def roofline(
         if profile.gpu_key != spec.key:
             raise typer.BadParameter(f"{profile_path} was measured on {profile.gpu_key}, not {spec.key}")
         ceilings.append(model.calibrated_ceilings(profile, profile_path))
-    config = model.RooflineConfig(tuple(shape_list), tuple(recipes), impls, tuple(ceilings))
+    config = predicted.RooflineConfig(tuple(shape_list), tuple(recipes), impls, tuple(ceilings))
 
     layer_config = None
     if measuring:
@@ -486,52 +536,41 @@ def roofline(
         raise typer.BadParameter("--resume continues a measured run; it needs a CUDA GPU and --measure")
     run_dir = out or default_run_dir("roofline", shape_gen)
     extra = {"benchmark": "roofline", "gpu_spec": spec.key, "prediction_only": not measuring, "ceilings": {c.source: c.label for c in ceilings}}
+    benchmark = cases = None
     if layer_config:
-        from dataclasses import asdict
+        from fp8bench.benchmarks.layer import LayerBenchmark
+        from fp8bench.harness.timing import CuptiTimer, GpuClock, OneTimer
 
-        extra["timing"] = asdict(layer_config.timing)
-    resumed = _resume_roofline(layer_config, out) if resume else None
-    earlier_kernels = ()
-    if resumed:
-        layer_config, extra["resumed_from"], earlier_kernels = resumed
-    with RunWriter(run_dir, run_metadata(command_line(), extra)) as writer:
-        if resumed:  # the first call wrote every shape's predictions
+        extra["timing"] = dataclasses.asdict(layer_config.timing)
+        benchmark = LayerBenchmark(layer_config, ceilings[-1], CuptiTimer(GpuClock()), run_dir)
+        cases = benchmark.cases()
+        if _planned(benchmark, OneTimer(benchmark.timer), layer_config.timing):
+            return
+    if resume:  # the first call wrote every shape's predictions: they stay
+        left, extra["resumed_from"] = _resumed(cases, out, keep=lambda row: row["backend"] == MODEL_BACKEND)
+        benchmark.resume_kernels({c.case.shape.name for c in cases} - {c.case.shape.name for c in left})
+        cases = left
+    with _open_run(run_dir, run_metadata(command_line(), extra), resume) as writer:
+        if resume:
             console.print(f"predictions: kept from the first call in {writer.csv_path}")
         else:
-            layers = model.run_roofline(config, writer)
-            model.print_tables(console, config, layers)
-            console.print(f"predictions -> {writer.csv_path} (kernels: {run_dir / model.KERNELS_CSV})")
-        if layer_config:
-            _measure_layer(layer_config, writer, ceilings[-1], earlier_kernels)
+            layers = predicted.run_roofline(config, writer)
+            predicted.print_tables(console, config, layers)
+            console.print(f"predictions -> {writer.csv_path} (kernels: {run_dir / predicted.KERNELS_CSV})")
+        if benchmark:
+            _measure_layer(benchmark, cases, writer)
 
 
-def _resume_roofline(config, out: Optional[Path]) -> tuple:
-    """The measured layer's config narrowed to the shapes the run in `out` has not finished (None when
-    none is left), the earlier run's metadata, and its measured kernels of the finished shapes. Prediction
-    rows stay: the first call wrote them for every shape."""
-    import pandas as pd
-
-    from fp8bench.benchmarks.layer import KERNELS_CSV
-    from fp8bench.harness.results import read_metadata
-
-    expected = {shape.name: {(shape.name, c.backend, c.recipe_name) for c in config.cases(shape)} for shape in config.shapes}
-    done = _finished_shapes(out, expected, ("case", "backend", "recipe"), keep_other_rows=lambda row: row["backend"] == "model")
-    kernels_csv = out / KERNELS_CSV
-    kernels = pd.read_csv(kernels_csv) if kernels_csv.exists() else pd.DataFrame(columns=["case"])
-    left = tuple(s for s in config.shapes if s.name not in done)
-    console.print(f"resuming {out}: {len(done)} shapes finished, {len(left)} to measure")
-    return (dataclasses.replace(config, shapes=left) if left else None, read_metadata(out),
-            kernels[kernels["case"].isin(done)].to_dict("records"))
-
-
-def _measure_layer(config, writer, ceilings, earlier_kernels=()) -> None:
-    """The measured half of `roofline` (fp8bench.benchmarks.layer); Ctrl-C keeps the finished rows."""
+def _measure_layer(benchmark, cases: list, writer) -> None:
+    """The measured half of `roofline` (fp8bench.benchmarks.layer) through the harness; Ctrl-C keeps the
+    finished rows."""
     from fp8bench.benchmarks import layer
-    from fp8bench.harness.timing import CuptiTimer, GpuClock
+    from fp8bench.harness.runner import run_cases
+    from fp8bench.harness.timing import OneTimer
 
     try:
-        rows = layer.run_layer(config, writer, ceilings, CuptiTimer(GpuClock()), on_row=lambda row: console.print(layer.row_line(row)),
-                               earlier_kernels=earlier_kernels)
+        rows = run_cases(benchmark, cases, writer, OneTimer(benchmark.timer), benchmark.config.timing,
+                         lambda row: console.print(layer.row_line(row)))  # fmt: skip
     except KeyboardInterrupt:
         err_console.print(f"[yellow]interrupted: the finished cases are in {writer.csv_path}[/]")
         raise typer.Exit(130) from None
@@ -614,10 +653,14 @@ def calibrate(
     out: Optional[Path] = typer.Option(None, help="profile file (default calibration/<gpu>.json)"),
     gpu: str = typer.Option("auto", help="hardware-table key the profile is for: auto (detect) or a key"),
     repeats: int = typer.Option(5, min=1, help="independent repeats per measurement"),
+    run_out: Optional[Path] = typer.Option(None, help="run folder for the measurements (default runs/<time>-calibrate-<gpu>)"),
 ) -> None:
     """Measure this GPU's achievable GEMM TFLOPS, copy bandwidth and launch floor for the roofline."""
-    from fp8bench.model.calibrate import REQUIRED_FP8, default_profile_path, measure_profile, save_profile
+    from fp8bench.benchmarks.calibrate import CalibrationBenchmark, profile_from_rows
     from fp8bench.harness.env import run_metadata
+    from fp8bench.harness.runner import run_cases
+    from fp8bench.harness.timing import TimerChoice
+    from fp8bench.model.calibration import REQUIRED_FP8, default_profile_path, save_profile
     from fp8bench.model.hardware import gpu_choices, resolve_gpu
 
     if gpu not in gpu_choices():
@@ -628,8 +671,14 @@ def calibrate(
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     console.print(f"[bold]calibrate[/] {device_name} as {spec.key}")
+    timing = TimingConfig(repeats=repeats)
+    benchmark = CalibrationBenchmark()
+    metadata = run_metadata(command_line(), {"benchmark": benchmark.name, "gpu_spec": spec.key, "timing": dataclasses.asdict(timing)})
+    with _open_run(run_out or default_run_dir(benchmark.name, spec.key), metadata, resume=False) as writer:
+        rows = run_cases(benchmark, benchmark.cases(), writer, TimerChoice("auto", timing.flush_l2), timing)
+    console.print(f"measurements -> {writer.csv_path}")
     try:
-        profile = measure_profile(spec.key, device_name, TimingConfig(repeats=repeats), run_metadata(command_line()), console.print)
+        profile = profile_from_rows([row.values for row in rows], spec.key, device_name, benchmark.shapes, metadata, console.print)
     except ValueError as err:
         raise EnvironmentProblem(str(err)) from None
     path = save_profile(profile, out or default_profile_path(spec.key))

@@ -15,7 +15,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported: Triton reads it then
 
+from fp8bench.backends import REGISTRY  # noqa: E402
+from fp8bench.backends.quantize import Quantizer  # noqa: E402
 from fp8bench.benchmarks import cast  # noqa: E402
+from fp8bench.harness.runner import run_cases  # noqa: E402
 from fp8bench.config import BLOCK, Granularity, TimingConfig  # noqa: E402
 from fp8bench.nn.recipes import Fp8Dtype  # noqa: E402
 from fp8bench.harness.results import RunWriter, load_results  # noqa: E402
@@ -109,8 +112,7 @@ def test_bytes_written_are_what_our_kernels_write(name):
     recipe = cast.CAST_RECIPES[name]
     shape = cast.CastShape(256, 384)
     x = cast.random_input(shape, "bf16", DEVICE)
-    case = cast._ShapeRecipe(shape, recipe, x, cast.CastConfig((shape,), (recipe,)), FakeTimers(), None)
-    out = cast._BUILDERS["triton"](recipe, case.spec, case.history_amax).run(x)
+    out = _quantizer("triton", cast.CastConfig((shape,), (recipe,)), recipe, x).run(x)
     tensors = {id(t): t for t in (out.data, out.scale, out.data_t, out.scale_t) if t is not None}  # a shared scale once
     recorded_amax = 4 if recipe.delayed else 0
     assert recipe.bytes_written(shape) == sum(t.numel() * t.element_size() for t in tensors.values()) + recorded_amax
@@ -167,8 +169,7 @@ def test_reference_function_writes_our_layouts(name):
     shape = cast.CastShape(256, 384)
     x = exact_input(shape, "bf16")
     config = cast.CastConfig((shape,), (recipe,), power_of_two=True)
-    case = cast._ShapeRecipe(shape, recipe, x, config, FakeTimers(), None)
-    ours, reference = cast._BUILDERS["triton"](recipe, case.spec, case.history_amax).run(x), case.reference()
+    ours, reference = (_quantizer(name, config, recipe, x).run(x) for name in ("triton", "torch"))
     for got, want in ((ours.scale, reference.scale), (ours.scale_t, reference.scale_t)):
         assert (got is None) == (want is None)
         if got is not None:
@@ -176,10 +177,17 @@ def test_reference_function_writes_our_layouts(name):
     assert cast.compare_with_reference(ours, reference) == (0, None)
 
 
-def _run(tmp_path, config, monkeypatch, **kwargs):
+def _quantizer(backend: str, config, recipe, x):
+    """A backend's quantizer for the recipe as a cast case builds it (a delayed recipe scales from x's amax)."""
+    history_amax = x.abs().amax().float() if recipe.delayed else None
+    return REGISTRY[backend].quantizer(recipe, cast.quantize_spec(config, recipe), history_amax)
+
+
+def _run(tmp_path, config, monkeypatch):
     monkeypatch.setattr(cast, "random_input", exact_input)
+    benchmark = cast.CastBenchmark(config, DEVICE)
     with RunWriter(tmp_path, {"command": "test"}) as writer:
-        rows = cast.run_cast(config, writer, FakeTimers(), device=DEVICE, **kwargs)
+        rows = run_cases(benchmark, benchmark.cases(), writer, FakeTimers(), config.timing)
     return rows, load_results(tmp_path)
 
 
@@ -211,15 +219,17 @@ def test_a_whole_run_writes_one_row_per_case(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(ON_GPU, reason="CPU stand-in")
 def test_a_wrong_or_broken_implementation_fails_its_row_and_the_run_goes_on(tmp_path, monkeypatch):
+    ours = REGISTRY["triton"].quantizer
+
     def wrong_scale(recipe, spec, history_amax):
-        good = cast._triton(recipe, spec, history_amax)
-        return cast.Quantizer(lambda x: QuantizedTensor(good.run(x).data, good.run(x).scale * 2, None, None), good.dequantize)
+        good = ours(recipe, spec, history_amax)
+        return Quantizer(lambda x: QuantizedTensor(good.run(x).data, good.run(x).scale * 2, None, None), good.dequantize)
 
     def broken(recipe, spec, history_amax):
         raise RuntimeError("no kernel image\nsecond line")
 
-    monkeypatch.setitem(cast._BUILDERS, "triton", wrong_scale)
-    monkeypatch.setitem(cast._BUILDERS, "torch-compile", broken)
+    monkeypatch.setattr(REGISTRY["triton"], "quantizer", wrong_scale)
+    monkeypatch.setattr(REGISTRY["torch-compile"], "quantizer", broken)
     config = cast.CastConfig((cast.CastShape(64, 128),), (cast.CAST_RECIPES["tensorwise"],), ("triton", "torch-compile", "torch"), timing=FAST_TIMING)
     _, frame = _run(tmp_path, config, monkeypatch)
     status = dict(zip(frame.backend + "/" + frame.recipe, frame.status))
@@ -275,8 +285,9 @@ def test_gpu_run_measures_every_implementation(tmp_path):
 
     shape = cast.CastShape(4096, 4096)
     config = cast.CastConfig((shape,), cast.RECIPE_CHOICES["all"], ("triton", "torch"), timing=TimingConfig(repeats=2))
+    benchmark = cast.CastBenchmark(config)
     with RunWriter(tmp_path, {"command": "test"}) as writer:
-        cast.run_cast(config, writer, TimerChoice("auto"))
+        run_cases(benchmark, benchmark.cases(), writer, TimerChoice("auto"), config.timing)
     frame = load_results(tmp_path)
     assert (frame["status"] == "ok").all(), frame[frame.status != "ok"][["recipe", "backend", "status"]]
     ours = frame[frame.backend == "triton"]
@@ -295,3 +306,21 @@ def test_reports_render_cast_rows(tmp_path, monkeypatch):
     assert names == ["blockwise.html", "index.html", "tensorwise.html"]
     blockwise = (tmp_path / "blockwise.html").read_text()
     assert "blockwise-1x128+t" in blockwise and "cast" in blockwise
+
+
+def test_cast_rows_written_with_an_empty_n_read_as_the_same_cases(tmp_path):
+    """Every id column has a value: a cast has no product, its N is 0; files that left N empty read alike."""
+    from fp8bench.harness.results import RESULTS_CSV
+
+    config = cast.CastConfig((cast.CastShape(64, 128),), (cast.CAST_RECIPES["tensorwise"],), ("torch",), timing=FAST_TIMING)
+    benchmark = cast.CastBenchmark(config, DEVICE)
+    with RunWriter(tmp_path, {}) as writer:
+        rows = run_cases(benchmark, benchmark.cases(), writer, FakeTimers(), config.timing)
+    assert [r.values["N"] for r in rows] == [0, 0]
+    csv_path = tmp_path / RESULTS_CSV
+    lines = csv_path.read_text().splitlines()
+    header = lines[0].split(",")
+    n = header.index("N")
+    csv_path.write_text("\n".join([lines[0], *(",".join(c if i != n else "" for i, c in enumerate(line.split(","))) for line in lines[1:])]) + "\n")
+    assert "" in csv_path.read_text().splitlines()[1].split(",")[n:n + 1]
+    assert list(load_results(tmp_path)["N"]) == [0, 0]

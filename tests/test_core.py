@@ -108,6 +108,25 @@ def test_registry_declares_capabilities():
         get_backend("cutlass")
 
 
+def test_every_implementation_is_one_backend_declaring_its_levels():
+    from fp8bench.backends import Level, Unsupported, backend_names
+    from fp8bench.backends.quantize import CAST_RECIPES
+
+    assert backend_names(Level.GEMM) == ["bf16", "cublas", "triton"]
+    assert backend_names(Level.CAST) == ["triton", "torch", "torch-compile", "te"]
+    assert set(backend_names(Level.LAYER)) == set(backend_names(Level.MODEL)) == {"bf16", "triton", "te", "torchao"}
+    with pytest.raises(ValueError, match="choose one of: bf16, cublas, triton"):
+        get_backend("te", Level.GEMM)
+    te = get_backend("te")
+    assert te.unavailable_reason(Level.GEMM) == "te has no gemm level"
+    assert "no GEMM" in te.unsupported_reason(GemmShape(256, 256, 256), Granularity.TENSORWISE, FastAccum.ON)
+    with pytest.raises(Unsupported, match="cublas has no quantize kernels"):
+        get_backend("cublas").quantizer(CAST_RECIPES["tensorwise"], None, None)
+    for name in backend_names(Level.MODEL):  # the model level's converter: declared, filled per backend
+        with pytest.raises(Unsupported, match="does not convert models"):
+            get_backend(name).convert_model(None, None)
+
+
 @pytest.mark.parametrize(
     "backend, shape, granularity, fast_accum, reason",
     [
@@ -150,27 +169,25 @@ def test_rows_reach_the_csv_as_they_are_appended(tmp_path):
 def test_writer_refuses_to_append_to_another_schema(tmp_path):
     (tmp_path / RESULTS_CSV).write_text("case,median_ms\nx,1\n")
     with pytest.raises(ValueError, match="another result schema"):
-        RunWriter(tmp_path, {})
+        RunWriter(tmp_path, {}, resume=True)
 
 
-def test_a_resumed_run_keeps_finished_shapes_and_measures_the_rest(tmp_path):
-    from fp8bench.cli import MATMUL_ROW_KEY
-    from fp8bench.benchmarks.matmul import expected_rows
-    from fp8bench.harness.results import finished_shapes, keep_rows
+def test_a_resumed_matmul_run_keeps_finished_shapes_and_measures_the_rest(tmp_path):
+    from fp8bench.benchmarks.matmul import MatmulBenchmark
+    from fp8bench.harness.runner import case_row, resume
 
     square = shapes.generate("square", None, None, None)[:3]
     config = MatmulConfig(tuple(square), (Granularity.TENSORWISE,), ("bf16", "cublas"), (FastAccum.ON, FastAccum.OFF))
-    cases = config.cases()  # per shape: bf16, then cublas on / off
+    benchmark = MatmulBenchmark()
+    cases = benchmark.cases(config)  # per shape: bf16, then cublas on / off
     with RunWriter(tmp_path, {}) as writer:
         for case in cases[:5]:  # the first shape whole, the second without its last case
-            writer.append(Row({"benchmark": "matmul", "case": case.shape.name, "backend": case.backend,
-                               "granularity": case.granularity.value, "fast_accum": case.fast_accum.value, "status": "ok"}))
-    done = finished_shapes(load_results(tmp_path), expected_rows(config), MATMUL_ROW_KEY)
-    assert done == {square[0].name}
-    keep_rows(tmp_path, lambda row: row["case"] in done)
+            writer.append(case_row(benchmark, case, "ok", {"chosen": "config of the first call"}))
+    left = resume(cases, tmp_path)
+    assert left == cases[3:]
     assert list(load_results(tmp_path)["case"]) == [square[0].name] * 3
-    with RunWriter(tmp_path, {}) as writer:  # the resumed run appends under the same header
-        writer.append(Row({"case": square[1].name, "status": "ok"}))
+    with RunWriter(tmp_path, {}, resume=True) as writer:  # the resumed run appends under the same header
+        writer.append(case_row(benchmark, left[0], "ok"))
     assert len(load_results(tmp_path)) == 4
 
 

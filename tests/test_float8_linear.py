@@ -39,7 +39,11 @@ from fp8bench.config import BLOCK, Activation, GemmShape, Granularity, TimingCon
 from fp8bench.nn.float8_linear import Float8Linear, convert_to_float8, recipe_problem  # noqa: E402
 from fp8bench.model.hardware import GPUS  # noqa: E402
 from fp8bench.nn.recipes import RECIPES, CastConfig, Fp8Dtype, LinearGemms, Recipe, ScalingType, TensorRole  # noqa: E402
+from fp8bench.backends import REGISTRY  # noqa: E402
+from fp8bench.backends.base import LayerStep  # noqa: E402
 from fp8bench.harness.results import Row, RunWriter, load_results  # noqa: E402
+from fp8bench.harness.runner import run_cases  # noqa: E402
+from fp8bench.harness.timing import OneTimer  # noqa: E402
 from fp8kernels import reference as ref  # noqa: E402
 
 ON_GPU = torch.cuda.is_available()
@@ -659,6 +663,13 @@ class FakeLayerTimer:
         return {"_fp8_gemm_persistent_kernel": 0.6, "_cast_tensorwise_kernel": 0.1, "triton_per_fused_native_layer_norm_0": 0.3}
 
 
+def _measure_layer(run_dir, config, ceilings, resume: bool = False) -> None:
+    """Every case of `config` through the harness, timed by the fake CUPTI timer."""
+    benchmark = layer.LayerBenchmark(config, ceilings, FakeLayerTimer(), run_dir, DEVICE)
+    with RunWriter(run_dir, {}, resume=resume) as writer:
+        run_cases(benchmark, benchmark.cases(), writer, OneTimer(benchmark.timer), config.timing)
+
+
 def test_layer_run_writes_measured_rows_beside_predictions(tmp_path):
     """The whole measured path on the CPU, with a made-up clock: rows, speedups against bf16-compile,
     the model's prediction and its ratio, kernel time by kind, SQNR, and unsupported rows for what is
@@ -667,8 +678,7 @@ def test_layer_run_writes_measured_rows_beside_predictions(tmp_path):
     config = layer.LayerConfig((shape,), (RECIPES["tensorwise"], RECIPES["blockwise"]), timing=TimingConfig(repeats=2),
                                compile_backend="aot_eager")  # fmt: skip
     ceilings = roofline.spec_ceilings(GPUS["h100-sxm"])
-    with RunWriter(tmp_path, {}) as writer:
-        layer.run_layer(config, writer, ceilings, FakeLayerTimer(), device=DEVICE)
+    _measure_layer(tmp_path, config, ceilings)
     rows = load_results(tmp_path).set_index(["backend", "recipe"])
     assert rows.loc[("bf16-compile", "bf16"), "median_ms"] == 2.0
     assert set(rows.loc[rows["status"] == "ok", "timer"]) == {"fake"}
@@ -702,8 +712,7 @@ def test_a_layer_step_with_a_wrong_gradient_is_a_failed_row_not_a_time(tmp_path,
     monkeypatch.setattr(layer, "sqnr_columns", zero_grad_input)
     shape = GemmShape(128, 128, 128)
     config = layer.LayerConfig((shape,), (RECIPES["rowwise"],), ("triton",), timing=TimingConfig(repeats=2), compile_backend="aot_eager")
-    with RunWriter(tmp_path, {}) as writer:
-        layer.run_layer(config, writer, roofline.spec_ceilings(GPUS["h100-sxm"]), FakeLayerTimer(), device=DEVICE)
+    _measure_layer(tmp_path, config, roofline.spec_ceilings(GPUS["h100-sxm"]))
     rows = load_results(tmp_path).set_index(["backend", "recipe"])
     for backend in ("triton", "triton-compile"):
         row = rows.loc[(backend, "rowwise")]
@@ -715,8 +724,8 @@ def test_a_layer_step_with_a_wrong_gradient_is_a_failed_row_not_a_time(tmp_path,
 def test_a_resumed_roofline_run_measures_only_the_unfinished_shapes(tmp_path):
     """The first call finished one shape and part of the next; the resumed call keeps the prediction
     rows and the finished shape (rows and kernels), and measures the other shape whole."""
-    from fp8bench.cli import _resume_roofline
     from fp8bench.harness.results import RESULTS_CSV
+    from fp8bench.harness.runner import resume
 
     shapes = (GemmShape(128, 128, 128), GemmShape(256, 128, 128))
     config = layer.LayerConfig(shapes, (RECIPES["rowwise"],), ("triton",), timing=TimingConfig(repeats=2),
@@ -724,17 +733,19 @@ def test_a_resumed_roofline_run_measures_only_the_unfinished_shapes(tmp_path):
     ceilings = roofline.spec_ceilings(GPUS["h100-sxm"])
     with RunWriter(tmp_path, {"call": "first"}) as writer:
         writer.append(Row({"case": shapes[0].name, "backend": "model", "status": "ok"}))  # a prediction row
-        layer.run_layer(config, writer, ceilings, FakeLayerTimer(), device=DEVICE)
+    _measure_layer(tmp_path, config, ceilings, resume=True)
     lines = (tmp_path / RESULTS_CSV).read_text().splitlines()
     (tmp_path / RESULTS_CSV).write_text("\n".join(lines[:-1]) + "\n")  # interrupted before its last case
 
-    left, earlier_metadata, kernels = _resume_roofline(config, tmp_path)
-    assert left.shapes == shapes[1:] and earlier_metadata["call"] == "first"
-    assert kernels and {k["case"] for k in kernels} == {shapes[0].name}
+    benchmark = layer.LayerBenchmark(config, ceilings, FakeLayerTimer(), tmp_path, DEVICE)
+    left = resume(benchmark.cases(), tmp_path, keep=lambda row: row["backend"] == "model")
+    assert {c.case.shape for c in left} == {shapes[1]}
+    benchmark.resume_kernels({shapes[0].name})
+    assert benchmark.kernel_records and {k["case"] for k in benchmark.kernel_records} == {shapes[0].name}
     kept = load_results(tmp_path)
     assert set(kept["case"]) == {shapes[0].name} and (kept["backend"] == "model").sum() == 1
-    with RunWriter(tmp_path, {"call": "resumed"}) as writer:
-        layer.run_layer(left, writer, ceilings, FakeLayerTimer(), device=DEVICE, earlier_kernels=kernels)
+    with RunWriter(tmp_path, {"call": "resumed"}, resume=True) as writer:
+        run_cases(benchmark, left, writer, OneTimer(benchmark.timer), config.timing)
     rows = load_results(tmp_path)
     measured = rows[rows["backend"] != "model"]
     for shape in shapes:
@@ -811,13 +822,13 @@ def test_gpu_inductor_compiles_the_layer_in_one_graph(recipe):
     shape = GemmShape(2048, 1024, 2048)
     inputs = layer.LayerInputs.random(shape, "cuda")
     config = layer.LayerConfig((shape,), (recipe,), ("triton",))
-    reference = layer._build_torch(layer.LayerCase(shape, "bf16", None, False), inputs.weight, config)
+    reference = REGISTRY["bf16"].layer(layer.LayerCase(shape, "bf16", None, False), inputs.weight, config.compile_backend)
     expected = layer.step_results(layer.make_step(reference, inputs), reference, inputs)
-    eager = layer._build_torch(layer.LayerCase(shape, "triton", recipe, False), inputs.weight, config)
-    compiled_layer = layer._build_torch(layer.LayerCase(shape, "triton", recipe, False), inputs.weight, config)
+    eager = REGISTRY["triton"].layer(layer.LayerCase(shape, "triton", recipe, False), inputs.weight, config.compile_backend)
+    compiled_layer = REGISTRY["triton"].layer(layer.LayerCase(shape, "triton", recipe, False), inputs.weight, config.compile_backend)
     torch._dynamo.reset()
-    compiled = layer.Built(torch.compile(compiled_layer.forward, fullgraph=True), compiled_layer.weight,
-                           compiled_layer.parameters, {})  # fmt: skip
+    compiled = LayerStep(torch.compile(compiled_layer.forward, fullgraph=True), compiled_layer.weight,
+                         compiled_layer.parameters, {})  # fmt: skip
     for built in (eager, compiled):
         step = layer.make_step(built, inputs)
         for _ in range(3):  # delayed scaling compiles again for the second step, then runs from its histories

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fp8bench.backends import REGISTRY
+from fp8bench.backends import REGISTRY, Level, backend_names
 from fp8bench.backends.base import quantize_operands
 from fp8bench.config import FastAccum, GemmShape, Granularity
 from fp8bench.benchmarks.matmul import random_operands
@@ -25,7 +25,7 @@ def _reference_product(operands, granularity):
     return ref.dequantize(qa, sa) @ ref.dequantize(qb_t, sb).t()
 
 
-@pytest.mark.parametrize("backend_name", [n for n, b in REGISTRY.items() if Granularity.NONE not in b.granularities])
+@pytest.mark.parametrize("backend_name", [n for n in backend_names(Level.GEMM) if Granularity.NONE not in REGISTRY[n].granularities])
 @pytest.mark.parametrize("granularity", Granularity.fp8(), ids=lambda g: g.value)
 @pytest.mark.parametrize("fast_accum", [FastAccum.ON, FastAccum.OFF], ids=lambda f: f"fast_accum_{f.value}")
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.name)

@@ -24,14 +24,13 @@ from typer.testing import CliRunner
 from browser import parse_html, render
 from fp8bench.cli import app
 from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase, Status
-from fp8bench.benchmarks.matmul import case_row, measured_row
 from fp8bench.publish.site import MANIFEST_JSON, publish
 from fp8bench.publish.tree import COMPARE_HTML, GATE_JSON, HISTORY_HTML, read_tree, slug
 from fp8bench.model.hardware import GPUS
 from fp8bench.report.write import INDEX_HTML, VIEWS, page_name
 from fp8bench.report.html import PLOTLY_JS
 from fp8bench.harness.results import RunWriter, load_results, read_metadata, status_text
-from test_report import GPU, synthetic_measurement
+from test_report import GPU, case_row, measured_row, synthetic_measurement
 
 COMMITTED_REPORTS = Path(__file__).resolve().parent.parent / "reports"
 # Strings that would run script if a page let them through: a case name that closes the script
@@ -54,7 +53,7 @@ def write_run(run_dir: Path, started: str | None, seed: int, slow_fast_accum: fl
     if started is not None:
         metadata["started_utc"] = started
     rng = np.random.default_rng(seed)
-    with RunWriter(run_dir, metadata) as writer:
+    with RunWriter(run_dir, metadata, resume=True) as writer:  # a later call appends rows: the run grew
         for shape in SHAPES:
             bf16_case = MatmulCase(shape, "bf16", Granularity.NONE, FastAccum.NA)
             bf16 = synthetic_measurement(bf16_case, rng)

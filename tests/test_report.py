@@ -17,11 +17,12 @@ from browser import parse_html, render
 from fp8bench.cli import app
 from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase, Status
 from fp8bench.model.hardware import GPUS
-from fp8bench.benchmarks.matmul import case_row, measured_row
+from fp8bench.benchmarks.matmul import GemmCase, MatmulBenchmark
+from fp8bench.harness import runner
 from fp8bench.report.write import INDEX_HTML, TIME_COLUMN, page_name, write_reports
 from fp8bench.report.html import PLOTLY_JS
 from fp8bench.report.matmul import heatmap_id
-from fp8bench.harness.results import COLUMNS, RunWriter, load_results, status_text
+from fp8bench.harness.results import COLUMNS, Row, RunWriter, load_results, status_text
 from fp8bench.harness.timing import Measurement
 
 GPU = GPUS["h100-sxm"]
@@ -32,6 +33,17 @@ FP8 = Granularity.fp8()
 FAST_ACCUMS = (FastAccum.ON, FastAccum.OFF)
 # Made-up throughput (TFLOPS at the largest shape) per backend; FP8 twice BF16, roughly as on an H100.
 SYNTHETIC_TFLOPS = {"bf16": 600.0, "cublas": 1200.0, "triton": 1100.0}
+
+
+def case_row(case: MatmulCase, status: str) -> Row:
+    """A matmul row without a measurement, as the harness writes it."""
+    return runner.case_row(MatmulBenchmark(), GemmCase(case), status)
+
+
+def measured_row(case: MatmulCase, m: Measurement, options: dict, gpu, bf16_ms: float | None, rel_err: float | None) -> Row:
+    """A measured matmul row, as the harness derives it."""
+    columns = {} if rel_err is None else {"rel_err": rel_err}
+    return runner.measured_row(MatmulBenchmark(gpu), GemmCase(case), m, reference_ms=bf16_ms, options=options, columns=columns)
 
 
 def grid_shapes() -> list[GemmShape]:

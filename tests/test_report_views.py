@@ -2,7 +2,7 @@
 every point it should, without a script error.
 
 The runs are synthetic fixtures (timer "fake"): cast rows built by fp8bench.benchmarks.cast's own row builders,
-roofline predictions by the model itself (fp8bench.model.roofline.run_roofline) and measured rows by
+roofline predictions by the model itself (fp8bench.benchmarks.roofline.run_roofline) and measured rows by
 fp8bench.benchmarks.layer's builders, from made-up, randomly perturbed timings, written with RunWriter into a
 temporary folder. No number here is a GPU measurement.
 """
@@ -21,8 +21,9 @@ import pytest
 from browser import render
 from fp8bench.benchmarks import cast
 from fp8bench.benchmarks import layer
+from fp8bench.benchmarks import roofline as predicted
 from fp8bench.model import roofline as rl
-from fp8bench.model.calibrate import CalibrationProfile
+from fp8bench.model.calibration import CalibrationProfile
 from fp8bench.config import GemmShape, Granularity, Status
 from fp8bench.model.hardware import GPUS
 from fp8bench.nn.recipes import RECIPES
@@ -30,7 +31,8 @@ from fp8bench.report.write import page_name, write_reports
 from fp8bench.report.cast import TARGET_PCT_OF_COPY, gbps_chart, pct_of_copy_chart
 from fp8bench.report.html import chart_id, plotted_rows, ratio_whiskers
 from fp8bench.report.roofline import SQNR_COLUMNS, SYMBOLS, measured_vs_predicted_chart, speedup_chart
-from fp8bench.harness.results import RunWriter, load_results, status_text
+from fp8bench.harness import runner
+from fp8bench.harness.results import COPY_RECIPE, RunWriter, load_results, status_text
 from fp8bench.harness.timing import Measurement
 
 GPU = GPUS["h100-sxm"]
@@ -78,27 +80,23 @@ def synthetic_cast_status(shape: cast.CastShape, recipe: cast.CastRecipe, implem
 
 def write_cast_run(run_dir, rng: np.random.Generator) -> None:
     config = cast.CastConfig(CAST_SHAPES, tuple(cast.CAST_RECIPES.values()))
+    benchmark = cast.CastBenchmark(config)
     with RunWriter(run_dir, {**METADATA, "benchmark": "cast"}) as writer:
         for shape in config.shapes:
-            x_bytes = shape.rows * shape.cols * 2  # bf16
-            copied = 2 * x_bytes
-            options = {**config.options(), "bytes": copied}
-            copy = cast.case_row(shape, Granularity.NONE.value, "torch", cast.COPY_RECIPE, status_text(Status.OK), options)
-            copy = cast.measured_row(copy, fake_measurement(copied / COPY_GBPS * 1e-6, rng), copied, None, None)
+            copy_case = cast.CastCase(shape, None, "torch", config)
+            copy = runner.measured_row(benchmark, copy_case, fake_measurement(copy_case.work.bytes / COPY_GBPS * 1e-6, rng))
             writer.append(copy)
             for recipe in config.recipes:
-                moved = x_bytes + recipe.bytes_written(shape)
                 for implementation in config.implementations:
+                    case = cast.CastCase(shape, recipe, implementation, config)
                     status = synthetic_cast_status(shape, recipe, implementation)
-                    options = {**config.options(), "bytes": moved}
-                    granularity = recipe.granularity.value
-                    status_cell = status or status_text(Status.OK)
-                    row = cast.case_row(shape, granularity, implementation, recipe.name, status_cell, options)
-                    if status is None:
-                        gbps = copy.values["gbps"] * SHARE_OF_COPY[implementation] / recipe.input_reads()
-                        m = fake_measurement(moved / gbps * 1e-6, rng)
-                        row = cast.measured_row(row, m, moved, copy.values["gbps"], float(rng.uniform(0.02, 0.04)))
-                    writer.append(row)
+                    if status:
+                        writer.append(runner.case_row(benchmark, case, status))
+                        continue
+                    gbps = copy.values["gbps"] * SHARE_OF_COPY[implementation] / recipe.input_reads()
+                    m = fake_measurement(case.work.bytes / gbps * 1e-6, rng)
+                    rel_err = float(rng.uniform(0.02, 0.04))
+                    writer.append(runner.measured_row(benchmark, case, m, reference=copy.values, columns={"rel_err": rel_err}))
 
 
 # ---- the roofline run: the model's predictions, then (on a "GPU") the measured steps ----
@@ -150,27 +148,26 @@ def synthetic_sqnr(case: layer.LayerCase, rng) -> dict[str, float]:
 def write_roofline_run(run_dir, rng: np.random.Generator, measured: bool) -> None:
     ceilings = (rl.spec_ceilings(GPU), rl.calibrated_ceilings(SYNTHETIC_PROFILE))
     recipes = tuple(RECIPES.values())
-    config = rl.RooflineConfig(ROOFLINE_SHAPES, recipes, tuple(rl.IMPLEMENTATIONS.values()), ceilings)
+    config = predicted.RooflineConfig(ROOFLINE_SHAPES, recipes, tuple(rl.IMPLEMENTATIONS.values()), ceilings)
     with RunWriter(run_dir, {**METADATA, "benchmark": "roofline", "prediction_only": not measured}) as writer:
-        rl.run_roofline(config, writer)
+        predicted.run_roofline(config, writer)
         if not measured:
             return
         measured_with = ceilings[-1]  # the calibrated ceilings, as `fp8bench roofline` picks them
+        layer_config = layer.LayerConfig(ROOFLINE_SHAPES, recipes)
+        benchmark = layer.LayerBenchmark(layer_config, measured_with, timer=None, run_dir=run_dir)
         for shape in ROOFLINE_SHAPES:
             reference_ms = None
-            for case in layer.LayerConfig(ROOFLINE_SHAPES, recipes).cases(shape):
-                options = {  # as fp8bench.benchmarks.layer's _run_case starts them
-                    "implementation": case.implementation, "compiled": case.compiled, "model": "refined",
-                    "ceilings": measured_with.source,
-                }
+            for case in layer_config.cases(shape):
+                step = layer.StepCase(case, benchmark)
                 status = synthetic_status(case)
                 if status:
-                    writer.append(layer.case_row(case, status, options))
+                    writer.append(runner.case_row(benchmark, step, status))
                     continue
                 m, kernels = synthetic_step(case, measured_with, rng)
-                sqnr = synthetic_sqnr(case, rng)
-                writer.append(layer.measured_row(case, m, kernels, sqnr, options, measured_with, reference_ms))
-                if case.backend == layer.REFERENCE_BACKEND:
+                columns = layer.step_columns(case, kernels, synthetic_sqnr(case, rng), measured_with)
+                writer.append(runner.measured_row(benchmark, step, m, reference_ms=reference_ms, columns=columns))
+                if step.is_reference:
                     reference_ms = m.median_ms
 
 
@@ -214,10 +211,10 @@ def kernel_time_id(case: str) -> str:
 def test_the_fixtures_are_what_the_benchmarks_write(cast_run, roofline_run, predicted_run):
     _, cast_rows = cast_run
     assert set(cast_rows["timer"]) == {"fake", ""}  # "": the rows that did not run
-    copies = cast_rows[cast_rows["recipe"] == cast.COPY_RECIPE]
+    copies = cast_rows[cast_rows["recipe"] == COPY_RECIPE]
     assert len(copies) == len(CAST_SHAPES) and set(copies["granularity"]) == {"none"} and copies["pct_peak"].isna().all()
-    casts = cast_rows[(cast_rows["recipe"] != cast.COPY_RECIPE) & (cast_rows["status"] == "ok")]
-    assert casts["pct_peak"].between(2, 100).all() and casts["N"].isna().all()
+    casts = cast_rows[(cast_rows["recipe"] != COPY_RECIPE) & (cast_rows["status"] == "ok")]
+    assert casts["pct_peak"].between(2, 100).all() and (cast_rows["N"] == 0).all()  # a cast has no product
     _, rows = roofline_run
     measured = rows[rows["backend"] != "model"]
     assert set(measured["backend"]) == set(SLOWDOWN) and set(measured["timer"]) == {"fake", ""}
@@ -305,7 +302,7 @@ def test_share_of_copy_whiskers_come_from_both_repeats(cast_run):
     assert sorted(lines) == [TARGET_PCT_OF_COPY] * len(CAST_SHAPES) + [100.0] * len(CAST_SHAPES)
     plotted = plotted_rows(ok)
     cast_row = plotted[(plotted["recipe"] == "blockwise-1x128") & (plotted["backend"] == "te")].iloc[0]
-    copy_row = plotted[(plotted["recipe"] == cast.COPY_RECIPE) & (plotted["case"] == cast_row["case"])].iloc[0]
+    copy_row = plotted[(plotted["recipe"] == COPY_RECIPE) & (plotted["case"] == cast_row["case"])].iloc[0]
     bytes_ratio = json.loads(cast_row["options"])["bytes"] / json.loads(copy_row["options"])["bytes"]
     highest = 100.0 * bytes_ratio * copy_row["slowest_ms"] / cast_row["fastest_ms"]
     for trace in chart.figure.data:
@@ -350,7 +347,7 @@ def test_cast_charts_plot_every_ok_row(cast_run, rendered):
         assert {t.kind for t in gbps.traces} == {"bars"}
         assert len(gbps.traces) == len(ok.groupby(["backend", "case"]))  # a panel per tensor
         share = page.graph("cast-pct-of-copy")
-        assert share.points == (ok["recipe"] != cast.COPY_RECIPE).sum() == ok["pct_peak"].notna().sum()
+        assert share.points == (ok["recipe"] != COPY_RECIPE).sum() == ok["pct_peak"].notna().sum()
 
 
 @pytest.mark.browser

@@ -17,9 +17,10 @@ import pytest
 from scipy import stats
 from typer.testing import CliRunner
 
+from fp8bench.benchmarks import roofline as predicted
 from fp8bench.model import roofline as rl
 from fp8bench.benchmarks import shapes
-from fp8bench.model.calibrate import CalibrationProfile, load_profile, save_profile
+from fp8bench.model.calibration import CalibrationProfile, load_profile, save_profile
 from fp8bench.cli import EnvironmentProblem, app
 from fp8bench.config import FastAccum, GemmShape, Granularity
 from fp8bench.model.hardware import GPUS
@@ -354,7 +355,7 @@ def test_roofline_cli_writes_predictions_not_measurements(tmp_path, monkeypatch)
     assert set(unsupported["recipe"]) == {"tensorwise-delayed", "blockwise", "rowwise", "rowwise_with_gw_hp"}
     refined = ok[ok["options"].map(lambda o: json.loads(o)["model"]) == "refined"].dropna(subset=["predicted_speedup"])
     assert len(refined) == len(RECIPES) * len(rl.IMPLEMENTATIONS) - len(unsupported)
-    kernels = pd.read_csv(tmp_path / "run" / rl.KERNELS_CSV)
+    kernels = pd.read_csv(tmp_path / "run" / predicted.KERNELS_CSV)
     assert {"term", "kernel", "time_us", "bound"} <= set(kernels.columns) and len(kernels) > len(rows)
     metadata = json.loads((tmp_path / "run" / "metadata.json").read_text())
     assert metadata["prediction_only"] is True and set(metadata["ceilings"]) == {"spec"}
@@ -493,10 +494,48 @@ def test_our_output_gemm_applies_the_sigmoid_so_only_its_backward_is_a_kernel():
                 assert saved == 4 * shape.M * shape.N
 
 
-def test_the_model_imports_no_benchmark_backend_cli_or_torch():
-    """The roofline model is pure: imported alone it loads no benchmark, backend, CLI or report, and not torch."""
-    code = "import sys, fp8bench.model.roofline; print(' '.join(sorted(sys.modules)))"
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    forbidden = ("fp8bench.benchmarks", "fp8bench.backends", "fp8bench.cli", "fp8bench.report", "fp8bench.gate", "torch")
-    assert "fp8bench.model.roofline" in loaded
-    assert [m for m in loaded if any(m == p or m.startswith(f"{p}.") for p in forbidden)] == []
+# ---- the calibration measurement, through the harness (a fake clock on the CPU) ---------------------
+
+
+class _OneMillisecond:
+    """Every case takes 1 ms: a made-up clock (timer `fake`), never a measurement."""
+
+    def measure(self, fn, config):
+        from fp8bench.harness.timing import Measurement
+
+        fn()
+        return Measurement((1.0, 1.0), 5, 1.5, "fake", ())
+
+
+def test_calibration_measures_through_the_harness_and_profiles_its_rows(tmp_path, monkeypatch):
+    from fp8bench.backends import REGISTRY, Level
+    from fp8bench.backends.base import PreparedGemm
+    from fp8bench.benchmarks import calibrate
+    from fp8bench.config import FastAccum, GemmShape, Granularity, TimingConfig
+    from fp8bench.harness.results import RunWriter, load_results
+    from fp8bench.harness.runner import run_cases
+
+    def tensorwise_only(operands, granularity, fast_accum):  # a stand-in cuBLAS that has tensorwise alone
+        if granularity is not Granularity.TENSORWISE:
+            raise RuntimeError("scaled_gemm: no such configuration")
+        return PreparedGemm(lambda: operands.a @ operands.b.t())
+
+    monkeypatch.setattr(REGISTRY["cublas"], "unavailable_reason", lambda level=Level.GEMM: None)
+    monkeypatch.setattr(REGISTRY["cublas"], "prepare_gemm", tensorwise_only)
+    monkeypatch.setattr(calibrate, "COPY_BYTES", 2**12)
+    shapes = (GemmShape(64, 128, 256), GemmShape(128, 128, 128))
+    benchmark = calibrate.CalibrationBenchmark(shapes, device="cpu")
+    with RunWriter(tmp_path, {}) as writer:
+        rows = run_cases(benchmark, benchmark.cases(), writer, _OneMillisecond(), TimingConfig(repeats=2))
+    frame = load_results(tmp_path)
+    assert len(frame) == len(shapes) * 7 + 2 and set(frame["benchmark"]) == {"calibrate"}
+    assert frame.loc[frame.granularity == "axiswise", "status"].str.startswith("failed: RuntimeError").all()
+    lines: list[str] = []
+    profile = calibrate.profile_from_rows([r.values for r in rows], "h100-sxm", "test", shapes, on_result=lines.append)
+    best = max(s.flops for s in shapes) / 1e-3 / 1e12  # the larger product in the same 1 ms
+    assert profile.bf16_tflops == pytest.approx(best) and set(profile.fp8_tflops) == {"tensorwise/on", "tensorwise/off"}
+    assert profile.copy_tbps == pytest.approx(2 * 2**12 / 1e-3 / 1e12) and profile.launch_us == pytest.approx(1000.0)
+    assert any("fp8 axiswise/on GEMM: skipped: failed: RuntimeError" in line for line in lines)
+    without_tensorwise = [r.values for r in rows if r.values["granularity"] != "tensorwise"]
+    with pytest.raises(ValueError, match="tensorwise/on"):
+        calibrate.profile_from_rows(without_tensorwise, "h100-sxm", "test", shapes)

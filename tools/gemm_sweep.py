@@ -34,8 +34,9 @@ from fp8bench.backends.triton import kernel_operands
 from fp8bench.config import BLOCK, FastAccum, GemmShape, Granularity, MatmulCase, TimingConfig
 from fp8bench.harness.env import run_metadata
 from fp8bench.model.hardware import spec_for_device_name
-from fp8bench.benchmarks.matmul import measured_row, random_operands
+from fp8bench.benchmarks.matmul import GemmCase, MatmulBenchmark, random_operands
 from fp8bench.harness.results import RunWriter
+from fp8bench.harness.runner import measured_row
 from fp8bench.benchmarks.shapes import llama, square
 from fp8bench.harness.timing import TimerChoice
 from fp8kernels.gemm import fp8_gemm, gemm_config, launch_kernel
@@ -177,7 +178,7 @@ class SideBySide:
         """(median ms, result row) of one timed case."""
         case = MatmulCase(shape, backend, granularity, _fast(fast_accum))
         measurement = self.timers.measure(fn, self.timing)
-        return measurement.median_ms, measured_row(case, measurement, options, self.gpu, None, None)
+        return measurement.median_ms, measured_row(MatmulBenchmark(self.gpu), GemmCase(case), measurement, options=options)
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame.from_records(self.records)

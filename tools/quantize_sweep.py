@@ -48,6 +48,9 @@ def copy_gbps(x, timing, timers) -> float:
 
 def sweep_shape(shape, recipes, timing, timers) -> list[dict]:
     """Every recipe's candidate configs on one tensor, against its copy; one record per config."""
+    from fp8bench.backends import get_backend
+    from fp8bench.backends.quantize import compare_with_reference
+    from fp8bench.backends.triton import quantize_config
     from fp8bench.benchmarks import cast
     from fp8kernels.quantize import QuantizeSpec
     from fp8kernels.quantize_configs import QuantizeKernel, candidates, multiprocessors
@@ -60,14 +63,14 @@ def sweep_shape(shape, recipes, timing, timers) -> list[dict]:
         if recipe.problem_with(shape):
             continue
         spec = QuantizeSpec(columnwise=recipe.columnwise)
-        reference = cast._torch_eager(recipe, spec).run(x)
-        kernel = QuantizeKernel(cast.triton_config(recipe, x)["kernel"])
+        reference = get_backend("torch").quantizer(recipe, spec, x.abs().amax().float() if recipe.delayed else None).run(x)
+        kernel = QuantizeKernel(quantize_config(recipe, x)["kernel"])
         least = input_bytes + recipe.bytes_written(shape)
         moved = least + (recipe.input_reads() - 1) * input_bytes
         for rank, config in enumerate(candidates(kernel, shape.rows, shape.cols, recipe.columnwise, multiprocessors(x))):
             record = {"shape": shape.name, "recipe": recipe.name, "default": rank == 0, **config.as_dict()}
             try:
-                ulps, problem = cast.compare_with_reference(_run_with(recipe, x, spec, config), reference)
+                ulps, problem = compare_with_reference(_run_with(recipe, x, spec, config), reference)
                 if problem:
                     raise ValueError(problem)
                 call = lambda: _run_with(recipe, x, spec, config)  # noqa: E731

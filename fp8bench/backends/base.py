@@ -1,24 +1,30 @@
-"""What a backend declares and provides. Every backend lives in the one registry (`backends/__init__.py`)."""
+"""What a backend declares and provides. Every backend lives in the one registry (`backends/__init__.py`).
+
+A backend declares the levels it has (`Level`) and, for the GEMM, its granularities; per level it gives:
+GEMM `prepare_gemm`, CAST `quantizer` (a quantize kernel for a cast recipe), LAYER `layer` (the
+LayerNorm -> Linear -> sigmoid step of the measured roofline), MODEL `convert_model` (a model converted to
+train in FP8 under a recipe). What a backend lacks raises the one `Unsupported` (fp8bench.harness.case),
+which becomes an `unsupported: <reason>` row; so does a backend that cannot run here (`unavailable_reason`).
+"""
 
 from __future__ import annotations
 
 import enum
-from abc import ABC, abstractmethod
+from abc import ABC
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fp8bench.backends.quantize import CastRecipe, Quantizer
 from fp8bench.config import BLOCK, FastAccum, GemmShape, Granularity, fp8_shape_problem
+from fp8bench.harness.case import Unsupported
 
 
 class Level(str, enum.Enum):
     GEMM = "gemm"
+    CAST = "cast"
     LAYER = "layer"
     MODEL = "model"
-
-
-class Unsupported(Exception):
-    """A case the backend cannot run; becomes an `unsupported: <reason>` row."""
 
 
 @dataclass(frozen=True)
@@ -41,26 +47,58 @@ class Operands:
 class Backend(ABC):
     name: str
     description: str
-    granularities: frozenset[Granularity]
     levels: frozenset[Level]
+    granularities: frozenset[Granularity] = frozenset()  # of its GEMM
     # Whether the fast-accumulation switch changes this backend's GEMM for a granularity.
     fast_accum_granularities: frozenset[Granularity] = frozenset()
 
-    def unavailable_reason(self) -> str | None:
-        """Why this backend cannot run here (not installed, no GPU, wrong GPU), or None."""
+    def unavailable_reason(self, level: Level = Level.GEMM) -> str | None:
+        """Why this backend cannot run `level` here (not installed, no GPU, wrong GPU), or None."""
+        if level not in self.levels:
+            return f"{self.name} has no {level.value} level"
         return None
 
     def unsupported_reason(self, shape: GemmShape, granularity: Granularity, fast_accum: FastAccum) -> str | None:
-        """Why this backend cannot run this case, or None. Checked before any GPU work."""
+        """Why this backend cannot run this GEMM, or None. Checked before any GPU work."""
+        if Level.GEMM not in self.levels:
+            return f"{self.name} has no GEMM"
         if granularity not in self.granularities:
             return f"{self.name} has no {granularity.value} scaling"
         if fast_accum is FastAccum.ON and granularity not in self.fast_accum_granularities:
             return f"{self.name} has no fast-accumulation switch for {granularity.value} scaling"
         return fp8_shape_problem(shape, granularity)
 
-    @abstractmethod
     def prepare_gemm(self, operands: Operands, granularity: Granularity, fast_accum: FastAccum) -> PreparedGemm:
         """Quantize (untimed) and return the timed product; raise Unsupported for what it cannot do."""
+        raise Unsupported(f"{self.name} has no GEMM")
+
+    def quantizer(self, recipe: CastRecipe, spec: Any, history_amax: Any) -> Quantizer:
+        """A quantize kernel for `recipe` (spec: fp8kernels.quantize.QuantizeSpec; history_amax: the amax a
+        delayed recipe scales from, else None); raise Unsupported for what it cannot do."""
+        raise Unsupported(f"{self.name} has no quantize kernels")
+
+    def layer(self, case: Any, weight: Any, compile_backend: str) -> "LayerStep":
+        """The measured roofline layer of `case` (fp8bench.benchmarks.layer.LayerCase) with `weight` copied
+        in; raise Unsupported for what it cannot do."""
+        raise Unsupported(f"{self.name} has no layer for the roofline")
+
+    def convert_model(self, model: Any, recipe: Any) -> Any:
+        """`model` converted to train in FP8 under `recipe` (fp8bench.nn.recipes.Recipe; None: BF16), for
+        the model level; raise Unsupported for what it cannot do."""
+        raise Unsupported(f"{self.name} does not convert models")
+
+
+@dataclass(frozen=True)
+class LayerStep:
+    """One implementation of the measured layer, ready to step: its forward, the linear's weight
+    parameter, every parameter whose gradient the step computes, what the row records about it, and
+    whether torch.compile compiled it (fp8bench.benchmarks.layer)."""
+
+    forward: Callable[[Any], Any]
+    weight: Any
+    parameters: tuple[Any, ...]
+    options: dict[str, Any]
+    compiled: bool = False
 
 
 # FP8 tensor cores: Ada (8.9), Hopper (9.0) and later.

@@ -23,9 +23,11 @@ class CublasBackend(Backend):
     # accum with 128x128 blockwise scaling", torch 2.11 / CUDA 13.0 on an H100).
     fast_accum_granularities = frozenset({Granularity.TENSORWISE, Granularity.AXISWISE})
 
-    def unavailable_reason(self) -> str | None:
+    def unavailable_reason(self, level: Level = Level.GEMM) -> str | None:
         import torch
 
+        if level not in self.levels:
+            return super().unavailable_reason(level)
         if not hasattr(torch, "_scaled_mm"):
             return f"torch {torch.__version__} has no _scaled_mm"
         return fp8_device_problem()

@@ -1,4 +1,5 @@
-"""`triton`: our own persistent TMA FP8 GEMM (fp8kernels.gemm), for all three granularities.
+"""`triton`: ours. The persistent TMA FP8 GEMM (fp8kernels.gemm) for all three granularities, the quantize
+kernels (fp8kernels.quantize_*) for every cast recipe, and Float8LayerNormLinear for the measured layer.
 
 Operands are quantized untimed with fp8kernels.reference; the timed call is the GEMM alone. The chosen
 kernel config (kernels/gemm_configs.py) is recorded in the row's options. Blockwise always promotes the
@@ -9,8 +10,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from fp8bench.backends.base import Backend, Level, Operands, PreparedGemm, fp8_device_problem, quantize_operands
-from fp8bench.config import FastAccum, Granularity
+from fp8bench.backends.base import Backend, LayerStep, Level, Operands, PreparedGemm, fp8_device_problem, quantize_operands
+from fp8bench.backends.quantize import CastRecipe, Quantizer, dequantize_ours
+from fp8bench.backends.torch_bf16 import compiled, torch_layer, weight_of
+from fp8bench.config import Activation, FastAccum, Granularity
+from fp8bench.harness.case import Unsupported
+from fp8bench.nn.recipes import GemmRole
+
+def quantize_config(recipe: CastRecipe, x) -> dict[str, int]:
+    """The launch config our kernel picks for x (recorded in the row's options)."""
+    from fp8kernels.quantize_axiswise import axiswise_kernel
+    from fp8kernels.quantize_blockwise import blockwise_kernel
+    from fp8kernels.quantize_configs import QuantizeKernel, choose, multiprocessors
+
+    if recipe.granularity is Granularity.TENSORWISE:
+        kernel = QuantizeKernel.TENSORWISE
+    elif recipe.granularity is Granularity.AXISWISE:
+        kernel = axiswise_kernel(recipe.columnwise)
+    else:
+        kernel = blockwise_kernel(recipe.block_rows)
+    rows, cols = x.shape
+    return {"kernel": kernel.value, **choose(kernel, rows, cols, recipe.columnwise, multiprocessors(x)).as_dict()}
+
 
 def kernel_operands(operands: Operands, granularity: Granularity) -> tuple[Any, Any, Any, Any]:
     """quantize_operands in the layouts fp8_gemm reads fastest: blockwise activation scales M-major,
@@ -25,11 +46,12 @@ class TritonBackend(Backend):
     name = "triton"
     description = "fp8kernels.gemm: persistent TMA Triton FP8 GEMM, e4m3 operands, bf16 output"
     granularities = frozenset(Granularity.fp8())
-    levels = frozenset({Level.GEMM})
+    levels = frozenset({Level.GEMM, Level.CAST, Level.LAYER, Level.MODEL})
     fast_accum_granularities = frozenset({Granularity.TENSORWISE, Granularity.AXISWISE})
 
-    def unavailable_reason(self) -> str | None:
-        return fp8_device_problem()
+    def unavailable_reason(self, level: Level = Level.GEMM) -> str | None:
+        # The quantize kernels also run on the CPU under TRITON_INTERPRET=1 (the tests do).
+        return None if level is Level.CAST else fp8_device_problem()
 
     def prepare_gemm(self, operands: Operands, granularity: Granularity, fast_accum: FastAccum) -> PreparedGemm:
         from fp8kernels.gemm import fp8_gemm, gemm_config
@@ -43,3 +65,66 @@ class TritonBackend(Backend):
             return fp8_gemm(qa, qb_t, sa, sb, granularity=granularity, fast_accum=use_fast_accum, config=config)
 
         return PreparedGemm(run, {"op": "fp8kernels.gemm.fp8_gemm", "dtype": "e4m3", **config.options_for(M, N, K)})
+
+    def quantizer(self, recipe: CastRecipe, spec: Any, history_amax: Any) -> Quantizer:
+        import torch
+
+        from fp8kernels._quantize_common import launch_config
+        from fp8kernels.quantize_axiswise import quantize_axiswise
+        from fp8kernels.quantize_blockwise import quantize_blockwise
+        from fp8kernels.quantize_configs import QuantizeKernel
+        from fp8kernels.quantize_tensorwise import cast_tensorwise, quantize_tensorwise
+
+        describe = lambda x: {"config": quantize_config(recipe, x)}  # noqa: E731
+        if recipe.delayed:  # the cast pass alone, recording x's amax by atomic max (what quantize_delayed runs)
+            recorded = torch.zeros((), dtype=torch.float32, device=history_amax.device)
+
+            def cast(x):
+                config = launch_config(x, QuantizeKernel.TENSORWISE, spec.columnwise, None)
+                return cast_tensorwise(x, history_amax, spec, config, record_amax=recorded)
+
+            return Quantizer(cast, dequantize_ours, describe)
+        if recipe.granularity is Granularity.TENSORWISE:
+            return Quantizer(lambda x: quantize_tensorwise(x, spec), dequantize_ours, describe)
+        if recipe.granularity is Granularity.AXISWISE:
+            return Quantizer(lambda x: quantize_axiswise(x, spec), dequantize_ours, describe)
+        return Quantizer(lambda x: quantize_blockwise(x, recipe.block_rows, spec), dequantize_ours, describe)
+
+
+    def triton_config(recipe: CastRecipe, x) -> dict[str, int]:
+        """The launch config our kernel picks for x (recorded in the row's options)."""
+        from fp8kernels.quantize_axiswise import axiswise_kernel
+        from fp8kernels.quantize_blockwise import blockwise_kernel
+        from fp8kernels.quantize_configs import QuantizeKernel, choose, multiprocessors
+
+        if recipe.granularity is Granularity.TENSORWISE:
+            kernel = QuantizeKernel.TENSORWISE
+        elif recipe.granularity is Granularity.AXISWISE:
+            kernel = axiswise_kernel(recipe.columnwise)
+        else:
+            kernel = blockwise_kernel(recipe.block_rows)
+        rows, cols = x.shape
+        return {"kernel": kernel.value, **choose(kernel, rows, cols, recipe.columnwise, multiprocessors(x)).as_dict()}
+
+    def layer(self, case: Any, weight: Any, compile_backend: str) -> LayerStep:
+        """Our Float8LayerNormLinear (LayerNorm -> our Float8Linear, the sigmoid in the output GEMM's epilogue)."""
+        from fp8bench.nn.float8_layernorm_linear import Float8LayerNormLinear, layer_norm_fusion
+        from fp8bench.nn.float8_linear import plan, recipe_problem, shape_problem
+
+        if case.recipe is None:
+            raise Unsupported("ours is an FP8 layer: the BF16 layer is bf16's")
+        problem = recipe_problem(case.recipe) or shape_problem(case.shape.M, case.shape.K, case.shape.N, case.recipe)
+        if problem:
+            raise Unsupported(problem)
+        plain = torch_layer(case.shape, weight)
+        layer = type(plain)(Float8LayerNormLinear.from_modules(plain[0], plain[1], case.recipe, activation=Activation.SIGMOID))
+        fusion = layer_norm_fusion(plan(case.recipe))
+        options = {
+            "summary": case.recipe.summary(),
+            "sigmoid": "in the output GEMM's epilogue (fp8kernels.gemm activation)",
+            "layernorm": f"fused with the input's {fusion} fp8 cast (fp8kernels.layernorm_cast)" if fusion
+            else "torch layer_norm, then the input's cast",
+        }
+        if case.recipe.gemm_granularity(GemmRole.GRAD_WEIGHT) is Granularity.BLOCKWISE:
+            options["grad_weight_gemm"] = "torch._scaled_mm: fp8kernels.gemm has no 1x128 x 1x128 product"
+        return LayerStep(compiled(layer, case.compiled, compile_backend), weight_of(layer), (weight_of(layer),), options, case.compiled)

@@ -5,7 +5,8 @@ One step: `out = sigmoid(linear(layer_norm(x))); out.backward(grad_output)` with
 grad_output[M, N] random BF16 (the same tensors for every case of a shape), LayerNorm without affine
 parameters, the linear K -> N without bias and with one random weight shared by all cases; the step
 computes the gradients of x and of the weight (set to None before each step: no accumulation kernel).
-The implementations (the model's names in fp8bench.model.roofline.IMPLEMENTATIONS; a row's backend adds
+The implementations are the backends with a LAYER level (fp8bench.backends: Backend.layer builds each
+step; their names are the model's in fp8bench.model.roofline.IMPLEMENTATIONS; a row's backend adds
 `-compile` where torch.compile ran):
 - `bf16`: plain torch, eager and compiled; `bf16-compile` is the reference every speedup divides;
 - `triton`: our Float8LayerNormLinear (fp8bench.nn.float8_layernorm_linear: LayerNorm -> our Float8Linear,
@@ -16,7 +17,8 @@ The implementations (the model's names in fp8bench.model.roofline.IMPLEMENTATION
   (tensorwise-delayed), Float8CurrentScaling (tensorwise), Float8BlockScaling (blockwise), and without
   FP8 (recipe bf16). Its LayerNorm has affine parameters (gamma = 1, beta = 0) and computes their grads.
 An implementation that is not installed gives `unsupported: <reason>` rows; a recipe it does not offer,
-no row.
+no row. Each shape is a group of the harness (fp8bench.harness.runner): its inputs and the BF16 eager
+layer's results on them are made once, bf16-compile is measured first.
 
 Timing (fp8bench.harness.timing, L2 flushed before every step): median_ms is the CUPTI timer's GPU kernel time
 per step, wall_ms the host time of a synchronized step. gemm_ms / cast_ms / other_ms split the kernel time
@@ -33,25 +35,29 @@ inputs as SQNR in dB.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import pandas as pd
 
+from fp8bench.backends import Level, get_backend
+from fp8bench.backends.base import LayerStep
+from fp8bench.backends.torch_bf16 import compile_report
+from fp8bench.benchmarks import roofline as predicted
+from fp8bench.config import FastAccum, GemmShape, Granularity, Status, TimingConfig
+from fp8bench.harness.case import Built, Failed, Peak, Unsupported, Work
+from fp8bench.harness.results import BREAKDOWN_STEPS, LAYER_REFERENCE_BACKEND, Row
+from fp8bench.harness.timing import Timer
 from fp8bench.model import roofline as model
-from fp8bench.backends import Unsupported
-from fp8bench.config import Activation, GemmShape, Granularity, Status, TimingConfig
-from fp8bench.nn.recipes import GemmRole, Recipe
-from fp8bench.harness.results import Row, RunWriter, measurement_values, status_text
-from fp8bench.harness.timing import Measurement, Timer, measure
+from fp8bench.nn.recipes import Recipe, layer_shape_problem
 
+BENCHMARK = "roofline"
 KERNELS_CSV = "measured_kernels.csv"
-REFERENCE_BACKEND = "bf16-compile"
+KERNEL_COLUMNS = ("case", "backend", "recipe", "kernel", "kind", "ms_per_step")
 # What we measure, besides plain torch: the model's implementations that exist as code.
 MEASURED_IMPLEMENTATIONS = ("triton", "torchao", "te")
-# Kernel time of the breakdown: the mean over this many flushed steps.
-BREAKDOWN_STEPS = 5
 
 # Kernel names by kind, lower case, checked in this order (the first kind with a matching fragment wins):
 # matrix products (ours, cuBLAS "nvjet"/"xmma" and its split-K reduction, CUTLASS, inductor templates),
@@ -154,143 +160,6 @@ class LayerConfig:
         return cases
 
 
-# ---- building each implementation's step ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Built:
-    """One implementation of the layer, ready to step: its forward, the linear's weight parameter,
-    every parameter whose gradient the step computes, and what the row records about it."""
-
-    forward: Callable[[Any], Any]
-    weight: Any
-    parameters: tuple[Any, ...]
-    options: dict[str, Any]
-
-
-def _torch_layer(shape: GemmShape, weight):
-    import torch
-    from torch import nn
-
-    layer = nn.Sequential(
-        nn.LayerNorm(shape.K, elementwise_affine=False, device=weight.device, dtype=weight.dtype),
-        nn.Linear(shape.K, shape.N, bias=False, device=weight.device, dtype=weight.dtype),
-        nn.Sigmoid(),
-    )
-    with torch.no_grad():
-        layer[1].weight.copy_(weight)
-    return layer
-
-
-def _compiled(layer, case: LayerCase, config: LayerConfig):
-    import torch
-
-    if not case.compiled:
-        return layer
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()  # a fresh compile per case: no recompile limit, no shapes generalised
-    counters.clear()  # for compile_report
-    return torch.compile(layer, backend=config.compile_backend, dynamic=False)
-
-
-def compile_report() -> dict[str, Any]:
-    """What torch.compile made of the case compiled last: graphs and graph breaks (a compiled row whose
-    layer broke into pieces runs partly eagerly; its options say so)."""
-    from torch._dynamo.utils import counters
-
-    breaks = counters["graph_break"]
-    report: dict[str, Any] = {"dynamo_graphs": counters["stats"]["unique_graphs"], "dynamo_graph_breaks": sum(breaks.values())}
-    if breaks:
-        report["dynamo_first_break"] = next(iter(breaks))[:200]
-    return report
-
-
-def _build_torch(case: LayerCase, weight, config: LayerConfig) -> Built:
-    layer = _torch_layer(case.shape, weight)
-    options: dict[str, Any] = {}
-    if case.recipe is not None:  # ours: LayerNorm and linear as one Float8LayerNormLinear, as TE's
-        from fp8bench.nn.float8_layernorm_linear import Float8LayerNormLinear, layer_norm_fusion
-        from fp8bench.nn.float8_linear import plan, recipe_problem, shape_problem
-
-        problem = recipe_problem(case.recipe) or shape_problem(case.shape.M, case.shape.K, case.shape.N, case.recipe)
-        if problem:
-            raise Unsupported(problem)
-        linear = Float8LayerNormLinear.from_modules(layer[0], layer[1], case.recipe, activation=Activation.SIGMOID)
-        layer = type(layer)(linear)
-        options["summary"] = case.recipe.summary()
-        options["sigmoid"] = "in the output GEMM's epilogue (fp8kernels.gemm activation)"
-        fusion = layer_norm_fusion(plan(case.recipe))
-        options["layernorm"] = (
-            f"fused with the input's {fusion} fp8 cast (fp8kernels.layernorm_cast)" if fusion else "torch layer_norm, then the input's cast"
-        )
-        if case.recipe.gemm_granularity(GemmRole.GRAD_WEIGHT) is Granularity.BLOCKWISE:
-            options["grad_weight_gemm"] = "torch._scaled_mm: fp8kernels.gemm has no 1x128 x 1x128 product"
-    return Built(_compiled(layer, case, config), weight_of(layer), (weight_of(layer),), options)
-
-
-def weight_of(layer):
-    """The linear's weight in a LayerNorm -> linear -> sigmoid stack: nn.Linear's or ours (fused or not)."""
-    from torch import nn
-
-    return next(m.weight for m in layer if isinstance(m, nn.Linear))
-
-
-def _build_torchao(case: LayerCase, weight, config: LayerConfig) -> Built:
-    try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    except ImportError:
-        raise Unsupported("torchao is not installed") from None
-    layer = _torch_layer(case.shape, weight)
-    convert_to_float8_training(layer, config=Float8LinearConfig.from_recipe_name(case.recipe.name))
-    return Built(_compiled(layer, case, config), layer[1].weight, (layer[1].weight,), {"recipe_name": case.recipe.name})
-
-
-def _build_te(case: LayerCase, weight, config: LayerConfig) -> Built:
-    from fp8bench.benchmarks.cast import te_unavailable_reason
-
-    reason = te_unavailable_reason()
-    if reason:
-        raise Unsupported(reason)
-    import torch
-    import transformer_engine.pytorch as te
-
-    available, why = (
-        te.is_fp8_block_scaling_available(return_reason=True)
-        if case.recipe and case.recipe.name == "blockwise"
-        else te.is_fp8_available(return_reason=True)
-    )
-    if case.recipe and not available:
-        raise Unsupported(f"transformer_engine: {why}")
-    layer = te.LayerNormLinear(
-        case.shape.K, case.shape.N, eps=1e-5, bias=False, params_dtype=weight.dtype, device=weight.device
-    )
-    with torch.no_grad():
-        layer.weight.copy_(weight)
-    from fp8bench.nn.conversion import te_recipe
-
-    recipe = te_recipe(case.recipe.name) if case.recipe else None
-
-    def forward(x):
-        with te.autocast(enabled=recipe is not None, recipe=recipe):
-            y = layer(x)
-        return torch.sigmoid(y)
-
-    options = {"te_recipe": type(recipe).__name__ if recipe else "none", "layernorm": "affine (gamma 1, beta 0), grads computed"}
-    return Built(forward, layer.weight, tuple(layer.parameters()), options)
-
-
-_BUILDERS: dict[str, Callable[[LayerCase, Any, LayerConfig], Built]] = {
-    "bf16": _build_torch,
-    "triton": _build_torch,
-    "torchao": _build_torchao,
-    "te": _build_te,
-}
-
-
-# ---- measuring -----------------------------------------------------------------------------------
-
-
 @dataclass
 class LayerInputs:
     """One shape's random tensors, and the BF16 eager layer's results on them (the SQNR reference)."""
@@ -312,7 +181,7 @@ class LayerInputs:
         return cls(x, weight.to(torch.bfloat16), grad_output)
 
 
-def make_step(built: Built, inputs: LayerInputs) -> Callable[[], Any]:
+def make_step(built: LayerStep, inputs: LayerInputs) -> Callable[[], Any]:
     """One training step of `built` on the inputs; returns the layer's output."""
     x, grad_output = inputs.x, inputs.grad_output
 
@@ -327,7 +196,7 @@ def make_step(built: Built, inputs: LayerInputs) -> Callable[[], Any]:
     return step
 
 
-def step_results(step: Callable[[], Any], built: Built, inputs: LayerInputs) -> tuple[Any, Any, Any]:
+def step_results(step: Callable[[], Any], built: LayerStep, inputs: LayerInputs) -> tuple[Any, Any, Any]:
     """Output, grad of x and grad of the weight of one step, detached copies."""
     out = step()
     return out.detach().clone(), inputs.x.grad.detach().clone(), built.weight.grad.detach().clone()
@@ -344,34 +213,20 @@ class LayerTimer(Timer, Protocol):
 def _prediction(case: LayerCase, ceilings: model.Ceilings) -> tuple[dict[str, Any], float | None]:
     """The model's columns for a case, and its predicted speedup (None for BF16 rows)."""
     if case.recipe is None:
-        times = tuple(model.time_kernel(kernel, ceilings) for kernel in model.layer_kernels(case.shape, None))
+        times = predicted.bf16_step(model.layer_kernels(case.shape, None), ceilings)
         return {"predicted_ms": sum(t.seconds for t in times) * 1e3, "bound": model.Prediction.bound_of(times).value}, None
     p = model.predict(case.shape, case.recipe, model.IMPLEMENTATIONS[case.model_implementation], ceilings)
     columns = {"predicted_ms": p.fp8_s * 1e3, "predicted_speedup": p.speedup, "bound": model.Prediction.bound_of(p.fp8).value}
     return columns, p.speedup
 
 
-def case_row(case: LayerCase, status: str, options: dict[str, Any]) -> Row:
-    return model.layer_row(case.shape, case.recipe_name, case.granularity, options, status, case.backend)
-
-
-def measured_row(
-    case: LayerCase, m: Measurement, kernels: dict[str, float], sqnr: dict[str, float],
-    options: dict[str, Any], ceilings: model.Ceilings, reference_ms: float | None,
-) -> Row:  # fmt: skip
-    """The row of a measured case: timing, kernel time by kind, speedup, prediction and SQNR columns."""
-    row = case_row(case, status_text(Status.OK), options)
-    by_kind = {kind: 0.0 for kind in ("gemm", "cast", "other")}
+def step_columns(case: LayerCase, kernels: dict[str, float], sqnr: dict[str, float], ceilings: model.Ceilings) -> dict[str, Any]:
+    """The columns of a measured step besides its timing: kernel time by kind, the model's prediction for
+    the same case, and the SQNR against the BF16 eager layer."""
+    by_kind = {f"{kind}_ms": 0.0 for kind in ("gemm", "cast", "other")}
     for name, ms in kernels.items():
-        by_kind[kernel_kind(name)] += ms
-    predicted, predicted_speedup = _prediction(case, ceilings)
-    speedup = reference_ms / m.median_ms if reference_ms else None
-    row.values.update(measurement_values(m), **{f"{kind}_ms": ms for kind, ms in by_kind.items()}, **predicted)
-    row.values["speedup_vs_bf16"] = speedup
-    if speedup is not None and predicted_speedup:
-        row.values["measured_vs_predicted"] = speedup / predicted_speedup
-    row.values.update(sqnr)
-    return row
+        by_kind[f"{kernel_kind(name)}_ms"] += ms
+    return {**by_kind, **_prediction(case, ceilings)[0], **sqnr}
 
 
 def sqnr_columns(reference: tuple, results: tuple) -> dict[str, float]:
@@ -380,97 +235,135 @@ def sqnr_columns(reference: tuple, results: tuple) -> dict[str, float]:
     return {name: sqnr_db(ref, actual) for name, ref, actual in zip(names, reference, results)}
 
 
-def run_layer(
-    config: LayerConfig,
-    writer: RunWriter,
-    ceilings: model.Ceilings,
-    timer: LayerTimer,
-    device: str = "cuda",
-    on_row: Callable[[Row], None] = lambda row: None,
-    earlier_kernels: Iterable[dict[str, Any]] = (),
-) -> list[Row]:
-    """Measure every case of every shape, appending each row to `writer` as it finishes, and every
-    kernel of every measured case to the run's measured_kernels.csv (after `earlier_kernels`: those of a
-    resumed run's finished shapes)."""
-    import torch
+@dataclass(frozen=True)
+class StepCase:
+    """A LayerCase as the harness runs it (fp8bench.harness.case.Case): the step of its backend's layer
+    (fp8bench.backends: Backend.layer), checked against the BF16 eager layer, its kernels recorded."""
 
-    rows: list[Row] = []
-    kernel_records: list[dict[str, Any]] = list(earlier_kernels)
+    case: LayerCase
+    benchmark: "LayerBenchmark"
 
-    def emit(row: Row) -> None:
-        writer.append(row)
-        rows.append(row)
-        on_row(row)
+    @property
+    def identity(self) -> dict[str, Any]:
+        shape = self.case.shape
+        return {"benchmark": BENCHMARK, "case": shape.name, "M": shape.M, "K": shape.K, "N": shape.N,
+                "granularity": self.case.granularity.value, "backend": self.case.backend,
+                "recipe": self.case.recipe_name, "fast_accum": FastAccum.NA.value}  # fmt: skip
 
-    for shape in config.shapes:
-        cases = config.cases(shape)
-        try:
-            inputs = LayerInputs.random(shape, device)
-            reference = _build_torch(LayerCase(shape, "bf16", None, False), inputs.weight, config)
-            inputs.reference = step_results(make_step(reference, inputs), reference, inputs)
-            del reference
-        except torch.cuda.OutOfMemoryError:
-            for case in cases:
-                emit(case_row(case, status_text(Status.FAILED, "out of memory allocating the inputs"), {}))
-            torch.cuda.empty_cache()
-            continue
-        reference_ms = None
-        for case in cases:
-            row, kernels = _run_case(case, inputs, config, ceilings, timer, reference_ms)
-            if case.backend == REFERENCE_BACKEND and row.values["status"] == Status.OK.value:
-                reference_ms = row.values["median_ms"]
-            kernel_records += [
-                {"case": shape.name, "backend": case.backend, "recipe": case.recipe_name, "kernel": name,
-                 "kind": kernel_kind(name), "ms_per_step": ms}
-                for name, ms in sorted(kernels.items(), key=lambda item: -item[1])
-            ]  # fmt: skip
-            emit(row)
-            # Written as the run goes, like the results: an interrupted run keeps what it measured.
-            pd.DataFrame.from_records(kernel_records, columns=["case", "backend", "recipe", "kernel", "kind", "ms_per_step"]).to_csv(
-                writer.run_dir / KERNELS_CSV, index=False, float_format="%.6g"
-            )
-        del inputs
-        torch.cuda.empty_cache()
-    return rows
+    @property
+    def options(self) -> dict[str, Any]:
+        return {"implementation": self.case.implementation, "compiled": self.case.compiled, "model": "refined",
+                "ceilings": self.benchmark.ceilings.source}  # fmt: skip
 
+    @property
+    def work(self) -> Work:
+        return Work()  # the step's rows report time, its breakdown and speedup; no throughput
 
-def _run_case(case, inputs, config, ceilings, timer, reference_ms) -> tuple[Row, dict[str, float]]:
-    import torch
+    @property
+    def group(self) -> GemmShape:
+        return self.case.shape
 
-    options: dict[str, Any] = {"implementation": case.implementation, "compiled": case.compiled, "model": "refined", "ceilings": ceilings.source}
-    problem = model.layer_shape_problem(case.shape, case.recipe) if case.recipe else None
-    if problem:
-        return case_row(case, status_text(Status.UNSUPPORTED, problem), options), {}
-    built = None
-    try:
-        built = _BUILDERS[case.implementation](case, inputs.weight, config)
-        options.update(built.options)
+    @property
+    def is_reference(self) -> bool:
+        return self.case.backend == LAYER_REFERENCE_BACKEND
+
+    def build(self, inputs: LayerInputs) -> Built:
+        import torch
+
+        case, benchmark = self.case, self.benchmark
+        problem = layer_shape_problem(case.shape, case.recipe) if case.recipe else None
+        if problem:
+            raise Unsupported(problem)
+        backend = get_backend(case.implementation, Level.LAYER)
+        built = backend.layer(case, inputs.weight, benchmark.config.compile_backend)
         step = make_step(built, inputs)
-        measurement = measure(step, config.timing, timer)
-        kernels = timer.kernel_ms(step, BREAKDOWN_STEPS)
-        # After the timing: delayed scaling's histories hold the amaxes of many steps, as in training.
-        # The BF16 eager layer is the reference itself.
-        sqnr = {} if case.backend == "bf16" else sqnr_columns(inputs.reference, step_results(step, built, inputs))
-        wrong = {column: db for column, db in sqnr.items() if not db >= WRONG_RESULT_SQNR_DB}  # NaN is wrong too
-        if wrong:  # the time of a step that computes garbage is no measurement of this implementation
-            found = ", ".join(f"{column} {db:.1f} dB" for column, db in wrong.items())
-            return case_row(case, status_text(Status.FAILED, f"wrong result: {found} vs the BF16 layer (< {WRONG_RESULT_SQNR_DB:g} dB)"), options), {}
-        if case.compiled:
-            options.update(compile_report())
-        return measured_row(case, measurement, kernels, sqnr, options, ceilings, reference_ms), kernels
-    except Unsupported as err:
-        return case_row(case, status_text(Status.UNSUPPORTED, str(err)), options), {}
-    except torch.cuda.OutOfMemoryError:
-        return case_row(case, status_text(Status.FAILED, "out of memory"), options), {}
-    except Exception as err:  # noqa: BLE001 - one broken case must not end the run; its row says why
-        first_line = (str(err).strip().splitlines() or [""])[0]
-        return case_row(case, status_text(Status.FAILED, f"{type(err).__name__}: {first_line}"[:200]), options), {}
-    finally:
-        del built
-        if case.compiled:
-            torch._dynamo.reset()  # compiled code holds the case's module and its tensors
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        options = dict(built.options)
+
+        def check() -> dict[str, Any]:
+            kernels = benchmark.timer.kernel_ms(step, BREAKDOWN_STEPS)
+            # After the timing: delayed scaling's histories hold the amaxes of many steps, as in training.
+            # The BF16 eager layer is the reference itself.
+            sqnr = {} if case.backend == "bf16" else sqnr_columns(inputs.reference, step_results(step, built, inputs))
+            wrong = {column: db for column, db in sqnr.items() if not db >= WRONG_RESULT_SQNR_DB}  # NaN is wrong too
+            if wrong:  # the time of a step that computes garbage is no measurement of this implementation
+                found = ", ".join(f"{column} {db:.1f} dB" for column, db in wrong.items())
+                raise Failed(f"wrong result: {found} vs the BF16 layer (< {WRONG_RESULT_SQNR_DB:g} dB)")
+            if built.compiled:
+                options.update(compile_report())
+            benchmark.record_kernels(case, kernels)
+            return step_columns(case, kernels, sqnr, benchmark.ceilings)
+
+        def release() -> None:
+            if built.compiled:
+                torch._dynamo.reset()  # compiled code holds the case's module and its tensors
+
+        return Built(step, options, check, release)
+
+
+@dataclass
+class LayerBenchmark:
+    """The measured layer of `fp8bench roofline` (fp8bench.harness.case.Benchmark): per shape the BF16
+    references, then each implementation's step per recipe, timed by `timer` (CUPTI on a GPU: its kernel
+    breakdown too), each row beside the model's prediction under `ceilings`. Every kernel of every
+    measured case goes to `run_dir`/measured_kernels.csv as the run goes (after those of a resumed run's
+    finished shapes: `resume_kernels`)."""
+
+    config: LayerConfig
+    ceilings: model.Ceilings
+    timer: LayerTimer
+    run_dir: Path
+    device: str = "cuda"
+    name: str = BENCHMARK
+    speedup_vs_reference: bool = True
+    # A compiled group runs minutes; its reference is measured once, first.
+    bracket_reference: bool = False
+
+    def __post_init__(self) -> None:
+        self.kernel_records: list[dict[str, Any]] = []
+
+    def cases(self) -> list[StepCase]:
+        return [StepCase(case, self) for shape in self.config.shapes for case in self.config.cases(shape)]
+
+    def inputs(self, group: GemmShape) -> LayerInputs:
+        inputs = LayerInputs.random(group, self.device)
+        reference = get_backend("bf16").layer(LayerCase(group, "bf16", None, False), inputs.weight, self.config.compile_backend)
+        inputs.reference = step_results(make_step(reference, inputs), reference, inputs)
+        return inputs
+
+    def peak(self, case: StepCase, reference: Mapping[str, Any] | None) -> Peak | None:
+        return None
+
+    def record_kernels(self, case: LayerCase, kernels: dict[str, float]) -> None:
+        self.kernel_records += [
+            {"case": case.shape.name, "backend": case.backend, "recipe": case.recipe_name, "kernel": name,
+             "kind": kernel_kind(name), "ms_per_step": ms}
+            for name, ms in sorted(kernels.items(), key=lambda item: -item[1])
+        ]  # fmt: skip
+        # Written as the run goes, like the results: an interrupted run keeps what it measured.
+        pd.DataFrame.from_records(self.kernel_records, columns=list(KERNEL_COLUMNS)).to_csv(
+            self.run_dir / KERNELS_CSV, index=False, float_format="%.6g"
+        )
+
+    def resume_kernels(self, finished: set[str]) -> None:
+        """Start from the kernels the run in `run_dir` recorded for the shapes (names) in `finished`: a
+        resumed run keeps those shapes' rows and measures the others again."""
+        path = self.run_dir / KERNELS_CSV
+        kernels = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=list(KERNEL_COLUMNS))
+        self.kernel_records = kernels[kernels["case"].isin(finished)].to_dict("records")
+
+    def case_from_identity(self, identity: Mapping[str, Any]) -> StepCase:
+        try:
+            shape = GemmShape(int(identity["M"]), int(identity["K"]), int(identity["N"]), str(identity["case"]))
+            backend, recipe_name = str(identity["backend"]), str(identity["recipe"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"no roofline case has the identity {dict(identity)}: {err}") from None
+        for case in self.config.cases(shape):
+            if (case.backend, case.recipe_name) == (backend, recipe_name):
+                return StepCase(case, self)
+        raise ValueError(f"no measured roofline case is {backend} {recipe_name} in this run's configuration")
+
+    def reference_of(self, case: StepCase) -> StepCase:
+        return StepCase(LayerCase(case.case.shape, "bf16", None, True), self)
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -500,7 +393,7 @@ def print_rows(console, rows: list[Row]) -> None:
         )  # fmt: skip
     console.print(table)
     console.print(
-        f"[dim]speedup: {REFERENCE_BACKEND}'s kernel time / the row's; predicted: the refined model of the row's "
+        f"[dim]speedup: {LAYER_REFERENCE_BACKEND}'s kernel time / the row's; predicted: the refined model of the row's "
         "implementation; meas/pred = speedup / predicted; SQNR against the BF16 eager layer.[/]"
     )
 

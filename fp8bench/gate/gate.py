@@ -2,9 +2,9 @@
 compare entry by entry (statistics in fp8bench.gate.compare), re-run flagged cases once, write the outputs.
 
 A gate measures each suite entry into <out>/<entry>/, compares it with <baseline>/<entry>/, and
-measures every REGRESSION or INCONCLUSIVE case once more (`fp8bench matmul --shape-gen custom ...`
-into <out>/_reruns/<entry>/<case>/); the fresh repeats join the first run's before the case is decided
-again. Exit codes: fp8bench.gate.compare.ExitCode, documented in docs/gating.md.
+measures every REGRESSION or INCONCLUSIVE case once more, whatever its benchmark, from its identity and with
+the entry's settings (`remeasure`, beside its group's reference, into <out>/_reruns/<entry>/<case>/); the
+fresh repeats join the first run's before the case is decided again. Exit codes: fp8bench.gate.compare.ExitCode, documented in docs/gating.md.
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ from fp8bench.harness.suite import SuiteEntry, load_suite
 
 Invoke = Callable[[list[str]], object]  # runs an fp8bench command line (argv without `fp8bench`)
 Rerun = Callable[[str, CaseId], "Path | None"]  # measures one case again; its run folder, or None if it cannot
+# Measures one case of a suite entry again from its identity, with the entry's own settings, into a fresh run
+# folder; returns it, or None where the case cannot be re-run. The CLI gives it (fp8bench.harness.runner.rerun
+# with the entry's benchmark): the gate imports no benchmark.
+Remeasure = Callable[[SuiteEntry, CaseId, Path], "Path | None"]
 
 
 class UsageError(Exception):
@@ -134,35 +138,6 @@ def _confirm(
     )
 
 
-# Options of `fp8bench matmul` that a re-run sets itself; the entry's others (timer, repeats, gpu) stay.
-_RERUN_SETS = ("shape-gen", "M", "K", "N", "granularity", "backend", "fast-accum", "report")
-
-
-def matmul_rerun_argv(entry: SuiteEntry, case_id: CaseId, base: Path) -> list[str]:
-    """`fp8bench matmul` measuring one case (and its shape's BF16 reference) into base/<case slug>."""
-    options = {key: value for key, value in entry.options.items() if key not in _RERUN_SETS}
-    fp8 = case_id.granularity != "none"
-    options.update(
-        {
-            "shape-gen": "custom",
-            "M": case_id.M,
-            "K": case_id.K,
-            "N": case_id.N,
-            # The BF16 reference is measured for any granularity; with backend bf16 alone it is all that runs.
-            "granularity": case_id.granularity if fp8 else "all",
-            "backend": [case_id.backend],
-            "fast-accum": case_id.fast_accum if fp8 else "both",
-            "report": False,
-        }
-    )
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", case_id.label)
-    return SuiteEntry(slug, "matmul", options).argv(base)
-
-
-def _out_of(argv: list[str]) -> Path:
-    return Path(argv[argv.index("--out") + 1])
-
-
 def gate(
     suite_path: Path,
     baseline: str,
@@ -174,6 +149,7 @@ def gate(
     runs: Path | None = None,
     rerun: bool = True,
     console: Console | None = None,
+    remeasure: Remeasure | None = None,
 ) -> Comparison:
     """Run the suite into `out` (or take its runs from `runs`), then compare with the baseline.
 
@@ -202,13 +178,11 @@ def gate(
 
     def rerun_case(run: str, case_id: CaseId) -> Path | None:
         entry = entries.get(run)
-        if entry is None or entry.command != "matmul":
+        if entry is None or remeasure is None:
             return None
-        argv = matmul_rerun_argv(entry, case_id, out / "_reruns" / run)
         if console is not None:
             console.rule(f"re-run: {run}/{case_id.label}")
-        invoke(argv)
-        return _out_of(argv)
+        return remeasure(entry, case_id, out / "_reruns" / run / re.sub(r"[^A-Za-z0-9._-]+", "-", case_id.label))
 
     return compare_trees(base, runs or out, config, rerun_case if rerun else None)
 

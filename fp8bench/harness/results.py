@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,12 @@ from fp8bench.config import Status
 
 RESULTS_CSV = "results.csv"
 METADATA_JSON = "metadata.json"
+
+# Values rows spell that readers (reports, comparisons) rely on:
+COPY_RECIPE = "copy"  # cast: the device-to-device copy of the tensor, the reference and ceiling of its group
+LAYER_REFERENCE_BACKEND = "bf16-compile"  # roofline: the measured step every speedup_vs_bf16 divides
+MODEL_BACKEND = "model"  # roofline: the backend of the roofline model's prediction rows
+BREAKDOWN_STEPS = 5  # roofline: gemm_ms / cast_ms / other_ms are the mean over this many flushed steps
 
 
 @dataclass(frozen=True)
@@ -65,7 +72,8 @@ SCHEMA: tuple[Column, ...] = (
     Column("pct_peak", "derived", "float", "matmul: tflops as % of the GPU's dense peak for the operand dtype; "
            "cast: GB/s as % of the device copy bandwidth measured in the same run"),
     Column("gbps", "derived", "float", "bytes moved / median time (memory-bound benchmarks)"),
-    Column("speedup_vs_bf16", "derived", "float", "BF16 reference time / this time, same shape, same run"),
+    Column("speedup_vs_bf16", "derived", "float", "BF16 reference time / this time, same shape, same run (where the "
+           "reference is bracketed: the geometric mean of reference_before_ms and reference_after_ms / this time)"),
     Column("rel_err", "derived", "float", "||out - bf16 out|| / ||bf16 out|| on the same random inputs"),
     Column("predicted_ms", "predicted", "float", "roofline model's GPU time (benchmark=roofline): a prediction, never measured"),
     Column("predicted_speedup", "predicted", "float", "predicted BF16 time / predicted_ms, same model and ceilings"),
@@ -94,11 +102,18 @@ SCHEMA: tuple[Column, ...] = (
     Column("ideal_speedup", "predicted", "float", "e2e: the BF16 reference's step with every converted linear's GEMMs at the "
            "FP8 rate (calibrated where a profile exists), casts free: the most FP8 can give this model"),
     Column("measured_vs_predicted", "derived", "float", "speedup_vs_bf16 / predicted_speedup: the share of the modelled gain measured"),
+    # The reference measured before and after its group's other cases (fp8bench.harness.runner): a clock step
+    # between it and the FP8 cases moves one of the two, and the speedup divides their geometric mean.
+    Column("reference_before_ms", "measure", "float", "the group's reference median_ms, measured before the group's other cases"),
+    Column("reference_after_ms", "measure", "float", "the group's reference median_ms, measured after the group's other cases"),
 )
 COLUMNS: tuple[str, ...] = tuple(c.name for c in SCHEMA)
 ID_COLUMNS: tuple[str, ...] = tuple(c.name for c in SCHEMA if c.kind == "id")
 # Id columns that only the e2e benchmark sets: files of the other benchmarks may lack them (they read as empty).
 OPTIONAL_ID_COLUMNS: tuple[str, ...] = ("world_size", "compile", "activation_checkpointing", "lm_head")
+# What names a case across runs: the id columns but `options`, which also records facts of the run (the
+# kernel config a heuristic chose).
+CASE_KEY: tuple[str, ...] = tuple(name for name in ID_COLUMNS if name != "options")
 
 
 def status_text(status: Status, reason: str = "") -> str:
@@ -129,19 +144,22 @@ def _cell(value: Any) -> str:
 
 
 class RunWriter:
-    """Appends rows to a run's CSV, flushing each one, and writes the metadata beside it."""
+    """Appends rows to a run's CSV, flushing each one, and writes the metadata beside it. A folder that
+    holds another run's results is refused (ValueError) unless `resume`: then rows join its CSV."""
 
-    def __init__(self, run_dir: Path, metadata: Mapping[str, Any]):
+    def __init__(self, run_dir: Path, metadata: Mapping[str, Any], resume: bool = False):
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.csv_path = self.run_dir / RESULTS_CSV
-        write_metadata(self.run_dir, metadata)
         fresh = not self.csv_path.exists() or self.csv_path.stat().st_size == 0
+        if not fresh and not resume:
+            raise ValueError(f"{self.run_dir} holds another run ({RESULTS_CSV}); give a new --out, or --resume to continue it")
         if not fresh:
             with self.csv_path.open(newline="") as existing:
                 header = next(csv.reader(existing), [])
             if tuple(header) != COLUMNS:
                 raise ValueError(f"{self.csv_path} was written with another result schema; give the run a new folder")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_metadata(self.run_dir, metadata)
         self._file = self.csv_path.open("a", newline="")
         self._csv = csv.writer(self._file)
         if fresh:
@@ -162,22 +180,36 @@ class RunWriter:
         self.close()
 
 
-def finished_shapes(results: pd.DataFrame, expected: Mapping[str, set[tuple[str, ...]]], key_columns: tuple[str, ...]) -> set[str]:
-    """Names of the shapes of `expected` (shape name -> the keys of its rows, over `key_columns`) whose
-    every row is in `results`: what a resumed run keeps."""
-    present = set(zip(*(results[c].astype(str) for c in key_columns)))
-    return {name for name, keys in expected.items() if keys <= present}
-
-
-def keep_rows(run_dir: Path, keep: Callable[[dict[str, str]], bool]) -> None:
-    """Rewrite a run's CSV with only the rows `keep` accepts (a resumed run measures the rest again)."""
+def read_rows(run_dir: Path) -> list[dict[str, str]]:
+    """A run's rows as the CSV spells them (for resuming it); ValueError for another schema."""
     csv_path = Path(run_dir) / RESULTS_CSV
+    if not csv_path.exists():
+        raise ValueError(f"{run_dir} holds no {RESULTS_CSV} to resume")
     with csv_path.open(newline="") as existing:
         rows = list(csv.reader(existing))
     if not rows or tuple(rows[0]) != COLUMNS:
         raise ValueError(f"{csv_path} was written with another result schema; it cannot be resumed")
-    with csv_path.open("w", newline="") as rewritten:
-        csv.writer(rewritten).writerows([rows[0], *(row for row in rows[1:] if keep(dict(zip(COLUMNS, row))))])
+    return [dict(zip(COLUMNS, row)) for row in rows[1:] if len(row) == len(COLUMNS)]
+
+
+def keep_rows(run_dir: Path, keep: Callable[[dict[str, str]], bool]) -> None:
+    """Rewrite a run's CSV with only the rows `keep` accepts (a resumed run measures the rest again),
+    atomically: a new file, synced, renamed over the old one, so that a kill at any moment leaves either."""
+    csv_path = Path(run_dir) / RESULTS_CSV
+    kept = [row for row in read_rows(run_dir) if keep(row)]
+    partial = csv_path.with_name(csv_path.name + ".partial")
+    with partial.open("w", newline="") as rewritten:
+        out = csv.writer(rewritten)
+        out.writerow(COLUMNS)
+        out.writerows([row[name] for name in COLUMNS] for row in kept)
+        rewritten.flush()
+        os.fsync(rewritten.fileno())
+    os.replace(partial, csv_path)
+    directory = os.open(csv_path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself survives a crash
+    finally:
+        os.close(directory)
 
 
 def write_metadata(run_dir: Path, metadata: Mapping[str, Any]) -> None:
@@ -199,6 +231,8 @@ def load_results(path: Path) -> pd.DataFrame:
     missing_ids = [c for c in (*ID_COLUMNS, "status") if c not in frame.columns and c not in OPTIONAL_ID_COLUMNS]
     if missing_ids:
         raise ValueError(f"{csv_path} does not follow the result schema: missing {missing_ids}")
+    # Cast rows written before a cast's N was given a value (0: no product) left it empty: the same cases.
+    frame.loc[(frame["benchmark"] == "cast") & (frame["N"] == ""), "N"] = "0"
     # Files outlive the schema: measurement columns added after a run was written read as empty.
     for column in COLUMNS:
         if column not in frame.columns:

@@ -84,6 +84,24 @@ class Measurement:
         return min(self.sm_clock_mhz) if self.sm_clock_mhz else None
 
 
+def bracketed(before: Measurement, after: Measurement) -> Measurement:
+    """A reference measured before and after its group's other cases, as one measurement: repeat i is the
+    geometric mean of both measurements' repeat i (as many as the shorter has), so that a comparison
+    pairing repeats (fp8bench.gate.compare) sees what the speedup divides. A clock step between the
+    reference and the group's cases moves the after half only: its effect on speedups halves, and a linear
+    drift over the group cancels."""
+    pairs = min(len(before.repeat_ms), len(after.repeat_ms))
+    return Measurement(
+        repeat_ms=tuple(math.sqrt(b * a) for b, a in zip(before.repeat_ms[:pairs], after.repeat_ms[:pairs])),
+        samples=before.samples,
+        wall_ms=math.sqrt(before.wall_ms * after.wall_ms),
+        timer=before.timer,
+        sm_clock_mhz=before.sm_clock_mhz + after.sm_clock_mhz,
+        throttled=before.throttled or after.throttled,
+        dropped_repeats=before.dropped_repeats + after.dropped_repeats,
+    )
+
+
 def spread_pct(repeat_ms: Sequence[float]) -> float:
     """Interquartile range of the repeat medians over their median, in %."""
     if len(repeat_ms) < 2:
@@ -359,3 +377,14 @@ class TimerChoice:
         host_ms = self._events.enqueue_ms(fn, 3)
         launch_bound = host_ms >= LAUNCH_BOUND_FRACTION * (gpu_ms + self._events.sample_overhead_ms)
         return (self._cupti if gpu_ms < CUPTI_BELOW_MS or launch_bound else self._events), gpu_ms
+
+
+class OneTimer:
+    """Times every case with one timer (the measured layer's CUPTI timer, whose kernel breakdown it also
+    reads; fakes in tests): the `measure` of TimerChoice without the choice."""
+
+    def __init__(self, timer: Timer):
+        self.timer = timer
+
+    def measure(self, fn: Callable[[], object], config: TimingConfig) -> Measurement:
+        return measure(fn, config, self.timer)

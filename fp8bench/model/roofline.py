@@ -17,24 +17,19 @@ its kernels; the predicted speedup is T_bf16 / T_fp8. Two models are built from 
   TransformerEngine.
 
 Ceilings come from the hardware table (datasheet peaks times torchao's achievable fractions) or from a
-calibration profile measured on the GPU at hand (fp8bench.model.calibrate); predictions carry which.
+calibration profile measured on the GPU at hand (fp8bench.model.calibration); predictions carry which.
 """
 
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
-import pandas as pd
-from rich.console import Console
-from rich.table import Table
-
-from fp8bench.model.calibrate import REQUIRED_FP8, CalibrationProfile, fp8_key
-from fp8bench.config import BLOCK, FastAccum, GemmShape, Granularity, Status
+from fp8bench.config import BLOCK, FastAccum, GemmShape, Granularity
+from fp8bench.model.calibration import REQUIRED_FP8, CalibrationProfile, fp8_key
 from fp8bench.model.hardware import GpuSpec
 from fp8bench.nn.recipes import (
     CastConfig,
@@ -43,10 +38,8 @@ from fp8bench.nn.recipes import (
     Recipe,
     ScalingType,
     TensorRole,
-    layer_shape_problem,
     linear_gemm_shapes,
 )
-from fp8bench.harness.results import Row, RunWriter, status_text
 
 BF16_BYTES = 2
 FP8_BYTES = 1
@@ -613,170 +606,3 @@ def predict_public(shape: GemmShape, recipe: Recipe, ceilings: Ceilings) -> Pred
     )
 
 
-# --------------------------------------------------------------------------------------------------
-# A roofline run: predictions as result rows, their kernels beside them, a table for the console
-
-KERNELS_CSV = "predicted_kernels.csv"
-
-
-@dataclass(frozen=True)
-class RooflineConfig:
-    """Everything `fp8bench roofline` was asked to predict. `ceilings` holds one entry per source
-    (the datasheet's, and a calibration's when there is one), shown side by side."""
-
-    shapes: tuple[GemmShape, ...]
-    recipes: tuple[Recipe, ...]
-    implementations: tuple[Implementation, ...]
-    ceilings: tuple[Ceilings, ...]
-
-    def __post_init__(self) -> None:
-        for name in ("shapes", "recipes", "implementations", "ceilings"):
-            if not getattr(self, name):
-                raise ValueError(f"a roofline run needs at least one of its {name}")
-        sources = [c.source for c in self.ceilings]
-        if len(set(sources)) != len(sources):
-            raise ValueError(f"one set of ceilings per source, got {sources}")
-
-
-@dataclass(frozen=True)
-class LayerPredictions:
-    """One shape under one set of ceilings: the BF16 step of each model, then per recipe the public
-    prediction (None where it defines none) and per (recipe, implementation) the refined one, or the
-    reason the implementation does not offer the recipe."""
-
-    shape: GemmShape
-    ceilings: Ceilings
-    bf16: Mapping[Model, tuple[KernelTime, ...]]
-    public: Mapping[Recipe, Prediction | None]
-    refined: Mapping[tuple[Recipe, Implementation], Prediction | str]
-
-
-def predict_layer(shape: GemmShape, config: RooflineConfig, ceilings: Ceilings) -> LayerPredictions:
-    public_view = uniform_fp8(ceilings)
-    return LayerPredictions(
-        shape,
-        ceilings,
-        {Model.REFINED: _times(layer_kernels(shape, None), ceilings), Model.PUBLIC: _times(public_kernels(shape, None), public_view)},
-        {
-            recipe: None if layer_shape_problem(shape, recipe) else predict_public(shape, recipe, public_view)
-            for recipe in config.recipes
-        },
-        {
-            (recipe, impl): impl.unsupported_reason(recipe)
-            or layer_shape_problem(shape, recipe)
-            or predict(shape, recipe, impl, ceilings)
-            for recipe in config.recipes
-            for impl in config.implementations
-        },
-    )
-
-
-def layer_row(
-    shape: GemmShape, recipe: str, granularity: Granularity, options: dict, status: str, backend: str = "model", **values
-) -> Row:
-    """A row of `fp8bench roofline`: a prediction (backend `model`) or a measured step (fp8bench.benchmarks.layer)."""
-    return Row(
-        {
-            "benchmark": "roofline",
-            "case": shape.name,
-            "M": shape.M,
-            "K": shape.K,
-            "N": shape.N,
-            "granularity": granularity.value,
-            "backend": backend,
-            "recipe": recipe,
-            "fast_accum": FastAccum.NA.value,  # set per product by the recipe
-            "options": json.dumps(options, sort_keys=True),
-            "status": status,
-            **values,
-        }
-    )
-
-
-def _prediction_row(p: Prediction) -> Row:
-    return layer_row(
-        p.shape, p.recipe.name, p.recipe.granularity, p.options(), status_text(Status.OK),
-        predicted_ms=p.fp8_s * 1e3, predicted_speedup=p.speedup, bound=Prediction.bound_of(p.fp8).value,
-    )
-
-
-def result_rows(layer: LayerPredictions) -> list[Row]:
-    """The schema's rows for one shape and ceilings: the predicted columns are set, no measured one."""
-    source = layer.ceilings.source
-    rows = [
-        layer_row(layer.shape, "bf16", Granularity.NONE, {"model": model.value, "ceilings": source}, status_text(Status.OK),
-             predicted_ms=sum(k.seconds for k in times) * 1e3, bound=Prediction.bound_of(times).value)
-        for model, times in layer.bf16.items()
-    ]
-    rows += [_prediction_row(p) for p in layer.public.values() if p is not None]
-    for (recipe, impl), outcome in layer.refined.items():
-        if isinstance(outcome, Prediction):
-            rows.append(_prediction_row(outcome))
-        else:
-            options = {"model": Model.REFINED.value, "implementation": impl.name, "ceilings": source}
-            rows.append(layer_row(layer.shape, recipe.name, recipe.granularity, options, status_text(Status.UNSUPPORTED, outcome)))
-    return rows
-
-
-def kernel_records(layer: LayerPredictions) -> list[dict]:
-    """Every predicted kernel, for the run's predicted_kernels.csv: what each term is made of."""
-    steps: list[tuple[str, str, str, tuple[KernelTime, ...]]] = [
-        ("bf16", model.value, "", times) for model, times in layer.bf16.items()
-    ]
-    steps += [(p.recipe.name, p.model.value, "", p.fp8) for p in layer.public.values() if p is not None]
-    steps += [
-        (p.recipe.name, p.model.value, p.implementation.name, p.fp8) for p in layer.refined.values() if isinstance(p, Prediction)
-    ]
-    return [
-        {
-            "case": layer.shape.name, "M": layer.shape.M, "K": layer.shape.K, "N": layer.shape.N,
-            "recipe": recipe, "model": model, "implementation": impl, "ceilings": layer.ceilings.source,
-            "term": t.kernel.term, "kernel": t.kernel.name,
-            "bytes_read": t.kernel.bytes_read, "bytes_written": t.kernel.bytes_written, "gflop": t.kernel.flops / 1e9,
-            "compute_us": t.compute_s * 1e6, "memory_us": t.memory_s * 1e6, "launch_us": t.launch_s * 1e6,
-            "time_us": t.seconds * 1e6, "bound": t.bound.value,
-        }
-        for recipe, model, impl, times in steps
-        for t in times
-    ]
-
-
-def run_roofline(config: RooflineConfig, writer: RunWriter) -> list[LayerPredictions]:
-    """Predict every case, appending result rows to `writer` and the kernels to predicted_kernels.csv."""
-    layers = [predict_layer(shape, config, ceilings) for shape in config.shapes for ceilings in config.ceilings]
-    for layer in layers:
-        for row in result_rows(layer):
-            writer.append(row)
-    records = [record for layer in layers for record in kernel_records(layer)]
-    pd.DataFrame.from_records(records).to_csv(writer.run_dir / KERNELS_CSV, index=False, float_format="%.6g")
-    return layers
-
-
-def _speedup_cell(outcome: Prediction | str | None) -> str:
-    return f"{outcome.speedup:.2f}x" if isinstance(outcome, Prediction) else "-"
-
-
-def print_tables(console: Console, config: RooflineConfig, layers: list[LayerPredictions]) -> None:
-    """Per recipe: one line per shape and ceilings (spec and calibrated next to each other)."""
-    for recipe in config.recipes:
-        table = Table(title=f"{recipe.name}: predicted speedup over BF16 (fwd + bwd)", title_justify="left", caption_justify="left")
-        for column in ("shape", "ceilings", "bf16 ms", "fp8 ms", "public", *(i.name for i in config.implementations), "fp8 bound"):
-            table.add_column(column, justify="left" if column in ("shape", "ceilings", "fp8 bound") else "right")
-        for layer in layers:
-            refined = [layer.refined[(recipe, impl)] for impl in config.implementations]
-            first = next((p for p in refined if isinstance(p, Prediction)), None)
-            table.add_row(
-                layer.shape.name, layer.ceilings.source,
-                f"{sum(k.seconds for k in layer.bf16[Model.REFINED]) * 1e3:.4f}",
-                f"{first.fp8_s * 1e3:.4f}" if first else "-",
-                _speedup_cell(layer.public[recipe]), *(_speedup_cell(p) for p in refined),
-                f"{Prediction.bound_of(first.fp8).value} ({first.implementation.name})" if first else "-",
-            )
-        table.caption = recipe.summary()
-        console.print(table)
-    for ceilings in config.ceilings:
-        console.print(f"[dim]{ceilings.source} ceilings: {ceilings.label}[/]")
-    console.print(
-        "[dim]predictions, not measurements. public: torchao's model (GEMMs + casts); the others: the whole "
-        "layer as each implementation fuses it (docs/roofline.md); fp8 ms and bound: the first implementation.[/]"
-    )

@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 
 from fp8bench.config import Granularity
 from fp8bench.model.hardware import GpuSpec
-from fp8bench.benchmarks.layer import BREAKDOWN_STEPS, REFERENCE_BACKEND
+from fp8bench.harness.results import BREAKDOWN_STEPS, LAYER_REFERENCE_BACKEND as REFERENCE_BACKEND, MODEL_BACKEND
 from fp8bench.report.html import (
     Chart, chart_id, colour_map, panels_height, plotted_rows, ratio_whisker_note, ratio_whiskers, run_order,
 )
@@ -35,7 +35,6 @@ TABLE_COLUMNS = (
     "sqnr_grad_input_db", "sqnr_grad_weight_db", "wall_ms", "sm_clock_mhz", "sm_clock_min_mhz", "throttled", "repeats", "dropped_repeats",
     "samples", "timer", "options",
 )
-MODEL_BACKEND = "model"  # the backend of prediction rows (fp8bench.model.roofline.layer_row)
 # Measured kernel time by kind of kernel (fp8bench.benchmarks.layer.KERNEL_KINDS), as stacked in the bars.
 KERNEL_TIME_COLUMNS = {"gemm_ms": "GEMM", "cast_ms": "cast", "other_ms": "other"}
 SQNR_COLUMNS = {"sqnr_out_db": "output", "sqnr_grad_input_db": "grad_input", "sqnr_grad_weight_db": "grad_weight"}
