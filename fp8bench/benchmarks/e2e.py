@@ -31,7 +31,7 @@ rank, from the parameters' sizes and all-gather dtypes (fp8bench.nn.fsdp.all_gat
 The model-level roofline (`ideal_speedup`, `GemmRates`): the group's BF16 reference step with the GEMM time
 of every converted linear (its share of the profiled gemm_ms by FLOPs; attention's products are not
 converted) run at the FP8 rate of the recipe's products, casts free. Rates are those of the GPU's
-calibration profile (fp8bench.model.calibrate) where one exists, else the dense peaks.
+calibration profile (fp8bench.model.calibration) where one exists, else the dense peaks.
 """
 
 from __future__ import annotations
@@ -445,7 +445,7 @@ class GpuStepClock:
 
 @dataclass(frozen=True)
 class GemmRates:
-    """GEMM throughput, TFLOPS: BF16's and each FP8 configuration's (fp8bench.model.calibrate's keys, e.g.
+    """GEMM throughput, TFLOPS: BF16's and each FP8 configuration's (fp8bench.model.calibration's keys, e.g.
     `tensorwise/on`), with a fallback for configurations not measured, and where the numbers come from."""
 
     bf16_tflops: float
@@ -456,7 +456,7 @@ class GemmRates:
     @classmethod
     def of_gpu(cls, spec: GpuSpec) -> "GemmRates":
         """The calibration profile of the GPU if there is one, else its dense peaks."""
-        from fp8bench.model.calibrate import REQUIRED_FP8, default_profile_path, load_profile
+        from fp8bench.model.calibration import REQUIRED_FP8, default_profile_path, load_profile
 
         path = default_profile_path(spec.key)
         if path.exists():
@@ -467,7 +467,7 @@ class GemmRates:
     def relative_time(self, recipe: Recipe) -> float:
         """FP8 GEMM time over BF16's for the same FLOPs, over the three products of a linear's step (equal
         FLOPs each): 1 for a product the recipe keeps in BF16."""
-        from fp8bench.model.calibrate import fp8_key
+        from fp8bench.model.calibration import fp8_key
 
         total = 0.0
         for gemm in GemmRole:
