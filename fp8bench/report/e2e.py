@@ -344,11 +344,12 @@ def scaling_table(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Section]:
     """Rows on several GPUs: bytes all-gathered per step, and per-GPU throughput against the same step on
     one GPU at the same per-GPU batch where the run holds it."""
     ok = _plotted(rows)
-    several = ok[ok["world_size"].astype(int) > 1]
+    world_size = pd.to_numeric(ok["world_size"], errors="coerce")  # empty in a row written without it
+    several = ok[world_size > 1]
     if several.empty:
         return []
     keys = ["case", "compile", "activation_checkpointing", "lm_head", "backend", "recipe"]
-    one_gpu = ok[ok["world_size"].astype(int) == 1].drop_duplicates(keys, keep="last")[[*keys, "tokens_per_s"]]
+    one_gpu = ok[world_size == 1].drop_duplicates(keys, keep="last")[[*keys, "tokens_per_s"]]
     merged = several.merge(one_gpu, on=keys, how="left", suffixes=("", "_1gpu"))
     table = pd.DataFrame({
         "configuration": [configuration(r) for _, r in merged.iterrows()], "implementation": merged["backend"],
