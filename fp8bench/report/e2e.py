@@ -20,14 +20,13 @@ from dataclasses import dataclass
 
 import pandas as pd
 import plotly.express as px
-import plotly.graph_objects as go
 
 from fp8bench.config import Granularity, Status
 from fp8bench.model.hardware import GpuSpec
 from fp8bench.model.roofline import IMPLEMENTATIONS
 from fp8bench.report.html import (
     Chart, chart_id, colour_map, panels_height, plotted_rows, ratio_whiskers, rows_table, run_order,
-    throughput_whiskers,
+    stacked_time_figure, throughput_whiskers,
 )
 
 OURS = "triton"  # our implementation's backend name; every other FP8 backend is a reference
@@ -284,21 +283,7 @@ def breakdown_charts(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
     steps = steps.assign(step=steps["implementation_label"] + "<br>" + steps["step"])
     charts = []
     for panel, of_panel in steps.groupby("panel", sort=False):
-        parts = of_panel.melt(id_vars=["step"], value_vars=list(CLASS_COLUMNS), var_name="kernels", value_name="ms")
-        parts = parts[parts["ms"] > 0].assign(kernels=lambda p: p["kernels"].map(CLASS_COLUMNS))
-        figure = px.bar(
-            parts, x="step", y="ms", color="kernels", labels=_LABELS,
-            category_orders={"step": list(of_panel["step"]), "kernels": list(CLASS_COLUMNS.values())},
-        )
-        figure.add_trace(
-            go.Scatter(
-                x=of_panel["step"], y=of_panel["median_ms"], mode="markers", name="median step time",
-                marker={"symbol": "line-ew-open", "size": 24, "color": "black"},
-                error_y={"array": of_panel["slowest_ms"] - of_panel["median_ms"],
-                         "arrayminus": of_panel["median_ms"] - of_panel["fastest_ms"]},
-            )
-        )  # fmt: skip
-        figure.update_layout(height=panels_height(1))
+        figure = stacked_time_figure(of_panel, CLASS_COLUMNS, "median step time", _LABELS)
         note = (
             "Bars: GPU time of one profiled step's kernels by class of kernel name (every kernel is in the run's "
             "e2e_kernels.csv); casts fused into RMSNorm or SwiGLU count as norm/activation. Kernels on concurrent "
