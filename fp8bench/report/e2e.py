@@ -51,7 +51,7 @@ TABLE_COLUMNS = (
     "tokens_per_s", "speedup_vs_bf16", "ideal_speedup", "tflops", "mfu_bf16_pct", "mfu_fp8_pct", "mem_alloc_gb",
     "mem_reserved_gb", "final_loss", *CLASS_COLUMNS, "allgather_gb", "wall_ms", "repeats", "timer", "options",
 )
-_TEXT = ("case", "configuration", "implementation", "recipe", "status", "kernel class", "world_size")
+_TEXT = ("case", "configuration", "implementation", "recipe", "status", "kernel class")
 _LABELS = {
     "step": "step", "implementation_label": "implementation", "panel": "configuration", "what": "speedup",
     "tokens_per_s": "tokens/s per GPU", "speedup": "speedup over BF16", "measured_vs_ideal": "measured / ideal speedup",
@@ -258,13 +258,17 @@ def _measure_bars(ok: pd.DataFrame, columns: dict[str, str], chart: str, title: 
         category_orders={**run_order(long, "step", "panel", "implementation_label"), "measure": list(columns.values())},
     )
     figure.update_yaxes(matches=None)
+    # Panel titles say what they hold without plotly's `column=` prefix (the first `=`: values are escaped).
+    figure.for_each_annotation(lambda annotation: annotation.update(text=annotation.text.split("=", 1)[-1]))
     figure.update_layout(height=panels_height(len(columns)))
     return [Chart(chart, title, figure, note)]
 
 
 def mfu_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
     """Model FLOPs utilisation against the BF16 and against the FP8 dense peak."""
-    peaks = "the GPU's dense peaks" if gpu is None else f"{gpu.name}'s dense peaks: BF16 {gpu.bf16_tflops:.0f}, FP8 {gpu.fp8_tflops:.0f} TFLOPS"
+    peaks = "the GPU's dense peaks"
+    if gpu is not None:
+        peaks = f"{gpu.name}'s dense peaks: BF16 {gpu.bf16_tflops:.0f}, FP8 {gpu.fp8_tflops:.0f} TFLOPS"
     note = f"Model TFLOPS per GPU as % of {peaks}. {FLOP_FORMULA}"
     return _measure_bars(_plotted(rows), MFU_COLUMNS, "e2e-mfu", "MFU", note)
 
@@ -290,7 +294,8 @@ def breakdown_charts(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
             "streams (FSDP2's collectives) overlap compute, so a stack may be taller than the step. Black dashes: "
             "the median step time, whiskers from the fastest to the slowest step."
         )
-        charts.append(Chart(chart_id("e2e-breakdown", html.unescape(panel)), f"Step time by kernel class: {html.unescape(panel)}", figure, note))
+        title = f"Step time by kernel class: {html.unescape(panel)}"  # Chart escapes its title
+        charts.append(Chart(chart_id("e2e-breakdown", html.unescape(panel)), title, figure, note))
     return charts
 
 
