@@ -222,13 +222,13 @@ def test_a_bf16_only_run_without_a_gpu_model_gets_one_page_and_no_peak_line(tmp_
 def test_a_benchmark_without_chart_builders_still_lists_its_rows(tmp_path):
     gbps = float(np.random.default_rng(5).uniform(1000, 3000))
     row = case_row(MatmulCase(GemmShape(4096, 4096, 1), "triton", Granularity.TENSORWISE, FastAccum.OFF), "ok")
-    row.values.update(benchmark="e2e", median_ms=0.05, spread_pct=1.5, gbps=gbps, timer="fake")
+    row.values.update(benchmark="unviewed", median_ms=0.05, spread_pct=1.5, gbps=gbps, timer="fake")
     with RunWriter(tmp_path, {"command": "synthetic"}) as writer:
         writer.append(row)
     (page_path,) = write_reports(tmp_path)[1:]
     assert "no charts for these rows" in page_path.read_text()
     (shown,) = table_rows(page_path)
-    assert shown["benchmark"] == "e2e" and shown["gbps"] == f"{gbps:.4g}" and shown[TIME_COLUMN] == "0.05 ms (1.5%)"
+    assert shown["benchmark"] == "unviewed" and shown["gbps"] == f"{gbps:.4g}" and shown[TIME_COLUMN] == "0.05 ms (1.5%)"
 
 # --- the CLI ---
 

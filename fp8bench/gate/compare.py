@@ -311,8 +311,14 @@ def run_samples(frame: pd.DataFrame, metric: Metric) -> RunSamples:
     return RunSamples(metric, samples, problems)
 
 
+# The columns an FP8 case shares with its BF16 reference: the shape, and e2e's group (world size, compile
+# mode, checkpointing; empty for the other benchmarks), whose BF16 reference runs eagerly and compiled.
+# lm_head is not among them: an FP8 LM head is measured against the BF16 model.
+REFERENCE_KEY = ("benchmark", "case", "M", "K", "N", "world_size", "compile", "activation_checkpointing")
+
+
 def _shape_key(row: Mapping[str, Any]) -> tuple:
-    return tuple(row[c] for c in ("benchmark", "case", "M", "K", "N"))
+    return tuple(row[c] for c in REFERENCE_KEY)
 
 
 def _reference(candidates: list[dict]) -> dict | str:

@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 import plotly.colors
+import plotly.express as px
 import plotly.graph_objects as go
 import plotly.offline
 
@@ -214,3 +215,26 @@ def chart_id(*parts: str) -> str:
 def panels_height(panels: int) -> int:
     """Height of a chart with `panels` panels stacked above one axis of long shape names."""
     return 260 + PANEL_HEIGHT_PX * panels
+
+
+def stacked_time_figure(steps: pd.DataFrame, columns: Mapping[str, str], median_name: str, labels: Mapping[str, str]) -> go.Figure:
+    """One bar per step (`steps`: plotted_rows with a `step` label each, in run order) of its kernel time
+    stacked by kind (`columns`: column -> kind, in stacking order; an empty kind draws no bar), with the
+    step's median time (`median_name`) as a black dash beside it and whiskers from its fastest to its
+    slowest repeat."""
+    parts = steps.melt(id_vars=["step"], value_vars=list(columns), var_name="kernels", value_name="ms")
+    parts = parts[parts["ms"] > 0]
+    parts = parts.assign(kernels=parts["kernels"].map(columns))
+    figure = px.bar(
+        parts, x="step", y="ms", color="kernels", labels=dict(labels),
+        category_orders={"step": list(steps["step"]), "kernels": list(columns.values())},
+    )
+    figure.add_trace(
+        go.Scatter(
+            x=steps["step"], y=steps["median_ms"], mode="markers", name=median_name,
+            marker={"symbol": "line-ew-open", "size": 24, "color": "black"},
+            error_y={"array": steps["slowest_ms"] - steps["median_ms"], "arrayminus": steps["median_ms"] - steps["fastest_ms"]},
+        )
+    )
+    figure.update_layout(height=panels_height(1))
+    return figure

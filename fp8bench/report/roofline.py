@@ -25,6 +25,7 @@ from fp8bench.model.hardware import GpuSpec
 from fp8bench.harness.results import BREAKDOWN_STEPS, LAYER_REFERENCE_BACKEND as REFERENCE_BACKEND, MODEL_BACKEND
 from fp8bench.report.html import (
     Chart, chart_id, colour_map, panels_height, plotted_rows, ratio_whisker_note, ratio_whiskers, run_order,
+    stacked_time_figure,
 )
 from fp8bench.model.roofline import IMPLEMENTATIONS, Model
 
@@ -156,22 +157,7 @@ def kernel_time_charts(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
     steps = steps.assign(step=steps["backend_label"] + "<br>" + steps["recipe_label"])
     charts = []
     for case, of_shape in steps.groupby("case", sort=False):
-        parts = of_shape.melt(id_vars=["step"], value_vars=list(KERNEL_TIME_COLUMNS), var_name="kernels", value_name="ms")
-        parts = parts[parts["ms"] > 0]  # no empty bar (BF16 steps have no cast kernels)
-        parts = parts.assign(kernels=parts["kernels"].map(KERNEL_TIME_COLUMNS))
-        figure = px.bar(
-            parts, x="step", y="ms", color="kernels", labels=_LABELS,
-            category_orders={"step": list(of_shape["step"]), "kernels": list(KERNEL_TIME_COLUMNS.values())},
-        )
-        figure.add_trace(
-            go.Scatter(
-                x=of_shape["step"], y=of_shape["median_ms"], mode="markers", name="median kernel time",
-                marker={"symbol": "line-ew-open", "size": 24, "color": "black"},
-                error_y={"array": of_shape["slowest_ms"] - of_shape["median_ms"],
-                         "arrayminus": of_shape["median_ms"] - of_shape["fastest_ms"]},
-            )
-        )  # fmt: skip
-        figure.update_layout(height=panels_height(1))
+        figure = stacked_time_figure(of_shape, KERNEL_TIME_COLUMNS, "median kernel time", _LABELS)
         note = (
             "Bars: GPU time per step of the kernels of each kind, by kernel name (fp8bench.benchmarks.layer.KERNEL_KINDS; "
             f"a cast fused into LayerNorm or the sigmoid counts as other), the mean over {BREAKDOWN_STEPS} "

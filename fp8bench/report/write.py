@@ -13,14 +13,13 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pandas as pd
 
 from fp8bench.report import cast as report_cast
-
+from fp8bench.report import e2e as report_e2e
 from fp8bench.report import matmul as report_matmul
-
 from fp8bench.report import roofline as report_roofline
 from fp8bench.config import Granularity
 from fp8bench.model.hardware import GPUS, GpuSpec
@@ -32,9 +31,17 @@ TIME_COLUMN = "median (spread)"
 _SPREAD_NOTE = "Spread: " + next(c.doc for c in SCHEMA if c.name == "spread_pct") + "."
 _TEXT_COLUMNS = ("benchmark", "case", "granularity", "backend", "recipe", "fast_accum", "options", "status", "timer")
 
+
+class PagePart(Protocol):
+    """A chart (fp8bench.report.html.Chart) or another part of a benchmark's section, as HTML."""
+
+    def to_html(self) -> str: ...
+
+
 # A chart builder takes one page's rows of its benchmark and the GPU model (None when unknown) and
-# returns the charts it can draw from them (none when the rows hold nothing for it).
-ChartBuilder = Callable[[pd.DataFrame, "GpuSpec | None"], list[Chart]]
+# returns the charts (or other parts: a headline, a table) it can draw from them (none when the rows
+# hold nothing for it).
+ChartBuilder = Callable[[pd.DataFrame, "GpuSpec | None"], list[PagePart]]
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ VIEWS: dict[str, BenchmarkView] = {
     ),
     "cast": BenchmarkView(charts=report_cast.CHARTS, table_columns=report_cast.TABLE_COLUMNS),
     "roofline": BenchmarkView(charts=report_roofline.CHARTS, table_columns=report_roofline.TABLE_COLUMNS),
+    "e2e": BenchmarkView(charts=report_e2e.VIEW, table_columns=report_e2e.TABLE_COLUMNS),
 }
 
 
@@ -123,7 +131,7 @@ def _granularity_page(
         parts.append(f"<h2>{html.escape(benchmark)}</h2>")
         charts = [chart for build in view.charts for chart in build(benchmark_rows, gpu)]
         parts.extend(chart.to_html() for chart in charts)
-        charted = charted or bool(charts)
+        charted = charted or any(isinstance(chart, Chart) for chart in charts)
         if not charts:
             parts.append('<p class="note">no charts for these rows; every row is in the table below</p>')
         parts.append(f"<h3>All {html.escape(benchmark)} rows</h3><p class=\"note\">{html.escape(_SPREAD_NOTE)}</p>")
