@@ -42,6 +42,7 @@ from fp8bench.config import Granularity, Status
 from fp8bench.harness.results import Row, RunWriter, measurement_values, status_text
 from fp8bench.nn import text_data
 from fp8bench.nn.fp8_adamw import FP8AdamW, StateFormat, state_bytes
+from fp8bench.nn.llama import Llama, LlamaConfig
 from fp8bench.nn.recipes import RECIPES, Recipe, ScalingType, TensorRole
 from fp8bench.nn.tensor_stats import TensorStats
 
@@ -103,10 +104,23 @@ class TinyLM(nn.Module):
         return self.head(self.norm(x))
 
 
+# The e2e benchmark's LLaMa-3 (RMSNorm, RoPE, grouped-query attention, SwiGLU) at 25M parameters over bytes:
+# 8 blocks of width 512, 8 query heads sharing 4 key/value heads; every linear's sides multiples of 128, so
+# that blockwise scaling runs too.
+LLAMA_SMALL = LlamaConfig(name="llama-25m", dim=512, ffn_dim=1536, heads=8, kv_heads=4, vocab=text_data.VOCAB_SIZE, layers=8)
+
+
+def _llama_small() -> nn.Module:
+    model = Llama(LLAMA_SMALL)
+    model.init_weights(seed=torch.initial_seed())  # the curve's seed, as torch's own init under TinyLM
+    return model
+
+
 ModelFactory = Callable[[], nn.Module]
 MODELS: dict[str, ModelFactory] = {
     "tiny": lambda: TinyLM(),
     "tiny-2l": lambda: TinyLM(TinyLMConfig(dim=128, layers=2, heads=2, ffn=512)),
+    LLAMA_SMALL.name: _llama_small,
 }
 
 
