@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from fp8bench.gate import baseline as baselines
 from fp8bench.gate import gate as gating
-from fp8bench.cli import EnvironmentProblem, app
+from fp8bench.cli import app
 from fp8bench.gate.compare import (
     DEFAULT_GATES,
     CaseId,
@@ -33,6 +33,7 @@ from fp8bench.gate.compare import (
 from fp8bench.gate.output import junit, markdown, to_json
 from fp8bench.harness.results import Row, RunWriter, format_repeat_times, load_results
 from fp8bench.harness.suite import load_suite
+from fp8bench.harness.validate import MalformedFile
 
 REPO = Path(__file__).resolve().parent.parent
 H100 = "NVIDIA H100 80GB HBM3"
@@ -180,17 +181,23 @@ def test_rows_that_are_not_ok_or_lack_a_reference_are_reported_not_compared(tmp_
         writer.append(_row(512, 512, 512, "none", "bf16", "n/a", [1.0, 1.1, 1.05]))
         writer.append(_row(512, 512, 512, "blockwise", "cublas", "on", status="unsupported: no fast accumulation"))
         writer.append(_row(1024, 512, 512, "axiswise", "cublas", "on", [0.3, 0.31, 0.32]))
-        for _ in range(2):
-            writer.append(_row(512, 512, 512, "axiswise", "cublas", "on", [0.5, 0.52, 0.51]))
     samples = run_samples(load_results(tmp_path), Metric.SPEEDUP)
     assert not samples.samples
     reasons = sorted(samples.problems.values())
     assert reasons == [
         "BF16 reference: failed: out of memory",
         "no BF16 reference row for this shape in the run",
-        "the run holds this case 2 times",
         "unsupported: no fast accumulation",
     ]
+
+
+def test_a_case_measured_twice_in_one_run_is_a_malformed_file_naming_both_lines(tmp_path):
+    with RunWriter(tmp_path, {"gpu_name": H100}) as writer:
+        writer.append(_row(512, 512, 512, "none", "bf16", "n/a", [1.0, 1.1, 1.05]))
+        for _ in range(2):
+            writer.append(_row(512, 512, 512, "axiswise", "cublas", "on", [0.5, 0.52, 0.51]))
+    with pytest.raises(MalformedFile, match=r"results.csv: lines 3 and 4 hold the same case matmul/512x512x512/axiswise"):
+        run_samples(load_results(tmp_path), Metric.SPEEDUP)
 
 
 # ---- the [gate] table ----------------------------------------------------------------------------
@@ -279,7 +286,7 @@ def test_compare_fails_a_regression_and_writes_markdown_json_and_junit(tmp_path)
     assert int(root.get("failures")) == len(SHAPES)
     failures = root.findall(".//testcase/failure")
     assert all(f.get("type") == "REGRESSION" for f in failures)
-    assert int(root.get("tests")) == len(SHAPES) * len(FP8_CASES) + 1  # + the geomean
+    assert int(root.get("tests")) == len(SHAPES) * len(FP8_CASES) + 2  # + the coverage and the geomean
 
 
 def test_compare_calls_a_faster_run_an_improvement_and_passes(tmp_path):
@@ -355,12 +362,19 @@ def test_compare_reads_results_csvs_and_folders_of_suite_runs(tmp_path):
     base, new = write_run(tmp_path / "b" / "square", 1), write_run(tmp_path / "n" / "square", 2)
     write_run(tmp_path / "b" / "llama", 3)
     assert cli("compare", base / "results.csv", new / "results.csv").exit_code == ExitCode.PASS
+    # The new runs lack the baseline's `llama` entry: half its cases unmatched, which fails by default ...
     result = cli("compare", tmp_path / "b", tmp_path / "n", "--json", tmp_path / "s.json")
-    assert result.exit_code == ExitCode.PASS, result.output
+    assert result.exit_code == ExitCode.INCOMPLETE, result.output
+    assert "INCOMPLETE: matched 9 of the baseline's 18 comparable cases" in result.output
     report = json.loads((tmp_path / "s.json").read_text())
     assert {c["run"] for c in report["cases"]} == {"square"}
     assert {c["run"] for c in report["not_compared"]} == {"llama"}
     assert any("'llama' is only in the baseline" in note for note in report["notes"])
+    assert (report["verdict"], report["baseline_cases"], report["matched_cases"]) == ("INCOMPLETE", 18, 9)
+    # ... and passes where the suite's gate table asks for half of them only.
+    suite = tmp_path / "half.toml"
+    suite.write_text('[[bench]]\ncommand = "matmul"\n[gate]\nmin_matched_pct = 50\n')
+    assert cli("compare", tmp_path / "b", tmp_path / "n", "--suite", suite).exit_code == ExitCode.PASS
 
 
 def test_compare_refuses_runs_from_another_gpu_model_with_exit_4(tmp_path):
@@ -579,13 +593,13 @@ def test_rerun_and_ci_suite_command_lines_parse_with_the_real_matmul_command(tmp
     argvs += [gating.matmul_rerun_argv(entry, c, tmp_path / "_reruns") for c in (case_id, reference)]
     for argv in argvs:
         result = runner.invoke(app, argv)
-        assert isinstance(result.exception, EnvironmentProblem), (argv, result.output)
+        assert result.exit_code == 1 and "measures on a CUDA GPU and none is visible here" in result.output, (argv, result.output)
 
 
 # ---- outputs of an empty comparison --------------------------------------------------------------
 
 
-def test_a_comparison_with_nothing_compared_is_inconclusive_and_every_output_still_renders(tmp_path):
+def test_a_comparison_with_nothing_compared_is_incomplete_and_every_output_still_renders(tmp_path):
     def failed_run(path):
         with RunWriter(path, {"gpu_name": H100}) as writer:
             writer.append(_row(256, 256, 256, "none", "bf16", "n/a", status="failed: out of memory"))
@@ -593,8 +607,8 @@ def test_a_comparison_with_nothing_compared_is_inconclusive_and_every_output_sti
         return path
 
     comparison = gating.compare_trees(failed_run(tmp_path / "a"), failed_run(tmp_path / "b"), GateConfig())
-    assert comparison.verdict is Outcome.INCONCLUSIVE and comparison.geomean is None
-    assert comparison.exit_code is ExitCode.PASS
+    assert comparison.verdict is Outcome.INCOMPLETE and comparison.geomean is None
+    assert comparison.exit_code is ExitCode.INCOMPLETE
     assert json.loads(json.dumps(to_json(comparison)))["not_compared"][0]["reason"] == (
         "baseline: failed: out of memory; new: failed: out of memory"
     )

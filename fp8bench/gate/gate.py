@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -23,6 +23,7 @@ from fp8bench.gate.compare import (
     CaseComparison,
     CaseId,
     Comparison,
+    EnvironmentPolicy,
     ExitCode,
     GateConfig,
     Metric,
@@ -37,13 +38,14 @@ from fp8bench.gate.compare import (
 from fp8bench.gate.output import Outputs, print_comparison, write_outputs
 from fp8bench.harness.results import load_results
 from fp8bench.harness.suite import SuiteEntry, load_suite
+from fp8bench.harness.validate import MalformedFile, UsageError
 
 Invoke = Callable[[list[str]], object]  # runs an fp8bench command line (argv without `fp8bench`)
 Rerun = Callable[[str, CaseId], "Path | None"]  # measures one case again; its run folder, or None if it cannot
 
 
-class UsageError(Exception):
-    """Bad options or input files: exit code 2."""
+# What a case compared across a timer, timing policy or library change says beside its outcome.
+TIMED_DIFFERENTLY = "timed differently from the baseline"
 
 
 @contextlib.contextmanager
@@ -51,6 +53,8 @@ def _as_usage_error() -> Iterator[None]:
     """Around code that reads what the user named: its failures are the user's to fix, not tracebacks."""
     try:
         yield
+    except MalformedFile:
+        raise
     except (OSError, ValueError) as err:
         raise UsageError(str(err)) from None
 
@@ -60,10 +64,11 @@ def resolve_config(suite: Path | None, metric: str | None, fail_on_inconclusive:
     config = GateConfig()
     with _as_usage_error():
         if suite is not None:
+            table = load_suite(suite).raw.get("gate", {})
             try:
-                config = GateConfig.from_table(load_suite(suite).raw.get("gate", {}))
+                config = GateConfig.from_table(table)
             except ValueError as err:
-                raise ValueError(f"{suite}: {err}") from None
+                raise MalformedFile(suite, str(err)) from None
         if metric is not None:
             try:
                 config = replace(config, metric=Metric(metric.strip().lower()))
@@ -74,42 +79,73 @@ def resolve_config(suite: Path | None, metric: str | None, fail_on_inconclusive:
     return config
 
 
-def _samples(run: Path | None, metric: Metric) -> RunSamples:
+@dataclass(frozen=True)
+class _Side:
+    """One side of an entry's comparison: its samples, its metadata and the timers of its measured rows."""
+
+    samples: RunSamples
+    metadata: dict
+    timers: frozenset[str]
+
+
+def _side(run: Path | None, metric: Metric) -> _Side:
     if run is None:
-        return RunSamples(metric, {}, {})
+        return _Side(RunSamples(metric, {}, {}), {}, frozenset())
     with _as_usage_error():
-        return run_samples(load_results(run), metric)
+        frame = load_results(run)
+        samples = run_samples(frame, metric)
+        metadata = baselines.run_metadata_of(run)
+    return _Side(samples, metadata, frozenset(frame.loc[frame["repeat_ms"] != "", "timer"]))
+
+
+def _samples(run: Path, metric: Metric) -> RunSamples:
+    return _side(run, metric).samples
 
 
 def compare_trees(base: Path, new: Path, config: GateConfig, rerun: Rerun | None = None) -> Comparison:
-    """Compare two runs, or two folders of suite runs entry by entry (see baseline.run_folders)."""
+    """Compare two runs, or two folders of suite runs entry by entry (see baseline.run_folders).
+
+    Every file is read and checked before any is judged, so a malformed run is an error (exit 2), not
+    a GPU mismatch or a comparison of what was left.
+    """
     metric = config.metric
     gate = config.for_metric(metric)
     with _as_usage_error():
         base_runs, new_runs = baselines.run_folders(base), baselines.run_folders(new)
     if ("" in base_runs) != ("" in new_runs):
         raise UsageError(f"{base} and {new}: one is a single run and the other a folder of suite runs")
+    entries = list(dict.fromkeys([*base_runs, *new_runs]))
+    sides = {entry: (_side(base_runs.get(entry), metric), _side(new_runs.get(entry), metric)) for entry in entries}
     cases: list[CaseComparison] = []
     skipped = []
     notes: list[str] = []
-    for entry in dict.fromkeys([*base_runs, *new_runs]):
+    for entry in entries:
         where = f"run {entry!r}" if entry else str(new)
+        base_side, new_side = sides[entry]
+        differences = []
         if entry in base_runs and entry in new_runs:
-            notes += baselines.check_same_gpu(
-                baselines.run_metadata_of(base_runs[entry]), baselines.run_metadata_of(new_runs[entry]), where
-            )
+            notes += baselines.check_same_gpu(base_side.metadata, new_side.metadata, where)
+            differences = baselines.environment_differences(base_side.metadata, new_side.metadata, base_side.timers, new_side.timers)
         else:
             notes.append(f"{where} is only in the {'baseline' if entry in base_runs else 'new runs'}")
-        base_samples, new_samples = _samples(base_runs.get(entry), metric), _samples(new_runs.get(entry), metric)
-        entry_cases, entry_skipped = compare_runs(entry, base_samples, new_samples, gate)
+        if differences and config.environment_change is EnvironmentPolicy.REFUSE:
+            raise baselines.IncompatibleBaseline(
+                f"{where}: timed differently from the baseline ({'; '.join(differences)}); the gate table refuses "
+                "such comparisons (environment_change = \"refuse\"): save a baseline timed as this run is"
+            )
+        entry_cases, entry_skipped = compare_runs(entry, base_side.samples, new_side.samples, gate)
         if rerun is not None:
             entry_cases = [
-                _confirm(case, base_samples, new_samples, gate, rerun, notes) if needs_rerun(case.outcome) else case
+                _confirm(case, base_side.samples, new_side.samples, gate, rerun, notes) if needs_rerun(case.outcome) else case
                 for case in entry_cases
             ]
+        if differences:
+            notes.append(f"{where}: timed differently from the baseline: {'; '.join(differences)}")
+            entry_cases = [replace(case, note="; ".join(filter(None, (case.note, TIMED_DIFFERENTLY)))) for case in entry_cases]
         cases += entry_cases
         skipped += entry_skipped
-    return Comparison.build(metric, config, cases, skipped, notes)
+    baseline_cases = sum(len(base_side.samples.samples) for base_side, _ in sides.values())
+    return Comparison.build(metric, config, cases, skipped, baseline_cases, notes)
 
 
 def _confirm(
@@ -213,22 +249,14 @@ def gate(
     return compare_trees(base, runs or out, config, rerun_case if rerun else None)
 
 
-def conclude(
-    body: Callable[[], Comparison], outputs: Outputs, console: Console, err_console: Console
-) -> int:
-    """Run a comparison, print and write it, and return the exit code (errors included)."""
-    try:
-        comparison = body()
-        print_comparison(console, comparison)
-        with _as_usage_error():
-            for path in write_outputs(comparison, outputs):
-                console.print(f"wrote {escape(str(path))}")
-    except baselines.IncompatibleBaseline as err:
-        err_console.print(f"[red]incompatible baseline:[/] {escape(str(err))}")
-        return int(ExitCode.INCOMPATIBLE_BASELINE)
-    except UsageError as err:
-        err_console.print(f"[red]error:[/] {escape(str(err))}")
-        return int(ExitCode.USAGE)
+def conclude(body: Callable[[], Comparison], outputs: Outputs, console: Console) -> int:
+    """Run a comparison, print and write it, and return its exit code. Errors (UsageError,
+    baseline.IncompatibleBaseline, MalformedFile) go to the command line's error adapter."""
+    comparison = body()
+    print_comparison(console, comparison)
+    with _as_usage_error():
+        for path in write_outputs(comparison, outputs):
+            console.print(f"wrote {escape(str(path))}")
     if comparison.verdict is Outcome.INCONCLUSIVE and not comparison.fail_on_inconclusive:
         console.print("inconclusive cases do not fail the comparison; pass --fail-on-inconclusive to exit 3 on them")
     if comparison.verdict is Outcome.IMPROVEMENT:
