@@ -83,8 +83,6 @@ def write_synthetic_tree(root: Path) -> None:
     write_run(model / EVIL_RUN, "2026-01-03T10:00:00+00:00", seed=6)
     (model / "ci-002" / "notes").mkdir()
     (model / "empty-run").mkdir()
-    (model / "broken").mkdir()
-    (model / "broken" / "results.csv").write_text("benchmark,case\nmatmul,x\n")
     (root / "empty-model").mkdir()
 
 
@@ -276,8 +274,7 @@ def test_committed_reports_site_renders_every_chart_without_errors(committed_sit
 def test_synthetic_site_layout_skips_what_is_not_a_run(synthetic_site):
     root, site, published = synthetic_site
     skipped = {str(s.path.relative_to(root)): s.reason for s in published.skipped}
-    assert sorted(skipped) == sorted([f"{MODEL}/broken", f"{MODEL}/ci-002/notes", f"{MODEL}/empty-run", "empty-model"])
-    assert "does not follow the result schema" in skipped[f"{MODEL}/broken"]
+    assert sorted(skipped) == sorted([f"{MODEL}/ci-002/notes", f"{MODEL}/empty-run", "empty-model"])
     assert skipped[f"{MODEL}/ci-002/notes"] == "holds no results.csv"
     assert skipped[f"{MODEL}/empty-run"] == "holds no results.csv, nor entry folders with one"
     assert skipped["empty-model"] == "holds no run folders"
@@ -358,7 +355,8 @@ def test_a_second_build_rebuilds_only_what_changed(tmp_path):
     run_pages = [p for p in stamps if p.parent.parent.name in ("ci-001", "ci-002") or p.parent.name == slug(EVIL_RUN)]
     assert run_pages and all(p.stat().st_mtime_ns == stamps[p] for p in run_pages)
 
-    write_run(root / MODEL / "ci-001" / "square", "2026-01-01T10:00:00+00:00", seed=1)  # appends rows
+    (root / MODEL / "ci-001" / "square" / "results.csv").unlink()
+    write_run(root / MODEL / "ci-001" / "square", "2026-01-01T10:00:00+00:00", seed=7)  # other measurements
     third = publish(root, site)
     assert sorted(third.rebuilt) == [f"{MODEL}/runs/ci-001/square", f"{MODEL}/runs/ci-002/square/{COMPARE_HTML}"]
     assert (site / MODEL / "runs" / "ci-001" / "square" / "results.csv").read_bytes() == (root / MODEL / "ci-001" / "square" / "results.csv").read_bytes()
@@ -422,14 +420,87 @@ def test_a_tree_without_runs_is_a_clear_error(tmp_path, layout, message):
     assert not (tmp_path / "site").exists()
 
 
-def test_publish_refuses_to_write_into_a_folder_that_is_not_a_site(tmp_path):
+def _tree_of_files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_publish_into_a_users_folder_is_refused_and_deletes_nothing(tmp_path):
+    """A folder of the user's with a manifest.json, css/ and img/ of its own and an index.html:
+    refused before anything is written, every file as it was."""
     root = tmp_path / "reports"
     write_run(root / MODEL / "only", None, seed=1)
-    (tmp_path / "elsewhere").mkdir()
-    (tmp_path / "elsewhere" / "keep.txt").write_text("not ours")
-    result = cli(root, "--out", tmp_path / "elsewhere")
-    assert result.exit_code == 2 and "is not an fp8bench site" in result.output
-    assert os.listdir(tmp_path / "elsewhere") == ["keep.txt"]
+    users = tmp_path / "my-site"
+    for name, text in {"manifest.json": '{"format": 1, "code": "x", "pages": {}}', "index.html": "<p>mine</p>",
+                       "css/site.css": "p {}", "img/logo.svg": "<svg/>", MODEL + "/notes.txt": "mine too"}.items():
+        (users / name).parent.mkdir(parents=True, exist_ok=True)
+        (users / name).write_text(text)
+    before = _tree_of_files(users)
+    result = cli(root, "--out", users)
+    assert result.exit_code == 2, result.output
+    assert f"{users} holds files and no {MANIFEST_JSON}, so fp8bench publish did not make it" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert _tree_of_files(users) == before
+
+
+def test_a_site_build_deletes_only_files_it_wrote(tmp_path):
+    """Files a user puts into a published site stay, however the tree changes; an emptied folder of the
+    site's goes, one holding the user's file stays."""
+    root = tmp_path / "reports"
+    write_run(root / MODEL / "a", "2026-01-01T10:00:00+00:00", seed=1)
+    write_run(root / MODEL / "b", "2026-01-02T10:00:00+00:00", seed=2)
+    site = tmp_path / "site"
+    publish(root, site)
+    (site / "extra.txt").write_text("user's")
+    (site / MODEL / "runs" / "a" / "my-notes.txt").write_text("user's")
+    shutil.rmtree(root / MODEL / "b")
+    shutil.rmtree(root / MODEL / "a")
+    write_run(root / MODEL / "c", "2026-01-03T10:00:00+00:00", seed=3)
+    publish(root, site)
+    assert (site / "extra.txt").read_text() == "user's"
+    assert os.listdir(site / MODEL / "runs" / "a") == ["my-notes.txt"]  # the site's own pages of `a` are gone
+    assert not (site / MODEL / "runs" / "b").exists() and (site / MODEL / "runs" / "c" / INDEX_HTML).is_file()
+
+
+def test_an_interrupted_first_publish_is_finished_by_the_next(tmp_path, monkeypatch):
+    import fp8bench.publish.site as site_module
+
+    root = tmp_path / "reports"
+    write_run(root / MODEL / "a", "2026-01-01T10:00:00+00:00", seed=1)
+    write_run(root / MODEL / "b", "2026-01-02T10:00:00+00:00", seed=2)
+    site = tmp_path / "site"
+    real = site_module.write_reports
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(site_module, "write_reports", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        publish(root, site)
+    monkeypatch.setattr(site_module, "write_reports", real)
+    result = cli(root, "--out", site)
+    assert result.exit_code == 0, result.output
+    assert "2 run folders and compare pages built" in result.output
+    assert {p.name for p in (site / MODEL / "runs").iterdir()} == {"a", "b"}
+    written = set(json.loads((site / MANIFEST_JSON).read_text())["files"])
+    assert written == {str(p.relative_to(site)) for p in site.rglob("*") if p.is_file() and p.name != MANIFEST_JSON}
+
+
+def test_a_malformed_results_file_fails_publish_with_exit_2_and_writes_nothing(tmp_path):
+    root = tmp_path / "reports"
+    write_run(root / MODEL / "good", None, seed=1)
+    (root / MODEL / "broken").mkdir()
+    (root / MODEL / "broken" / "results.csv").write_text("benchmark,case\nmatmul,x\n")
+    result = cli(root, "--out", tmp_path / "site")
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"error: {root / MODEL / 'broken' / 'results.csv'}: does not follow the result schema: missing column(s) "
+        "M, K, N, granularity, backend, recipe, fast_accum, options, status, median_ms, repeats, repeat_ms, timer"
+    )
+    assert not (tmp_path / "site").exists()
 
 
 def test_a_malformed_gate_json_is_shown_not_fatal(tmp_path):

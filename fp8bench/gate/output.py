@@ -78,7 +78,7 @@ def headline(comparison: Comparison) -> str:
     what = "FP8/BF16 speedups measured in the same run" if comparison.metric is Metric.SPEEDUP else "absolute times"
     return f"{comparison.verdict.value} (exit {int(comparison.exit_code)}): {len(comparison.cases)} cases on {what}" + (
         f" ({counts})" if counts else ""
-    ) + f"; {coverage_line(comparison)}"
+    )
 
 
 def coverage_line(comparison: Comparison) -> str:
@@ -120,6 +120,7 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
     for note in comparison.notes:
         console.print(f"[yellow]note:[/] {escape(printable(note))}")
     console.print(geomean_line(comparison))
+    console.print(coverage_line(comparison), style=None if comparison.complete else _STYLE[Outcome.INCOMPLETE])
     console.print(f"[{_STYLE[comparison.verdict]}]{headline(comparison)}[/]")
 
 
@@ -139,7 +140,10 @@ def _markdown_table(comparison: Comparison, cases: list[CaseComparison]) -> list
 def markdown(comparison: Comparison) -> str:
     cases = sorted_cases(comparison)
     flagged = [c for c in cases if c.outcome is not Outcome.PASS]
-    lines = [f"## fp8bench gate: {comparison.verdict.value}", "", _md(headline(comparison)), "", geomean_line(comparison), ""]
+    lines = [
+        f"## fp8bench gate: {comparison.verdict.value}", "", headline(comparison), "", geomean_line(comparison), "",
+        coverage_line(comparison), "",
+    ]  # fmt: skip
     if flagged:
         lines += ["### Cases that are not PASS", "", *_markdown_table(comparison, flagged), ""]
     lines += [
