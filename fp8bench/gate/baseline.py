@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fp8bench.gate.compare import check_unique
 from fp8bench.model.hardware import gpu_key
 from fp8bench.harness.results import METADATA_JSON, RESULTS_CSV, load_results, read_metadata
 
@@ -135,7 +136,7 @@ def save(run: Path, name: str, root: Path, force: bool = False) -> Path:
     _check_name(name)
     runs = run_folders(run)
     for source in runs.values():
-        load_results(source)  # a malformed run is refused (MalformedFile), never kept as a baseline
+        check_unique(load_results(source))  # a malformed run is refused (MalformedFile), never kept as a baseline
     destination = Path(root) / tree_gpu_model(run) / name
     if destination.exists():
         if not force:

@@ -311,7 +311,7 @@ def run_samples(frame: pd.DataFrame, metric: Metric) -> RunSamples:
     samples: dict[CaseId, tuple[float, ...]] = {}
     problems: dict[CaseId, str] = {}
     rows = [row for row in frame.to_dict("records") if not _is_prediction(row)]
-    _check_unique(frame, rows)
+    check_unique(frame)
     references: dict[tuple, list[dict]] = {}
     for row in rows:
         if row["granularity"] == BF16_REFERENCE:
@@ -349,12 +349,13 @@ def _is_prediction(row: Mapping[str, Any]) -> bool:
     return not _is_missing(row["predicted_ms"]) and _is_missing(row["median_ms"]) and not row["repeat_ms"]
 
 
-def _check_unique(frame: pd.DataFrame, rows: list[dict]) -> None:
+def check_unique(frame: pd.DataFrame) -> None:
     """A case measured twice in one run makes it unclear which to compare: MalformedFile naming the
     file and both lines (load_results indexes rows by line and keeps the path)."""
     first_line: dict[CaseId, int] = {}
-    lines = [line for line, row in zip(frame.index, frame.to_dict("records")) if not _is_prediction(row)]
-    for line, row in zip(lines, rows):
+    for line, row in zip(frame.index, frame.to_dict("records")):
+        if _is_prediction(row):
+            continue
         case_id = CaseId.from_row(row)
         if case_id in first_line:
             raise MalformedFile(

@@ -277,6 +277,13 @@ def _row_problem(record: Mapping[str, str]) -> str | None:
         return f"status {shown(status)} is none of {', '.join(_STATUSES)} (with ': <reason>')"
     if not record["benchmark"]:
         return "no benchmark"
+    if record["options"]:
+        try:
+            options = json.loads(record["options"])
+        except ValueError:
+            options = None
+        if not isinstance(options, dict):
+            return f"options {shown(record['options'])} is not a JSON object"
     for name, text in record.items():
         if not text or _DTYPES[name] == "str":
             continue

@@ -97,6 +97,9 @@ def load_suite(path: Path) -> Suite:
         data = tomllib.loads(read_text(path))
     except tomllib.TOMLDecodeError as err:
         raise MalformedFile(path, f"not valid TOML ({err})") from None
+    unknown = sorted(set(data) - {"name", "out", "bench", "gate"})
+    if unknown:
+        raise MalformedFile(path, f"unknown key or table {unknown[0]!r} (a suite holds name, out, [[bench]] and [gate])")
     for key in ("name", "out"):
         if key in data and not (isinstance(data[key], str) and data[key]):
             raise MalformedFile(path, f"`{key}` must be a non-empty string")

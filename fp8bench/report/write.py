@@ -9,7 +9,6 @@ benchmark listing its chart builders; a new benchmark adds an entry there, not a
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,14 +78,12 @@ def write_reports(run_dir: Path, plotly_dir: str | None = None) -> list[Path]:
     Chart pages load the folder's own copy of plotly.js, written here; with `plotly_dir` (a relative
     URL ending in `/`) they load the copy there instead, which the caller keeps (the site has one).
 
-    Raises FileNotFoundError without a results.csv and ValueError for one that breaks the schema.
+    Raises FileNotFoundError without a results.csv, MalformedFile (fp8bench.harness.validate) for a
+    malformed results.csv or metadata.json, and ValueError for granularities no page shows.
     """
     run_dir = Path(run_dir)
     rows = load_results(run_dir)
-    try:
-        metadata = read_metadata(run_dir)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{run_dir / METADATA_JSON} is not valid JSON: {err}") from None
+    metadata = read_metadata(run_dir)
     granularities = page_granularities(rows)
     gpu = GPUS.get(str(metadata.get("gpu_spec")))
     if granularities and plotly_dir is None:
