@@ -115,11 +115,11 @@ SHAPES = ((2048, 2048, 2048), (4096, 4096, 4096), (8192, 4096, 6144))
 FP8_CASES = (("tensorwise", "cublas", "on"), ("axiswise", "cublas", "off"), ("blockwise", "cublas", "off"))
 
 
-def _row(M, K, N, granularity, backend, fast_accum, times=None, status="ok", case=None) -> Row:
+def _row(M, K, N, granularity, backend, fast_accum, times=None, status="ok", case=None, timer="") -> Row:
     values = dict(
         benchmark="matmul", case=case or f"{M}x{K}x{N}", M=M, K=K, N=N, granularity=granularity, backend=backend,
         recipe="bf16" if granularity == "none" else f"e4m3-{granularity}", fast_accum=fast_accum, options="{}",
-        status=status,
+        status=status, timer=timer,
     )
     if times is not None:
         values.update(repeats=len(times), repeat_ms=format_repeat_times(times), median_ms=float(np.median(times)))
@@ -135,19 +135,23 @@ def write_run(
     shapes=SHAPES,
     cases=FP8_CASES,
     extra_rows=(),
+    timer: str = "cuda-events",
+    metadata: dict | None = None,
+    case_names: dict[tuple[int, int, int], str] | None = None,
 ) -> Path:
     """A matmul run: each shape's BF16 reference and FP8 cases (FP8 about 1.8x faster), lognormal noise
     per repeat, and `slowdown` multiplying the FP8 times of the named (granularity, backend, accum)."""
     rng = np.random.default_rng(seed)
-    metadata = {"gpu_name": gpu, "gpu_spec": "h100-sxm"} if gpu else {}
+    metadata = {**({"gpu_name": gpu, "gpu_spec": "h100-sxm"} if gpu else {}), **(metadata or {})}
     with RunWriter(path, metadata) as writer:
         for M, K, N in shapes:
             bf16_ms = 2 * M * K * N / 700e12 * 1e3
-            writer.append(_row(M, K, N, "none", "bf16", "n/a", bf16_ms * np.exp(rng.normal(0, noise, REPEATS))))
+            name = (case_names or {}).get((M, K, N))
+            writer.append(_row(M, K, N, "none", "bf16", "n/a", bf16_ms * np.exp(rng.normal(0, noise, REPEATS)), case=name, timer=timer))
             for key in cases:
                 factor = (slowdown or {}).get(key, 1.0)
                 times = bf16_ms / 1.8 * factor * np.exp(rng.normal(0, noise, REPEATS))
-                writer.append(_row(M, K, N, *key, times))
+                writer.append(_row(M, K, N, *key, times, case=name, timer=timer))
         for row in extra_rows:
             writer.append(row)
     return path
@@ -628,3 +632,80 @@ def test_gate_reports_a_bad_option_in_a_suite_entry_as_a_usage_error(tmp_path, m
     result = cli("gate", "--suite", suite, "--baseline", "main", "--baseline-dir", tmp_path / "baselines", "--out", tmp_path / "o")
     assert result.exit_code == ExitCode.USAGE, result.output
     assert "No such option: --bogus" in result.output and "Traceback" not in result.output
+
+
+# ---- GPU identity, timing differences, escaping, committed runs -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "memory", "key"),
+    [
+        (H100, 79.2, "h100-sxm"),
+        (H100, None, "h100-sxm"),
+        ("NVIDIA H100 PCIe", 79.2, "h100-pcie"),
+        ("NVIDIA H100 NVL", 93.1, "h100-nvl"),
+        (H200, 139.8, "h200"),
+        ("NVIDIA H200 NVL", 139.8, "nvidia-h200-nvl-140gib"),
+        ("NVIDIA GH200 480GB", 94.5, "nvidia-gh200-480gb-94gib"),
+        ("NVIDIA GH200 144G HBM3e", 142.0, "nvidia-gh200-144g-hbm3e-142gib"),
+        (H100, 94.0, "nvidia-h100-80gb-hbm3-94gib"),  # the name of an SXM part, the memory of another
+    ],
+)
+def test_gpu_models_are_keyed_by_their_exact_name_and_memory(name, memory, key):
+    from fp8bench.model.hardware import gpu_key, spec_for_device_name
+
+    assert gpu_key(name, memory) == key
+    assert baselines.gpu_model({"gpu_name": name, "gpu_memory_gib": memory}) == key
+    assert (spec_for_device_name(name, memory) is not None) == (key in ("h100-sxm", "h100-pcie", "h100-nvl", "h200"))
+
+
+@pytest.mark.parametrize("other", ["NVIDIA H200 NVL", "NVIDIA GH200 480GB"])
+def test_compare_refuses_another_hopper_model_named_like_the_h200(tmp_path, other):
+    base = write_run(tmp_path / "base", 1, gpu=H200)
+    new = write_run(tmp_path / "new", 2, gpu=other)
+    result = cli("compare", base, new)
+    assert result.exit_code == ExitCode.INCOMPATIBLE_BASELINE, result.output
+    assert result.output.startswith("incompatible baseline: ") and "the baseline was measured on h200" in result.output
+
+
+def test_a_timer_change_is_marked_on_every_case_or_refused_per_the_suite(tmp_path):
+    base = write_run(tmp_path / "base", 1, timer="cuda-events", metadata={"versions": {"torch": "2.11.0"}})
+    new = write_run(tmp_path / "new", 2, timer="cupti", metadata={"versions": {"torch": "2.12.0"}})
+    result = cli("compare", base, new, "--json", tmp_path / "c.json")
+    assert result.exit_code == ExitCode.PASS, result.output
+    assert "timed differently from the baseline: timer cuda-events -> cupti; torch 2.11.0 -> 2.12.0" in result.output
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert report["cases"] and all(c["note"] == gating.TIMED_DIFFERENTLY for c in report["cases"])
+    suite = tmp_path / "strict.toml"
+    suite.write_text('[[bench]]\ncommand = "matmul"\n[gate]\nenvironment_change = "refuse"\n')
+    refused = cli("compare", base, new, "--suite", suite)
+    assert refused.exit_code == ExitCode.INCOMPATIBLE_BASELINE, refused.output
+    assert 'timed differently from the baseline (timer cuda-events -> cupti; torch 2.11.0 -> 2.12.0)' in refused.output
+    assert cli("compare", base, write_run(tmp_path / "same", 3), "--suite", suite).exit_code == ExitCode.PASS
+
+
+def test_strings_from_result_files_are_escaped_in_every_output(tmp_path):
+    hostile = '<img src=x onerror=alert(1)>|[bold red]x[/]\x1b[31m\x07'
+    names = {SHAPES[0]: hostile}
+    base = write_run(tmp_path / "base", 1, case_names=names)
+    new = write_run(tmp_path / "new", 2, case_names=names, slowdown={("tensorwise", "cublas", "on"): 1.3})
+    md, xml = tmp_path / "c.md", tmp_path / "c.xml"
+    result = cli("compare", base, new, "--markdown", md, "--junit", xml)
+    assert result.exit_code == ExitCode.REGRESSION, result.output
+    assert "\x1b" not in result.output and "\x07" not in result.output
+    assert "[bold" in result.output and "red]x[/]" in result.output  # shown as written (the table wraps it), not applied
+    text = md.read_text()
+    assert "<img" not in text and "&lt;img src=x onerror=alert(1)&gt;\\|[bold red]x[/]\\x1b[31m\\x07" in text
+    cases = ET.parse(xml).getroot().findall(".//testcase")  # parses: no character XML cannot hold
+    assert any(c.get("name").startswith("matmul/<img src=x onerror=alert(1)>|[bold red]x[/]\\x1b[31m") for c in cases)
+
+
+@pytest.mark.parametrize("run", ["cast-square", "roofline-8192", "matmul-square"])
+def test_a_committed_run_compared_with_itself_matches_every_case_and_passes(run):
+    """Cast rows leave N empty and roofline rows keep the model's variants in options: the identity
+    must still match each case with itself."""
+    path = REPO / "reports" / "h100-sxm" / run
+    comparison = gating.compare_trees(path, path, GateConfig())
+    assert comparison.exit_code is ExitCode.PASS
+    assert comparison.baseline_cases > 0 and len(comparison.cases) == comparison.baseline_cases
+    assert all(c.outcome is Outcome.PASS for c in comparison.cases)

@@ -351,17 +351,20 @@ def _is_prediction(row: Mapping[str, Any]) -> bool:
 
 def check_unique(frame: pd.DataFrame) -> None:
     """A case measured twice in one run makes it unclear which to compare: MalformedFile naming the
-    file and both lines (load_results indexes rows by line and keeps the path)."""
-    first_line: dict[CaseId, int] = {}
+    file and both lines (load_results indexes rows by line and keeps the path). Rows that measured
+    nothing (unsupported, failed, predicted) are told apart by their options as well: files written
+    before every id column held the whole identity kept the roofline model's variants there."""
+    first_line: dict[tuple, int] = {}
     for line, row in zip(frame.index, frame.to_dict("records")):
         if _is_prediction(row):
             continue
         case_id = CaseId.from_row(row)
-        if case_id in first_line:
+        key = (case_id,) if row["repeat_ms"] else (case_id, row["options"])
+        if key in first_line:
             raise MalformedFile(
-                frame.attrs.get("path", "results"), f"lines {first_line[case_id]} and {line} hold the same case {case_id.label}"
+                frame.attrs.get("path", "results"), f"lines {first_line[key]} and {line} hold the same case {case_id.label}"
             )
-        first_line[case_id] = line
+        first_line[key] = line
 
 
 def _reference(candidates: list[dict]) -> dict | str:
