@@ -20,6 +20,7 @@ from fp8bench.cli import app
 from fp8bench.gate.compare import (
     DEFAULT_GATES,
     CaseId,
+    EnvironmentPolicy,
     ExitCode,
     GateConfig,
     Metric,
@@ -207,9 +208,17 @@ def test_a_case_measured_twice_in_one_run_is_a_malformed_file_naming_both_lines(
 # ---- the [gate] table ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("suite", ["ci.toml", "ci-quick.toml"])
+def test_ci_suites_let_no_broken_run_pass(suite):
+    """Every baseline case matched, INCONCLUSIVE failing, a timer or library change refused."""
+    config = GateConfig.from_table(load_suite(REPO / "suites" / suite).raw["gate"])
+    assert config.fail_on_inconclusive is True and config.min_matched_pct == 100
+    assert config.environment_change is EnvironmentPolicy.REFUSE
+
+
 def test_ci_suite_gate_table_parses_with_an_override_for_the_small_shape():
     config = GateConfig.from_table(load_suite(REPO / "suites" / "ci.toml").raw["gate"])
-    assert config.metric is Metric.SPEEDUP and config.fail_on_inconclusive is False
+    assert config.metric is Metric.SPEEDUP
     small = CaseId("matmul", "2048x2048x2048", 2048, 2048, 2048, "axiswise", "triton", "e4m3-axiswise", "on")
     large = CaseId("matmul", "8192x8192x8192", 8192, 8192, 8192, "axiswise", "triton", "e4m3-axiswise", "on")
     assert config.speedup.thresholds_for(small.label).floor_pct == 8
