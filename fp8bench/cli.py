@@ -300,6 +300,7 @@ def report(
 def publish(
     reports: Path = typer.Argument(..., help="a reports tree: <gpu-model>/<run>/results.csv, or <gpu-model>/<run>/<entry>/results.csv"),
     out: Path = typer.Option(Path("site"), help="the site folder; an existing site is brought up to date"),
+    jobs: Optional[int] = typer.Option(None, min=1, help="run folders rendered at once (default: one per CPU)"),
 ) -> None:
     """Build a static site of every run: per GPU model the latest runs, history charts, compare pages, reports."""
     from rich.progress import Progress
@@ -314,7 +315,7 @@ def publish(
             progress.update(task, completed=done, total=total, description=escape(printable(what)))
 
         try:
-            published = build_site(reports, out, advance)
+            published = build_site(reports, out, advance, jobs)
         except MalformedFile:
             raise
         except (OSError, ValueError) as err:

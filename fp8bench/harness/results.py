@@ -306,8 +306,9 @@ def _row_problem(record: Mapping[str, str]) -> str | None:
 
 
 def repeat_times(cell: str) -> list[float]:
-    """Parse a `repeat_ms` cell: times in ms separated by ';' (ValueError for anything else)."""
-    return [time_ms(x) for x in str(cell).split(";")]
+    """Parse a `repeat_ms` cell: times in ms separated by ';', none for an empty cell (ValueError for
+    anything else)."""
+    return [time_ms(x) for x in str(cell).split(";")] if cell else []
 
 
 def format_repeat_times(times: Iterable[float]) -> str:

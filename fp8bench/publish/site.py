@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 import posixpath
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -64,6 +66,9 @@ _MANIFEST_FORMAT = 2
 _RENDERING_MODULES = (compare, compare_output, hardware, publish_pages, publish_tree, report, report_html, report_matmul, results)
 
 Progress = Callable[[int, int, str], None]  # (steps done, steps in all, what is being built)
+# A process of its own pays for itself from about this many run folders (it starts in a few seconds,
+# importing pandas and plotly; a run folder's reports take from a fraction of a second to several).
+_FOLDERS_PER_PROCESS = 8
 
 
 @dataclass(frozen=True)
@@ -169,11 +174,14 @@ class _Build:
         }  # fmt: skip
 
 
-def publish(reports: Path, out: Path, progress: Progress | None = None) -> Published:
+def publish(reports: Path, out: Path, progress: Progress | None = None, jobs: int | None = None) -> Published:
     """Build the site of a reports tree in `out`, or bring it up to date: a run folder is rebuilt
     only when its results.csv or metadata.json changed (or the rendering code did), a compare page
     only when one of its two runs did. Raises ValueError for a tree with no runs or an `out` that
-    is not a site, MalformedFile for a malformed file in the tree; both before anything is written."""
+    is not a site, MalformedFile for a malformed file in the tree; both before anything is written.
+
+    Run folders' reports are rendered by `jobs` processes at once (default: one per CPU): building
+    plotly figures is most of a build's time, and one process uses one core."""
     out = Path(out)
     tree = read_tree(reports, exclude=out)
     old = _Manifest.claim(out, _code_fingerprint())
@@ -183,14 +191,17 @@ def publish(reports: Path, out: Path, progress: Progress | None = None) -> Publi
     build.target(PurePosixPath(PLOTLY_JS))
     build.checkpoint()
     write_plotly_js(out)
-    for done, (run, entry) in enumerate(steps):
-        report(done, len(steps), str(entry.site_dir))
+    stale = []
+    for run, entry in steps:
         if build.stale(entry.site_dir, entry.fingerprint, out / entry.site_dir / INDEX_HTML):
-            _write_run_reports(entry, build)
+            stale.append(_prepare_run_reports(entry, build))
         else:
             build.keep(entry.site_dir)
         _copy_gate_json(run, build)
-    report(len(steps), len(steps), "compare and summary pages")
+    build.checkpoint()
+    for done, site_dir in enumerate(_render(stale, out, jobs or os.cpu_count() or 1)):
+        report(done + 1, len(stale), f"reports of {site_dir}")
+    report(len(stale), len(stale), "compare and summary pages")
     for model in tree.models:
         for entries in tree.history(model).values():
             for previous, entry in zip(entries, entries[1:]):
@@ -205,15 +216,40 @@ def publish(reports: Path, out: Path, progress: Progress | None = None) -> Publi
     return Published(out / INDEX_HTML, tuple(build.rebuilt), tuple(build.unchanged), tree.skipped)
 
 
-def _write_run_reports(entry: EntryRun, build: _Build) -> None:
-    """The entry's results files and its reports (fp8bench.report.write), loading the site's plotly.js."""
+def _prepare_run_reports(entry: EntryRun, build: _Build) -> PurePosixPath:
+    """Copy the entry's results files into its folder of the site, recording them and the report pages
+    `_render` will write there; return that folder."""
     copies = [name for name in (RESULTS_CSV, METADATA_JSON) if (entry.source / name).is_file()]
     for name in (*copies, INDEX_HTML, *(page_name(g) for g in page_granularities(entry.rows))):
         build.target(entry.site_dir / name)
     build.checkpoint()
     for name in copies:
         shutil.copyfile(entry.source / name, build.out / entry.site_dir / name)
-    write_reports(build.out / entry.site_dir, plotly_dir=posixpath.relpath(".", str(entry.site_dir)) + "/")
+    return entry.site_dir
+
+
+def _write_run_reports(out: Path, site_dir: PurePosixPath) -> PurePosixPath:
+    """The reports (fp8bench.report.write) of a prepared run folder, loading the site's plotly.js."""
+    write_reports(out / site_dir, plotly_dir=posixpath.relpath(".", str(site_dir)) + "/")
+    return site_dir
+
+
+def _render(site_dirs: list[PurePosixPath], out: Path, jobs: int) -> Iterator[PurePosixPath]:
+    """Write the reports of the prepared run folders, up to `jobs` at a time; yield each folder as it is done."""
+    workers = min(jobs, len(site_dirs) // _FOLDERS_PER_PROCESS)
+    if workers <= 1:
+        yield from (_write_run_reports(out, site_dir) for site_dir in site_dirs)
+        return
+    # Spawned, not forked: the caller may hold threads (a progress display) that a fork would copy mid-way.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        pending = [pool.submit(_write_run_reports, out, site_dir) for site_dir in site_dirs]
+        try:
+            for future in as_completed(pending):
+                yield future.result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def _copy_gate_json(run: Run, build: _Build) -> None:
