@@ -175,7 +175,6 @@ CSV_MUTATIONS: tuple[Mutation, ...] = (
     _set_cell("spread_pct", ("abc", "nan", "inf")),
     _set_cell("tflops", ("abc", "nan", "-inf")),
     _set_cell("status", ("okay", "OK", "unsupported", "failed:", "FAILED: oom", "passed: yes")),
-    _set_cell("benchmark", ("",)),
     _set_cell("options", ("{", "[1]", "not json", '"text"', "1")),
 )
 

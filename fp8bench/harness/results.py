@@ -275,8 +275,6 @@ def _row_problem(record: Mapping[str, str]) -> str | None:
     status = record["status"]
     if not (status == Status.OK.value or any(status.startswith(f"{s}: ") for s in _STATUSES if s != Status.OK.value)):
         return f"status {shown(status)} is none of {', '.join(_STATUSES)} (with ': <reason>')"
-    if not record["benchmark"]:
-        return "no benchmark"
     if record["options"]:
         try:
             options = json.loads(record["options"])
@@ -298,8 +296,8 @@ def _row_problem(record: Mapping[str, str]) -> str | None:
             times = repeat_times(record["repeat_ms"])
         except ValueError as err:
             return f"repeat_ms: {err}"
-        if not record["repeats"] or len(times) != int(float(record["repeats"])):
-            return f"repeat_ms holds {len(times)} times but repeats is {shown(record['repeats'])} (a torn row?)"
+        if record["repeats"] and len(times) != int(float(record["repeats"])):
+            return f"repeat_ms holds {len(times)} times but repeats is {record['repeats']} (a torn row?)"
     elif record["repeats"] and status == Status.OK.value:
         return f"repeats is {record['repeats']} but repeat_ms is empty"
     return None
