@@ -414,14 +414,16 @@ def gate(
 ) -> None:
     """Run a suite and compare it with a baseline, re-running flagged cases once. Exit codes as `compare`."""
     from fp8bench.gate import gate as gating
+    from fp8bench.harness.env import gpu_metadata
+    from fp8bench.harness.validate import UsageError
 
-    device_name = None
+    device = None
     if runs is None or rerun:
         try:
-            device_name = require_cuda("gate")
+            require_cuda("gate")
         except EnvironmentProblem as err:
-            err_console.print(f"[red]error:[/] {err} (to judge runs made elsewhere: --runs DIR --no-rerun)")
-            raise typer.Exit(2) from None
+            raise UsageError(f"{err} (to judge runs made elsewhere: --runs DIR --no-rerun)") from None
+        device = gpu_metadata()
 
     def invoke(argv: list[str]) -> None:
         """One fp8bench command of the suite (or a re-run), in this process."""
@@ -435,7 +437,7 @@ def gate(
     def body():
         config = gating.resolve_config(suite, metric, fail_on_inconclusive)
         run_dir = out or default_run_dir("gate", suite.stem)
-        return gating.gate(suite, baseline, baseline_dir, run_dir, config, device_name, invoke, runs, rerun, console)
+        return gating.gate(suite, baseline, baseline_dir, run_dir, config, device, invoke, runs, rerun, console)
 
     raise typer.Exit(gating.conclude(body, _outputs(markdown, json_path, junit), console))
 

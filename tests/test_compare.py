@@ -531,7 +531,7 @@ def _save_baseline(tmp_path: Path) -> None:
 def _gate(tmp_path: Path, fake: FakeMatmul, gpu: str = H100, **kwargs):
     suite = _suite(tmp_path)
     config = gating.resolve_config(suite, None, None)
-    return gating.gate(suite, "main", tmp_path / "baselines", tmp_path / "out", config, gpu, fake, **kwargs)
+    return gating.gate(suite, "main", tmp_path / "baselines", tmp_path / "out", config, {"gpu_name": gpu}, fake, **kwargs)
 
 
 def test_gate_reruns_a_flagged_case_once_and_clears_a_transient_slowdown(tmp_path):
@@ -638,6 +638,7 @@ def test_gate_reports_a_bad_option_in_a_suite_entry_as_a_usage_error(tmp_path, m
     suite = tmp_path / "bad-entry.toml"
     suite.write_text(GATE_SUITE.replace('timer = "cuda-events"', "bogus = 1"))
     monkeypatch.setattr(fp8bench.cli, "require_cuda", lambda command: H100)
+    monkeypatch.setattr("fp8bench.harness.env.gpu_metadata", lambda: {"gpu_name": H100, "gpu_memory_gib": 79.2})
     result = cli("gate", "--suite", suite, "--baseline", "main", "--baseline-dir", tmp_path / "baselines", "--out", tmp_path / "o")
     assert result.exit_code == ExitCode.USAGE, result.output
     assert "No such option: --bogus" in result.output and "Traceback" not in result.output

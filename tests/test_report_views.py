@@ -147,11 +147,11 @@ def synthetic_sqnr(case: layer.LayerCase, rng) -> dict[str, float]:
     return {name: float(rng.uniform(26.0, 30.0)) for name in SQNR_COLUMNS}
 
 
-def write_roofline_run(run_dir, rng: np.random.Generator, measured: bool) -> None:
+def write_roofline_run(run_dir, rng: np.random.Generator, measured: bool, metadata=METADATA) -> None:
     ceilings = (rl.spec_ceilings(GPU), rl.calibrated_ceilings(SYNTHETIC_PROFILE))
     recipes = tuple(RECIPES.values())
     config = rl.RooflineConfig(ROOFLINE_SHAPES, recipes, tuple(rl.IMPLEMENTATIONS.values()), ceilings)
-    with RunWriter(run_dir, {**METADATA, "benchmark": "roofline", "prediction_only": not measured}) as writer:
+    with RunWriter(run_dir, {**metadata, "benchmark": "roofline", "prediction_only": not measured}) as writer:
         rl.run_roofline(config, writer)
         if not measured:
             return
@@ -253,6 +253,16 @@ def test_a_prediction_only_run_charts_its_predicted_speedups_and_nothing_measure
         plotted = sorted(y for trace in chart.figure.data for y in trace.y)
         assert plotted == pytest.approx(sorted(predicted["predicted_speedup"])) and len(plotted) > 0
         assert {trace.marker.symbol for trace in chart.figure.data} <= {"circle-open", "square-open"}
+
+
+def test_a_prediction_only_run_without_a_gpu_says_what_it_predicts_for_without_a_warning(tmp_path):
+    """Predicted on a machine with no GPU (no gpu_name), for the GPU model the run names."""
+    metadata = {k: v for k, v in METADATA.items() if k != "gpu_name"}
+    write_roofline_run(tmp_path, np.random.default_rng(13), measured=False, metadata=metadata)
+    write_reports(tmp_path)
+    text = (tmp_path / "index.html").read_text()
+    assert f'<p class="note">Predictions of the roofline model for {GPU.key}; nothing was measured in this run.</p>' in text
+    assert 'class="banner"' not in text
 
 
 def test_measured_and_predicted_markers_of_an_implementation_share_a_slot(roofline_run):

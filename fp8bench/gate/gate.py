@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -205,7 +206,7 @@ def gate(
     baseline_dir: Path,
     out: Path,
     config: GateConfig,
-    device_name: str | None,
+    device: Mapping[str, Any] | None,
     invoke: Invoke,
     runs: Path | None = None,
     rerun: bool = True,
@@ -213,13 +214,14 @@ def gate(
 ) -> Comparison:
     """Run the suite into `out` (or take its runs from `runs`), then compare with the baseline.
 
-    `device_name` is the CUDA device measuring here (None where there is none: then `runs` must be
-    given and `rerun` off); the baseline is looked up for its GPU model before anything is measured.
+    `device` is the CUDA device measuring here as run metadata records it (gpu_name, gpu_memory_gib:
+    fp8bench.harness.env.gpu_metadata), None where there is none: then `runs` must be given and
+    `rerun` off. The baseline is looked up for its GPU model before anything is measured.
     """
     with _as_usage_error():
         suite = load_suite(suite_path)
-        if device_name is not None:
-            model = baselines.gpu_model({"gpu_name": device_name})
+        if device is not None:
+            model = baselines.gpu_model(device)
         elif runs is not None:
             model = baselines.tree_gpu_model(runs)
         else:

@@ -182,9 +182,13 @@ def _summary(rows: pd.DataFrame, metadata: dict[str, Any]) -> str:
 
 
 def _measurement_warning(rows: pd.DataFrame, metadata: dict[str, Any]) -> str:
-    """A banner when the numbers are not GPU measurements (a fake timer) or name no GPU."""
+    """A banner when the numbers are not GPU measurements (a fake timer) or name no GPU; a note for a
+    run of predictions only, which measured nothing and names the GPU model it predicts for."""
     if (rows["timer"] == "fake").any():
         text = "Rows here were timed with the fake timer of the tests: they are not GPU measurements."
+    elif metadata.get("prediction_only") and metadata.get("gpu_spec"):
+        text = f"Predictions of the roofline model for {metadata['gpu_spec']}; nothing was measured in this run."
+        return f'<p class="note">{html.escape(text)}</p>'
     elif not rows.empty and not metadata.get("gpu_name"):
         text = "The run's metadata names no GPU: these numbers cannot be attributed to a GPU."
     else:
