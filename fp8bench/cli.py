@@ -308,7 +308,7 @@ def publish(
     from fp8bench.harness.validate import MalformedFile, UsageError, printable
     from fp8bench.publish.site import publish as build_site
 
-    with Progress(console=console, transient=True) as progress:
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:  # no bars in logs
         task = progress.add_task("publishing", total=None)
 
         def advance(done: int, total: int, what: str) -> None:
