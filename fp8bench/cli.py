@@ -276,7 +276,7 @@ def report(
     ),
 ) -> None:
     """(Re)write a run's HTML reports, one page per granularity."""
-    from fp8bench.harness.validate import UsageError
+    from fp8bench.harness.validate import UsageError, usage_errors
     from fp8bench.report.write import write_reports
     from fp8bench.report.html import write_plotly_js
 
@@ -288,10 +288,8 @@ def report(
             raise UsageError(f"--shared-plotly {shared_plotly} is not a folder above {run}")
         write_plotly_js(shared_plotly)
         plotly_dir = Path(os.path.relpath(shared_plotly.resolve(), run.resolve())).as_posix() + "/"
-    try:
+    with usage_errors():
         pages = write_reports(run, plotly_dir)
-    except OSError as err:
-        raise UsageError(str(err)) from None
     for page in pages:
         console.print(f"report: {escape(str(page))}")
 
@@ -305,7 +303,7 @@ def publish(
     """Build a static site of every run: per GPU model the latest runs, history charts, compare pages, reports."""
     from rich.progress import Progress
 
-    from fp8bench.harness.validate import MalformedFile, UsageError, printable
+    from fp8bench.harness.validate import printable, usage_errors
     from fp8bench.publish.site import publish as build_site
 
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:  # no bars in logs
@@ -314,12 +312,8 @@ def publish(
         def advance(done: int, total: int, what: str) -> None:
             progress.update(task, completed=done, total=total, description=escape(printable(what)))
 
-        try:
+        with usage_errors():
             published = build_site(reports, out, advance, jobs)
-        except MalformedFile:
-            raise
-        except (OSError, ValueError) as err:
-            raise UsageError(str(err)) from None
     for skipped in published.skipped:
         console.print(f"[yellow]skipped[/] {escape(printable(str(skipped.path)))}: {escape(printable(skipped.reason))}")
     console.print(
@@ -455,14 +449,10 @@ def baseline_save(
 ) -> None:
     """Copy a run (results.csv + metadata.json) into the baselines folder of its GPU model."""
     from fp8bench.gate import baseline as baselines
-    from fp8bench.harness.validate import MalformedFile, UsageError
+    from fp8bench.harness.validate import usage_errors
 
-    try:
+    with usage_errors():
         saved = baselines.save(run, name, root, force)
-    except MalformedFile:
-        raise
-    except (OSError, ValueError) as err:
-        raise UsageError(str(err)) from None
     console.print(f"baseline {escape(repr(name))} saved to {escape(str(saved))}")
 
 

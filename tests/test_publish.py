@@ -30,7 +30,7 @@ from fp8bench.publish.tree import COMPARE_HTML, GATE_JSON, HISTORY_HTML, read_tr
 from fp8bench.model.hardware import GPUS
 from fp8bench.report.write import INDEX_HTML, VIEWS, page_name
 from fp8bench.report.html import PLOTLY_JS
-from fp8bench.harness.results import RunWriter, load_results, read_metadata, status_text
+from fp8bench.harness.results import RunWriter, load_results, status_text
 from test_report import GPU, synthetic_measurement
 
 COMMITTED_REPORTS = Path(__file__).resolve().parent.parent / "reports"

@@ -9,9 +9,8 @@ again. Exit codes: fp8bench.gate.compare.ExitCode, documented in docs/gating.md.
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,6 @@ from fp8bench.gate.compare import (
     CaseId,
     Comparison,
     EnvironmentPolicy,
-    ExitCode,
     GateConfig,
     Metric,
     MetricGate,
@@ -39,7 +37,7 @@ from fp8bench.gate.compare import (
 from fp8bench.gate.output import Outputs, print_comparison, write_outputs
 from fp8bench.harness.results import load_results
 from fp8bench.harness.suite import SuiteEntry, load_suite
-from fp8bench.harness.validate import MalformedFile, UsageError
+from fp8bench.harness.validate import MalformedFile, UsageError, usage_errors
 
 Invoke = Callable[[list[str]], object]  # runs an fp8bench command line (argv without `fp8bench`)
 Rerun = Callable[[str, CaseId], "Path | None"]  # measures one case again; its run folder, or None if it cannot
@@ -49,21 +47,10 @@ Rerun = Callable[[str, CaseId], "Path | None"]  # measures one case again; its r
 TIMED_DIFFERENTLY = "timed differently from the baseline"
 
 
-@contextlib.contextmanager
-def _as_usage_error() -> Iterator[None]:
-    """Around code that reads what the user named: its failures are the user's to fix, not tracebacks."""
-    try:
-        yield
-    except MalformedFile:
-        raise
-    except (OSError, ValueError) as err:
-        raise UsageError(str(err)) from None
-
-
 def resolve_config(suite: Path | None, metric: str | None, fail_on_inconclusive: bool | None) -> GateConfig:
     """The suite's [gate] table (or the defaults), with the command line's choices on top."""
     config = GateConfig()
-    with _as_usage_error():
+    with usage_errors():
         if suite is not None:
             table = load_suite(suite).raw.get("gate", {})
             try:
@@ -92,7 +79,7 @@ class _Side:
 def _side(run: Path | None, metric: Metric) -> _Side:
     if run is None:
         return _Side(RunSamples(metric, {}, {}), {}, frozenset())
-    with _as_usage_error():
+    with usage_errors():
         frame = load_results(run)
         samples = run_samples(frame, metric)
         metadata = baselines.run_metadata_of(run)
@@ -111,7 +98,7 @@ def compare_trees(base: Path, new: Path, config: GateConfig, rerun: Rerun | None
     """
     metric = config.metric
     gate = config.for_metric(metric)
-    with _as_usage_error():
+    with usage_errors():
         base_runs, new_runs = baselines.run_folders(base), baselines.run_folders(new)
     if ("" in base_runs) != ("" in new_runs):
         raise UsageError(f"{base} and {new}: one is a single run and the other a folder of suite runs")
@@ -218,7 +205,7 @@ def gate(
     fp8bench.harness.env.gpu_metadata), None where there is none: then `runs` must be given and
     `rerun` off. The baseline is looked up for its GPU model before anything is measured.
     """
-    with _as_usage_error():
+    with usage_errors():
         suite = load_suite(suite_path)
         if device is not None:
             model = baselines.gpu_model(device)
@@ -226,7 +213,7 @@ def gate(
             model = baselines.tree_gpu_model(runs)
         else:
             raise ValueError("the gate needs a GPU to run the suite on, or --runs with the suite's runs")
-    with _as_usage_error():
+    with usage_errors():
         base = baselines.resolve(baseline, baseline_dir, model)
     if runs is None:
         taken = [entry.name for entry in suite.entries if (out / entry.name).exists()]
@@ -256,7 +243,7 @@ def conclude(body: Callable[[], Comparison], outputs: Outputs, console: Console)
     baseline.IncompatibleBaseline, MalformedFile) go to the command line's error adapter."""
     comparison = body()
     print_comparison(console, comparison)
-    with _as_usage_error():
+    with usage_errors():
         for path in write_outputs(comparison, outputs):
             console.print(f"wrote {escape(str(path))}")
     if comparison.verdict is Outcome.INCONCLUSIVE and not comparison.fail_on_inconclusive:

@@ -8,8 +8,10 @@ number would otherwise be compared, gated and published as if it had been measur
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,18 @@ class MalformedFile(ValueError):
 
 class UsageError(Exception):
     """Bad options, or an input path that is not what the command needs: exit code 2, one line."""
+
+
+@contextlib.contextmanager
+def usage_errors() -> Iterator[None]:
+    """Around code that reads what the user named: an OSError or ValueError there is the user's to fix,
+    a UsageError (one line, exit 2), not a traceback; a MalformedFile stays what it is."""
+    try:
+        yield
+    except MalformedFile:
+        raise
+    except (OSError, ValueError) as err:
+        raise UsageError(str(err)) from None
 
 
 def read_text(path: Path) -> str:

@@ -51,7 +51,7 @@ from fp8bench.report import html as report_html
 from fp8bench.report import matmul as report_matmul
 from fp8bench.report import write as report
 from fp8bench.publish.tree import (
-    COMPARE_HTML, GATE_JSON, HISTORY_HTML, RUNS_DIR, EntryRun, Run, Skipped, Tree, read_tree, slug,
+    COMPARE_HTML, GATE_JSON, HISTORY_HTML, EntryRun, Run, Skipped, Tree, read_tree, slug,
 )
 from fp8bench.report.write import INDEX_HTML, page_granularities, page_name, write_reports
 from fp8bench.report.html import PLOTLY_JS, write_plotly_js
