@@ -388,3 +388,13 @@ def test_a_prediction_only_run_draws_its_predicted_speedups(predicted_run, rende
         fp8 = ok[ok["granularity"] == granularity.value]
         assert [g.div_id for g in page.graphs] == ["roofline-speedup"]
         assert page.graphs[0].points == fp8["predicted_speedup"].notna().sum() > 0
+
+
+def test_the_roofline_hover_labels_escape_the_bound_column(predicted_run):
+    """plotly renders hover labels as HTML: a `bound` cell from a results file must reach it escaped."""
+    _, rows = predicted_run
+    hostile = rows.assign(bound="<b onmouseover=alert(1)>compute</b>")
+    (chart,) = speedup_chart(ok_rows(hostile, Granularity.TENSORWISE), GPU)
+    labels = {str(value) for trace in chart.figure.data for point in trace.customdata for value in point}
+    assert "&lt;b onmouseover=alert(1)&gt;compute&lt;/b&gt;" in labels
+    assert not any("<b" in label for label in labels)
