@@ -518,6 +518,20 @@ def test_a_site_build_deletes_only_files_it_wrote(tmp_path):
     assert not (site / MODEL / "runs" / "b").exists() and (site / MODEL / "runs" / "c" / INDEX_HTML).is_file()
 
 
+def test_a_manifest_listing_a_file_outside_the_site_deletes_nothing(tmp_path):
+    root = tmp_path / "reports"
+    write_run(root / MODEL / "a", "2026-01-01T10:00:00+00:00", seed=1)
+    site = tmp_path / "site"
+    publish(root, site)
+    precious = tmp_path / "precious.txt"
+    precious.write_text("the user's")
+    manifest = json.loads((site / MANIFEST_JSON).read_text())
+    (site / MANIFEST_JSON).write_text(json.dumps({**manifest, "files": [*manifest["files"], "../precious.txt"]}))
+    result = cli(root, "--out", site)
+    assert result.exit_code == 2 and "lists '../precious.txt', not a file inside the site" in result.output
+    assert precious.read_text() == "the user's"
+
+
 def test_an_interrupted_first_publish_is_finished_by_the_next(tmp_path, monkeypatch):
     import fp8bench.publish.site as site_module
 

@@ -124,6 +124,9 @@ class _Manifest:
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             # Without its list of files nothing may be deleted or trusted: the user decides.
             raise MalformedFile(path, f"not a manifest fp8bench publish wrote ({err}); delete the site and publish again") from None
+        outside = [f for f in files if PurePosixPath(f).is_absolute() or ".." in PurePosixPath(f).parts or not f.strip()]
+        if outside:  # a build deletes the files listed: never one outside the site
+            raise MalformedFile(path, f"lists {outside[0]!r}, not a file inside the site; delete the site and publish again")
         return cls(code, pages, files)
 
     def save(self, out: Path) -> None:
