@@ -13,16 +13,12 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+import typer.core
 from rich.console import Console
+from rich.markup import escape
 
 from fp8bench.config import FAST_ACCUM_CHOICES, GRANULARITY_CHOICES, MatmulConfig, TimingConfig, parse_choice
 
-app = typer.Typer(
-    help="Benchmarks and roofline analysis for FP8 training on NVIDIA Hopper GPUs.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
 # Logs of runs on GPU hosts are not terminals: rich would wrap the result tables at 80 columns.
 _LOG_WIDTH = None if sys.stdout.isatty() else 180
 console = Console(width=_LOG_WIDTH)
@@ -31,6 +27,48 @@ err_console = Console(stderr=True, width=_LOG_WIDTH)
 
 class EnvironmentProblem(Exception):
     """Something this machine lacks (a GPU, a library); printed as one line, exit code 1."""
+
+
+def _error_exit_code(err: Exception) -> tuple[int, str] | None:
+    """The exit code and prefix of an error a user can act on, or None for a bug (its traceback shows)."""
+    from fp8bench.gate.baseline import IncompatibleBaseline
+    from fp8bench.gate.compare import ExitCode
+    from fp8bench.harness.validate import MalformedFile, UsageError
+
+    if isinstance(err, (MalformedFile, UsageError)):
+        return int(ExitCode.USAGE), "error"
+    if isinstance(err, IncompatibleBaseline):
+        return int(ExitCode.INCOMPATIBLE_BASELINE), "incompatible baseline"
+    if isinstance(err, EnvironmentProblem):
+        return 1, "error"
+    return None
+
+
+class _Commands(typer.core.TyperGroup):
+    """The command line's one error adapter: a malformed input file or bad usage (exit 2), a baseline
+    from another GPU model (4) or a missing GPU (1) is one line on stderr, never a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except Exception as err:  # noqa: BLE001 - mapped or re-raised just below
+            mapped = _error_exit_code(err)
+            if mapped is None:
+                raise
+            code, prefix = mapped
+            from fp8bench.harness.validate import printable
+
+            err_console.print(f"[red]{prefix}:[/] {escape(printable(str(err)))}", soft_wrap=True, highlight=False)
+            raise typer.Exit(code) from None
+
+
+app = typer.Typer(
+    cls=_Commands,
+    help="Benchmarks and roofline analysis for FP8 training on NVIDIA Hopper GPUs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 
 
 def choice(value: str, choices: dict, what: str) -> tuple:
@@ -288,42 +326,46 @@ def report(
     ),
 ) -> None:
     """(Re)write a run's HTML reports, one page per granularity."""
+    from fp8bench.harness.validate import UsageError, usage_errors
     from fp8bench.report.write import write_reports
     from fp8bench.report.html import write_plotly_js
 
-    if not (run / "results.csv").exists():
-        raise typer.BadParameter(f"{run} holds no results.csv")
+    if not (run / "results.csv").is_file():
+        raise UsageError(f"{run} holds no results.csv")
     plotly_dir = None
     if shared_plotly is not None:
         if not run.resolve().is_relative_to(shared_plotly.resolve()):
-            raise typer.BadParameter(f"--shared-plotly {shared_plotly} is not a folder above {run}")
+            raise UsageError(f"--shared-plotly {shared_plotly} is not a folder above {run}")
         write_plotly_js(shared_plotly)
         plotly_dir = Path(os.path.relpath(shared_plotly.resolve(), run.resolve())).as_posix() + "/"
-    try:
+    with usage_errors():
         pages = write_reports(run, plotly_dir)
-    except ValueError as err:
-        raise typer.BadParameter(str(err)) from None
     for page in pages:
-        console.print(f"report: {page}")
+        console.print(f"report: {escape(str(page))}")
 
 
 @app.command()
 def publish(
     reports: Path = typer.Argument(..., help="a reports tree: <gpu-model>/<run>/results.csv, or <gpu-model>/<run>/<entry>/results.csv"),
     out: Path = typer.Option(Path("site"), help="the site folder; an existing site is brought up to date"),
+    jobs: Optional[int] = typer.Option(None, min=1, help="run folders rendered at once (default: one per CPU)"),
 ) -> None:
     """Build a static site of every run: per GPU model the latest runs, history charts, compare pages, reports."""
-    from rich.markup import escape
+    from rich.progress import Progress
 
+    from fp8bench.harness.validate import printable, usage_errors
     from fp8bench.publish.site import publish as build_site
 
-    try:
-        published = build_site(reports, out)
-    except (OSError, ValueError) as err:
-        err_console.print(f"[red]error:[/] {escape(str(err))}")
-        raise typer.Exit(2) from None
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:  # no bars in logs
+        task = progress.add_task("publishing", total=None)
+
+        def advance(done: int, total: int, what: str) -> None:
+            progress.update(task, completed=done, total=total, description=escape(printable(what)))
+
+        with usage_errors():
+            published = build_site(reports, out, advance, jobs)
     for skipped in published.skipped:
-        console.print(f"[yellow]skipped[/] {escape(str(skipped.path))}: {escape(skipped.reason)}")
+        console.print(f"[yellow]skipped[/] {escape(printable(str(skipped.path)))}: {escape(printable(skipped.reason))}")
     console.print(
         f"site: {escape(str(published.index))} ({len(published.rebuilt)} run folders and compare pages built, "
         f"{len(published.unchanged)} unchanged)"
@@ -397,7 +439,7 @@ def compare(
     def body():
         return gating.compare_trees(base, new, gating.resolve_config(suite, metric, fail_on_inconclusive))
 
-    raise typer.Exit(gating.conclude(body, _outputs(markdown, json_path, junit), console, err_console))
+    raise typer.Exit(gating.conclude(body, _outputs(markdown, json_path, junit), console))
 
 
 @app.command()
@@ -416,14 +458,16 @@ def gate(
 ) -> None:
     """Run a suite and compare it with a baseline, re-running flagged cases once. Exit codes as `compare`."""
     from fp8bench.gate import gate as gating
+    from fp8bench.harness.env import gpu_metadata
+    from fp8bench.harness.validate import UsageError
 
-    device_name = None
+    device = None
     if runs is None or rerun:
         try:
-            device_name = require_cuda("gate")
+            require_cuda("gate")
         except EnvironmentProblem as err:
-            err_console.print(f"[red]error:[/] {err} (to judge runs made elsewhere: --runs DIR --no-rerun)")
-            raise typer.Exit(2) from None
+            raise UsageError(f"{err} (to judge runs made elsewhere: --runs DIR --no-rerun)") from None
+        device = gpu_metadata()
 
     def invoke(argv: list[str]) -> None:
         """One fp8bench command of the suite (or a re-run), in this process."""
@@ -437,9 +481,9 @@ def gate(
     def body():
         config = gating.resolve_config(suite, metric, fail_on_inconclusive)
         run_dir = out or default_run_dir("gate", suite.stem)
-        return gating.gate(suite, baseline, baseline_dir, run_dir, config, device_name, invoke, runs, rerun, console, _remeasure)
+        return gating.gate(suite, baseline, baseline_dir, run_dir, config, device, invoke, runs, rerun, console, _remeasure)
 
-    raise typer.Exit(gating.conclude(body, _outputs(markdown, json_path, junit), console, err_console))
+    raise typer.Exit(gating.conclude(body, _outputs(markdown, json_path, junit), console))
 
 
 baseline_app = typer.Typer(help="Runs kept for `compare` and `gate`, keyed by GPU model.", no_args_is_help=True)
@@ -455,12 +499,11 @@ def baseline_save(
 ) -> None:
     """Copy a run (results.csv + metadata.json) into the baselines folder of its GPU model."""
     from fp8bench.gate import baseline as baselines
+    from fp8bench.harness.validate import usage_errors
 
-    try:
+    with usage_errors():
         saved = baselines.save(run, name, root, force)
-    except (OSError, ValueError) as err:
-        raise typer.BadParameter(str(err)) from None
-    console.print(f"baseline {name!r} saved to {saved}")
+    console.print(f"baseline {escape(repr(name))} saved to {escape(str(saved))}")
 
 
 @app.command()
@@ -847,11 +890,7 @@ def numerics_optimizer(
 
 
 def main() -> None:
-    try:
-        app()
-    except EnvironmentProblem as err:
-        err_console.print(f"[red]error:[/] {err}")
-        raise SystemExit(1) from None
+    app()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 `render(path)` opens a file:// page, lets it run (virtual time, so no real waiting), and parses the
 DOM Chromium dumps: the script errors the page recorded (pages built on fp8bench.report.html carry
 the recorder), each plotly graph with its traces and how many data points each drew, the links and
-the title. `parse_html` is the same parser for pages read from disk, no browser needed.
+the title. `parse_html` is the same parser for pages read from disk, and `embedded_graphs` reads the
+graphs a page would draw from the data in it, both with no browser.
 
 Without Chromium, `render` skips the calling test with the reason, except under CI=true, where a
 missing browser fails it: CI installs Chromium, so its absence there is a broken setup.
@@ -11,7 +12,9 @@ missing browser fails it: CI installs Chromium, so its absence there is a broken
 
 from __future__ import annotations
 
+import base64
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fp8bench.report.html import JS_ERRORS_ID
@@ -194,3 +198,47 @@ def render(page: Path, budget_ms: int = 10_000, timeout_s: float = 120.0) -> Ren
         tail = "\n".join(done.stderr.strip().splitlines()[-15:])
         pytest.fail(f"Chromium exited {done.returncode} on {url} with no DOM; stderr ends:\n{tail}", pytrace=False)
     return from_dom(url, done.stdout)
+
+
+_NEW_PLOT = "Plotly.newPlot("
+
+
+def _array(value) -> list:
+    """A plotly data array as written into a page: a list, or numpy data as {"dtype", "bdata", "shape"}."""
+    if isinstance(value, dict) and "bdata" in value:
+        array = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]).newbyteorder("<"))
+        return array.astype(float).ravel().tolist()
+    if isinstance(value, list):
+        return [item for row in value for item in (row if isinstance(row, list) else [row])]
+    return []
+
+
+def _drawn(trace: dict) -> int:
+    """Points a trace draws: its values that are finite numbers (y, or x for horizontal bars; z cells
+    for a heatmap), as the browser draws a marker, bar or labelled cell for each."""
+    if trace.get("type") == "heatmap":
+        values = _array(trace.get("z"))
+    else:
+        values = _array(trace.get("x" if trace.get("orientation") == "h" else "y"))
+    return sum(1 for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+
+
+def embedded_graphs(text: str) -> tuple[Graph, ...]:
+    """The plotly graphs a page's scripts would draw, read from the data embedded in it (no browser):
+    each `Plotly.newPlot(id, traces, ...)` call's div id and the points of each trace. For the pages
+    not rendered in Chromium, which checks the same on what it drew."""
+    decoder = json.JSONDecoder()
+    graphs = []
+    start = text.find(_NEW_PLOT)
+    while start != -1:
+        position = start + len(_NEW_PLOT)
+        while text[position].isspace():
+            position += 1
+        div_id, position = decoder.raw_decode(text, position)
+        position = text.index(",", position) + 1
+        while text[position].isspace():
+            position += 1
+        traces, position = decoder.raw_decode(text, position)
+        graphs.append(Graph(div_id, tuple(Trace(t.get("type", "scatter"), _drawn(t)) for t in traces)))
+        start = text.find(_NEW_PLOT, position)
+    return tuple(graphs)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from browser import parse_html, render
+from browser import embedded_graphs, parse_html, render
 from fp8bench.cli import app
 from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase, Status
 from fp8bench.publish.site import MANIFEST_JSON, publish
@@ -82,8 +82,6 @@ def write_synthetic_tree(root: Path) -> None:
     write_run(model / EVIL_RUN, "2026-01-03T10:00:00+00:00", seed=6)
     (model / "ci-002" / "notes").mkdir()
     (model / "empty-run").mkdir()
-    (model / "broken").mkdir()
-    (model / "broken" / "results.csv").write_text("benchmark,case\nmatmul,x\n")
     (root / "empty-model").mkdir()
 
 
@@ -109,10 +107,17 @@ def ok_fp8(rows):
     return rows[(rows["status"] == "ok") & (rows["granularity"] != Granularity.NONE.value) & (rows["speedup_vs_bf16"] > 0)]
 
 
-def expected_graphs(root: Path, site: Path) -> dict[Path, dict[str, int | None]]:
-    """Per chart page, each plotly graph's div id and the points it must draw: counted from the rows for
-    matmul runs; for other benchmarks (their point counts are tests/test_report_views.py's business) the
-    charts their view builds, each to draw at least one point (None)."""
+# For a page of another benchmark checked without building its view's charts again: some graphs, each
+# drawing at least one point.
+SOME_GRAPHS = "some graphs"
+
+
+def expected_graphs(root: Path, site: Path, only: set[Path] | None = None) -> dict[Path, dict[str, int | None]]:
+    """Per chart page (of `only`, or all), each plotly graph's div id and the points it must draw:
+    counted from the rows for matmul runs; for other benchmarks (their point counts are
+    tests/test_report_views.py's business) the charts their view builds, each to draw at least one
+    point (None). Building those charts again costs as much as the site did: where `only` is not
+    given, such a page expects SOME_GRAPHS instead."""
     tree = read_tree(root, exclude=site)
     expected: dict[Path, dict[str, int]] = {}
     for model in tree.models:
@@ -126,11 +131,12 @@ def expected_graphs(root: Path, site: Path) -> dict[Path, dict[str, int | None]]
             if points:
                 history[f"history-{slug(name)}-chart"] = points
             for entry in entries:
-                rows = load_results(entry.source)
-                gpu = GPUS.get(str(read_metadata(entry.source).get("gpu_spec")))
+                rows = entry.rows
+                gpu = GPUS.get(str(entry.metadata.get("gpu_spec")))
                 for granularity in Granularity.fp8():
+                    path = site / entry.site_dir / page_name(granularity)
                     on_page = rows[rows["granularity"].isin({granularity.value, Granularity.NONE.value})]
-                    if not (rows["granularity"] == granularity.value).any():
+                    if not (rows["granularity"] == granularity.value).any() or (only is not None and path not in only):
                         continue
                     graphs: dict[str, int | None] = {}
                     for benchmark, benchmark_rows in on_page.groupby("benchmark"):
@@ -139,9 +145,11 @@ def expected_graphs(root: Path, site: Path) -> dict[Path, dict[str, int | None]]
                             speedups = len(ok_fp8(shown))  # runs without BF16 rows (kernel sweeps) draw no speedup chart
                             graphs.update({"matmul-speedup": speedups} if speedups else {})
                             graphs["matmul-tflops"] = int(shown["tflops"].notna().sum())
+                        elif only is None:
+                            graphs = {SOME_GRAPHS: None}
                         else:
                             graphs.update({c.div_id: None for build in VIEWS[benchmark].charts for c in build(benchmark_rows, gpu)})
-                    expected[site / entry.site_dir / page_name(granularity)] = graphs
+                    expected[path] = graphs
         expected[site / slug(model) / HISTORY_HTML] = history
     return expected
 
@@ -152,17 +160,50 @@ def render_all(pages: list[Path]) -> dict[Path, object]:
         return dict(zip(pages, pool.map(render, pages)))
 
 
-def check_in_browser(root: Path, site: Path) -> None:
-    expected = expected_graphs(root, site)
+def check_graphs(where: Path, drawn: dict[str, int], wanted: dict[str, int | None]) -> None:
+    if SOME_GRAPHS in wanted:
+        assert drawn and all(n > 0 for n in drawn.values()), (where, drawn)
+        return
+    assert drawn.keys() == wanted.keys(), where
+    assert all(drawn[i] == n if n is not None else drawn[i] > 0 for i, n in wanted.items()), (where, drawn)
+
+
+def check_in_browser(root: Path, site: Path, pages: list[Path] | None = None) -> None:
+    """Chromium on `pages` (default: every page): no script error, and each graph draws what it must."""
+    pages = pages or site_pages(site)
+    expected = expected_graphs(root, site, only=set(pages))
     assert expected, "no chart page expected: the tree has no runs with charts"
-    for path, page in render_all(site_pages(site)).items():
+    for path, page in render_all(pages).items():
         where = path.relative_to(site)
         assert page.js_errors == (), f"{where}: {page.js_errors}"
         assert page.title != "pwned", where  # what the hostile strings would set
-        drawn = {g.div_id: g.points for g in page.graphs}
-        wanted = expected.get(path, {})
-        assert drawn.keys() == wanted.keys(), where
-        assert all(drawn[i] == n if n is not None else drawn[i] > 0 for i, n in wanted.items()), (where, drawn)
+        check_graphs(where, {g.div_id: g.points for g in page.graphs}, expected.get(path, {}))
+
+
+def check_embedded_graphs(root: Path, site: Path) -> int:
+    """Every page's graphs read from the data embedded in it (no browser); return the pages with graphs."""
+    expected = expected_graphs(root, site)
+    with_graphs = 0
+    for path in site_pages(site):
+        drawn = {g.div_id: g.points for g in embedded_graphs(path.read_text(encoding="utf-8"))}
+        check_graphs(path.relative_to(site), drawn, expected.get(path, {}))
+        with_graphs += bool(drawn)
+    return with_graphs
+
+
+def browser_sample(site: Path) -> list[Path]:
+    """The pages Chromium renders of a large site: the first chart page of each benchmark's first run
+    (their charts are each view's), each history page and the site's index."""
+    sample, benchmarks = [site / INDEX_HTML, *sorted(site.glob(f"*/{HISTORY_HTML}"))], set()
+    for path in site_pages(site):
+        results = path.parent / "results.csv"
+        if path.name in (INDEX_HTML, COMPARE_HTML) or not results.is_file():
+            continue
+        benchmarks_here = set(load_results(results)["benchmark"])
+        if not benchmarks_here <= benchmarks:
+            benchmarks |= benchmarks_here
+            sample.append(path)
+    return sample
 
 
 def local_target(page: Path, reference: str) -> tuple[Path, str]:
@@ -263,10 +304,19 @@ def test_committed_reports_geomeans_are_those_of_the_rows(committed_site):
     assert rows_shown > 0
 
 
-@pytest.mark.browser
-def test_committed_reports_site_renders_every_chart_without_errors(committed_site):
+def test_committed_reports_pages_embed_every_chart_their_rows_call_for(committed_site):
     site, _ = committed_site
-    check_in_browser(COMMITTED_REPORTS, site)
+    assert check_embedded_graphs(COMMITTED_REPORTS, site) > 0
+
+
+@pytest.mark.browser
+def test_committed_reports_site_renders_a_page_of_each_benchmark_without_errors(committed_site):
+    """One page per benchmark (each view's charts), the history and the index: the rest of the committed
+    pages are checked from their embedded data (test above), and every page in the synthetic site."""
+    site, _ = committed_site
+    sample = browser_sample(site)
+    assert len(sample) >= 4 and len(sample) < len(site_pages(site)) / 10
+    check_in_browser(COMMITTED_REPORTS, site, sample)
 
 
 # --- a synthetic tree ---
@@ -275,8 +325,7 @@ def test_committed_reports_site_renders_every_chart_without_errors(committed_sit
 def test_synthetic_site_layout_skips_what_is_not_a_run(synthetic_site):
     root, site, published = synthetic_site
     skipped = {str(s.path.relative_to(root)): s.reason for s in published.skipped}
-    assert sorted(skipped) == sorted([f"{MODEL}/broken", f"{MODEL}/ci-002/notes", f"{MODEL}/empty-run", "empty-model"])
-    assert "does not follow the result schema" in skipped[f"{MODEL}/broken"]
+    assert sorted(skipped) == sorted([f"{MODEL}/ci-002/notes", f"{MODEL}/empty-run", "empty-model"])
     assert skipped[f"{MODEL}/ci-002/notes"] == "holds no results.csv"
     assert skipped[f"{MODEL}/empty-run"] == "holds no results.csv, nor entry folders with one"
     assert skipped["empty-model"] == "holds no run folders"
@@ -342,6 +391,11 @@ def test_synthetic_site_renders_every_chart_without_errors(synthetic_site):
     check_in_browser(root, site)
 
 
+def test_synthetic_site_embeds_every_chart_its_rows_call_for(synthetic_site):
+    root, site, _ = synthetic_site
+    assert check_embedded_graphs(root, site) > 0
+
+
 # --- incremental builds ---
 
 
@@ -357,7 +411,8 @@ def test_a_second_build_rebuilds_only_what_changed(tmp_path):
     run_pages = [p for p in stamps if p.parent.parent.name in ("ci-001", "ci-002") or p.parent.name == slug(EVIL_RUN)]
     assert run_pages and all(p.stat().st_mtime_ns == stamps[p] for p in run_pages)
 
-    write_run(root / MODEL / "ci-001" / "square", "2026-01-01T10:00:00+00:00", seed=1)  # appends rows
+    (root / MODEL / "ci-001" / "square" / "results.csv").unlink()
+    write_run(root / MODEL / "ci-001" / "square", "2026-01-01T10:00:00+00:00", seed=7)  # other measurements
     third = publish(root, site)
     assert sorted(third.rebuilt) == [f"{MODEL}/runs/ci-001/square", f"{MODEL}/runs/ci-002/square/{COMPARE_HTML}"]
     assert (site / MODEL / "runs" / "ci-001" / "square" / "results.csv").read_bytes() == (root / MODEL / "ci-001" / "square" / "results.csv").read_bytes()
@@ -421,14 +476,101 @@ def test_a_tree_without_runs_is_a_clear_error(tmp_path, layout, message):
     assert not (tmp_path / "site").exists()
 
 
-def test_publish_refuses_to_write_into_a_folder_that_is_not_a_site(tmp_path):
+def _tree_of_files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_publish_into_a_users_folder_is_refused_and_deletes_nothing(tmp_path):
+    """A folder of the user's with a manifest.json, css/ and img/ of its own and an index.html:
+    refused before anything is written, every file as it was."""
     root = tmp_path / "reports"
     write_run(root / MODEL / "only", None, seed=1)
-    (tmp_path / "elsewhere").mkdir()
-    (tmp_path / "elsewhere" / "keep.txt").write_text("not ours")
-    result = cli(root, "--out", tmp_path / "elsewhere")
-    assert result.exit_code == 2 and "is not an fp8bench site" in result.output
-    assert os.listdir(tmp_path / "elsewhere") == ["keep.txt"]
+    users = tmp_path / "my-site"
+    for name, text in {"manifest.json": '{"format": 1, "code": "x", "pages": {}}', "index.html": "<p>mine</p>",
+                       "css/site.css": "p {}", "img/logo.svg": "<svg/>", MODEL + "/notes.txt": "mine too"}.items():
+        (users / name).parent.mkdir(parents=True, exist_ok=True)
+        (users / name).write_text(text)
+    before = _tree_of_files(users)
+    result = cli(root, "--out", users)
+    assert result.exit_code == 2, result.output
+    assert f"{users} holds files and no {MANIFEST_JSON}, so fp8bench publish did not make it" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert _tree_of_files(users) == before
+
+
+def test_a_site_build_deletes_only_files_it_wrote(tmp_path):
+    """Files a user puts into a published site stay, however the tree changes; an emptied folder of the
+    site's goes, one holding the user's file stays."""
+    root = tmp_path / "reports"
+    write_run(root / MODEL / "a", "2026-01-01T10:00:00+00:00", seed=1)
+    write_run(root / MODEL / "b", "2026-01-02T10:00:00+00:00", seed=2)
+    site = tmp_path / "site"
+    publish(root, site)
+    (site / "extra.txt").write_text("user's")
+    (site / MODEL / "runs" / "a" / "my-notes.txt").write_text("user's")
+    shutil.rmtree(root / MODEL / "b")
+    shutil.rmtree(root / MODEL / "a")
+    write_run(root / MODEL / "c", "2026-01-03T10:00:00+00:00", seed=3)
+    publish(root, site)
+    assert (site / "extra.txt").read_text() == "user's"
+    assert os.listdir(site / MODEL / "runs" / "a") == ["my-notes.txt"]  # the site's own pages of `a` are gone
+    assert not (site / MODEL / "runs" / "b").exists() and (site / MODEL / "runs" / "c" / INDEX_HTML).is_file()
+
+
+def test_a_manifest_listing_a_file_outside_the_site_deletes_nothing(tmp_path):
+    root = tmp_path / "reports"
+    write_run(root / MODEL / "a", "2026-01-01T10:00:00+00:00", seed=1)
+    site = tmp_path / "site"
+    publish(root, site)
+    precious = tmp_path / "precious.txt"
+    precious.write_text("the user's")
+    manifest = json.loads((site / MANIFEST_JSON).read_text())
+    (site / MANIFEST_JSON).write_text(json.dumps({**manifest, "files": [*manifest["files"], "../precious.txt"]}))
+    result = cli(root, "--out", site)
+    assert result.exit_code == 2 and "lists '../precious.txt', not a file inside the site" in result.output
+    assert precious.read_text() == "the user's"
+
+
+def test_an_interrupted_first_publish_is_finished_by_the_next(tmp_path, monkeypatch):
+    import fp8bench.publish.site as site_module
+
+    root = tmp_path / "reports"
+    write_run(root / MODEL / "a", "2026-01-01T10:00:00+00:00", seed=1)
+    write_run(root / MODEL / "b", "2026-01-02T10:00:00+00:00", seed=2)
+    site = tmp_path / "site"
+    real = site_module.write_reports
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(site_module, "write_reports", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        publish(root, site, jobs=1)  # in this process, where the stand-in is
+    monkeypatch.setattr(site_module, "write_reports", real)
+    result = cli(root, "--out", site)
+    assert result.exit_code == 0, result.output
+    assert "2 run folders and compare pages built" in result.output
+    assert {p.name for p in (site / MODEL / "runs").iterdir()} == {"a", "b"}
+    written = set(json.loads((site / MANIFEST_JSON).read_text())["files"])
+    assert written == {str(p.relative_to(site)) for p in site.rglob("*") if p.is_file() and p.name != MANIFEST_JSON}
+
+
+def test_a_malformed_results_file_fails_publish_with_exit_2_and_writes_nothing(tmp_path):
+    root = tmp_path / "reports"
+    write_run(root / MODEL / "good", None, seed=1)
+    (root / MODEL / "broken").mkdir()
+    (root / MODEL / "broken" / "results.csv").write_text("benchmark,case\nmatmul,x\n")
+    result = cli(root, "--out", tmp_path / "site")
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"error: {root / MODEL / 'broken' / 'results.csv'}: does not follow the result schema: missing column(s) "
+        "M, K, N, granularity, backend, recipe, fast_accum, options, status, median_ms, repeats, repeat_ms, timer"
+    )
+    assert not (tmp_path / "site").exists()
 
 
 def test_a_malformed_gate_json_is_shown_not_fatal(tmp_path):

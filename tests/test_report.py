@@ -244,19 +244,21 @@ def test_cli_report_writes_the_pages(tmp_path):
 @pytest.mark.parametrize(
     ("csv_text", "metadata_text", "message"),
     [
-        (None, None, "holds no results.csv"),
-        ("benchmark,case\nmatmul,x\n", None, "does not follow the result schema"),
-        (",".join(COLUMNS) + "\n", "{not json", "metadata.json is not valid JSON"),
+        (None, None, "{run} holds no results.csv"),
+        ("benchmark,case\nmatmul,x\n", None, "{run}/results.csv: does not follow the result schema"),
+        (",".join(COLUMNS) + "\n", "{not json", "{run}/metadata.json: not valid JSON"),
+        (",".join(COLUMNS) + "\n" + ",".join(["matmul"] * 5) + "\n", None, "{run}/results.csv: line 2 has 5 fields"),
     ],
 )
-def test_cli_report_rejects_bad_input_without_a_traceback(tmp_path, csv_text, metadata_text, message):
+def test_cli_report_rejects_bad_input_with_one_line_and_exit_2(tmp_path, csv_text, metadata_text, message):
     if csv_text is not None:
         (tmp_path / "results.csv").write_text(csv_text)
     if metadata_text is not None:
         (tmp_path / "metadata.json").write_text(metadata_text)
     result = CliRunner().invoke(app, ["report", str(tmp_path)], env={"COLUMNS": "1000"})  # no wrapped lines
     assert result.exit_code == 2
-    assert message in result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: " + message.format(run=tmp_path)), line
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 

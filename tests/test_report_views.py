@@ -145,11 +145,11 @@ def synthetic_sqnr(case: layer.LayerCase, rng) -> dict[str, float]:
     return {name: float(rng.uniform(26.0, 30.0)) for name in SQNR_COLUMNS}
 
 
-def write_roofline_run(run_dir, rng: np.random.Generator, measured: bool) -> None:
+def write_roofline_run(run_dir, rng: np.random.Generator, measured: bool, metadata=METADATA) -> None:
     ceilings = (rl.spec_ceilings(GPU), rl.calibrated_ceilings(SYNTHETIC_PROFILE))
     recipes = tuple(RECIPES.values())
     config = predicted.RooflineConfig(ROOFLINE_SHAPES, recipes, tuple(rl.IMPLEMENTATIONS.values()), ceilings)
-    with RunWriter(run_dir, {**METADATA, "benchmark": "roofline", "prediction_only": not measured}) as writer:
+    with RunWriter(run_dir, {**metadata, "benchmark": "roofline", "prediction_only": not measured}) as writer:
         predicted.run_roofline(config, writer)
         if not measured:
             return
@@ -250,6 +250,16 @@ def test_a_prediction_only_run_charts_its_predicted_speedups_and_nothing_measure
         plotted = sorted(y for trace in chart.figure.data for y in trace.y)
         assert plotted == pytest.approx(sorted(predicted["predicted_speedup"])) and len(plotted) > 0
         assert {trace.marker.symbol for trace in chart.figure.data} <= {"circle-open", "square-open"}
+
+
+def test_a_prediction_only_run_without_a_gpu_says_what_it_predicts_for_without_a_warning(tmp_path):
+    """Predicted on a machine with no GPU (no gpu_name), for the GPU model the run names."""
+    metadata = {k: v for k, v in METADATA.items() if k != "gpu_name"}
+    write_roofline_run(tmp_path, np.random.default_rng(13), measured=False, metadata=metadata)
+    write_reports(tmp_path)
+    text = (tmp_path / "index.html").read_text()
+    assert f'<p class="note">Predictions of the roofline model for {GPU.key}; nothing was measured in this run.</p>' in text
+    assert 'class="banner"' not in text
 
 
 def test_measured_and_predicted_markers_of_an_implementation_share_a_slot(roofline_run):
@@ -375,3 +385,13 @@ def test_a_prediction_only_run_draws_its_predicted_speedups(predicted_run, rende
         fp8 = ok[ok["granularity"] == granularity.value]
         assert [g.div_id for g in page.graphs] == ["roofline-speedup"]
         assert page.graphs[0].points == fp8["predicted_speedup"].notna().sum() > 0
+
+
+def test_the_roofline_hover_labels_escape_the_bound_column(predicted_run):
+    """plotly renders hover labels as HTML: a `bound` cell from a results file must reach it escaped."""
+    _, rows = predicted_run
+    hostile = rows.assign(bound="<b onmouseover=alert(1)>compute</b>")
+    (chart,) = speedup_chart(ok_rows(hostile, Granularity.TENSORWISE), GPU)
+    labels = {str(value) for trace in chart.figure.data for point in trace.customdata for value in point}
+    assert "&lt;b onmouseover=alert(1)&gt;compute&lt;/b&gt;" in labels
+    assert not any("<b" in label for label in labels)

@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fp8bench.gate.compare import check_unique
 from fp8bench.model.hardware import gpu_key
-from fp8bench.harness.results import METADATA_JSON, RESULTS_CSV, read_metadata
+from fp8bench.harness.results import METADATA_JSON, RESULTS_CSV, load_results, read_metadata
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # Recorded in metadata.json and able to move timings on one GPU model: told, not refused.
@@ -54,12 +55,12 @@ def run_metadata_of(run: Path) -> dict[str, Any]:
 
 
 def gpu_model(metadata: Mapping[str, Any]) -> str | None:
-    """The hardware-table key of the GPU a run was measured on (a slug of its name if the table lacks
-    it), or None where metadata.json records no GPU."""
+    """The hardware-table key of the GPU model a run was measured on, from its full device name and
+    memory size (a slug of both where the table lacks it), or None where metadata.json records no GPU."""
     name = metadata.get("gpu_name")
     if not name:
         return None
-    return gpu_key(str(name))
+    return gpu_key(str(name), metadata.get("gpu_memory_gib"))
 
 
 def check_same_gpu(base: Mapping[str, Any], new: Mapping[str, Any], where: str) -> list[str]:
@@ -85,6 +86,35 @@ def check_same_gpu(base: Mapping[str, Any], new: Mapping[str, Any], where: str) 
     ]
 
 
+# Libraries whose version can move a kernel's time; a change is told (or refused, per the suite).
+_TIMING_LIBRARIES = ("torch", "triton", "transformer_engine", "torchao")
+
+
+def environment_differences(
+    base: Mapping[str, Any], new: Mapping[str, Any], base_timers: set[str], new_timers: set[str]
+) -> list[str]:
+    """How the two runs were timed differently: the timer of their measured rows (a CUPTI kernel time
+    and a CUDA-event time of the same kernel differ by the launch gap), the harness's timing and clock
+    policy (metadata `timing`, `clocks`), and the versions of the libraries that run the kernels."""
+    differences = []
+    if base_timers != new_timers:
+        differences.append(f"timer {'/'.join(sorted(base_timers)) or 'none'} -> {'/'.join(sorted(new_timers)) or 'none'}")
+    for key in ("timing", "clocks"):
+        old, now = base.get(key), new.get(key)
+        if old is None or now is None or old == now:
+            continue
+        if isinstance(old, Mapping) and isinstance(now, Mapping):
+            changed = [f"{k} {old.get(k)} -> {now.get(k)}" for k in sorted(set(old) | set(now)) if old.get(k) != now.get(k)]
+            differences.append(f"{key} policy: {', '.join(changed)}")
+        else:
+            differences.append(f"{key} policy {old} -> {now}")
+    old_versions, new_versions = base.get("versions") or {}, new.get("versions") or {}
+    for library in _TIMING_LIBRARIES:
+        if library in old_versions and library in new_versions and old_versions[library] != new_versions[library]:
+            differences.append(f"{library} {old_versions[library]} -> {new_versions[library]}")
+    return differences
+
+
 def _check_name(name: str) -> None:
     if not _NAME.match(name):
         raise ValueError(f"baseline name {name!r}: use letters, digits, '.', '_' and '-' (e.g. main)")
@@ -105,6 +135,8 @@ def save(run: Path, name: str, root: Path, force: bool = False) -> Path:
     """Copy a run (or a folder of suite runs) to root/<gpu-model>/<name>/ and return that folder."""
     _check_name(name)
     runs = run_folders(run)
+    for source in runs.values():
+        check_unique(load_results(source))  # a malformed run is refused (MalformedFile), never kept as a baseline
     destination = Path(root) / tree_gpu_model(run) / name
     if destination.exists():
         if not force:

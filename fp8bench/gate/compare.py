@@ -33,7 +33,6 @@ import enum
 import fnmatch
 import math
 import warnings
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -44,6 +43,7 @@ from scipy import stats
 
 from fp8bench.config import Granularity
 from fp8bench.harness.results import ID_COLUMNS, repeat_times
+from fp8bench.harness.validate import MalformedFile
 
 # What identifies a case across runs: the schema's id columns but `options`, which records what a
 # backend chose while measuring (e.g. an autotuned kernel config). A changed choice is a reason for a
@@ -62,6 +62,16 @@ class Outcome(str, enum.Enum):
     REGRESSION = "REGRESSION"
     INCONCLUSIVE = "INCONCLUSIVE"
     IMPROVEMENT = "IMPROVEMENT"
+    # A comparison's verdict only: it matched fewer of the baseline's cases than the gate requires.
+    INCOMPLETE = "INCOMPLETE"
+
+
+class EnvironmentPolicy(str, enum.Enum):
+    """What a comparison does when the two sides were timed differently (timer, timing policy,
+    library versions: fp8bench.gate.baseline.environment_differences)."""
+
+    MARK = "mark"  # compare, and mark every case of the run with what differs
+    REFUSE = "refuse"  # exit 4, as for another GPU model
 
 
 class ExitCode(enum.IntEnum):
@@ -71,7 +81,8 @@ class ExitCode(enum.IntEnum):
     REGRESSION = 1
     USAGE = 2  # bad options or files (click's own code for usage errors)
     INCONCLUSIVE = 3  # only with --fail-on-inconclusive; otherwise inconclusive cases exit 0
-    INCOMPATIBLE_BASELINE = 4  # measured on another GPU model
+    INCOMPATIBLE_BASELINE = 4  # measured on another GPU model (or timed differently, when the suite refuses that)
+    INCOMPLETE = 5  # matched fewer of the baseline's cases than the gate requires (min_matched_pct), or none
 
 
 @dataclass(frozen=True)
@@ -149,6 +160,13 @@ class GateConfig:
     fail_on_inconclusive: bool = False
     speedup: MetricGate = DEFAULT_GATES[Metric.SPEEDUP]
     time: MetricGate = DEFAULT_GATES[Metric.TIME]
+    # Share of the baseline's comparable cases the new run must match (measured, ok, on both sides);
+    # fewer, or none at all, is INCOMPLETE (exit 5): a run that crashed half-way compares nothing.
+    min_matched_pct: float = 100.0
+    environment_change: EnvironmentPolicy = EnvironmentPolicy.MARK
+
+    def __post_init__(self) -> None:
+        _check_number("min_matched_pct", self.min_matched_pct, 0, 100.0001)
 
     def for_metric(self, metric: Metric) -> MetricGate:
         return self.speedup if metric is Metric.SPEEDUP else self.time
@@ -160,6 +178,8 @@ class GateConfig:
             [gate]
             metric = "speedup"              # what `gate` and `compare --suite` gate on by default
             fail_on_inconclusive = false
+            min_matched_pct = 100           # share of the baseline's cases the new run must match
+            environment_change = "mark"     # or "refuse": timer, timing policy or versions differ
             floor_pct = 5                   # thresholds for speedups ...
             k_sigma = 2
             alpha = 0.01
@@ -175,23 +195,34 @@ class GateConfig:
         where = "[gate]"
         table = dict(table)
         time_table = table.pop("time", {})
-        unknown = set(table) - {"metric", "fail_on_inconclusive", *_METRIC_GATE_KEYS}
+        unknown = set(table) - {"metric", "fail_on_inconclusive", "min_matched_pct", "environment_change", *_METRIC_GATE_KEYS}
         if unknown:
             raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
         try:
             metric = Metric(table.pop("metric", Metric.SPEEDUP.value))
-        except ValueError:
+        except (ValueError, TypeError):
             raise ValueError(f"{where}: metric must be one of {', '.join(m.value for m in Metric)}") from None
         fail_on_inconclusive = table.pop("fail_on_inconclusive", False)
         if not isinstance(fail_on_inconclusive, bool):
             raise ValueError(f"{where}: fail_on_inconclusive must be true or false")
         if not isinstance(time_table, Mapping):
             raise ValueError(f"{where}: `time` must be a table ([gate.time])")
+        try:
+            environment_change = EnvironmentPolicy(table.pop("environment_change", EnvironmentPolicy.MARK.value))
+        except (ValueError, TypeError):
+            raise ValueError(f"{where}: environment_change must be one of {', '.join(p.value for p in EnvironmentPolicy)}") from None
+        min_matched_pct = table.pop("min_matched_pct", 100.0)
+        try:
+            _check_number("min_matched_pct", min_matched_pct, 0, 100.0001)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
         return cls(
             metric,
             fail_on_inconclusive,
             _metric_gate(table, DEFAULT_GATES[Metric.SPEEDUP], where),
             _metric_gate(time_table, DEFAULT_GATES[Metric.TIME], "[gate.time]"),
+            min_matched_pct,
+            environment_change,
         )
 
 
@@ -250,7 +281,9 @@ class CaseId:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "CaseId":
-        return cls(**{name: row[name] for name in IDENTITY})
+        """The identity of a row; a dimension the row leaves empty (NaN as read) is None, which, unlike
+        NaN, equals itself: a cast row's N in files written before every id column had a value."""
+        return cls(**{name: None if _is_missing(row[name]) else row[name] for name in IDENTITY})
 
     @property
     def label(self) -> str:
@@ -282,19 +315,16 @@ def run_samples(frame: pd.DataFrame, metric: Metric) -> RunSamples:
     """
     samples: dict[CaseId, tuple[float, ...]] = {}
     problems: dict[CaseId, str] = {}
-    rows = frame.to_dict("records")
+    rows = [row for row in frame.to_dict("records") if not _is_prediction(row)]
+    check_unique(frame)
     references: dict[tuple, list[dict]] = {}
     for row in rows:
         if row["granularity"] == BF16_REFERENCE:
             references.setdefault(_shape_key(row), []).append(row)
-    occurrences = Counter(CaseId.from_row(row) for row in rows)
     for row in rows:
         case_id = CaseId.from_row(row)
         if metric is Metric.SPEEDUP and row["granularity"] == BF16_REFERENCE:
             continue  # the denominator of the others' speedups
-        if occurrences[case_id] > 1:
-            problems[case_id] = f"the run holds this case {occurrences[case_id]} times"
-            continue
         problem = _repeat_problem(row)
         if problem is None and metric is Metric.SPEEDUP:
             reference = _reference(references.get(_shape_key(row), []))
@@ -317,8 +347,35 @@ def run_samples(frame: pd.DataFrame, metric: Metric) -> RunSamples:
 REFERENCE_KEY = ("benchmark", "case", "M", "K", "N", "world_size", "compile", "activation_checkpointing")
 
 
+def _is_missing(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
 def _shape_key(row: Mapping[str, Any]) -> tuple:
-    return tuple(row[c] for c in REFERENCE_KEY)
+    return tuple(None if _is_missing(row[c]) else row[c] for c in REFERENCE_KEY)
+
+
+def _is_prediction(row: Mapping[str, Any]) -> bool:
+    """A roofline model row: predicted, never measured, so nothing to compare."""
+    return not _is_missing(row["predicted_ms"]) and _is_missing(row["median_ms"]) and not row["repeat_ms"]
+
+
+def check_unique(frame: pd.DataFrame) -> None:
+    """A case measured twice in one run makes it unclear which to compare: MalformedFile naming the
+    file and both lines (load_results indexes rows by line and keeps the path). Rows that measured
+    nothing (unsupported, failed, predicted) are told apart by their options as well: files written
+    before every id column held the whole identity kept the roofline model's variants there."""
+    first_line: dict[tuple, int] = {}
+    for line, row in zip(frame.index, frame.to_dict("records")):
+        if _is_prediction(row):
+            continue
+        case_id = CaseId.from_row(row)
+        key = (case_id,) if row["repeat_ms"] else (case_id, row["options"])
+        if key in first_line:
+            raise MalformedFile(
+                frame.attrs.get("path", "results"), f"lines {first_line[key]} and {line} hold the same case {case_id.label}"
+            )
+        first_line[key] = line
 
 
 def _reference(candidates: list[dict]) -> dict | str:
@@ -561,7 +618,7 @@ def geomean(cases: list[CaseComparison], gate: MetricGate, alpha: float) -> Geom
 
 
 # Worst first: what a suite's verdict is when its cases disagree.
-_SEVERITY = (Outcome.REGRESSION, Outcome.INCONCLUSIVE, Outcome.IMPROVEMENT, Outcome.PASS)
+_SEVERITY = (Outcome.REGRESSION, Outcome.INCOMPLETE, Outcome.INCONCLUSIVE, Outcome.IMPROVEMENT, Outcome.PASS)
 
 
 @dataclass(frozen=True)
@@ -574,26 +631,38 @@ class Comparison:
     cases: tuple[CaseComparison, ...]
     not_compared: tuple[NotCompared, ...]
     geomean: GeomeanComparison | None
+    baseline_cases: int  # the baseline's comparable cases (measured and ok)
+    min_matched_pct: float
     notes: tuple[str, ...] = ()  # what else the reader should know (e.g. a different power limit)
 
     @classmethod
-    def build(cls, metric: Metric, config: GateConfig, cases, not_compared, notes=()) -> "Comparison":
+    def build(cls, metric: Metric, config: GateConfig, cases, not_compared, baseline_cases: int, notes=()) -> "Comparison":
         gate = config.for_metric(metric)
         summary = geomean(list(cases), gate, gate.thresholds.alpha)
-        return cls(metric, gate, config.fail_on_inconclusive, tuple(cases), tuple(not_compared), summary, tuple(notes))
+        return cls(
+            metric, gate, config.fail_on_inconclusive, tuple(cases), tuple(not_compared), summary, baseline_cases,
+            config.min_matched_pct, tuple(notes),
+        )  # fmt: skip
+
+    @property
+    def complete(self) -> bool:
+        """Whether the new run matched at least min_matched_pct of the baseline's cases, and one at least."""
+        return bool(self.cases) and len(self.cases) >= math.ceil(self.min_matched_pct / 100 * self.baseline_cases - 1e-9)
 
     @property
     def verdict(self) -> Outcome:
-        """The worst outcome of any case or the geomean; INCONCLUSIVE when nothing was compared."""
-        if not self.cases:
-            return Outcome.INCONCLUSIVE
+        """The worst outcome of any case or the geomean; INCOMPLETE when too few cases were compared."""
         outcomes = {c.outcome for c in self.cases} | ({self.geomean.outcome} if self.geomean else set())
+        if not self.complete:
+            outcomes.add(Outcome.INCOMPLETE)
         return next(o for o in _SEVERITY if o in outcomes)
 
     @property
     def exit_code(self) -> ExitCode:
         if self.verdict is Outcome.REGRESSION:
             return ExitCode.REGRESSION
+        if self.verdict is Outcome.INCOMPLETE:
+            return ExitCode.INCOMPLETE
         if self.verdict is Outcome.INCONCLUSIVE and self.fail_on_inconclusive:
             return ExitCode.INCONCLUSIVE
         return ExitCode.PASS

@@ -9,11 +9,11 @@ fresh repeats join the first run's before the case is decided again. Exit codes:
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -23,7 +23,7 @@ from fp8bench.gate.compare import (
     CaseComparison,
     CaseId,
     Comparison,
-    ExitCode,
+    EnvironmentPolicy,
     GateConfig,
     Metric,
     MetricGate,
@@ -37,6 +37,7 @@ from fp8bench.gate.compare import (
 from fp8bench.gate.output import Outputs, print_comparison, write_outputs
 from fp8bench.harness.results import load_results
 from fp8bench.harness.suite import SuiteEntry, load_suite
+from fp8bench.harness.validate import MalformedFile, UsageError, usage_errors
 
 Invoke = Callable[[list[str]], object]  # runs an fp8bench command line (argv without `fp8bench`)
 Rerun = Callable[[str, CaseId], "Path | None"]  # measures one case again; its run folder, or None if it cannot
@@ -46,28 +47,20 @@ Rerun = Callable[[str, CaseId], "Path | None"]  # measures one case again; its r
 Remeasure = Callable[[SuiteEntry, CaseId, Path], "Path | None"]
 
 
-class UsageError(Exception):
-    """Bad options or input files: exit code 2."""
-
-
-@contextlib.contextmanager
-def _as_usage_error() -> Iterator[None]:
-    """Around code that reads what the user named: its failures are the user's to fix, not tracebacks."""
-    try:
-        yield
-    except (OSError, ValueError) as err:
-        raise UsageError(str(err)) from None
+# What a case compared across a timer, timing policy or library change says beside its outcome.
+TIMED_DIFFERENTLY = "timed differently from the baseline"
 
 
 def resolve_config(suite: Path | None, metric: str | None, fail_on_inconclusive: bool | None) -> GateConfig:
     """The suite's [gate] table (or the defaults), with the command line's choices on top."""
     config = GateConfig()
-    with _as_usage_error():
+    with usage_errors():
         if suite is not None:
+            table = load_suite(suite).raw.get("gate", {})
             try:
-                config = GateConfig.from_table(load_suite(suite).raw.get("gate", {}))
+                config = GateConfig.from_table(table)
             except ValueError as err:
-                raise ValueError(f"{suite}: {err}") from None
+                raise MalformedFile(suite, str(err)) from None
         if metric is not None:
             try:
                 config = replace(config, metric=Metric(metric.strip().lower()))
@@ -78,42 +71,73 @@ def resolve_config(suite: Path | None, metric: str | None, fail_on_inconclusive:
     return config
 
 
-def _samples(run: Path | None, metric: Metric) -> RunSamples:
+@dataclass(frozen=True)
+class _Side:
+    """One side of an entry's comparison: its samples, its metadata and the timers of its measured rows."""
+
+    samples: RunSamples
+    metadata: dict
+    timers: frozenset[str]
+
+
+def _side(run: Path | None, metric: Metric) -> _Side:
     if run is None:
-        return RunSamples(metric, {}, {})
-    with _as_usage_error():
-        return run_samples(load_results(run), metric)
+        return _Side(RunSamples(metric, {}, {}), {}, frozenset())
+    with usage_errors():
+        frame = load_results(run)
+        samples = run_samples(frame, metric)
+        metadata = baselines.run_metadata_of(run)
+    return _Side(samples, metadata, frozenset(frame.loc[frame["repeat_ms"] != "", "timer"]))
+
+
+def _samples(run: Path, metric: Metric) -> RunSamples:
+    return _side(run, metric).samples
 
 
 def compare_trees(base: Path, new: Path, config: GateConfig, rerun: Rerun | None = None) -> Comparison:
-    """Compare two runs, or two folders of suite runs entry by entry (see baseline.run_folders)."""
+    """Compare two runs, or two folders of suite runs entry by entry (see baseline.run_folders).
+
+    Every file is read and checked before any is judged, so a malformed run is an error (exit 2), not
+    a GPU mismatch or a comparison of what was left.
+    """
     metric = config.metric
     gate = config.for_metric(metric)
-    with _as_usage_error():
+    with usage_errors():
         base_runs, new_runs = baselines.run_folders(base), baselines.run_folders(new)
     if ("" in base_runs) != ("" in new_runs):
         raise UsageError(f"{base} and {new}: one is a single run and the other a folder of suite runs")
+    entries = list(dict.fromkeys([*base_runs, *new_runs]))
+    sides = {entry: (_side(base_runs.get(entry), metric), _side(new_runs.get(entry), metric)) for entry in entries}
     cases: list[CaseComparison] = []
     skipped = []
     notes: list[str] = []
-    for entry in dict.fromkeys([*base_runs, *new_runs]):
+    for entry in entries:
         where = f"run {entry!r}" if entry else str(new)
+        base_side, new_side = sides[entry]
+        differences = []
         if entry in base_runs and entry in new_runs:
-            notes += baselines.check_same_gpu(
-                baselines.run_metadata_of(base_runs[entry]), baselines.run_metadata_of(new_runs[entry]), where
-            )
+            notes += baselines.check_same_gpu(base_side.metadata, new_side.metadata, where)
+            differences = baselines.environment_differences(base_side.metadata, new_side.metadata, base_side.timers, new_side.timers)
         else:
             notes.append(f"{where} is only in the {'baseline' if entry in base_runs else 'new runs'}")
-        base_samples, new_samples = _samples(base_runs.get(entry), metric), _samples(new_runs.get(entry), metric)
-        entry_cases, entry_skipped = compare_runs(entry, base_samples, new_samples, gate)
+        if differences and config.environment_change is EnvironmentPolicy.REFUSE:
+            raise baselines.IncompatibleBaseline(
+                f"{where}: timed differently from the baseline ({'; '.join(differences)}); the gate table refuses "
+                "such comparisons (environment_change = \"refuse\"): save a baseline timed as this run is"
+            )
+        entry_cases, entry_skipped = compare_runs(entry, base_side.samples, new_side.samples, gate)
         if rerun is not None:
             entry_cases = [
-                _confirm(case, base_samples, new_samples, gate, rerun, notes) if needs_rerun(case.outcome) else case
+                _confirm(case, base_side.samples, new_side.samples, gate, rerun, notes) if needs_rerun(case.outcome) else case
                 for case in entry_cases
             ]
+        if differences:
+            notes.append(f"{where}: timed differently from the baseline: {'; '.join(differences)}")
+            entry_cases = [replace(case, note="; ".join(filter(None, (case.note, TIMED_DIFFERENTLY)))) for case in entry_cases]
         cases += entry_cases
         skipped += entry_skipped
-    return Comparison.build(metric, config, cases, skipped, notes)
+    baseline_cases = sum(len(base_side.samples.samples) for base_side, _ in sides.values())
+    return Comparison.build(metric, config, cases, skipped, baseline_cases, notes)
 
 
 def _confirm(
@@ -144,7 +168,7 @@ def gate(
     baseline_dir: Path,
     out: Path,
     config: GateConfig,
-    device_name: str | None,
+    device: Mapping[str, Any] | None,
     invoke: Invoke,
     runs: Path | None = None,
     rerun: bool = True,
@@ -153,18 +177,19 @@ def gate(
 ) -> Comparison:
     """Run the suite into `out` (or take its runs from `runs`), then compare with the baseline.
 
-    `device_name` is the CUDA device measuring here (None where there is none: then `runs` must be
-    given and `rerun` off); the baseline is looked up for its GPU model before anything is measured.
+    `device` is the CUDA device measuring here as run metadata records it (gpu_name, gpu_memory_gib:
+    fp8bench.harness.env.gpu_metadata), None where there is none: then `runs` must be given and
+    `rerun` off. The baseline is looked up for its GPU model before anything is measured.
     """
-    with _as_usage_error():
+    with usage_errors():
         suite = load_suite(suite_path)
-        if device_name is not None:
-            model = baselines.gpu_model({"gpu_name": device_name})
+        if device is not None:
+            model = baselines.gpu_model(device)
         elif runs is not None:
             model = baselines.tree_gpu_model(runs)
         else:
             raise ValueError("the gate needs a GPU to run the suite on, or --runs with the suite's runs")
-    with _as_usage_error():
+    with usage_errors():
         base = baselines.resolve(baseline, baseline_dir, model)
     if runs is None:
         taken = [entry.name for entry in suite.entries if (out / entry.name).exists()]
@@ -187,22 +212,14 @@ def gate(
     return compare_trees(base, runs or out, config, rerun_case if rerun else None)
 
 
-def conclude(
-    body: Callable[[], Comparison], outputs: Outputs, console: Console, err_console: Console
-) -> int:
-    """Run a comparison, print and write it, and return the exit code (errors included)."""
-    try:
-        comparison = body()
-        print_comparison(console, comparison)
-        with _as_usage_error():
-            for path in write_outputs(comparison, outputs):
-                console.print(f"wrote {escape(str(path))}")
-    except baselines.IncompatibleBaseline as err:
-        err_console.print(f"[red]incompatible baseline:[/] {escape(str(err))}")
-        return int(ExitCode.INCOMPATIBLE_BASELINE)
-    except UsageError as err:
-        err_console.print(f"[red]error:[/] {escape(str(err))}")
-        return int(ExitCode.USAGE)
+def conclude(body: Callable[[], Comparison], outputs: Outputs, console: Console) -> int:
+    """Run a comparison, print and write it, and return its exit code. Errors (UsageError,
+    baseline.IncompatibleBaseline, MalformedFile) go to the command line's error adapter."""
+    comparison = body()
+    print_comparison(console, comparison)
+    with usage_errors():
+        for path in write_outputs(comparison, outputs):
+            console.print(f"wrote {escape(str(path))}")
     if comparison.verdict is Outcome.INCONCLUSIVE and not comparison.fail_on_inconclusive:
         console.print("inconclusive cases do not fail the comparison; pass --fail-on-inconclusive to exit 3 on them")
     if comparison.verdict is Outcome.IMPROVEMENT:

@@ -1,10 +1,14 @@
 """A comparison written out: console table (rich), Markdown (CI job summaries), JSON, JUnit XML.
 
-All four show the same columns (`CASE_COLUMNS`, `case_cells`), worst outcome first.
+All four show the same columns (`CASE_COLUMNS`, `case_cells`), worst outcome first. Labels, reasons
+and notes come from result files, so each output escapes them for what reads it: rich markup and
+control characters on the console, HTML and table pipes in Markdown, characters XML cannot hold in
+JUnit.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import xml.etree.ElementTree as ET
@@ -17,10 +21,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from fp8bench.gate.compare import CaseComparison, Comparison, Metric, Outcome
+from fp8bench.harness.validate import printable
 
 CASE_COLUMNS = ("run", "case", "baseline", "new", "slowdown", "threshold", "p", "base sigma", "repeats", "outcome")
-_STYLE = {Outcome.PASS: "green", Outcome.IMPROVEMENT: "cyan", Outcome.INCONCLUSIVE: "yellow", Outcome.REGRESSION: "bold red"}
-_ORDER = {Outcome.REGRESSION: 0, Outcome.INCONCLUSIVE: 1, Outcome.IMPROVEMENT: 2, Outcome.PASS: 3}
+_STYLE = {
+    Outcome.PASS: "green", Outcome.IMPROVEMENT: "cyan", Outcome.INCONCLUSIVE: "yellow", Outcome.REGRESSION: "bold red",
+    Outcome.INCOMPLETE: "bold red",
+}  # fmt: skip
+_ORDER = {Outcome.REGRESSION: 0, Outcome.INCOMPLETE: 1, Outcome.INCONCLUSIVE: 2, Outcome.IMPROVEMENT: 3, Outcome.PASS: 4}
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,15 @@ def headline(comparison: Comparison) -> str:
     )
 
 
+def coverage_line(comparison: Comparison) -> str:
+    """How many of the baseline's cases the new run matched, against what the gate requires."""
+    line = (
+        f"matched {len(comparison.cases)} of the baseline's {comparison.baseline_cases} comparable cases "
+        f"(the gate requires {comparison.min_matched_pct:g}%, and one at least)"
+    )
+    return line if comparison.complete else f"INCOMPLETE: {line}"
+
+
 def geomean_line(comparison: Comparison) -> str:
     g = comparison.geomean
     if g is None:
@@ -89,7 +106,7 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
     for column in shown:
         table.add_column(column, justify="left" if column in ("run", "case", "outcome") else "right")
     for case in sorted_cases(comparison):
-        cells = [escape(cell) for cell in case_cells(case, comparison.metric)[-len(shown):]]
+        cells = [escape(printable(cell)) for cell in case_cells(case, comparison.metric)[-len(shown):]]
         cells[-1] = f"[{_STYLE[case.outcome]}]{cells[-1]}[/]"
         table.add_row(*cells)
     console.print(table)
@@ -99,16 +116,23 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
         by_reason.setdefault(skipped.reason, []).append(skipped.where)
     for reason, where in by_reason.items():
         example = where[0] + (f" and {len(where) - 1} more" if len(where) > 1 else "")
-        console.print(f"[yellow]not compared[/] ({escape(example)}): {escape(reason)}")
+        console.print(f"[yellow]not compared[/] ({escape(printable(example))}): {escape(printable(reason))}")
     for note in comparison.notes:
-        console.print(f"[yellow]note:[/] {escape(note)}")
+        console.print(f"[yellow]note:[/] {escape(printable(note))}")
     console.print(geomean_line(comparison))
+    console.print(coverage_line(comparison), style=None if comparison.complete else _STYLE[Outcome.INCOMPLETE])
     console.print(f"[{_STYLE[comparison.verdict]}]{headline(comparison)}[/]")
+
+
+def _md(text: str) -> str:
+    """Text from a result file in Markdown: HTML escaped (GitHub renders inline HTML), pipes escaped
+    (they would end a table cell), control characters shown, one line."""
+    return html.escape(printable(text)).replace("|", "\\|")
 
 
 def _markdown_table(comparison: Comparison, cases: list[CaseComparison]) -> list[str]:
     shown = columns(comparison)
-    rows = [[cell.replace("|", "\\|") for cell in case_cells(c, comparison.metric)[-len(shown):]] for c in cases]
+    rows = [[_md(cell) for cell in case_cells(c, comparison.metric)[-len(shown):]] for c in cases]
     align = ["---" if name in ("run", "case", "outcome") else "---:" for name in shown]
     return ["| " + " | ".join(shown) + " |", "|" + "|".join(align) + "|", *("| " + " | ".join(row) + " |" for row in rows)]
 
@@ -116,7 +140,10 @@ def _markdown_table(comparison: Comparison, cases: list[CaseComparison]) -> list
 def markdown(comparison: Comparison) -> str:
     cases = sorted_cases(comparison)
     flagged = [c for c in cases if c.outcome is not Outcome.PASS]
-    lines = [f"## fp8bench gate: {comparison.verdict.value}", "", headline(comparison), "", geomean_line(comparison), ""]
+    lines = [
+        f"## fp8bench gate: {comparison.verdict.value}", "", headline(comparison), "", geomean_line(comparison), "",
+        coverage_line(comparison), "",
+    ]  # fmt: skip
     if flagged:
         lines += ["### Cases that are not PASS", "", *_markdown_table(comparison, flagged), ""]
     lines += [
@@ -129,9 +156,9 @@ def markdown(comparison: Comparison) -> str:
     ]
     if comparison.not_compared:
         lines += [f"<details><summary>{len(comparison.not_compared)} cases not compared</summary>", ""]
-        lines += [f"- `{s.where}`: {s.reason}" for s in comparison.not_compared]
+        lines += [f"- {_md(s.where)}: {_md(s.reason)}" for s in comparison.not_compared]
         lines += ["", "</details>", ""]
-    lines += [f"- note: {note}" for note in comparison.notes]
+    lines += [f"- note: {_md(note)}" for note in comparison.notes]
     return "\n".join(lines) + "\n"
 
 
@@ -158,6 +185,10 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
             "exit_code": int(comparison.exit_code),
             "metric": comparison.metric.value,
             "fail_on_inconclusive": comparison.fail_on_inconclusive,
+            "baseline_cases": comparison.baseline_cases,
+            "matched_cases": len(comparison.cases),
+            "min_matched_pct": comparison.min_matched_pct,
+            "complete": comparison.complete,
             "gate": asdict(comparison.gate),
             "counts": {o.value: n for o, n in comparison.counts().items()},
             "geomean": {**asdict(comparison.geomean), "outcome": comparison.geomean.outcome.value} if comparison.geomean else None,
@@ -170,19 +201,20 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
 
 def junit(comparison: Comparison) -> str:
     """One <testsuite> per run (suite entry); a REGRESSION is a <failure>, and so is an INCONCLUSIVE
-    case when the comparison fails on those (otherwise it is <skipped>, like a case not compared)."""
+    case when the comparison fails on those (otherwise it is <skipped>, like a case not compared).
+    The `summary` suite holds the coverage (a failure when INCOMPLETE) and the geomean."""
     root = ET.Element("testsuites", name="fp8bench gate")
     suites: dict[str, ET.Element] = {}
 
     def testcase(run: str, name: str) -> ET.Element:
         if run not in suites:
-            suites[run] = ET.SubElement(root, "testsuite", name=f"fp8bench.{run or 'run'}")
-        return ET.SubElement(suites[run], "testcase", classname=f"fp8bench.{run or 'run'}", name=name, time="0")
+            suites[run] = ET.SubElement(root, "testsuite", name=f"fp8bench.{printable(run) or 'run'}")
+        return ET.SubElement(suites[run], "testcase", classname=f"fp8bench.{printable(run) or 'run'}", name=printable(name), time="0")
 
     failing = {Outcome.REGRESSION} | ({Outcome.INCONCLUSIVE} if comparison.fail_on_inconclusive else set())
     for case in sorted_cases(comparison):
         element = testcase(case.run, case.label)
-        message = " | ".join(f"{k}={v}" for k, v in zip(CASE_COLUMNS[2:], case_cells(case, comparison.metric)[2:]))
+        message = printable(" | ".join(f"{k}={v}" for k, v in zip(CASE_COLUMNS[2:], case_cells(case, comparison.metric)[2:])))
         if case.outcome in failing:
             ET.SubElement(element, "failure", message=message, type=case.outcome.value)
         elif case.outcome is Outcome.INCONCLUSIVE:
@@ -190,7 +222,10 @@ def junit(comparison: Comparison) -> str:
         else:
             ET.SubElement(element, "system-out").text = message
     for skipped in comparison.not_compared:
-        ET.SubElement(testcase(skipped.run, skipped.label), "skipped", message=f"not compared: {skipped.reason}")
+        ET.SubElement(testcase(skipped.run, skipped.label), "skipped", message=printable(f"not compared: {skipped.reason}"))
+    coverage = testcase("summary", "coverage")
+    if not comparison.complete:
+        ET.SubElement(coverage, "failure", message=coverage_line(comparison), type=Outcome.INCOMPLETE.value)
     if comparison.geomean is not None:
         element = testcase("summary", "geomean")
         if comparison.geomean.outcome in failing:

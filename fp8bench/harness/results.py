@@ -8,6 +8,7 @@ all read runs through `load_run`.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -19,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from fp8bench.config import Status
+from fp8bench.harness.validate import MalformedFile, finite_number, json_type_name, read_text, shown, time_ms
 
 RESULTS_CSV = "results.csv"
 METADATA_JSON = "metadata.json"
@@ -216,38 +218,153 @@ def write_metadata(run_dir: Path, metadata: Mapping[str, Any]) -> None:
     (Path(run_dir) / METADATA_JSON).write_text(json.dumps(dict(metadata), indent=2, sort_keys=True, default=str))
 
 
+# The types of the metadata keys that comparisons and reports read. None is required here: a run of
+# the CPU test suite records no GPU; `compare` refuses a run without gpu_name itself (exit 4).
+_METADATA_TYPES: dict[str, tuple[type, ...]] = {
+    "command": (str,),
+    "started_utc": (str,),
+    "versions": (dict,),
+    "gpu_name": (str, type(None)),
+    "gpu_memory_gib": (int, float, type(None)),
+    "gpu_spec": (str, type(None)),
+    "driver": (str, type(None)),
+    "cuda_runtime": (str, type(None)),
+    "power_limit_w": (int, float, type(None)),
+    "sm_clock_max_mhz": (int, float, type(None)),
+    "timing": (dict,),
+}
+
+
 def read_metadata(run_dir: Path) -> dict[str, Any]:
+    """A run's metadata.json ({} where the run has none); MalformedFile unless it is UTF-8 JSON, an
+    object, and its known keys of their types."""
     path = Path(run_dir) / METADATA_JSON
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return {}
+
+    def refuse_constant(name: str) -> None:
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        data = json.loads(read_text(path), parse_constant=refuse_constant)
+    except ValueError as err:
+        if isinstance(err, MalformedFile):
+            raise
+        raise MalformedFile(path, f"not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise MalformedFile(path, f"holds {json_type_name(data)}, not a JSON object")
+    for key, types in _METADATA_TYPES.items():
+        if key in data and (not isinstance(data[key], types) or isinstance(data[key], bool)):
+            raise MalformedFile(path, f"{key} is {json_type_name(data[key])} ({shown(data[key])})")
+    bad_versions = [lib for lib, version in data.get("versions", {}).items() if not isinstance(version, (str, type(None)))]
+    if bad_versions:
+        raise MalformedFile(path, f"versions.{bad_versions[0]} is not a version string")
+    return data
+
+
+# The columns every results file has held since the schema's first version; later ones read as empty.
+REQUIRED_COLUMNS: tuple[str, ...] = (
+    *(c for c in ID_COLUMNS if c not in OPTIONAL_ID_COLUMNS), "status", "median_ms", "repeats", "repeat_ms", "timer"
+)
+_STATUSES = tuple(s.value for s in Status)
+_TIME_COLUMNS = ("median_ms", "wall_ms")
 
 
 def load_results(path: Path) -> pd.DataFrame:
-    """A run's rows with the schema's dtypes; `path` is a run folder or a results CSV."""
+    """A run's rows with the schema's dtypes; `path` is a run folder or a results CSV.
+
+    The file is checked as it is read (MalformedFile naming it and the line): UTF-8, a header of
+    schema columns, every row as many fields as the header, a known status, numbers where the schema
+    says so (finite; times positive), and `repeat_ms` holding `repeats` times. The frame is indexed by
+    CSV line number and carries its file in `attrs["path"]`, so later checks can name both.
+    """
     path = Path(path)
     csv_path = path / RESULTS_CSV if path.is_dir() else path
     if not csv_path.exists():
         raise FileNotFoundError(f"no results at {csv_path}")
-    frame = pd.read_csv(csv_path, dtype=str, keep_default_na=False)
-    missing_ids = [c for c in (*ID_COLUMNS, "status") if c not in frame.columns and c not in OPTIONAL_ID_COLUMNS]
-    if missing_ids:
-        raise ValueError(f"{csv_path} does not follow the result schema: missing {missing_ids}")
+    reader = csv.reader(io.StringIO(read_text(csv_path), newline=""))
+    try:
+        rows = [(reader.line_num, row) for row in reader]
+    except csv.Error as err:
+        raise MalformedFile(csv_path, f"line {reader.line_num}: not CSV ({err})") from None
+    if not rows or not any(rows[0][1]):
+        raise MalformedFile(csv_path, "empty: no header row")
+    header = rows[0][1]
+    unknown = [c for c in header if c not in COLUMNS]
+    if unknown:
+        raise MalformedFile(csv_path, f"column {shown(unknown[0])} is not in the result schema")
+    if len(set(header)) != len(header):
+        raise MalformedFile(csv_path, f"the header names {shown(next(c for c in header if header.count(c) > 1))} twice")
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise MalformedFile(csv_path, f"does not follow the result schema: missing column(s) {', '.join(missing)}")
+    records = []
+    for line, row in rows[1:]:
+        if len(row) != len(header):
+            raise MalformedFile(csv_path, f"line {line} has {len(row)} fields, the header {len(header)} (a torn or shifted row)")
+        record = dict(zip(header, row))
+        problem = _row_problem(record)
+        if problem:
+            raise MalformedFile(csv_path, f"line {line}: {problem}")
+        records.append(record)
+    frame = pd.DataFrame(records, columns=header, index=[line for line, _ in rows[1:]], dtype=str)
     # Cast rows written before a cast's N was given a value (0: no product) left it empty: the same cases.
-    frame.loc[(frame["benchmark"] == "cast") & (frame["N"] == ""), "N"] = "0"
+    if "N" in frame.columns:
+        frame.loc[(frame["benchmark"] == "cast") & (frame["N"] == ""), "N"] = "0"
     # Files outlive the schema: measurement columns added after a run was written read as empty.
     for column in COLUMNS:
         if column not in frame.columns:
             frame[column] = ""
     for column in SCHEMA:
         if column.dtype in ("int", "float"):
-            frame[column.name] = pd.to_numeric(frame[column.name].replace("", None), errors="coerce")
+            frame[column.name] = pd.to_numeric(frame[column.name].replace("", None), errors="raise")
             if column.dtype == "int" and not frame[column.name].isna().any():
                 frame[column.name] = frame[column.name].astype("int64")
-    return frame[list(COLUMNS)]
+    frame = frame[list(COLUMNS)]
+    frame.attrs["path"] = str(csv_path)
+    return frame
+
+
+_DTYPES = {c.name: c.dtype for c in SCHEMA}
+
+
+def _row_problem(record: Mapping[str, str]) -> str | None:
+    """What is wrong with one row of a results file, or None."""
+    status = record["status"]
+    if not (status == Status.OK.value or any(status.startswith(f"{s}: ") for s in _STATUSES if s != Status.OK.value)):
+        return f"status {shown(status)} is none of {', '.join(_STATUSES)} (with ': <reason>')"
+    if record["options"]:
+        try:
+            options = json.loads(record["options"])
+        except ValueError:
+            options = None
+        if not isinstance(options, dict):
+            return f"options {shown(record['options'])} is not a JSON object"
+    for name, text in record.items():
+        if not text or _DTYPES[name] == "str":
+            continue
+        try:
+            value = time_ms(text) if name in _TIME_COLUMNS else finite_number(text)
+        except ValueError as err:
+            return f"{name}: {err}"
+        if _DTYPES[name] == "int" and (value != int(value) or value < 0):
+            return f"{name} {shown(text)} is not a count"
+    if record["repeat_ms"]:
+        try:
+            times = repeat_times(record["repeat_ms"])
+        except ValueError as err:
+            return f"repeat_ms: {err}"
+        if record["repeats"] and len(times) != int(float(record["repeats"])):
+            return f"repeat_ms holds {len(times)} times but repeats is {record['repeats']} (a torn row?)"
+    elif record["repeats"] and status == Status.OK.value:
+        return f"repeats is {record['repeats']} but repeat_ms is empty"
+    return None
 
 
 def repeat_times(cell: str) -> list[float]:
-    """Parse a `repeat_ms` cell into floats."""
-    return [float(x) for x in cell.split(";") if x]
+    """Parse a `repeat_ms` cell: times in ms separated by ';', none for an empty cell (ValueError for
+    anything else)."""
+    return [time_ms(x) for x in str(cell).split(";")] if cell else []
 
 
 def format_repeat_times(times: Iterable[float]) -> str:

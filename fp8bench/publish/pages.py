@@ -15,9 +15,10 @@ from scipy.stats import gmean
 
 from fp8bench.gate.baseline import IncompatibleBaseline
 from fp8bench.gate.compare import GateConfig
-from fp8bench.gate.output import case_cells, columns, geomean_line, headline, sorted_cases
+from fp8bench.gate.output import case_cells, columns, coverage_line, geomean_line, headline, sorted_cases
 from fp8bench.config import Granularity, Status
-from fp8bench.gate.gate import UsageError, compare_trees
+from fp8bench.gate.gate import compare_trees
+from fp8bench.harness.validate import MalformedFile, UsageError
 from fp8bench.publish.tree import COMPARE_HTML, GATE_JSON, HISTORY_HTML, EntryRun, Run, Tree, slug
 from fp8bench.report.write import INDEX_HTML, status_counts
 from fp8bench.report.html import Chart, page, rows_table
@@ -318,13 +319,14 @@ def compare_page(previous: EntryRun, entry: EntryRun) -> str:
     ]
     try:
         comparison = compare_trees(previous.source, entry.source, config)
-    except (UsageError, IncompatibleBaseline) as err:
+    except (UsageError, IncompatibleBaseline, MalformedFile) as err:  # e.g. a case measured twice in one run
         parts.append(f'<p class="banner">not compared: {html.escape(str(err))}</p>')
         return page(title, "\n".join(parts), plotly=False)
     shown = columns(comparison)
     cases = pd.DataFrame([case_cells(c, comparison.metric)[-len(shown):] for c in sorted_cases(comparison)], columns=list(shown))
     parts += [
-        f"<h2>{html.escape(headline(comparison))}</h2><p>{html.escape(geomean_line(comparison))}</p>",
+        f"<h2>{html.escape(headline(comparison))}</h2><p>{html.escape(geomean_line(comparison))}; "
+        f"{html.escape(coverage_line(comparison))}</p>",
         "<p class=\"note\">slowdown = new cost / baseline cost - 1 (positive is worse)</p>",
         rows_table(cases, ("run", "case", "outcome")),
     ]

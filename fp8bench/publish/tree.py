@@ -21,6 +21,7 @@ from fp8bench.gate.baseline import run_folders
 from fp8bench.gate.compare import Outcome
 from fp8bench.report.write import page_granularities
 from fp8bench.harness.results import METADATA_JSON, RESULTS_CSV, load_results, read_metadata
+from fp8bench.harness.validate import MalformedFile
 
 GATE_JSON = "gate.json"
 # The site's layout (fp8bench.publish.site): site/<model>/{index,history}.html, site/<model>/runs/<run>/...
@@ -185,12 +186,7 @@ def _read_entry(model: str, run: str, entry: str, in_suite: bool, source: Path) 
     """Raises ValueError or OSError for results the reports could not show."""
     rows = load_results(source)
     page_granularities(rows)  # an unknown granularity is this run's problem, found before any page is built
-    try:
-        metadata = read_metadata(source)
-    except ValueError as err:
-        raise ValueError(f"{METADATA_JSON} is not valid JSON: {err}") from None
-    if not isinstance(metadata, dict):
-        raise ValueError(f"{METADATA_JSON} holds a {type(metadata).__name__}, not an object")
+    metadata = read_metadata(source)
     return EntryRun(model, run, entry, in_suite, source, rows, metadata, _started(metadata), _fingerprint(source))
 
 
@@ -209,6 +205,8 @@ def _read_run(model: str, folder: Path, exclude: Path | None) -> tuple[Run | Non
     for entry, source in sources.items():
         try:
             entries.append(_read_entry(model, folder.name, entry or folder.name, is_suite, source))
+        except MalformedFile:
+            raise  # an error, never a page: publish builds nothing from a tree holding one
         except (OSError, ValueError) as err:
             skipped.append(Skipped(source, str(err)))
     if not entries:
@@ -247,6 +245,6 @@ def read_tree(root: Path, exclude: Path | None = None) -> Tree:
         elif not any(s.path.is_relative_to(model_dir) for s in skipped):
             skipped.append(Skipped(model_dir, "holds no run folders"))
     if not models:
-        found = "".join(f"\n  skipped {s.path}: {s.reason}" for s in skipped)
+        found = "".join(f"; skipped {s.path}: {s.reason}" for s in skipped)
         raise ValueError(f"no runs under {root}: expected {root}/<gpu-model>/<run>/results.csv{found}")
     return Tree(root, models, tuple(skipped))

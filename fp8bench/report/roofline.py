@@ -83,6 +83,7 @@ def _plotted(rows: pd.DataFrame) -> pd.DataFrame:
     ok["what"] = [html.escape(_what(backend, o)) for backend, o in zip(ok["backend"], options)]
     ok["backend_label"] = ok["backend"].map(html.escape)
     ok["recipe_label"] = ok["recipe"].map(html.escape)
+    ok["bound"] = ok["bound"].map(html.escape)  # in the hover label, which plotly renders as HTML
     ok["measured"] = ok["backend"] != MODEL_BACKEND
     return ok
 

@@ -9,7 +9,6 @@ benchmark listing its chart builders; a new benchmark adds an entry there, not a
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,14 +86,12 @@ def write_reports(run_dir: Path, plotly_dir: str | None = None) -> list[Path]:
     Chart pages load the folder's own copy of plotly.js, written here; with `plotly_dir` (a relative
     URL ending in `/`) they load the copy there instead, which the caller keeps (the site has one).
 
-    Raises FileNotFoundError without a results.csv and ValueError for one that breaks the schema.
+    Raises FileNotFoundError without a results.csv, MalformedFile (fp8bench.harness.validate) for a
+    malformed results.csv or metadata.json, and ValueError for granularities no page shows.
     """
     run_dir = Path(run_dir)
     rows = load_results(run_dir)
-    try:
-        metadata = read_metadata(run_dir)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{run_dir / METADATA_JSON} is not valid JSON: {err}") from None
+    metadata = read_metadata(run_dir)
     granularities = page_granularities(rows)
     gpu = GPUS.get(str(metadata.get("gpu_spec")))
     if granularities and plotly_dir is None:
@@ -193,9 +190,13 @@ def _summary(rows: pd.DataFrame, metadata: dict[str, Any]) -> str:
 
 
 def _measurement_warning(rows: pd.DataFrame, metadata: dict[str, Any]) -> str:
-    """A banner when the numbers are not GPU measurements (a fake timer) or name no GPU."""
+    """A banner when the numbers are not GPU measurements (a fake timer) or name no GPU; a note for a
+    run of predictions only, which measured nothing and names the GPU model it predicts for."""
     if (rows["timer"] == "fake").any():
         text = "Rows here were timed with the fake timer of the tests: they are not GPU measurements."
+    elif metadata.get("prediction_only") and metadata.get("gpu_spec"):
+        text = f"Predictions of the roofline model for {metadata['gpu_spec']}; nothing was measured in this run."
+        return f'<p class="note">{html.escape(text)}</p>'
     elif not rows.empty and not metadata.get("gpu_name"):
         text = "The run's metadata names no GPU: these numbers cannot be attributed to a GPU."
     else:
