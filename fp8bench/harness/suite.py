@@ -27,7 +27,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 _COMMANDS = ("matmul", "cast", "roofline", "e2e", "numerics loss", "numerics stats", "numerics startup", "numerics optimizer")
-RESUMABLE_COMMANDS = ("matmul", "cast", "roofline")  # those with --resume
+RESUMABLE_COMMANDS = ("matmul", "cast", "roofline", "e2e")  # those with --resume
 
 
 @dataclass(frozen=True)
