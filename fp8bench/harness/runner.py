@@ -72,9 +72,15 @@ def _is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, torch.cuda.OutOfMemoryError)
 
 
-def _free_memory() -> None:
+def _free_memory(collect: bool = False) -> None:
+    """Give the allocator's cached blocks back; `collect`: first collect what a broken case left in reference
+    cycles (a build that failed half-way, e.g. a model FSDP2 had begun to shard, frees nothing by itself)."""
+    import gc
+
     import torch
 
+    if collect:
+        gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
@@ -131,6 +137,7 @@ def _measure_case(
     """`reference`: the values of the group's measured reference row (None for the reference itself)."""
     options = _options(case)
     built = None
+    broken = False
     try:
         built = case.build(inputs)
         measurement = _measure(built, clock, timing)
@@ -147,6 +154,7 @@ def _measure_case(
     except Unsupported as err:
         return _Measured(case_row(benchmark, case, status_text(Status.UNSUPPORTED, str(err)), options))
     except Exception as err:  # noqa: BLE001 - one broken case must not end the run; its row says why
+        broken = True
         if built is not None:
             options.update(built.options)
         reason = OUT_OF_MEMORY if _is_out_of_memory(err) else _failure(err)
@@ -155,7 +163,7 @@ def _measure_case(
         if built is not None and built.release is not None:
             built.release()
         del built
-        _free_memory()
+        _free_memory(collect=broken)
 
 
 def _finish(benchmark: Benchmark, case: Case, measured: _Measured, reference: Mapping[str, Any] | None, reference_ms: float | None) -> Row:
