@@ -85,3 +85,11 @@ def test_the_gates_rerun_plans_an_e2e_entry_with_its_own_settings(tmp_path, monk
                                          "world_size": "1", "compile": "block", "activation_checkpointing": "none", "lm_head": "bf16"})  # fmt: skip
     assert (case.steps, case.warmup) == (4, 2) and benchmark.reference_of(case).implementation == "bf16"
     assert not (tmp_path / "_reruns").exists()  # planning writes nothing
+
+
+def test_torchrun_passes_a_flag_only_when_it_is_set(tmp_path):
+    from fp8bench.benchmarks.e2e import torchrun_command
+
+    for resume, expected in ((True, ["--resume"]), (False, [])):
+        command = torchrun_command({"nproc_per_node": 2, "resume": resume}, tmp_path)
+        assert command[command.index("fp8bench.cli") + 1 :] == ["e2e", "--out", str(tmp_path), "--nproc-per-node", "2", *expected]

@@ -3,25 +3,26 @@ or several (FSDP2), BF16 against every FP8 implementation in one run.
 
 A case is one configuration trained for `warmup + steps` steps and then some: the model built from one seed
 (the same weights for every case), converted per implementation (the MODEL level of the backend registry,
-fp8bench.backends.convert), wrapped in
-activation checkpointing (`none | selective | full`, per block), compiled (`none | block | model`), sharded
-with FSDP2 when there are several ranks (fp8bench.nn.fsdp), and trained with fused AdamW on seeded synthetic
-tokens (`SyntheticTokens`; any iterator of (tokens, targets) can replace them). The cases of a group (model,
-layers, seq, batch, world size, compile mode, checkpointing) share a BF16 reference, measured first; BF16 also
-runs eagerly, in its own group, so a run holds BF16 eager and compiled and every implementation. The cases
-run through the one run loop (fp8bench.harness.runner): each measures itself (`Built.measure`), and
-`E2EBenchmark.against_reference` judges it against its group's BF16 reference row. Under torchrun every rank
-runs every case (the collectives need them all) and rank 0 records.
+fp8bench.backends.convert), wrapped in activation checkpointing (`none | selective | full`, per block),
+compiled (`none | block | model`), sharded with FSDP2 when there are several ranks (fp8bench.nn.fsdp), and
+trained with fused AdamW on seeded synthetic tokens (`SyntheticTokens`; any iterator of (tokens, targets)
+can replace them). The cases of a group (model, layers, seq, batch, world size, compile mode,
+checkpointing) share a BF16 reference, measured first; BF16 also runs eagerly, in its own group, so a run
+holds BF16 eager and compiled and every implementation. The cases run through the one run loop
+(fp8bench.harness.runner: rows as they finish, resume, the gate's re-run from a row's identity): each
+measures itself (`Built.measure`), and `E2EBenchmark.against_reference` judges it against its group's BF16
+reference row. Under torchrun every rank runs every case (the collectives need them all) and rank 0
+records.
 
 Identity: `case` is `<model>.L<layers>.S<seq>.B<batch>` (`custom-d<dim>-f<ffn>-h<heads>-kv<kv>-v<vocab>` for a
 custom model), M the tokens of one step on one GPU, K the model width, N the SwiGLU width, backend the
 implementation (bf16 | triton | torchao | te), recipe ours (TE's equivalent in `options`), granularity the
 recipe's, and the columns world_size, compile, activation_checkpointing and lm_head.
 
-Measured (fp8bench.harness.timing's clocks, `StepClock`): after `warmup` steps, `steps` steps back to back, each between
-a CUDA event pair (its L2 flush outside the pair); median_ms is their median, spread_pct their interquartile
-range / median, repeat_ms every step (throttled and dropped_repeats stay empty: the steps are neither
-watched for throttling nor dropped). wall_ms: host time of a synchronized step (median of WALL_STEPS).
+Measured (`StepClock`: fp8bench.harness.timing's clocks): after `warmup` steps, `steps` steps back to back,
+each between a CUDA event pair (its L2 flush outside the pair); median_ms is their median, spread_pct their
+interquartile range / median, repeat_ms every step (throttled and dropped_repeats stay empty: the steps are
+neither watched for throttling nor dropped). wall_ms: host time of a synchronized step (median of WALL_STEPS).
 tokens_per_s = batch * seq / median step time, per GPU. tflops = flops_per_token * tokens_per_s with
 torchtitan's formula (LlamaConfig.flops_per_token: 6 N + 12 L H head_dim S), mfu_bf16_pct and mfu_fp8_pct
 against the GPU's dense BF16 and FP8 peaks (fp8bench.model.hardware). Memory: peak allocated and reserved
