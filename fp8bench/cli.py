@@ -641,11 +641,14 @@ def e2e(
     lm_head: str = typer.Option("bf16", help="bf16 | fp8: the LM head's products"),
     nproc_per_node: int = typer.Option(1, min=1, help="GPUs of this host to train on with FSDP2 (launched with torchrun)"),
     out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-e2e-<model>)"),
+    resume: bool = typer.Option(
+        False, help="continue the run in --out with the same options: its finished groups are kept, the rest measured"
+    ),
 ) -> None:
     """Training throughput of a LLaMa-3 model or proxy: BF16 eager and compiled against ours, torchao and
     TransformerEngine per recipe, on one GPU or several with FSDP2 (fp8bench.benchmarks.e2e)."""
     from fp8bench.benchmarks import e2e as bench
-    from fp8bench.nn.conversion import IMPLEMENTATIONS
+    from fp8bench.benchmarks.e2e import IMPLEMENTATIONS
     from fp8bench.nn.llama import PRESETS
     from fp8bench.nn.recipes import RECIPE_CHOICES
 
@@ -672,6 +675,9 @@ def e2e(
         raise typer.BadParameter(str(err)) from None
     device_name = require_cuda("e2e")
     run_dir = out or default_run_dir("e2e", architecture.name)
+    if _PLANNING.get() is not None:  # the gate's re-run of a case: in this process, on this GPU
+        _planned(bench.gpu_benchmark(config, run_dir, device_name), None, TimingConfig())
+        return
     if nproc_per_node > 1 and not distributed:  # every rank runs this command again, under torchrun
         import subprocess
 
@@ -685,7 +691,8 @@ def e2e(
     if distributed and world_size != nproc_per_node:
         raise typer.BadParameter(f"torchrun started {world_size} ranks but --nproc-per-node is {nproc_per_node}")
     try:
-        bench.run_command(config, run_dir, device_name, command_line(), distributed, console.print, err_console.print)
+        resumed = (lambda cases: _resumed(cases, out)) if resume else None
+        bench.run_command(config, run_dir, device_name, command_line(), distributed, resumed, _open_run, console.print, err_console.print)
     except KeyboardInterrupt:
         err_console.print(f"[yellow]interrupted: the finished cases are in {run_dir / 'results.csv'}[/]")
         raise typer.Exit(130) from None

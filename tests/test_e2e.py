@@ -1,19 +1,22 @@
-"""`fp8bench e2e` on the CPU: cases and identity, the kernel classifier, conversion, the run loop on a tiny
-model with a fake clock. The GPU measurement is marked `gpu`."""
+"""`fp8bench e2e` on the CPU: cases and identity, the kernel classifier, conversion through the backend
+registry, the run loop (fp8bench.harness.runner) on a tiny model with a fake clock, resuming a run and
+re-running a case from its identity. The GPU measurement is marked `gpu`."""
 
 from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 from torch import nn
 
+from fp8bench.backends import convert
 from fp8bench.benchmarks import e2e
-from fp8bench.config import Status
+from fp8bench.config import Status, TimingConfig
 from fp8bench.harness.case import Unsupported
-from fp8bench.harness.results import ID_COLUMNS, RunWriter, load_results
-from fp8bench.nn.conversion import convert
+from fp8bench.harness.results import CASE_KEY, ID_COLUMNS, RunWriter, load_results, read_rows
+from fp8bench.harness.runner import rerun, resume, run_cases
 from fp8bench.nn.float8_linear import Float8Linear
 from fp8bench.nn.llama import PRESETS, Llama, LlamaConfig
 from fp8bench.nn.recipes import RECIPES
@@ -167,12 +170,21 @@ class FakeClock:
         return None
 
 
+def _benchmark(config: e2e.E2EConfig, clock, run_dir=None) -> e2e.E2EBenchmark:
+    return e2e.E2EBenchmark("cpu", clock=clock, run_dir=run_dir, steps=config.steps, warmup=config.warmup, load_te="te" in config.implementations)
+
+
+def _run(config: e2e.E2EConfig, clock, run_dir, cases=None):
+    benchmark = _benchmark(config, clock, run_dir)
+    with RunWriter(run_dir, {}, resume=cases is not None) as writer:
+        return run_cases(benchmark, config.cases() if cases is None else cases, writer, None, TimingConfig())
+
+
 def test_run_writes_a_row_per_case_with_throughput_loss_and_breakdown(tmp_path):
     torch.manual_seed(0)
     config = _config(implementations=("te",))
     clock = FakeClock()
-    with RunWriter(tmp_path, {}) as writer:
-        rows = e2e.run_e2e(config, writer, clock, None, e2e.E2EInputs("cpu"))
+    rows = _run(config, clock, tmp_path)
     frame = load_results(tmp_path)
     assert list(frame["backend"]) == ["bf16", "te"]
     bf16, te = frame.iloc[0], frame.iloc[1]
@@ -188,15 +200,83 @@ def test_run_writes_a_row_per_case_with_throughput_loss_and_breakdown(tmp_path):
     assert "tok/s/GPU" in e2e.row_line(rows[0])
 
 
-def test_a_diverging_fp8_run_is_a_wrong_result(tmp_path, monkeypatch):
-    # BF16's run as the reference, then the same case with a loss far from it.
+class Diverging:
+    """A case of the reference's group (BF16 training, named as ours) whose final loss comes out tenfold."""
+
+    def __init__(self, case: e2e.E2ECase):
+        self.case, self.is_reference = case, False
+        self.identity = {**case.identity, "backend": "triton", "recipe": "tensorwise"}
+
+    def __getattr__(self, name):
+        return getattr(self.case, name)
+
+    def build(self, inputs):
+        built = self.case.build(inputs)
+        check = built.check
+
+        def diverged():
+            columns = check()
+            return {**columns, "final_loss": 10 * columns["final_loss"]}
+
+        built.check = diverged
+        return built
+
+
+def test_a_diverging_fp8_run_is_a_wrong_result(tmp_path):
+    # BF16's run as the reference, then a case of its group with a loss far from it.
     config = _config(implementations=())
-    reference = e2e._GroupState(reference_ms=11.0, reference_loss=1.0)
-    case = e2e.E2ECase(TINY, 32, 2, 1, "none", "none", "bf16", None)
-    monkeypatch.setattr(e2e.E2ECase, "is_reference", property(lambda self: False))
-    row, kernels = e2e.run_case(case, e2e.E2EInputs("cpu"), config, FakeClock(), None, reference)
-    assert row.values["status"].startswith("failed: wrong result: final loss")
-    assert kernels == {}
+    reference = config.cases()[0]
+    rows = _run(config, FakeClock(), tmp_path, [reference, Diverging(reference)])
+    assert rows[0].values["status"] == Status.OK.value
+    assert rows[1].values["status"].startswith("failed: wrong result: final loss")
+    assert rows[1].values["final_loss"] == pytest.approx(10 * rows[0].values["final_loss"], rel=0.1)
+    assert rows[1].values.get("median_ms") is None  # a wrong result's time measures nothing
+    kernels = pd.read_csv(tmp_path / e2e.KERNELS_CSV)
+    assert set(kernels["backend"]) == {"bf16"}  # the wrong result's kernels are not recorded
+
+
+# A custom model: its case name gives the model back (case_from_identity), as a re-run needs.
+CUSTOM = e2e.custom_model(64, 128, 4, 2, 256, 2)
+
+
+def test_a_resumed_run_measures_the_groups_left_and_keeps_the_finished_ones(tmp_path):
+    first, second = _config(model=CUSTOM, implementations=("te",)), _config(model=CUSTOM, implementations=("te",), seq_len=16)
+    _run(first, FakeClock(), tmp_path)  # the run stopped after the first group
+    cases = first.cases() + second.cases()
+    left = resume(cases, tmp_path)
+    assert left == second.cases()
+    clock = FakeClock()
+    benchmark = _benchmark(first, clock, tmp_path)
+    benchmark.resume_kernels(first.cases())
+    with RunWriter(tmp_path, {}, resume=True) as writer:
+        run_cases(benchmark, left, writer, None, TimingConfig())
+    assert clock.calls == first.warmup + first.steps + e2e.WALL_STEPS + 1  # the second group's BF16 only
+    frame = load_results(tmp_path)
+    assert [(row.M, row.backend) for row in frame.itertuples()] == [(64, "bf16"), (64, "te"), (32, "bf16"), (32, "te")]
+    kernels = pd.read_csv(tmp_path / e2e.KERNELS_CSV)
+    assert list(kernels.groupby("case", sort=False).size().index) == [f"{CUSTOM.name}.L2.S32.B2", f"{CUSTOM.name}.L2.S16.B2"]
+
+
+def test_the_gate_reruns_a_flagged_e2e_case_from_its_identity_beside_its_reference(tmp_path):
+    config = _config(model=CUSTOM, implementations=("torchao", "te"))
+    _run(config, FakeClock(), tmp_path / "run")
+    flagged = next(row for row in read_rows(tmp_path / "run") if row["backend"] == "te")  # as the CSV spells it
+    clock = FakeClock()
+    with RunWriter(tmp_path / "rerun", {}) as writer:
+        rows = rerun([flagged], writer, {"e2e": _benchmark(config, clock, tmp_path / "rerun")}, None, TimingConfig())
+    assert [(r.values["backend"], r.values["recipe"]) for r in rows] == [("bf16", "bf16"), ("te", "tensorwise")]
+    assert rows[0].values["status"] == Status.OK.value and rows[0].values["final_loss"] > 0
+    assert rows[1].values["status"].startswith("unsupported: transformer_engine")
+    assert clock.calls == config.warmup + config.steps + e2e.WALL_STEPS + 1  # the reference alone trained
+    rerun_ids = load_results(tmp_path / "rerun")[list(CASE_KEY)].astype(str).values.tolist()
+    run_ids = load_results(tmp_path / "run")[list(CASE_KEY)].astype(str).values.tolist()
+    assert all(identity in run_ids for identity in rerun_ids)
+
+
+def test_a_case_for_more_ranks_than_the_run_has_is_unsupported():
+    case = e2e.E2ECase(TINY, 32, 2, 2, "none", "none", "bf16", None)
+    with pytest.raises(Unsupported, match="trains on 2 ranks; this run has 1"):
+        case.build(e2e.E2EInputs("cpu"))
 
 
 @pytest.mark.gpu
@@ -205,8 +285,10 @@ def test_e2e_on_the_gpu_measures_bf16_and_ours(tmp_path):
                      implementations=("triton",), compile="block")  # fmt: skip
     from fp8bench.model.hardware import spec_for_device_name
 
+    benchmark = e2e.gpu_benchmark(config, tmp_path, torch.cuda.get_device_name())
     with RunWriter(tmp_path, {}) as writer:
-        rows = e2e.run_e2e(config, writer, e2e.GpuStepClock(), spec_for_device_name(torch.cuda.get_device_name()), e2e.E2EInputs("cuda"))
+        rows = run_cases(benchmark, config.cases(), writer, None, TimingConfig())
+    assert benchmark.spec == spec_for_device_name(torch.cuda.get_device_name())
     statuses = [r.values["status"] for r in rows]
     assert statuses == ["ok"] * 3, statuses
     ours = rows[2].values

@@ -60,3 +60,36 @@ def test_several_gpus_relaunch_the_parsed_options_under_torchrun(tmp_path):
                     "--recipe", "rowwise", "--nproc-per-node", "2", "--compile", "block"]  # fmt: skip
     result = runner.invoke(app, args)  # each rank parses them back (and here finds no GPU)
     assert result.exit_code == 1, result.output
+
+
+def test_the_gates_rerun_plans_an_e2e_entry_with_its_own_settings(tmp_path, monkeypatch):
+    """The gate's re-run builds the entry's benchmark by the command's own option parsing (nothing runs)."""
+    import torch
+
+    import fp8bench.cli as cli
+    from fp8bench.benchmarks import e2e
+    from fp8bench.harness.suite import load_suite
+
+    suite = tmp_path / "e2e.toml"
+    suite.write_text('name = "e2e"\n[[bench]]\nname = "proxy"\ncommand = "e2e"\nlayers = 2\nsteps = 4\nwarmup = 2\nimplementation = ["te"]\n'
+                     'recipe = ["tensorwise"]\n')  # fmt: skip
+    monkeypatch.setattr(cli, "require_cuda", lambda command: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(e2e, "GpuStepClock", lambda: "step clock")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    run_dir = tmp_path / "_reruns" / "proxy" / "case"
+    benchmark, clock, timing = cli._plan(load_suite(suite).entries[0], run_dir)
+    assert isinstance(benchmark, e2e.E2EBenchmark) and clock is None
+    assert (benchmark.steps, benchmark.warmup, benchmark.load_te, benchmark.clock) == (4, 2, True, "step clock")
+    assert benchmark.spec.key == "h100-sxm" and benchmark.run_dir == run_dir and benchmark.device == "cuda:0"
+    case = benchmark.case_from_identity({"benchmark": "e2e", "case": "llama3-8b.L2.S8192.B1", "backend": "te", "recipe": "tensorwise",
+                                         "world_size": "1", "compile": "block", "activation_checkpointing": "none", "lm_head": "bf16"})  # fmt: skip
+    assert (case.steps, case.warmup) == (4, 2) and benchmark.reference_of(case).implementation == "bf16"
+    assert not (tmp_path / "_reruns").exists()  # planning writes nothing
+
+
+def test_torchrun_passes_a_flag_only_when_it_is_set(tmp_path):
+    from fp8bench.benchmarks.e2e import torchrun_command
+
+    for resume, expected in ((True, ["--resume"]), (False, [])):
+        command = torchrun_command({"nproc_per_node": 2, "resume": resume}, tmp_path)
+        assert command[command.index("fp8bench.cli") + 1 :] == ["e2e", "--out", str(tmp_path), "--nproc-per-node", "2", *expected]

@@ -6,7 +6,9 @@ the run reports it as a row instead of crashing on it.
 
 from __future__ import annotations
 
-from fp8bench.backends.base import Backend, LayerStep, Level, Operands, PreparedGemm
+from typing import Any
+
+from fp8bench.backends.base import Backend, Converted, LayerStep, Level, Operands, PreparedGemm, linear_filter
 from fp8bench.backends.cublas import CublasBackend
 from fp8bench.backends.te import TeBackend
 from fp8bench.backends.torch_bf16 import Bf16Backend
@@ -18,7 +20,7 @@ from fp8bench.harness.case import Unsupported
 REGISTRY: dict[str, Backend] = {
     backend.name: backend
     for backend in (
-        Bf16Backend(), CublasBackend(), TritonBackend(), TorchEagerBackend(), TorchCompileBackend(), TeBackend(), TorchaoBackend()
+        Bf16Backend(), CublasBackend(), TritonBackend(), TorchEagerBackend(), TorchCompileBackend(), TorchaoBackend(), TeBackend()
     )
 }
 
@@ -35,4 +37,20 @@ def get_backend(name: str, level: Level | None = None) -> Backend:
     return REGISTRY[name]
 
 
-__all__ = ["REGISTRY", "Backend", "LayerStep", "Level", "Operands", "PreparedGemm", "Unsupported", "backend_names", "get_backend"]
+def convert(
+    model: Any, implementation: str, recipe: Any, *, lm_head_fp8: bool = False, fp8_all_gather: bool = False, process_group: Any = None
+) -> Converted:
+    """Convert `model` (fp8bench.nn.llama.Llama) in place for the MODEL-level backend `implementation` running
+    `recipe` (None: BF16), each linear but the LM head unless `lm_head_fp8` (Backend.convert_model).
+    ValueError for an unknown implementation or a recipe given to bf16 / missing for FP8; Unsupported for
+    a conversion the backend cannot do."""
+    backend = get_backend(implementation, Level.MODEL)
+    if (implementation == "bf16") != (recipe is None):
+        raise ValueError("bf16 takes no recipe, and every FP8 implementation needs one")
+    return backend.convert_model(model, recipe, linear_filter(lm_head_fp8), fp8_all_gather, process_group)
+
+
+__all__ = [
+    "REGISTRY", "Backend", "Converted", "LayerStep", "Level", "Operands", "PreparedGemm", "Unsupported", "backend_names", "convert",
+    "get_backend",
+]  # fmt: skip

@@ -2,13 +2,14 @@
 
 A backend declares the levels it has (`Level`) and, for the GEMM, its granularities; per level it gives:
 GEMM `prepare_gemm`, CAST `quantizer` (a quantize kernel for a cast recipe), LAYER `layer` (the
-LayerNorm -> Linear -> sigmoid step of the measured roofline), MODEL `convert_model` (a model converted to
-train in FP8 under a recipe). What a backend lacks raises the one `Unsupported` (fp8bench.harness.case),
+LayerNorm -> Linear -> sigmoid step of the measured roofline), MODEL `convert_model` (the e2e benchmark's
+model, fp8bench.nn.llama, converted in place to train in FP8 under a recipe: `Converted`). What a backend lacks raises the one `Unsupported` (fp8bench.harness.case),
 which becomes an `unsupported: <reason>` row; so does a backend that cannot run here (`unavailable_reason`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from abc import ABC
 from collections.abc import Callable
@@ -82,10 +83,31 @@ class Backend(ABC):
         in; raise Unsupported for what it cannot do."""
         raise Unsupported(f"{self.name} has no layer for the roofline")
 
-    def convert_model(self, model: Any, recipe: Any) -> Any:
-        """`model` converted to train in FP8 under `recipe` (fp8bench.nn.recipes.Recipe; None: BF16), for
-        the model level; raise Unsupported for what it cannot do."""
+    def convert_model(self, model: Any, recipe: Any, keep: Callable[[str], bool], fp8_all_gather: bool, process_group: Any) -> "Converted":
+        """`model` converted in place to train under `recipe` (fp8bench.nn.recipes.Recipe; None: BF16), each
+        linear whose module name `keep` accepts (`linear_filter`). `fp8_all_gather`: the model is about to
+        be sharded by FSDP2 and tensorwise weights should be all-gathered in FP8; `process_group`: the
+        data-parallel group (None on one GPU). Raise Unsupported for what the backend cannot do."""
         raise Unsupported(f"{self.name} does not convert models")
+
+
+LM_HEAD = "output"  # fp8bench.nn.llama.Llama's LM head
+
+
+def linear_filter(lm_head_fp8: bool) -> Callable[[str], bool]:
+    """Which linears a conversion converts, by module name: every one but the LM head, unless `lm_head_fp8`."""
+    return lambda name: lm_head_fp8 or name != LM_HEAD
+
+
+@dataclass
+class Converted:
+    """A converted model: the context every training step runs under (TE's autocast; none for the
+    others), what to call after each optimizer step, and what the row records about the conversion."""
+
+    model: Any
+    step_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    after_optimizer_step: Callable[[], None] = lambda: None
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

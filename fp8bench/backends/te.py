@@ -1,34 +1,62 @@
 """`te`: NVIDIA TransformerEngine: its quantizers (no per-row scaling there; `Float8Quantizer` for delayed
-scaling, which records the amax too) and te.LayerNormLinear for the measured layer."""
+scaling, which records the amax too), te.LayerNormLinear for the measured layer, and te.Linear swapped into
+the model under TE's autocast for the model level."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from fp8bench.backends.base import Backend, LayerStep, Level
+from fp8bench.backends.base import Backend, Converted, LayerStep, Level
 from fp8bench.backends.quantize import CastRecipe, Quantizer
 from fp8bench.config import Granularity
 from fp8bench.harness.case import Unsupported
 
 
-def te_unavailable_reason() -> str | None:
+# Our recipe -> TransformerEngine's recipe class of the same scaling.
+TE_RECIPES = {"tensorwise-delayed": "DelayedScaling", "tensorwise": "Float8CurrentScaling", "blockwise": "Float8BlockScaling"}
+
+
+def te_module():
+    """transformer_engine.pytorch, or Unsupported saying why it does not load."""
     try:
-        import transformer_engine.pytorch  # noqa: F401
+        import transformer_engine.pytorch as te
     except ImportError:
-        return "transformer_engine not installed"
-    except Exception as err:  # noqa: BLE001 - a broken install is reported, not crashed on
-        return f"transformer_engine does not load: {(str(err).strip().splitlines() or [type(err).__name__])[0][:200]}"
+        raise Unsupported("transformer_engine is not installed") from None
+    except Exception as err:  # noqa: BLE001 - a broken install is a row, not a crash
+        raise Unsupported(f"transformer_engine does not load: {(str(err).strip().splitlines() or [type(err).__name__])[0][:200]}") from None
+    return te
+
+
+def te_unavailable_reason() -> str | None:
+    """Why TransformerEngine does not load here, or None. Importing it is what loads it: after torch's
+    attention has loaded torch's cuDNN, TE's import mixes the two builds and fails on a GPU host, so a
+    training run calls this before its first step."""
+    try:
+        te_module()
+    except Unsupported as err:
+        return str(err)
     return None
 
 
-def _te_recipe(name: str):
-    from transformer_engine.common import recipe as te_recipe
+def te_recipe(name: str):
+    """TransformerEngine's recipe object for our recipe `name` (TE_RECIPES); E4M3 throughout for
+    blockwise, TE's HYBRID (E4M3 forward, E5M2 gradients) for the tensorwise ones."""
+    from transformer_engine.common import recipe as te_recipes
 
     return {
-        "tensorwise-delayed": lambda: te_recipe.DelayedScaling(fp8_format=te_recipe.Format.HYBRID, amax_history_len=16, amax_compute_algo="max"),
-        "tensorwise": lambda: te_recipe.Float8CurrentScaling(fp8_format=te_recipe.Format.HYBRID),
-        "blockwise": lambda: te_recipe.Float8BlockScaling(fp8_format=te_recipe.Format.E4M3),
+        "tensorwise-delayed": lambda: te_recipes.DelayedScaling(fp8_format=te_recipes.Format.HYBRID, amax_history_len=16, amax_compute_algo="max"),
+        "tensorwise": lambda: te_recipes.Float8CurrentScaling(fp8_format=te_recipes.Format.HYBRID),
+        "blockwise": lambda: te_recipes.Float8BlockScaling(fp8_format=te_recipes.Format.E4M3),
     }[name]()
+
+
+def _fp8_problem(te, recipe_name: str) -> str | None:
+    """Why TransformerEngine cannot run `recipe_name`'s FP8 on this GPU, or None."""
+    available, why = (
+        te.is_fp8_block_scaling_available(return_reason=True) if recipe_name == "blockwise" else te.is_fp8_available(return_reason=True)
+    )
+    return None if available else f"transformer_engine: {why}"
 
 
 class TeBackend(Backend):
@@ -62,25 +90,18 @@ class TeBackend(Backend):
 
     def layer(self, case: Any, weight: Any, compile_backend: str) -> LayerStep:
         """te.LayerNormLinear + torch.sigmoid, eager, under te.autocast (no FP8 for recipe None)."""
-        reason = te_unavailable_reason()
-        if reason:
-            raise Unsupported(reason)
         import torch
-        import transformer_engine.pytorch as te
 
-        available, why = (
-            te.is_fp8_block_scaling_available(return_reason=True)
-            if case.recipe and case.recipe.name == "blockwise"
-            else te.is_fp8_available(return_reason=True)
-        )
-        if case.recipe and not available:
-            raise Unsupported(f"transformer_engine: {why}")
+        te = te_module()
+        problem = _fp8_problem(te, case.recipe.name) if case.recipe else None
+        if problem:
+            raise Unsupported(problem)
         layer = te.LayerNormLinear(
             case.shape.K, case.shape.N, eps=1e-5, bias=False, params_dtype=weight.dtype, device=weight.device
         )
         with torch.no_grad():
             layer.weight.copy_(weight)
-        recipe = _te_recipe(case.recipe.name) if case.recipe else None
+        recipe = te_recipe(case.recipe.name) if case.recipe else None
 
         def forward(x):
             with te.autocast(enabled=recipe is not None, recipe=recipe):
@@ -89,3 +110,39 @@ class TeBackend(Backend):
 
         options = {"te_recipe": type(recipe).__name__ if recipe else "none", "layernorm": "affine (gamma 1, beta 0), grads computed"}
         return LayerStep(forward, layer.weight, tuple(layer.parameters()), options)
+
+    def convert_model(self, model: Any, recipe: Any, keep: Callable[[str], bool], fp8_all_gather: bool, process_group: Any) -> Converted:
+        """Each nn.Linear that `keep` accepts swapped for a te.Linear holding the same weight; every step runs
+        under TE's autocast with DelayedScaling (our tensorwise-delayed), Float8CurrentScaling (tensorwise)
+        or Float8BlockScaling (blockwise), the amax reduced over the data-parallel group."""
+        if recipe.name not in TE_RECIPES:
+            raise Unsupported(f"TransformerEngine has no {recipe.name} recipe on Hopper (ours maps {', '.join(TE_RECIPES)})")
+        te = te_module()
+        problem = _fp8_problem(te, recipe.name)
+        if problem:
+            raise Unsupported(problem)
+        import torch
+        from torch import nn
+
+        swapped = 0
+        for name, module in list(model.named_modules()):
+            if type(module) is not nn.Linear or not keep(name):
+                continue
+            weight = module.weight
+            linear = te.Linear(module.in_features, module.out_features, bias=False, params_dtype=weight.dtype, device=weight.device)
+            with torch.no_grad():
+                linear.weight.copy_(weight)
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, linear)
+            swapped += 1
+        te_recipe_object = te_recipe(recipe.name)
+        # TE 2.x names its context `autocast`; earlier 2.x releases only `fp8_autocast`. The group is passed
+        # only under FSDP2, so a single-GPU run never depends on the keyword's name.
+        if hasattr(te, "autocast"):
+            group = {"amax_reduction_group": process_group} if process_group is not None else {}
+            context = lambda: te.autocast(enabled=True, recipe=te_recipe_object, **group)  # noqa: E731
+        else:
+            group = {"fp8_group": process_group} if process_group is not None else {}
+            context = lambda: te.fp8_autocast(enabled=True, fp8_recipe=te_recipe_object, **group)  # noqa: E731
+        options = {"te_recipe": TE_RECIPES[recipe.name], "te_linears": swapped, "te_version": getattr(te, "__version__", "?")}
+        return Converted(model, step_context=context, options=options)

@@ -3,9 +3,10 @@ plain torch LayerNorm -> Linear -> sigmoid layer, eager or compiled (the layer o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from fp8bench.backends.base import Backend, LayerStep, Level, Operands, PreparedGemm
+from fp8bench.backends.base import Backend, Converted, LayerStep, Level, Operands, PreparedGemm
 from fp8bench.config import FastAccum, GemmShape, Granularity
 
 
@@ -69,3 +70,7 @@ class Bf16Backend(Backend):
     def layer(self, case: Any, weight: Any, compile_backend: str) -> LayerStep:
         layer = torch_layer(case.shape, weight)
         return LayerStep(compiled(layer, case.compiled, compile_backend), weight_of(layer), (weight_of(layer),), {}, case.compiled)
+
+    def convert_model(self, model: Any, recipe: Any, keep: Callable[[str], bool], fp8_all_gather: bool, process_group: Any) -> Converted:
+        """The reference: the model as it is."""
+        return Converted(model)

@@ -1,5 +1,6 @@
 """`triton`: ours. The persistent TMA FP8 GEMM (fp8kernels.gemm) for all three granularities, the quantize
-kernels (fp8kernels.quantize_*) for every cast recipe, and Float8LayerNormLinear for the measured layer.
+kernels (fp8kernels.quantize_*) for every cast recipe, Float8LayerNormLinear for the measured layer, and
+convert_to_float8 (Float8Linear) for the model level.
 
 Operands are quantized untimed with fp8kernels.reference; the timed call is the GEMM alone. The chosen
 kernel config (kernels/gemm_configs.py) is recorded in the row's options. Blockwise always promotes the
@@ -8,9 +9,10 @@ FP32 sum per 128 of K (each K-tile has its own scales), so it has no fast-accumu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from fp8bench.backends.base import Backend, LayerStep, Level, Operands, PreparedGemm, fp8_device_problem, quantize_operands
+from fp8bench.backends.base import Backend, Converted, LayerStep, Level, Operands, PreparedGemm, fp8_device_problem, quantize_operands
 from fp8bench.backends.quantize import CastRecipe, Quantizer, dequantize_ours
 from fp8bench.backends.torch_bf16 import compiled, torch_layer, weight_of
 from fp8bench.config import Activation, FastAccum, Granularity
@@ -90,22 +92,6 @@ class TritonBackend(Backend):
             return Quantizer(lambda x: quantize_axiswise(x, spec), dequantize_ours, describe)
         return Quantizer(lambda x: quantize_blockwise(x, recipe.block_rows, spec), dequantize_ours, describe)
 
-
-    def triton_config(recipe: CastRecipe, x) -> dict[str, int]:
-        """The launch config our kernel picks for x (recorded in the row's options)."""
-        from fp8kernels.quantize_axiswise import axiswise_kernel
-        from fp8kernels.quantize_blockwise import blockwise_kernel
-        from fp8kernels.quantize_configs import QuantizeKernel, choose, multiprocessors
-
-        if recipe.granularity is Granularity.TENSORWISE:
-            kernel = QuantizeKernel.TENSORWISE
-        elif recipe.granularity is Granularity.AXISWISE:
-            kernel = axiswise_kernel(recipe.columnwise)
-        else:
-            kernel = blockwise_kernel(recipe.block_rows)
-        rows, cols = x.shape
-        return {"kernel": kernel.value, **choose(kernel, rows, cols, recipe.columnwise, multiprocessors(x)).as_dict()}
-
     def layer(self, case: Any, weight: Any, compile_backend: str) -> LayerStep:
         """Our Float8LayerNormLinear (LayerNorm -> our Float8Linear, the sigmoid in the output GEMM's epilogue)."""
         from fp8bench.nn.float8_layernorm_linear import Float8LayerNormLinear, layer_norm_fusion
@@ -128,3 +114,23 @@ class TritonBackend(Backend):
         if case.recipe.gemm_granularity(GemmRole.GRAD_WEIGHT) is Granularity.BLOCKWISE:
             options["grad_weight_gemm"] = "torch._scaled_mm: fp8kernels.gemm has no 1x128 x 1x128 product"
         return LayerStep(compiled(layer, case.compiled, compile_backend), weight_of(layer), (weight_of(layer),), options, case.compiled)
+
+    def convert_model(self, model: Any, recipe: Any, keep: Callable[[str], bool], fp8_all_gather: bool, process_group: Any) -> Converted:
+        """fp8bench.nn.float8_linear.convert_to_float8 with our recipe; under FSDP2 with tensorwise scaling
+        the weights are all-gathered in FP8 (fp8bench.nn.fsdp)."""
+        from fp8bench.nn.float8_linear import convert_to_float8, recipe_problem
+
+        problem = recipe_problem(recipe)
+        if problem:
+            raise Unsupported(problem)
+        done = convert_to_float8(model, recipe, lambda module, name: keep(name))
+        options: dict[str, Any] = {"converted_linears": len(done.converted), "summary": recipe.summary()}
+        if done.left_in_bf16:
+            options["left_in_bf16"] = done.left_in_bf16
+        # Producer fusions of the converted model (an RMSNorm fused with the cast of the linear it feeds)
+        # are applied here, after the linears are ours and before FSDP2 shards the model.
+        if fp8_all_gather:
+            from fp8bench.nn.fsdp import enable_float8_all_gather
+
+            options["fp8_all_gather"] = enable_float8_all_gather(model)
+        return Converted(model, options=options)

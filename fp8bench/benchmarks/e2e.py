@@ -2,21 +2,27 @@
 or several (FSDP2), BF16 against every FP8 implementation in one run.
 
 A case is one configuration trained for `warmup + steps` steps and then some: the model built from one seed
-(the same weights for every case), converted per implementation (fp8bench.nn.conversion), wrapped in
-activation checkpointing (`none | selective | full`, per block), compiled (`none | block | model`), sharded
-with FSDP2 when there are several ranks (fp8bench.nn.fsdp), and trained with fused AdamW on seeded synthetic
-tokens (`SyntheticTokens`; any iterator of (tokens, targets) can replace them). The cases of a group (model,
-layers, seq, batch, world size, compile mode, checkpointing) share a BF16 reference, measured first; BF16 also
-runs eagerly, in its own group, so a run holds BF16 eager and compiled and every implementation.
+(the same weights for every case), converted per implementation (the MODEL level of the backend registry,
+fp8bench.backends.convert), wrapped in activation checkpointing (`none | selective | full`, per block),
+compiled (`none | block | model`), sharded with FSDP2 when there are several ranks (fp8bench.nn.fsdp), and
+trained with fused AdamW on seeded synthetic tokens (`SyntheticTokens`; any iterator of (tokens, targets)
+can replace them). The cases of a group (model, layers, seq, batch, world size, compile mode,
+checkpointing) share a BF16 reference, measured first; BF16 also runs eagerly, in its own group, so a run
+holds BF16 eager and compiled and every implementation. The cases run through the one run loop
+(fp8bench.harness.runner: rows as they finish, resume, the gate's re-run from a row's identity): each
+measures itself (`Built.measure`), and `E2EBenchmark.against_reference` judges it against its group's BF16
+reference row. Under torchrun every rank runs every case (the collectives need them all) and rank 0
+records.
 
 Identity: `case` is `<model>.L<layers>.S<seq>.B<batch>` (`custom-d<dim>-f<ffn>-h<heads>-kv<kv>-v<vocab>` for a
 custom model), M the tokens of one step on one GPU, K the model width, N the SwiGLU width, backend the
 implementation (bf16 | triton | torchao | te), recipe ours (TE's equivalent in `options`), granularity the
 recipe's, and the columns world_size, compile, activation_checkpointing and lm_head.
 
-Measured (fp8bench.harness.timing's clocks): after `warmup` steps, `steps` steps back to back, each between
-a CUDA event pair (its L2 flush outside the pair); median_ms is their median, spread_pct their interquartile
-range / median, repeat_ms every step. wall_ms: host time of a synchronized step (median of WALL_STEPS).
+Measured (`StepClock`: fp8bench.harness.timing's clocks): after `warmup` steps, `steps` steps back to back,
+each between a CUDA event pair (its L2 flush outside the pair); median_ms is their median, spread_pct their
+interquartile range / median, repeat_ms every step (throttled and dropped_repeats stay empty: the steps are
+neither watched for throttling nor dropped). wall_ms: host time of a synchronized step (median of WALL_STEPS).
 tokens_per_s = batch * seq / median step time, per GPU. tflops = flops_per_token * tokens_per_s with
 torchtitan's formula (LlamaConfig.flops_per_token: 6 N + 12 L H head_dim S), mfu_bf16_pct and mfu_fp8_pct
 against the GPU's dense BF16 and FP8 peaks (fp8bench.model.hardware). Memory: peak allocated and reserved
@@ -36,24 +42,26 @@ calibration profile (fp8bench.model.calibration) where one exists, else the dens
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import gc
-import json
 import math
 import re
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import pandas as pd
 
+from fp8bench.backends import Level, backend_names, convert
+from fp8bench.backends.te import te_unavailable_reason
 from fp8bench.benchmarks.layer import KERNEL_KINDS
-from fp8bench.config import FastAccum, Granularity, Status
+from fp8bench.config import FastAccum, Granularity, Status, TimingConfig
 from fp8bench.harness.case import Built, Failed, Unsupported, Work
-from fp8bench.harness.results import Row, RunWriter, measurement_values, status_text
+from fp8bench.harness.results import Row, RunWriter
+from fp8bench.harness.runner import Discard, run_cases
 from fp8bench.harness.timing import Measurement
 from fp8bench.model.hardware import GpuSpec
-from fp8bench.nn.conversion import IMPLEMENTATIONS, convert, te_module
 from fp8bench.nn.llama import PRESETS, LlamaConfig
 from fp8bench.nn.recipes import RECIPES, GemmRole, Recipe
 
@@ -62,6 +70,7 @@ KERNELS_CSV = "e2e_kernels.csv"
 COMPILE_MODES = ("none", "block", "model")
 CHECKPOINTING = ("none", "selective", "full")
 LM_HEADS = ("bf16", "fp8")
+IMPLEMENTATIONS = tuple(backend_names(Level.MODEL))  # bf16, triton (ours), torchao, te
 FP8_IMPLEMENTATIONS = tuple(i for i in IMPLEMENTATIONS if i != "bf16")
 CUSTOM = "custom"
 MODEL_CHOICES = (*PRESETS, CUSTOM)
@@ -73,6 +82,9 @@ WALL_STEPS = 3
 # 8B-width proxy: BF16 eager and compiled 1.9% apart, FP8 recipes up to 5.4% above BF16 compiled).
 LOSS_RTOL = 0.10
 BYTES_PER_GB = 1e9
+# What an FP8 row whose final loss is wrong keeps: the sanity columns, no time (a wrong result's time measures nothing).
+CHECK_COLUMNS = ("final_loss", "mem_alloc_gb", "mem_reserved_gb")
+KERNEL_COLUMNS = ("case", "backend", "recipe", "compile", "lm_head", "kernel", "class", "ms_per_step")
 
 # Kernel names by class, lower case, checked in this order (the first class with a matching fragment wins):
 # NCCL collectives and FSDP2's copies into and out of its communication buffers; attention (FlashAttention,
@@ -169,6 +181,8 @@ class E2ECase:
     implementation: str
     recipe: Recipe | None
     lm_head: str = "bf16"
+    steps: int = 10  # measured
+    warmup: int = 3
 
     def __post_init__(self) -> None:
         if self.compile not in COMPILE_MODES:
@@ -185,6 +199,8 @@ class E2ECase:
             raise ValueError("the BF16 model has a BF16 LM head")
         if min(self.seq_len, self.batch, self.world_size) < 1:
             raise ValueError("seq_len, batch and world_size must be positive")
+        if self.steps < 2 or self.warmup < 1:
+            raise ValueError("e2e needs at least 2 measured steps (a spread) and 1 warm-up step (compilation)")
 
     @property
     def name(self) -> str:
@@ -208,6 +224,10 @@ class E2ECase:
             "world_size": str(self.world_size), "compile": self.compile, "activation_checkpointing": self.checkpointing,
             "lm_head": self.lm_head,
         }  # fmt: skip
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return {"steps": self.steps, "warmup": self.warmup}
 
     @property
     def work(self) -> Work:
@@ -246,13 +266,12 @@ class E2EConfig:
         unknown = set(self.implementations) - set(FP8_IMPLEMENTATIONS)
         if unknown:
             raise ValueError(f"unknown FP8 implementation {sorted(unknown)[0]!r}; choose from: {', '.join(FP8_IMPLEMENTATIONS)}")
-        if self.steps < 2 or self.warmup < 1:
-            raise ValueError("e2e needs at least 2 measured steps (a spread) and 1 warm-up step (compilation)")
         self.cases()  # every case validates its fields
 
     def _case(self, implementation: str, recipe: Recipe | None, compile_mode: str) -> E2ECase:
         lm_head = "bf16" if recipe is None else self.lm_head
-        return E2ECase(self.model, self.seq_len, self.batch, self.world_size, compile_mode, self.checkpointing, implementation, recipe, lm_head)
+        return E2ECase(self.model, self.seq_len, self.batch, self.world_size, compile_mode, self.checkpointing, implementation, recipe, lm_head,
+                       self.steps, self.warmup)  # fmt: skip
 
     def cases(self) -> list[E2ECase]:
         """Each group's BF16 reference first: BF16 eager, then the compile mode's group."""
@@ -263,16 +282,76 @@ class E2EConfig:
         return cases
 
 
+@dataclass
 class E2EBenchmark:
-    """The case protocol's benchmark (fp8bench.harness.case.Benchmark) for `fp8bench e2e`."""
+    """The case protocol's benchmark (fp8bench.harness.case.Benchmark) for `fp8bench e2e`. Each case trains
+    and measures itself with `clock` (Built.measure); `against_reference` judges it against its group's
+    BF16 reference row (final loss) and adds what comes from that row and the GPU (the model-level
+    roofline, MFU) and the step's time by kernel class. Every profiled kernel goes to
+    `run_dir`/e2e_kernels.csv as the run goes (`run_dir` None: not recorded, as on the ranks but rank 0).
+    `load_te`: TransformerEngine is imported before the first step (after torch's attention has loaded
+    cuDNN, TE's import fails on a GPU host; a failure is its rows' reason)."""
 
-    name = BENCHMARK
-
-    def __init__(self, device: str = "cuda", process_group=None, batches: Callable[[E2ECase, Any], Iterator[Batch]] | None = None):
-        self.device, self.process_group, self.batches = device, process_group, batches
+    device: str = "cuda"
+    process_group: Any = None
+    batches: Callable[[E2ECase, Any], Iterator[Batch]] | None = None
+    clock: "StepClock | None" = None
+    spec: GpuSpec | None = None
+    rates: "GemmRates | None" = None
+    run_dir: Path | None = None
+    steps: int = 10
+    warmup: int = 3
+    load_te: bool = False
+    name: str = BENCHMARK
+    kernel_records: list[dict[str, Any]] = field(default_factory=list, init=False, repr=False)
+    _profiled: dict[str, float] = field(default_factory=dict, init=False, repr=False)  # the kernels of the case measured last
 
     def inputs(self, group: Hashable) -> "E2EInputs":
-        return E2EInputs(self.device, self.process_group, self.batches or synthetic_batches)
+        if self.load_te:
+            te_unavailable_reason()
+        rates = self.rates.source if self.rates else None
+        return E2EInputs(self.device, self.process_group, self.batches or synthetic_batches, self.clock, rates, self._profile)
+
+    def _profile(self, kernels: Mapping[str, float]) -> None:
+        self._profiled = dict(kernels)
+
+    def against_reference(self, case: E2ECase, values: Mapping[str, Any], reference: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The final loss against the reference's (Failed: `wrong result`), then MFU, the ideal speedup from
+        the reference's step and GEMM time, and the profiled step's time by kernel class."""
+        kernels, self._profiled = self._profiled, {}
+        problem = loss_problem(values["final_loss"], None if reference is None else reference["final_loss"])
+        if problem:
+            raise Failed(f"wrong result: {problem}", {column: values[column] for column in CHECK_COLUMNS if column in values})
+        columns: dict[str, Any] = {"throttled": None, "dropped_repeats": None}
+        if self.spec is not None:
+            columns.update(mfu_bf16_pct=100 * values["tflops"] / self.spec.bf16_tflops, mfu_fp8_pct=100 * values["tflops"] / self.spec.fp8_tflops)
+        if reference is not None and case.recipe is not None and self.rates is not None and reference.get("gemm_ms"):
+            columns["ideal_speedup"] = ideal_speedup(case, reference["median_ms"], reference["gemm_ms"], self.rates)
+        columns.update(dict.fromkeys(CLASS_COLUMNS.values(), 0.0))
+        for name, ms in kernels.items():
+            columns[CLASS_COLUMNS[kernel_class(name)]] += ms
+        self.record_kernels(case, kernels)
+        return columns
+
+    def record_kernels(self, case: E2ECase, kernels: Mapping[str, float]) -> None:
+        if self.run_dir is None:
+            return
+        key = {column: case.identity[column] for column in KERNEL_COLUMNS[:5]}
+        self.kernel_records += [
+            {**key, "kernel": name, "class": kernel_class(name), "ms_per_step": ms} for name, ms in sorted(kernels.items(), key=lambda item: -item[1])
+        ]  # fmt: skip
+        # Written as the run goes, like the results: an interrupted run keeps what it measured.
+        pd.DataFrame.from_records(self.kernel_records, columns=list(KERNEL_COLUMNS)).to_csv(self.run_dir / KERNELS_CSV, index=False, float_format="%.6g")
+
+    def resume_kernels(self, finished: list[E2ECase]) -> None:
+        """Start from the kernels the run in `run_dir` recorded for the `finished` cases (a resumed run keeps
+        their rows and measures the others again)."""
+        path = self.run_dir / KERNELS_CSV
+        if not path.exists():
+            return
+        kept = {tuple(str(case.identity[column]) for column in KERNEL_COLUMNS[:5]) for case in finished}
+        recorded = pd.read_csv(path, dtype={column: str for column in KERNEL_COLUMNS[:5]}, keep_default_na=False)
+        self.kernel_records = [row for row in recorded.to_dict("records") if tuple(row[column] for column in KERNEL_COLUMNS[:5]) in kept]
 
     def case_from_identity(self, identity: Mapping[str, Any]) -> E2ECase:
         if identity.get("benchmark") != BENCHMARK:
@@ -282,8 +361,11 @@ class E2EBenchmark:
         if recipe_name != "bf16" and recipe_name not in RECIPES:
             raise ValueError(f"unknown recipe {recipe_name!r} in an e2e row")
         recipe = None if recipe_name == "bf16" else RECIPES[recipe_name]
-        return E2ECase(model, seq, batch, int(identity["world_size"]), str(identity["compile"]),
-                       str(identity["activation_checkpointing"]), implementation, recipe, str(identity["lm_head"]))  # fmt: skip
+        return E2ECase(model, seq, batch, int(identity["world_size"]), str(identity["compile"]), str(identity["activation_checkpointing"]),
+                       implementation, recipe, str(identity["lm_head"]), self.steps, self.warmup)  # fmt: skip
+
+    def reference_of(self, case: E2ECase) -> E2ECase:
+        return dataclasses.replace(case, implementation="bf16", recipe=None, lm_head="bf16")
 
 
 # ---- building one training step ------------------------------------------------------------------
@@ -296,18 +378,29 @@ def synthetic_batches(case: E2ECase, inputs: "E2EInputs") -> Iterator[Batch]:
 
 @dataclass(frozen=True)
 class E2EInputs:
-    """What every case of a run shares: the device, the data-parallel group (None on one GPU) and the source
-    of batches (a fresh iterator per case, so every case trains on the same tokens)."""
+    """What every case of a run shares: the device, the data-parallel group (None on one GPU), the source
+    of batches (a fresh iterator per case, so every case trains on the same tokens), the clock that
+    measures the steps, where the ideal speedup's GEMM rates come from (recorded in FP8 rows) and where
+    the profiled step's kernels go."""
 
     device: str
     process_group: Any = None
     batches: Callable[[E2ECase, "E2EInputs"], Iterator[Batch]] = synthetic_batches
+    clock: "StepClock | None" = None
+    ideal_rates: str | None = None
+    profiled: Callable[[Mapping[str, float]], None] = lambda kernels: None
 
     @property
     def rank(self) -> int:
         import torch.distributed as dist
 
         return dist.get_rank(self.process_group) if self.process_group is not None else 0
+
+    @property
+    def world_size(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_world_size(self.process_group) if self.process_group is not None else 1
 
 
 def _saved_by_selective(op) -> bool:
@@ -359,11 +452,14 @@ def apply_compile(model, mode: str) -> None:
 
 
 def build_training(case: E2ECase, inputs: E2EInputs) -> Built:
-    """The case's model, converted, wrapped and sharded, its optimizer, and one training step to time."""
+    """The case's model, converted, wrapped and sharded, its optimizer, one training step to time, and the
+    measurement of the case (warm-up, timed steps, wall time, a profiled step) with inputs.clock."""
     import torch
 
     from fp8bench.nn.llama import Llama, loss_fn
 
+    if case.world_size != inputs.world_size:
+        raise Unsupported(f"the case trains on {case.world_size} ranks; this run has {inputs.world_size}")
     device = torch.device(inputs.device)
     model = Llama(case.model, device=device, dtype=torch.bfloat16)
     model.init_weights(SEED)
@@ -378,20 +474,37 @@ def build_training(case: E2ECase, inputs: E2EInputs) -> Built:
 
         shard_model(model, inputs.process_group)
         options["allgather_bytes"] = all_gather_bytes(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, fused=device.type == "cuda")
-    batches = inputs.batches(case, inputs)
+    # The step's closures reach the model through `held`, so that `release` frees it (and its compiled code).
+    held: dict[str, Any] = {
+        "model": model, "converted": converted, "batches": inputs.batches(case, inputs),
+        "optimizer": torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, fused=device.type == "cuda"),
+    }  # fmt: skip
+    del model, converted
     last_loss: list[Any] = [None]
 
     def step():
-        tokens, targets = next(batches)
-        with converted.step_context():
-            logits = model(tokens)
+        tokens, targets = next(held["batches"])
+        with held["converted"].step_context():
+            logits = held["model"](tokens)
         loss = loss_fn(logits, targets)
         loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        converted.after_optimizer_step()
+        held["optimizer"].step()
+        held["optimizer"].zero_grad(set_to_none=True)
+        held["converted"].after_optimizer_step()
         last_loss[0] = loss.detach()
+
+    def measure() -> Measurement:
+        clock = inputs.clock
+        if clock is None:
+            raise ValueError("an e2e case is measured with a StepClock; this run has none")
+        clock.run(step, case.warmup)
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        step_ms = clock.samples(step, case.steps)
+        wall_ms = clock.wall_ms(step, WALL_STEPS)
+        inputs.profiled(clock.kernel_ms(step, 1))
+        sm_clock = clock.sm_clock_mhz()
+        return Measurement(tuple(step_ms), 1, wall_ms, clock.name, (sm_clock,) if sm_clock else ())
 
     def check() -> dict[str, Any]:
         loss = last_loss[0].float()
@@ -403,9 +516,22 @@ def build_training(case: E2ECase, inputs: E2EInputs) -> Built:
         if device.type == "cuda":
             columns["mem_alloc_gb"] = torch.cuda.max_memory_allocated(device) / BYTES_PER_GB
             columns["mem_reserved_gb"] = torch.cuda.max_memory_reserved(device) / BYTES_PER_GB
+        if "allgather_bytes" in options:
+            columns["allgather_gb"] = options["allgather_bytes"] / BYTES_PER_GB
+        if case.compile != "none":
+            from fp8bench.backends.torch_bf16 import compile_report
+
+            options.update(compile_report())
+        if inputs.ideal_rates and case.recipe is not None:  # a measured FP8 row: where its ideal speedup's rates come from
+            options["ideal_rates"] = inputs.ideal_rates
         return columns
 
-    return Built(step, options, check)
+    def release() -> None:
+        held.clear()
+        gc.collect()
+        torch._dynamo.reset()  # compiled code holds the case's modules and tensors
+
+    return Built(step, options, check, release, measure)
 
 
 # ---- running ----------------------------------------------------------------------------------------
@@ -501,126 +627,6 @@ def loss_problem(loss: float, reference_loss: float | None) -> str | None:
     return None
 
 
-def case_row(case: E2ECase, status: str, options: Mapping[str, Any], **values) -> Row:
-    return Row({**case.identity, "options": json.dumps(dict(options), sort_keys=True, default=str), "status": status, **values})
-
-
-def measured_row(case: E2ECase, step_ms: list[float], wall_ms: float, clock: StepClock, kernels: Mapping[str, float],
-                 checked: Mapping[str, Any], options: Mapping[str, Any], spec: GpuSpec | None, reference: "_GroupState",
-                 rates: GemmRates | None) -> Row:  # fmt: skip
-    """A finished case's row: step times, throughput, TFLOPS and MFU, memory, loss, time by kernel class,
-    and for an FP8 case its speedup beside the ideal one."""
-    sm_clock = clock.sm_clock_mhz()
-    measurement = Measurement(tuple(step_ms), 1, wall_ms, clock.name, (sm_clock,) if sm_clock else ())
-    values = {**measurement_values(measurement), "throttled": None, "dropped_repeats": None}
-    median_s = measurement.median_ms / 1e3
-    tflops = case.work.flops / median_s / 1e12
-    values.update(tokens_per_s=case.tokens / median_s, tflops=tflops, **checked)
-    if spec is not None:
-        values.update(mfu_bf16_pct=100 * tflops / spec.bf16_tflops, mfu_fp8_pct=100 * tflops / spec.fp8_tflops)
-    if reference.reference_ms:
-        values["speedup_vs_bf16"] = reference.reference_ms / measurement.median_ms
-        if case.recipe is not None and rates is not None and reference.reference_gemm_ms:
-            values["ideal_speedup"] = ideal_speedup(case, reference.reference_ms, reference.reference_gemm_ms, rates)
-    by_class = dict.fromkeys(CLASS_COLUMNS.values(), 0.0)
-    for name, ms in kernels.items():
-        by_class[CLASS_COLUMNS[kernel_class(name)]] += ms
-    values.update(by_class)
-    if "allgather_bytes" in options:
-        values["allgather_gb"] = options["allgather_bytes"] / BYTES_PER_GB
-    return case_row(case, status_text(Status.OK), options, **values)
-
-
-@dataclass
-class _GroupState:
-    """What a group's BF16 reference measured, for the rows after it."""
-
-    reference_ms: float | None = None
-    reference_loss: float | None = None
-    reference_gemm_ms: float | None = None
-
-
-def run_case(case: E2ECase, inputs: E2EInputs, config: E2EConfig, clock: StepClock, spec: GpuSpec | None,
-             reference: _GroupState, rates: GemmRates | None = None) -> tuple[Row, dict[str, float]]:  # fmt: skip
-    """Build, train and measure one case; every error is its row. Returns the row and its kernels."""
-    import torch
-
-    options: dict[str, Any] = {"steps": config.steps, "warmup": config.warmup}
-    built = checked = None
-    try:
-        built = case.build(inputs)
-        options.update(built.options)
-        clock.run(built.run, config.warmup)
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
-        step_ms = clock.samples(built.run, config.steps)
-        wall_ms = clock.wall_ms(built.run, WALL_STEPS)
-        kernels = clock.kernel_ms(built.run, 1)
-        checked = built.check()
-        if case.compile != "none":
-            from fp8bench.benchmarks.layer import compile_report
-
-            options.update(compile_report())
-        problem = loss_problem(checked["final_loss"], None if case.is_reference else reference.reference_loss)
-        if problem:
-            raise Failed(f"wrong result: {problem}")
-        if rates is not None and case.recipe is not None:
-            options["ideal_rates"] = rates.source
-        return measured_row(case, step_ms, wall_ms, clock, kernels, checked, options, spec, reference, rates), kernels
-    except Unsupported as err:
-        return case_row(case, status_text(Status.UNSUPPORTED, str(err)), options), {}
-    except Failed as err:
-        return case_row(case, status_text(Status.FAILED, str(err)), options, **(checked or {})), {}
-    except torch.cuda.OutOfMemoryError:
-        return case_row(case, status_text(Status.FAILED, "out of memory"), options), {}
-    except Exception as err:  # noqa: BLE001 - one broken case must not end the run; its row says why
-        first_line = (str(err).strip().splitlines() or [""])[0]
-        return case_row(case, status_text(Status.FAILED, f"{type(err).__name__}: {first_line}"[:200]), options), {}
-    finally:
-        del built  # the step's closures hold the model, its optimizer and compiled code
-        gc.collect()
-        torch._dynamo.reset()  # compiled code holds the case's modules and tensors
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-
-def run_e2e(
-    config: E2EConfig, writer: RunWriter | None, clock: StepClock, spec: GpuSpec | None, inputs: E2EInputs,
-    on_row: Callable[[Row], None] = lambda row: None, rates: GemmRates | None = None,
-) -> list[Row]:  # fmt: skip
-    """Run every case in order (each group's BF16 reference first), appending each row to `writer` as it
-    finishes with every profiled kernel in e2e_kernels.csv beside it. On several ranks every rank runs
-    every case (the collectives need them all) and only the rank given a writer records."""
-    rows: list[Row] = []
-    kernel_records: list[dict[str, Any]] = []
-    groups: dict[Hashable, _GroupState] = {}
-    if "te" in config.implementations:
-        # TransformerEngine loads cuDNN itself: after torch's attention has loaded torch's cuDNN, TE's import
-        # mixes the two builds and fails, so it is imported before the first step (a failure is its rows' reason).
-        with contextlib.suppress(Unsupported):
-            te_module()
-    for case in config.cases():
-        state = groups.setdefault(case.group, _GroupState())
-        row, kernels = run_case(case, inputs, config, clock, spec, state, rates)
-        if case.is_reference and row.values["status"] == Status.OK.value:
-            state.reference_ms, state.reference_loss = row.values["median_ms"], row.values["final_loss"]
-            state.reference_gemm_ms = row.values["gemm_ms"]
-        rows.append(row)
-        if writer is None:
-            continue
-        writer.append(row)
-        kernel_records += [
-            {**{k: case.identity[k] for k in ("case", "backend", "recipe", "compile", "lm_head")}, "kernel": name,
-             "class": kernel_class(name), "ms_per_step": ms}
-            for name, ms in sorted(kernels.items(), key=lambda item: -item[1])
-        ]  # fmt: skip
-        pd.DataFrame.from_records(kernel_records, columns=["case", "backend", "recipe", "compile", "lm_head", "kernel", "class", "ms_per_step"]).to_csv(
-            writer.run_dir / KERNELS_CSV, index=False, float_format="%.6g"
-        )
-        on_row(row)
-    return rows
-
-
 def row_line(row: Row) -> str:
     """One line per finished case, for the log of a run."""
     v = row.values
@@ -644,19 +650,37 @@ def torchrun_command(options: Mapping[str, Any], run_dir) -> list[str]:
     for name, value in options.items():
         if value is None or name == "out":
             continue
+        if isinstance(value, bool):  # a flag (--resume): given or not
+            args += [f"--{name.replace('_', '-')}"] if value else []
+            continue
         for item in value if isinstance(value, (list, tuple)) else [value]:
             args += [f"--{name.replace('_', '-')}", str(item)]
     nproc = f"--nproc-per-node={options['nproc_per_node']}"
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", nproc, "-m", "fp8bench.cli", *args]
 
 
-def run_command(config: E2EConfig, run_dir, device_name: str, command: str, distributed: bool,
-                say: Callable[[str], None], warn: Callable[[str], None]) -> None:  # fmt: skip
-    """`fp8bench e2e` on one GPU, or as one rank of a torchrun launch (NCCL; rank 0 writes the run)."""
+def gpu_benchmark(config: E2EConfig, run_dir: Path, device_name: str, process_group=None, record: bool = True) -> E2EBenchmark:
+    """The benchmark of `config` on this process's GPU: CUDA events and CUPTI, the GPU's peaks and GEMM rates
+    from the hardware table and its calibration profile, kernels recorded in `run_dir` when `record`."""
+    import torch
+
+    from fp8bench.model.hardware import spec_for_device_name
+
+    spec = spec_for_device_name(device_name)
+    return E2EBenchmark(f"cuda:{torch.cuda.current_device()}", process_group, None, GpuStepClock(), spec, GemmRates.of_gpu(spec) if spec else None,
+                        run_dir if record else None, config.steps, config.warmup, "te" in config.implementations)  # fmt: skip
+
+
+def run_command(config: E2EConfig, run_dir: Path, device_name: str, command: str, distributed: bool, resumed: Callable[[list], tuple[list, dict]] | None,
+                open_run: Callable[[Path, dict, bool], RunWriter], say: Callable[[str], None], warn: Callable[[str], None]) -> list[Row]:  # fmt: skip
+    """`fp8bench e2e` on one GPU, or as one rank of a torchrun launch (NCCL; rank 0 writes the run), through
+    the run loop (fp8bench.harness.runner.run_cases). `resumed(cases)`: the cases a resumed run has left and
+    that run's metadata (rank 0; it rewrites the run's CSV), None for a fresh run; `open_run(run_dir,
+    metadata, resume)`: the run's writer."""
     import torch
 
     from fp8bench.harness.env import run_metadata
-    from fp8bench.model.hardware import spec_for_device_name
+    from fp8bench.harness.runner import unfinished
 
     group = None
     if distributed:
@@ -668,21 +692,26 @@ def run_command(config: E2EConfig, run_dir, device_name: str, command: str, dist
         dist.init_process_group("nccl")
         group = dist.group.WORLD
     rank = torch.distributed.get_rank() if distributed else 0
-    spec = spec_for_device_name(device_name)
-    if spec is None and rank == 0:
+    benchmark = gpu_benchmark(config, run_dir, device_name, group, record=rank == 0)
+    if benchmark.spec is None and rank == 0:
         warn(f"{device_name} is not in the hardware table: MFU is left empty")
-    extra = {"benchmark": BENCHMARK, "gpu_spec": spec.key if spec else None, "world_size": config.world_size,
+    extra = {"benchmark": BENCHMARK, "gpu_spec": benchmark.spec.key if benchmark.spec else None, "world_size": config.world_size,
              "flops_formula": "torchtitan: 6 * parameters without the embedding + 12 * layers * heads * head_dim * seq_len per token"}  # fmt: skip
-    writer = RunWriter(run_dir, run_metadata(command, extra)) if rank == 0 else None
+    metadata = run_metadata(command, extra)
+    cases = config.cases()
+    if resumed is not None and rank == 0:
+        left, metadata["resumed_from"] = resumed(cases)
+        benchmark.resume_kernels([case for case in cases if case not in left])
+        cases = left
+    elif resumed is not None:  # the same cases as rank 0 (its rewrite of the CSV keeps every finished group's rows)
+        cases = unfinished(cases, run_dir)
+    writer = open_run(run_dir, metadata, resumed is not None) if rank == 0 else Discard()
     try:
-        if writer:
+        if rank == 0:
             say(f"e2e {config.model.name} on {config.world_size} x {device_name} -> {writer.csv_path}")
-        inputs = E2EInputs(f"cuda:{torch.cuda.current_device()}", group)
-        rates = GemmRates.of_gpu(spec) if spec else None
-        run_e2e(config, writer, GpuStepClock(), spec, inputs, on_row=lambda row: say(row_line(row)), rates=rates)
+        return run_cases(benchmark, cases, writer, None, TimingConfig(), on_row=lambda row: say(row_line(row)) if rank == 0 else None)
     finally:
-        if writer:
+        if rank == 0:
             writer.close()
         if distributed:
             torch.distributed.destroy_process_group()
-

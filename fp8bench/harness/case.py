@@ -10,8 +10,11 @@ the same way:
 - the group's reference (`Case.is_reference`, e.g. the BF16 product) is measured first and, when the
   benchmark brackets it, once more after the group's other cases: the speedup divides the geometric mean
   of the two, so a clock step between the reference and the FP8 cases cancels;
-- each case: `build(inputs)` -> `Built`; its `run` is timed; then `check()` gives further columns or
-  raises `Failed`; `release()` frees what the build made;
+- each case: `build(inputs)` -> `Built`; its `run` is timed by the run's clock, or its `measure()`
+  measures it where the case times itself (training steps: warm-up, timed steps, a profiled step); then
+  `check()` gives further columns or raises `Failed`; then, where the benchmark judges a case against its
+  group's reference row (`Benchmark.against_reference`: e2e's final loss against BF16's), further columns
+  or `Failed`; `release()` frees what the build made;
 - the harness derives tflops (work.flops), gbps (work.bytes), tokens_per_s (work.tokens), pct_peak
   (`Benchmark.peak`) and speedup_vs_bf16 (reference time / this time, same group, same run) and turns
   errors into rows: `unsupported: <reason>`, `failed: <reason>`, `failed: out of memory`,
@@ -25,11 +28,12 @@ What a benchmark provides, in full (fp8bench.benchmarks.matmul is the shortest e
 - each case: `identity` (dict of the id columns but `options`: benchmark, case, M, K, N, granularity,
   backend, recipe, fast_accum and any the benchmark adds), `options` (dict; optional: none recorded),
   `work` (Work), `group` (hashable), `is_reference` (bool), `build(inputs) -> Built` (raises Unsupported);
-- `Built(run, options={}, check=None, release=None)`; `check()` returns columns or raises
-  `Failed(reason, columns={})`;
+- `Built(run, options={}, check=None, release=None, measure=None)`; `check()` returns columns or raises
+  `Failed(reason, columns={})`; `measure()` returns the case's Measurement (then no clock times it);
 - the benchmark: `name`, `inputs(group)`, `case_from_identity(identity)`, `reference_of(case)` (for
   re-runs); optional, with these defaults: `speedup_vs_reference` (True), `bracket_reference` (False),
-  `peak(case, reference_row_values) -> Peak | None` (none);
+  `peak(case, reference_row_values) -> Peak | None` (none), `against_reference(case, values,
+  reference_row_values) -> columns` (none; may raise Failed);
 - running it: `run_cases(benchmark, cases, writer, clock, timing, on_row)` (fp8bench.harness.runner).
 """
 
@@ -37,7 +41,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from fp8bench.harness.timing import Measurement
 
 
 class Unsupported(Exception):
@@ -73,12 +80,15 @@ class Built:
     """A case ready to time. `run` is the timed callable (one GEMM, one cast, one layer or training step).
     `options` are recorded in the row beside the case's own (the kernel config chosen: facts about the
     run, not identity); `check` may add to them. `check`, called once after timing, returns further
-    columns (rel_err, SQNR, loss, memory) or raises Failed. `release` frees what the build allocated."""
+    columns (rel_err, SQNR, loss, memory) or raises Failed. `release` frees what the build allocated.
+    `measure`, where set, measures `run` in place of the run's clock: for a case whose measurement is more
+    than repeated calls (warm-up steps, timed steps, a wall-time and a profiled step)."""
 
     run: Callable[[], Any]
     options: dict[str, Any] = field(default_factory=dict)
     check: Callable[[], Mapping[str, Any]] | None = None
     release: Callable[[], None] | None = None
+    measure: Callable[[], "Measurement"] | None = None
 
 
 class Case(Protocol):
@@ -118,6 +128,11 @@ class Benchmark(Protocol):
     def peak(self, case: Case, reference: Mapping[str, Any] | None) -> Peak | None:
         """What the case's pct_peak divides (the GPU's dense peak, or the reference row's throughput), or
         None. Optional: no pct_peak."""
+
+    def against_reference(self, case: Case, values: Mapping[str, Any], reference: Mapping[str, Any] | None) -> Mapping[str, Any]:
+        """Columns of a measured case that come from its group's reference row (`reference`: that row's
+        values; None for the reference itself, or where the reference has no time), or Failed where the
+        case's result disagrees with the reference's. Optional: none."""
 
     def case_from_identity(self, identity: Mapping[str, Any]) -> Case:
         """The case a result row names, for re-running it (the gate); ValueError if it names none."""

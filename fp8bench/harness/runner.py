@@ -2,10 +2,11 @@
 
 `run_cases` groups the cases, allocates each group's inputs once, measures the group's reference first
 (and, where the benchmark brackets it, again after the group's other cases), then every other case:
-build, time `run` with the clock, `check`, derive throughput, % of peak and speedup, and append the row
-to the run's CSV. Errors become rows and the run goes on; Ctrl-C stops it with every written row kept.
-`resume` narrows a run to the groups a run folder has not finished; `rerun` measures cases named by
-result rows again (the gate).
+build, time `run` with the clock (or the case's own `measure`), `check`, judge it against the group's
+reference row where the benchmark does, derive throughput, % of peak and speedup, and append the row to
+the run's CSV. Errors become rows and the run goes on; Ctrl-C stops it with every written row kept.
+`resume` narrows a run to the groups a run folder has not finished (`unfinished` says which, read-only);
+`rerun` measures cases named by result rows again (the gate).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fp8bench.config import Status, TimingConfig
-from fp8bench.harness.case import Benchmark, Case, Failed, Unsupported
+from fp8bench.harness.case import Benchmark, Built, Case, Failed, Unsupported
 from fp8bench.harness.results import (
     CASE_KEY,
     Row,
@@ -37,6 +38,14 @@ class Clock(Protocol):
     """What times a case: fp8bench.harness.timing.TimerChoice, or OneTimer (one timer for every case; fakes on the CPU)."""
 
     def measure(self, fn: Callable[[], object], config: TimingConfig) -> Measurement: ...
+
+
+class Discard:
+    """The writer of a process whose rows another records (the ranks but rank 0 of a torchrun launch: every
+    rank runs every case, the collectives need them all)."""
+
+    def append(self, row: Row) -> None:
+        pass
 
 
 def case_key(values: Mapping[str, Any]) -> tuple[str, ...]:
@@ -63,9 +72,15 @@ def _is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, torch.cuda.OutOfMemoryError)
 
 
-def _free_memory() -> None:
+def _free_memory(collect: bool = False) -> None:
+    """Give the allocator's cached blocks back; `collect`: first collect what a broken case left in reference
+    cycles (a build that failed half-way, e.g. a model FSDP2 had begun to shard, frees nothing by itself)."""
+    import gc
+
     import torch
 
+    if collect:
+        gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
@@ -108,15 +123,29 @@ class _Measured:
         return self.measurement.median_ms if self.measurement else None
 
 
-def _measure_case(benchmark: Benchmark, case: Case, inputs: Any, clock: Clock, timing: TimingConfig) -> _Measured:
+def _measure(built: Built, clock: Clock | None, timing: TimingConfig) -> Measurement:
+    if built.measure is not None:
+        return built.measure()
+    if clock is None:
+        raise ValueError("this run has no clock and the case does not measure itself")
+    return clock.measure(built.run, timing)
+
+
+def _measure_case(
+    benchmark: Benchmark, case: Case, inputs: Any, clock: Clock | None, timing: TimingConfig, reference: Mapping[str, Any] | None = None
+) -> _Measured:
+    """`reference`: the values of the group's measured reference row (None for the reference itself)."""
     options = _options(case)
     built = None
+    broken = False
     try:
         built = case.build(inputs)
-        measurement = clock.measure(built.run, timing)
+        measurement = _measure(built, clock, timing)
         values = measured_values(case, measurement)
         try:
             values.update(built.check() if built.check else {})
+            if hasattr(benchmark, "against_reference"):
+                values.update(benchmark.against_reference(case, values, reference))
         except Failed as failed:  # the time of a wrong result is no measurement of the case: none is published
             options.update(built.options)
             return _Measured(case_row(benchmark, case, status_text(Status.FAILED, str(failed)), options, failed.columns))
@@ -125,6 +154,7 @@ def _measure_case(benchmark: Benchmark, case: Case, inputs: Any, clock: Clock, t
     except Unsupported as err:
         return _Measured(case_row(benchmark, case, status_text(Status.UNSUPPORTED, str(err)), options))
     except Exception as err:  # noqa: BLE001 - one broken case must not end the run; its row says why
+        broken = True
         if built is not None:
             options.update(built.options)
         reason = OUT_OF_MEMORY if _is_out_of_memory(err) else _failure(err)
@@ -133,7 +163,7 @@ def _measure_case(benchmark: Benchmark, case: Case, inputs: Any, clock: Clock, t
         if built is not None and built.release is not None:
             built.release()
         del built
-        _free_memory()
+        _free_memory(collect=broken)
 
 
 def _finish(benchmark: Benchmark, case: Case, measured: _Measured, reference: Mapping[str, Any] | None, reference_ms: float | None) -> Row:
@@ -167,8 +197,8 @@ def _groups(cases: Iterable[Case]) -> dict[Hashable, list[Case]]:
 def run_cases(
     benchmark: Benchmark,
     cases: Iterable[Case],
-    writer: RunWriter,
-    clock: Clock,
+    writer: RunWriter | Discard,
+    clock: Clock | None,
     timing: TimingConfig,
     on_row: Callable[[Row], None] = lambda row: None,
 ) -> list[Row]:
@@ -204,20 +234,22 @@ def run_cases(
     return rows
 
 
-def _run_group(benchmark: Benchmark, members: Sequence[Case], inputs: Any, clock: Clock, timing: TimingConfig, emit) -> None:
+def _run_group(benchmark: Benchmark, members: Sequence[Case], inputs: Any, clock: Clock | None, timing: TimingConfig, emit) -> None:
     reference_case = members[0] if members[0].is_reference else None
     others = members[1:] if reference_case else members
     reference = _measure_case(benchmark, reference_case, inputs, clock, timing) if reference_case else None
-    bracket = reference is not None and reference.median_ms is not None and getattr(benchmark, "bracket_reference", False) and others
+    measured_reference = reference.row.values if reference is not None and reference.median_ms is not None else None
+    bracket = measured_reference is not None and getattr(benchmark, "bracket_reference", False) and others
     if not bracket:
         reference_values = reference.row.values if reference else None
         reference_ms = reference.median_ms if reference else None
         if reference:
             emit(_finish(benchmark, reference_case, reference, None, None))
         for case in others:
-            emit(_finish(benchmark, case, _measure_case(benchmark, case, inputs, clock, timing), reference_values, reference_ms))
+            outcome = _measure_case(benchmark, case, inputs, clock, timing, measured_reference)
+            emit(_finish(benchmark, case, outcome, reference_values, reference_ms))
         return
-    measured = [(case, _measure_case(benchmark, case, inputs, clock, timing)) for case in others]
+    measured = [(case, _measure_case(benchmark, case, inputs, clock, timing, measured_reference)) for case in others]
     after = _measure_case(benchmark, reference_case, inputs, clock, timing)
     brackets = {"reference_before_ms": reference.median_ms, "reference_after_ms": after.median_ms}
     if after.measurement is not None:  # the reference's row and every speedup: both measurements as one
@@ -234,19 +266,26 @@ def resume(cases: Sequence[Case], run_dir: Path, keep: Callable[[Mapping[str, st
     """The cases of `cases` a run in `run_dir` has not finished, a group at a time (a group's reference and
     other cases are measured together, so a half-done group is measured again). Its CSV is rewritten
     atomically with the rows of the finished groups and those `keep` accepts (e.g. predictions)."""
-    present = {case_key(row) for row in read_rows(run_dir)}
-    groups = _groups(cases)
-    finished = {group for group, members in groups.items() if all(case_key(c.identity) in present for c in members)}
-    finished_keys = {case_key(c.identity) for group in finished for c in groups[group]}
+    left = unfinished(cases, run_dir)
+    left_groups = {case.group for case in left}
+    finished_keys = {case_key(c.identity) for c in cases if c.group not in left_groups}
     keep_rows(run_dir, lambda row: case_key(row) in finished_keys or keep(row))
+    return left
+
+
+def unfinished(cases: Sequence[Case], run_dir: Path) -> list[Case]:
+    """The cases of `cases` whose group the run in `run_dir` has not finished (every case of it a row);
+    reads the run, writes nothing."""
+    present = {case_key(row) for row in read_rows(run_dir)}
+    finished = {group for group, members in _groups(cases).items() if all(case_key(c.identity) in present for c in members)}
     return [case for case in cases if case.group not in finished]
 
 
 def rerun(
     identities: Iterable[Mapping[str, Any]],
-    writer: RunWriter,
+    writer: RunWriter | Discard,
     benchmarks: Mapping[str, Benchmark],
-    clock: Clock,
+    clock: Clock | None,
     timing: TimingConfig,
     on_row: Callable[[Row], None] = lambda row: None,
 ) -> list[Row]:

@@ -4,7 +4,7 @@ Pre-norm blocks of RMSNorm -> attention (fused QKV projection, RoPE with theta 5
 attention through F.scaled_dot_product_attention with the causal mask, output projection) and RMSNorm ->
 SwiGLU feed-forward (fused gate+up projection `w13`, down projection `w2`), then a final RMSNorm and the
 LM head (untied from the token embedding unless `tie_embeddings`). The projections are nn.Linear without
-bias, so converters (fp8bench.nn.conversion) swap them for FP8 linears; the fused QKV and gate+up
+bias, so converters (the backends' convert_model) swap them for FP8 linears; the fused QKV and gate+up
 products are the shapes fp8bench.benchmarks.shapes names `wqkv` and `w13`.
 """
 
