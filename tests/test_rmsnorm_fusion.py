@@ -65,6 +65,7 @@ def gradients_by_unfused_name(model: nn.Module) -> dict[str, torch.Tensor]:
     """Each parameter's gradient, under the name it has in the unfused model."""
     renamed = {}
     for name, parameter in model.named_parameters():
+        name = name.replace("._orig_mod", "")  # a compiled block
         for norm, linear in NORM_LINEAR_PAIRS:
             name = name.replace(f"{linear}.layer_norm_weight", f"{norm}.weight")
         renamed[name] = parameter.grad
@@ -104,12 +105,18 @@ def assert_as_close_to_bf16(fused, unfused, bf16, tokens, where) -> None:
         assert ours >= theirs - MARGIN_DB, (where, name, ours, theirs)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled-blocks"])
 @pytest.mark.parametrize("name", ["tensorwise-delayed", "blockwise"])
-def test_fused_model_computes_what_the_unfused_model_computes(monkeypatch, name):
+def test_fused_model_computes_what_the_unfused_model_computes(monkeypatch, name, compiled):
     """Three training steps on new tokens each (assert_as_close_to_bf16); the RMSNorm + cast kernels run
-    for each fused linear (delayed scaling from the second step, when its history holds an amax)."""
+    for each fused linear (delayed scaling from the second step, when its history holds an amax). Compiled:
+    each fused block in one graph (fullgraph, as e2e compiles blocks), through aot_eager (the same kernels)."""
+    torch._dynamo.reset()
     bf16, unfused, fused, fusion = models(RECIPES[name])
     assert fusion.fused == FUSED_LINEARS and fusion.unfused == {}
+    if compiled:
+        for index, block in enumerate(fused.layers):
+            fused.layers[index] = torch.compile(block, backend="aot_eager", fullgraph=True)
     calls = fused_kernel_calls(monkeypatch)
     generator = torch.Generator().manual_seed(2)
     for index in range(3):
