@@ -147,3 +147,12 @@ def adamw_constants(lr: float, beta1: float, beta2: float, eps: float, weight_de
         "step_size": lr / (1 - beta1**step),
         "inv_sqrt_bias2": 1 / (1 - beta2**step) ** 0.5,
     }
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm over the last dimension of x[R, C] in float32: (x * rstd * weight, rstd of shape (R, 1)),
+    rstd = 1 / sqrt(mean(x^2) + eps), what fp8kernels.layernorm_cast computes with `rms_norm`."""
+    x = x.float()
+    rstd = torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps)
+    y = x * rstd
+    return (y if weight is None else y * weight.float()), rstd

@@ -1,4 +1,5 @@
-"""Our Float8LayerNormLinear (fp8bench.nn.float8_layernorm_linear) against nn.LayerNorm -> Float8Linear.
+"""Our Float8LayerNormLinear (fp8bench.nn.float8_layernorm_linear) against nn.LayerNorm -> Float8Linear,
+and with RMSNorm against nn.RMSNorm -> Float8Linear (every test that builds a pair runs both norms).
 
 Without a GPU the kernels run under TRITON_INTERPRET=1. Where the recipe fuses (tensorwise-delayed from
 the second step, blockwise from the first), the module casts LayerNorm's float32 values while the
@@ -23,7 +24,15 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 from fp8bench.nn import _float8_ops as ops  # noqa: E402
-from fp8bench.nn.float8_layernorm_linear import BLOCKWISE_FUSION, DELAYED_FUSION, Float8LayerNormLinear, layer_norm_fusion  # noqa: E402
+from fp8bench.nn.float8_layernorm_linear import (  # noqa: E402
+    BLOCKWISE_FUSION,
+    DELAYED_FUSION,
+    Float8LayerNormLinear,
+    Normalization,
+    layer_norm_fusion,
+    rms_norm_backward,
+)
+from fp8bench.nn.llama import RMSNorm  # noqa: E402
 from fp8bench.config import Activation  # noqa: E402
 from fp8bench.nn.float8_linear import Float8Linear, plan  # noqa: E402
 from fp8bench.benchmarks.layer import sqnr_db  # noqa: E402
@@ -45,23 +54,27 @@ AGREEMENT_DB = {"fp8 input": 30.0 if ON_GPU else 25.0, "other": 60.0}
 # torch's cast does not: on off-grid data the two casts give gradients 23 dB apart; a gradient without the
 # sigmoid's factor y (1 - y) is near 0 dB off.
 OFF_GRID_DB = 20.0
-GRADIENTS = ("output", "grad_input", "grad_weight", "grad_ln_weight", "grad_ln_bias")
+GRADIENTS = ("output", "grad_input", "grad_weight", "grad_ln_weight", "grad_ln_bias")  # RMSNorm: no bias
+NORMS = pytest.mark.parametrize("normalization", list(Normalization), ids=lambda n: n.value)
+TORCH_NORMS = {Normalization.LAYER_NORM: nn.LayerNorm, Normalization.RMS_NORM: nn.RMSNorm}
 
 
-def pair(recipe, K: int, N: int, affine: bool, seed: int, activation: Activation = Activation.NONE):
-    """(our fused module, nn.LayerNorm + Float8Linear) with equal random parameters, both with `activation`."""
+def pair(recipe, K: int, N: int, affine: bool, seed: int, activation: Activation = Activation.NONE,
+         normalization: Normalization = Normalization.LAYER_NORM):  # fmt: skip
+    """(our fused module, torch's norm + Float8Linear) with equal random parameters, both with `activation`."""
     generator = torch.Generator().manual_seed(seed)
-    norm = nn.LayerNorm(K, elementwise_affine=affine, dtype=torch.bfloat16, device=DEVICE)
+    norm = TORCH_NORMS[normalization](K, eps=1e-5, elementwise_affine=affine, dtype=torch.bfloat16, device=DEVICE)
     linear = Float8Linear(K, N, bias=False, dtype=torch.bfloat16, device=DEVICE, recipe=recipe, activation=activation)
     fused = Float8LayerNormLinear(
-        K, N, bias=False, dtype=torch.bfloat16, device=DEVICE, recipe=recipe, activation=activation, elementwise_affine=affine
-    )
+        K, N, bias=False, dtype=torch.bfloat16, device=DEVICE, recipe=recipe, activation=activation, elementwise_affine=affine,
+        normalization=normalization,
+    )  # fmt: skip
     with torch.no_grad():
         weight = (torch.randn(N, K, generator=generator) / K**0.5).to(torch.bfloat16)
         linear.weight.copy_(weight)
         fused.weight.copy_(weight)
-        if affine:
-            for ours, theirs in ((fused.layer_norm_weight, norm.weight), (fused.layer_norm_bias, norm.bias)):
+        for ours, theirs in zip(parameters(fused)[1:], parameters(nn.Sequential(norm, linear))[1:]):
+            if ours is not None:
                 values = (torch.randn(K, generator=generator) * 0.5 + 1).to(torch.bfloat16)
                 ours.copy_(values)
                 theirs.copy_(values)
@@ -69,11 +82,11 @@ def pair(recipe, K: int, N: int, affine: bool, seed: int, activation: Activation
 
 
 def parameters(module):
-    """(linear weight, LayerNorm weight, LayerNorm bias) of either form, None where absent."""
+    """(linear weight, norm weight, norm bias) of either form, None where absent."""
     module = getattr(module, "_orig_mod", module)  # compiled
     if isinstance(module, Float8LayerNormLinear):
         return module.weight, module.layer_norm_weight, module.layer_norm_bias
-    return module[1].weight, module[0].weight, module[0].bias
+    return module[1].weight, module[0].weight, getattr(module[0], "bias", None)
 
 
 def step(module, x, g):
@@ -95,7 +108,7 @@ def inputs(M: int, K: int, N: int, seed: int):
 
 
 def launch_counter(monkeypatch) -> collections.Counter:
-    """Counts calls of the LayerNorm + cast kernels ("fused") and of torch's layer_norm."""
+    """Counts calls of the norm + cast kernels ("fused") and of torch's layer_norm and rms_norm ("norm")."""
     from fp8kernels import layernorm_cast
 
     calls = collections.Counter()
@@ -111,19 +124,21 @@ def launch_counter(monkeypatch) -> collections.Counter:
 
     counted(layernorm_cast, "layernorm_cast_tensorwise", "fused")
     counted(layernorm_cast, "layernorm_cast_blockwise", "fused")
-    counted(torch.nn.functional, "layer_norm", "layer_norm")
+    counted(torch.nn.functional, "layer_norm", "norm")
+    counted(torch.nn.functional, "rms_norm", "norm")
     return calls
 
 
+@NORMS
 @pytest.mark.parametrize("recipe", FUSED_RECIPES, ids=lambda r: r.name)
 @pytest.mark.parametrize("affine", [False, True], ids=["plain", "affine"])
 @pytest.mark.parametrize("M,K,N", [(128, 256, 128), (256, 128, 384)])
-def test_fused_recipes_agree_with_the_unfused_pair(monkeypatch, recipe, M, K, N, affine):
+def test_fused_recipes_agree_with_the_unfused_pair(monkeypatch, recipe, M, K, N, affine, normalization):
     """Three steps on shrinking activations (delayed: the history's amax scales them): outputs, gradients
-    of x, of the weight and of LayerNorm's parameters, and the amax histories agree with nn.LayerNorm ->
+    of x, of the weight and of the norm's parameters, and the amax histories agree with torch's norm ->
     Float8Linear; the fused kernels run from the second step (delayed) or the first (blockwise), torch's
-    LayerNorm otherwise."""
-    fused, unfused = pair(recipe, K, N, affine, seed=M + K)
+    norm otherwise."""
+    fused, unfused = pair(recipe, K, N, affine, seed=M + K, normalization=normalization)
     x, g = inputs(M, K, N, seed=N)
     calls = launch_counter(monkeypatch)
     for index in range(3):
@@ -131,7 +146,7 @@ def test_fused_recipes_agree_with_the_unfused_pair(monkeypatch, recipe, M, K, N,
         calls.clear()
         ours = step(fused, x * scale, g * scale)
         first_step_unfused = index == 0 and recipe is DELAYED
-        assert calls == ({"layer_norm": 1} if first_step_unfused else {"fused": 1}), index
+        assert calls == ({"norm": 1} if first_step_unfused else {"fused": 1}), index
         calls.clear()
         theirs = step(unfused, x * scale, g * scale)
         for what, a, b in zip(GRADIENTS, ours, theirs):
@@ -164,11 +179,12 @@ def test_which_recipes_fuse():
     assert layer_norm_fusion(plan(DELAYED)) == DELAYED_FUSION and layer_norm_fusion(plan(BLOCKWISE)) == BLOCKWISE_FUSION
 
 
+@NORMS
 @pytest.mark.parametrize("name", [n for n in RECIPES if RECIPES[n] not in FUSED_RECIPES])
-def test_other_recipes_run_layer_norm_then_float8_linear_exactly(name):
+def test_other_recipes_run_the_norm_then_float8_linear_exactly(name, normalization):
     recipe = RECIPES[name]
     assert layer_norm_fusion(plan(recipe)) is None
-    fused, unfused = pair(recipe, 128, 256, True, seed=3)
+    fused, unfused = pair(recipe, 128, 256, True, seed=3, normalization=normalization)
     x, g = inputs(128, 128, 256, seed=4)
     for a, b in zip(step(fused, x, g), step(unfused, x, g)):
         assert torch.equal(a, b)
@@ -187,23 +203,25 @@ def grid_gradient(M: int, N: int, seed: int) -> torch.Tensor:
     return (values * 2.0**-12).to(torch.bfloat16).to(DEVICE)
 
 
+@NORMS
 @pytest.mark.parametrize("recipe", FUSED_RECIPES, ids=lambda r: r.name)
 @pytest.mark.parametrize("activation", list(Activation), ids=lambda a: a.value)
-def test_compiled_step_equals_eager(recipe, activation):
+def test_compiled_step_equals_eager(recipe, activation, normalization):
     """torch.compile traces the fused step in one graph (fullgraph) through the custom ops; aot_eager runs
     the same kernels (grad_output's delayed cast as torch ops: grid_gradient), so results and histories
     equal eager's, step after step, with the sigmoid in the output's epilogue too. The sigmoid's gradient
     is off the fp8 grid: there, under the interpreter, from the second step (the cast as torch ops) the
     gradients agree only to OFF_GRID_DB."""
     torch._dynamo.reset()
-    eager, _ = pair(recipe, 128, 256, True, seed=5, activation=activation)
-    compiled_module, _ = pair(recipe, 128, 256, True, seed=5, activation=activation)
+    eager, _ = pair(recipe, 128, 256, True, seed=5, activation=activation, normalization=normalization)
+    compiled_module, _ = pair(recipe, 128, 256, True, seed=5, activation=activation, normalization=normalization)
     compiled = torch.compile(compiled_module, backend="aot_eager", fullgraph=True)
     x, g = inputs(256, 128, 256, seed=6)[0], grid_gradient(256, 256, seed=6)
     for index in range(3):
         expected = step(eager, x * 0.5**index, g)
         off_grid = not ON_GPU and recipe is DELAYED and activation is not Activation.NONE and index > 0
-        for what, a, b in zip(GRADIENTS, step(compiled, x * 0.5**index, g), expected, strict=True):
+        names = GRADIENTS if normalization is Normalization.LAYER_NORM else GRADIENTS[:-1]  # RMSNorm: no bias
+        for what, a, b in zip(names, step(compiled, x * 0.5**index, g), expected, strict=True):
             if off_grid and what != "output":
                 assert sqnr_db(b.double(), a.double()) >= OFF_GRID_DB, (index, what)
             else:
@@ -217,11 +235,14 @@ def test_fake_implementations_match_the_kernels():
     x = torch.randn(64, 128).to(torch.bfloat16).to(DEVICE)
     history = torch.full((4,), 3.0, device=DEVICE)
     weight = torch.ones(128, dtype=torch.bfloat16, device=DEVICE)
-    for args in ((x, weight, weight, 1e-5, history, "e4m3", False, True), (x, None, None, 1e-6, history, "e5m2", True, False)):
+    for args in (
+        (x, weight, weight, 1e-5, history, "e4m3", False, True), (x, None, None, 1e-6, history, "e5m2", True, False),
+        (x, weight, None, 1e-5, history, "e4m3", False, True, True),  # RMSNorm
+    ):  # fmt: skip
         torch.library.opcheck(ops.layernorm_quantize_delayed, args, test_utils=("test_schema", "test_faketensor"))
     x = torch.randn(128, 256).to(torch.bfloat16).to(DEVICE)  # 1 x 128 groups in both copies: multiples of 128
     weight = torch.ones(256, dtype=torch.bfloat16, device=DEVICE)
-    for args in ((x, weight, weight, 1e-5, "e4m3", False), (x, None, None, 1e-6, "e5m2", True)):
+    for args in ((x, weight, weight, 1e-5, "e4m3", False), (x, None, None, 1e-6, "e5m2", True), (x, weight, None, 1e-5, "e4m3", False, True)):
         torch.library.opcheck(ops.layernorm_quantize_blockwise, args, test_utils=("test_schema", "test_faketensor"))
 
 
@@ -236,25 +257,58 @@ def test_from_modules_shares_parameters_and_checks_the_width():
     assert plain.layer_norm_weight is None and plain.layer_norm_bias is None
     with pytest.raises(ValueError, match="normalizes over"):
         Float8LayerNormLinear.from_modules(nn.LayerNorm(64), linear, DELAYED)
+    for rms in (RMSNorm(128, eps=1e-6), nn.RMSNorm(128, eps=1e-6)):
+        module = Float8LayerNormLinear.from_modules(rms, linear, BLOCKWISE)
+        assert module.normalization is Normalization.RMS_NORM and module.eps == 1e-6
+        assert module.layer_norm_weight is rms.weight and module.layer_norm_bias is None
+    assert Float8LayerNormLinear.from_modules(nn.RMSNorm(128), linear, BLOCKWISE).eps == torch.finfo(linear.weight.dtype).eps
+    with pytest.raises(ValueError, match="RMSNorm normalizes over"):
+        Float8LayerNormLinear.from_modules(RMSNorm(64), linear, DELAYED)
+    with pytest.raises(TypeError, match="GroupNorm is not a norm"):
+        Float8LayerNormLinear.from_modules(nn.GroupNorm(1, 128), linear, DELAYED)
+
+
+@pytest.mark.parametrize("affine", [False, True], ids=["plain", "weighted"])
+@pytest.mark.parametrize("rows,cols", [(1, 7), (37, 300)])
+def test_rms_norm_backward_matches_autograd(rows, cols, affine):
+    """The RMSNorm gradients of the fused module's backward against autograd through float64 F.rms_norm."""
+    generator = torch.Generator().manual_seed(rows + cols)
+    x = (torch.randn(rows, cols, generator=generator) * 3).to(torch.bfloat16)
+    weight = (torch.randn(cols, generator=generator) + 1).to(torch.bfloat16) if affine else None
+    grad_y = torch.randn(rows, cols, generator=generator).to(torch.bfloat16)
+    x64 = x.double().requires_grad_()
+    w64 = weight.double().requires_grad_() if affine else None
+    torch.nn.functional.rms_norm(x64, (cols,), w64, 1e-5).backward(grad_y.double())
+    rstd = torch.rsqrt(x.float().square().mean(dim=1, keepdim=True) + 1e-5)
+    grad_x, grad_weight = rms_norm_backward(grad_y, x, rstd, weight, (True, True))
+    assert grad_x.dtype == x.dtype
+    torch.testing.assert_close(grad_x.double(), x64.grad, rtol=2.0**-7, atol=1e-3)
+    if affine:
+        assert grad_weight.dtype == weight.dtype
+        torch.testing.assert_close(grad_weight.double(), w64.grad, rtol=2.0**-7, atol=1e-3)
+    else:
+        assert grad_weight is None
+    assert rms_norm_backward(grad_y, x, rstd, weight, (False, True))[0] is None
 
 
 @pytest.mark.gpu
+@NORMS
 @pytest.mark.parametrize("recipe", FUSED_RECIPES, ids=lambda r: r.name)
 @pytest.mark.parametrize("affine", [False, True], ids=["plain", "affine"])
-def test_gpu_fused_step_agrees_with_the_unfused_pair(recipe, affine):
+def test_gpu_fused_step_agrees_with_the_unfused_pair(recipe, affine, normalization):
     """At 2048 x 1024 -> 2048 on random data, eagerly and under inductor, on the third step: the fused
     module agrees with the unfused pair (AGREEMENT_DB), and is as close to the BF16 layer as the pair is
     or closer (it rounds the LayerNorm output once, to fp8, where the pair rounds it to bf16 first)."""
     x, g = inputs(2048, 1024, 2048, seed=8)
-    _, bf16 = pair(recipe, 1024, 2048, affine, seed=7)
+    _, bf16 = pair(recipe, 1024, 2048, affine, seed=7, normalization=normalization)
     bf16[1] = nn.Linear(1024, 2048, bias=False, device=DEVICE, dtype=torch.bfloat16)
-    fused, unfused = pair(recipe, 1024, 2048, affine, seed=7)
+    fused, unfused = pair(recipe, 1024, 2048, affine, seed=7, normalization=normalization)
     with torch.no_grad():
         bf16[1].weight.copy_(fused.weight)
     expected = step(bf16, x, g)
     for compile_it in (False, True):
         torch._dynamo.reset()
-        fused, unfused = pair(recipe, 1024, 2048, affine, seed=7)
+        fused, unfused = pair(recipe, 1024, 2048, affine, seed=7, normalization=normalization)
         run = torch.compile(fused, fullgraph=True) if compile_it else fused
         for _ in range(3):
             ours, theirs = step(run, x, g), step(unfused, x, g)

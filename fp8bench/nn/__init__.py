@@ -4,7 +4,9 @@
   products of a linear by name (LinearGemms, LinearTensors) and where a recipe cannot run (layer_shape_problem).
 - fp8bench.nn.float8_linear: Float8Linear, and convert_to_float8(model, recipe, module_filter), which swaps a
   model's nn.Linear modules for it.
-- fp8bench.nn.float8_layernorm_linear: Float8LayerNormLinear, LayerNorm -> Float8Linear as one module.
+- fp8bench.nn.float8_layernorm_linear: Float8LayerNormLinear, LayerNorm (or RMSNorm) -> Float8Linear as one module.
+- fp8bench.nn.norm_fusion: fuse_norm_linears(model, recipe), which makes the LLaMa blocks' RMSNorm -> linear
+  pairs such modules where the recipe's input cast fuses into the norm.
 
 This package imports only fp8bench.config and fp8kernels; the roofline model, the backends and the benchmarks
 build on it. Importing it loads no torch: its modules do.

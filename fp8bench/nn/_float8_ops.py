@@ -6,9 +6,9 @@ and dtypes without running a kernel) and eager mode simply calls them.
   copy or both from one read where the kernel can (fp8kernels.quantize).
 - `fp8bench::quantize_delayed`: tensorwise with the scale taken from an amax history (delayed scaling);
   records the tensor's own amax into the history, which it mutates.
-- `fp8bench::layernorm_quantize_delayed` and `fp8bench::layernorm_quantize_blockwise`: LayerNorm fused
-  with quantize_delayed's cast, or with the 1 x 128 cast of both copies, for Float8LayerNormLinear (the
-  bf16 LayerNorm output never exists).
+- `fp8bench::layernorm_quantize_delayed` and `fp8bench::layernorm_quantize_blockwise`: LayerNorm (or
+  RMSNorm, `rms_norm`) fused with quantize_delayed's cast, or with the 1 x 128 cast of both copies, for
+  Float8LayerNormLinear (the bf16 norm output never exists).
 - `fp8bench::quantize_tensorwise_scaled`: tensorwise from an amax the caller computed, the cast pass
   alone. Under torch.compile Float8Linear computes a dynamic tensor amax with torch ops, which inductor
   fuses into the kernel that produces the tensor (LayerNorm, sigmoid backward): `quantize`'s amax pass
@@ -144,11 +144,12 @@ def history_amax(amax_history: torch.Tensor, fp8_max: float) -> torch.Tensor:
 @torch.library.custom_op("fp8bench::layernorm_quantize_delayed", mutates_args=("amax_history",))
 def layernorm_quantize_delayed(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float, amax_history: torch.Tensor,
-    fp8_dtype: str, power_of_two: bool, columnwise: bool,
+    fp8_dtype: str, power_of_two: bool, columnwise: bool, rms_norm: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """LayerNorm(x) cast tensorwise with the largest amax of the history, in one kernel
-    (fp8kernels.layernorm_cast); the output's amax then goes to the front of the history. Returns data,
-    scale, data_t (empty unless `columnwise`) and LayerNorm's mean and rstd, (R, 1) float32.
+    """LayerNorm(x), or RMSNorm(x) with `rms_norm` (`bias` None), cast tensorwise with the largest amax
+    of the history, in one kernel (fp8kernels.layernorm_cast); the output's amax then goes to the front
+    of the history. Returns data, scale, data_t (empty unless `columnwise`) and the norm's mean (empty
+    for RMSNorm) and rstd, (R, 1) float32.
 
     The history should hold an amax (Float8LayerNormLinear fuses from its second step); an empty one
     scales by 1 (history_amax)."""
@@ -158,35 +159,43 @@ def layernorm_quantize_delayed(
     spec = QuantizeSpec(FP8_DTYPES[fp8_dtype], power_of_two, rowwise=True, columnwise=columnwise)
     current = torch.zeros((), dtype=torch.float32, device=x.device)  # atomic max needs a zero start
     amax = history_amax(amax_history, spec.fp8_max)
-    out, mean, rstd = layernorm_cast_tensorwise(x, weight, bias, eps, amax, spec, current)
+    out, mean, rstd = layernorm_cast_tensorwise(x, weight, bias, eps, amax, spec, current, rms_norm=rms_norm)
     record_amax(amax_history, current)
-    return out.data, out.scale, out.data_t if columnwise else _nothing(x, spec.dtype), mean, rstd
+    data_t = out.data_t if columnwise else _nothing(x, spec.dtype)
+    return out.data, out.scale, data_t, _nothing(x, torch.float32) if mean is None else mean, rstd
+
+
+def _norm_statistics_fake(x: torch.Tensor, rms_norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """mean (empty for RMSNorm) and rstd as the norm + cast ops return them."""
+    rstd = x.new_empty((x.shape[0], 1), dtype=torch.float32)
+    return _nothing(x, torch.float32) if rms_norm else torch.empty_like(rstd), rstd
 
 
 @layernorm_quantize_delayed.register_fake
-def _layernorm_quantize_delayed_fake(x, weight, bias, eps, amax_history, fp8_dtype, power_of_two, columnwise):
+def _layernorm_quantize_delayed_fake(x, weight, bias, eps, amax_history, fp8_dtype, power_of_two, columnwise, rms_norm=False):
     data, scale, data_t, _ = _quantize_fake(x, Granularity.TENSORWISE.value, 0, fp8_dtype, power_of_two, True, columnwise)
-    stats = x.new_empty((x.shape[0], 1), dtype=torch.float32)
-    return data, scale, data_t, stats, torch.empty_like(stats)
+    return data, scale, data_t, *_norm_statistics_fake(x, rms_norm)
 
 
 @torch.library.custom_op("fp8bench::layernorm_quantize_blockwise", mutates_args=())
 def layernorm_quantize_blockwise(
-    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float, fp8_dtype: str, power_of_two: bool
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float, fp8_dtype: str, power_of_two: bool,
+    rms_norm: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """LayerNorm(x) in 1 x 128 groups, both copies (fp8kernels.layernorm_cast.layernorm_cast_blockwise):
-    data, scale, data_t, scale_t as `quantize` returns them for 1 x 128 groups, then mean and rstd."""
+    """LayerNorm(x) (RMSNorm(x) with `rms_norm`) in 1 x 128 groups, both copies
+    (fp8kernels.layernorm_cast.layernorm_cast_blockwise): data, scale, data_t, scale_t as `quantize`
+    returns them for 1 x 128 groups, then mean (empty for RMSNorm) and rstd."""
     from fp8kernels.layernorm_cast import layernorm_cast_blockwise
     from fp8kernels.quantize import QuantizeSpec
 
-    q, mean, rstd = layernorm_cast_blockwise(x, weight, bias, eps, QuantizeSpec(FP8_DTYPES[fp8_dtype], power_of_two, True, True))
-    return q.data, q.scale, q.data_t, q.scale_t, mean, rstd
+    spec = QuantizeSpec(FP8_DTYPES[fp8_dtype], power_of_two, True, True)
+    q, mean, rstd = layernorm_cast_blockwise(x, weight, bias, eps, spec, rms_norm=rms_norm)
+    return q.data, q.scale, q.data_t, q.scale_t, _nothing(x, torch.float32) if mean is None else mean, rstd
 
 
 @layernorm_quantize_blockwise.register_fake
-def _layernorm_quantize_blockwise_fake(x, weight, bias, eps, fp8_dtype, power_of_two):
-    stats = x.new_empty((x.shape[0], 1), dtype=torch.float32)
-    return *_quantize_fake(x, Granularity.BLOCKWISE.value, 1, fp8_dtype, power_of_two, True, True), stats, torch.empty_like(stats)
+def _layernorm_quantize_blockwise_fake(x, weight, bias, eps, fp8_dtype, power_of_two, rms_norm=False):
+    return *_quantize_fake(x, Granularity.BLOCKWISE.value, 1, fp8_dtype, power_of_two, True, True), *_norm_statistics_fake(x, rms_norm)
 
 
 @torch.library.custom_op("fp8bench::quantize_tensorwise_scaled", mutates_args=())
