@@ -90,9 +90,10 @@ def test_loss_page_opens_with_the_headline_computed_from_curves(runs):
     assert list(rows) == ["bf16-seed1", "tensorwise-seed0", "rowwise-seed0"]
     for curve, cells in rows.items():
         gap = pandas_gap(curves, curve)
-        assert cells[4] == f"{100 * gap:+.2f}%" and cells[5] == f"{100 * noise:+.2f}%"
+        assert cells[4] == f"{100 * gap:+.2f}%" and cells[5] == f"±{100 * noise:.2f}%"
         if curve != "bf16-seed1":
-            assert cells[6].startswith("within" if abs(gap) <= noise else "outside")
+            noise_verdict = "within" if abs(gap) <= noise else "outside"
+            assert cells[6] == f"{noise_verdict} the BF16 noise; {'within' if abs(gap) <= 0.01 else 'OUTSIDE'} 1%"
     # The results rows' rel_err is the same gap.
     results = pd.read_csv(run / "results.csv")
     for options, rel_err in zip(results["options"], results["rel_err"]):
@@ -117,6 +118,9 @@ def test_stats_page_charts_every_statistic(runs):
         "stats-underflow-pct", "stats-saturate-pct", "stats-amax", "stats-scale", "stats-sqnr-steps", "stats-sqnr-per-gemm",
     ]  # fmt: skip
     assert "blocks.0.qkv" in page and "grad_output" in page
+    ((curve, recipe, _, _, gap, noise, verdict),) = headline_rows(page)
+    assert (curve, recipe, noise) == ("tensorwise-delayed-seed0", "tensorwise-delayed", "n/a (one BF16 seed)")
+    assert verdict in ("within 1%", "OUTSIDE 1%")
 
 
 def test_startup_page_overlays_both_arms_and_concludes_from_the_data(runs):
@@ -135,6 +139,9 @@ def test_startup_page_overlays_both_arms_and_concludes_from_the_data(runs):
             settled = outside[outside].index.max() + 1 if outside.any() else 1
             assert f"From step {settled} on, {b}&#x27;s loss stays within 1% of {a}&#x27;s" in page
         assert f"{b} is {100 * pandas_gap(curves, b, a):+.2f}% from {a}" in page
+        underflow = curves[(curves.metric == "underflow_pct") & (curves.step == 1)].groupby(["curve", "role"])["value"].mean()
+        role = underflow[b].idxmax()
+        assert f"At step 1 the {role} casts lose {underflow[b][role]:.2f}% of their nonzero values to underflow in {b} against {underflow[a][role]:.2f}% in {a}" in page
 
 
 def test_optimizer_page_tables_memory_error_and_loss(runs):
@@ -156,6 +163,18 @@ def test_optimizer_page_tables_memory_error_and_loss(runs):
     assert math.isnan(table["GB/s"].iloc[0])  # timed on a GPU only
 
 
+def test_every_chart_renders_in_a_browser(runs):
+    """In Chromium (skipped without it, failed under CI): no script error, and every chart draws points."""
+    from browser import render
+
+    for name in ("loss", "stats", "startup", "optimizer"):
+        page = runs / name / "numerics.html"
+        rendered = render(page)
+        assert rendered.js_errors == ()
+        assert [graph.div_id for graph in rendered.graphs] == chart_ids(page.read_text())
+        assert all(graph.points > 0 for graph in rendered.graphs), name
+
+
 def test_strings_from_the_files_are_escaped(tmp_path, runs):
     run = tmp_path / "run"
     run.mkdir()
@@ -164,6 +183,7 @@ def test_strings_from_the_files_are_escaped(tmp_path, runs):
     write_reports(run)
     page = (run / "numerics.html").read_text()
     assert "<b>x</b>" not in page and "&lt;b&gt;x&lt;/b&gt;-seed0" in page
+    assert "\\u003cb\\u003e" not in page  # how plotly writes an unescaped label into its JSON
 
 
 def test_a_malformed_curves_file_is_an_error_naming_it(tmp_path, runs):

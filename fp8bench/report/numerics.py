@@ -109,7 +109,11 @@ def settles_at(loss: pd.Series, reference: pd.Series, tolerance: float = GAP_TAR
 
 
 def _pct(value: float) -> str:
-    return "n/a" if value is None or math.isnan(value) else f"{100 * value:+.2f}%"
+    return "n/a" if math.isnan(value) else f"{100 * value:+.2f}%"
+
+
+def _band(value: float) -> str:
+    return "n/a (one BF16 seed)" if math.isnan(value) else f"±{100 * value:.2f}%"
 
 
 # ---- headline --------------------------------------------------------------------------------------
@@ -133,11 +137,11 @@ def headline(rows: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
         elif math.isnan(gap):
             verdict = "not measured"
         else:
-            within_noise = "within" if abs(gap) <= noise else "outside"
-            within_target = "within" if abs(gap) <= GAP_TARGET else "OUTSIDE"
-            verdict = f"{within_noise} the BF16 noise; {within_target} 1%"
+            within_target = f"{'within' if abs(gap) <= GAP_TARGET else 'OUTSIDE'} {GAP_TARGET:.0%}"
+            within_noise = "" if math.isnan(noise) else f"{'within' if abs(gap) <= noise else 'outside'} the BF16 noise; "
+            verdict = within_noise + within_target
         table.append({"curve": row.curve, "recipe": row.recipe, "backend": row.backend, "status": row.status,
-                      "gap vs BF16, last 10%": _pct(gap), "BF16 noise": _pct(noise), "verdict": verdict})  # fmt: skip
+                      "gap vs BF16, last 10%": _pct(gap), "BF16 noise": _band(noise), "verdict": verdict})  # fmt: skip
     return pd.DataFrame(table, columns=["curve", "recipe", "backend", "status", "gap vs BF16, last 10%", "BF16 noise", "verdict"])
 
 
@@ -177,9 +181,10 @@ def loss_charts(curves: pd.DataFrame, names: list[str], prefix: str) -> list[Cha
             gap = gap_over_steps(values, reference)
             figure.add_trace(go.Scatter(x=gap.index, y=gap.to_numpy(), mode="lines", name=html.escape(name), line={"color": colours.get(name)}))
         figure.update_layout(xaxis_title="step", yaxis_title=f"relative loss gap to {html.escape(names[0])}", yaxis_tickformat=".1%", height=450)
-        charts.append(Chart(chart_id(prefix, "gap"), f"Relative loss gap to {names[0]} against steps", figure,
-                            "At each step: the mean loss over the last 10% of the steps so far, relative to the reference's over the "
-                            "same steps. The grey band is the gap between two BF16 seeds: run-to-run noise."))  # fmt: skip
+        note = f"At each step: the mean loss over the last 10% of the steps so far, relative to {names[0]}'s over the same steps."
+        if noise:
+            note += " The grey band is the gap between BF16 with two seeds: run-to-run noise."
+        charts.append(Chart(chart_id(prefix, "gap"), f"Relative loss gap to {names[0]} against steps", figure, note))
     for metric, title, y in (("val_loss", "Validation loss (held-out text)", "validation loss"), ("grad_norm", "Gradient norm (before clipping)", "gradient norm")):
         values = {n: s for n, s in losses(curves, metric).items() if n in names}
         if values:
@@ -269,9 +274,11 @@ def startup_conclusion(loss_a: pd.Series, loss_b: pd.Series, curves: pd.DataFram
         text.append(f"From step {settled} on, {b}'s loss stays within {GAP_TARGET:.0%} of {a}'s (it reaches {a}'s loss at step {settled}).")
     text.append(f"Over the last 10% of the {len(steps)} steps {b} is {_pct(final_gap(loss_b, loss_a))} from {a}.")
     first = mean_underflow(curves, [a, b])
-    first = first[first["step"] == steps[0]].groupby("curve")["value"].max()
-    if len(first) == 2:
-        text.append(f"At step {int(steps[0])} the most-underflowing role loses {first[b]:.2f}% of its nonzero values in {b} against {first[a]:.2f}% in {a}.")
+    first = first[first["step"] == steps[0]].pivot(index="role", columns="curve", values="value")
+    if {a, b} <= set(first.columns):
+        role = first[b].idxmax()
+        text.append(f"At step {int(steps[0])} the {role} casts lose {first.loc[role, b]:.2f}% of their nonzero values to underflow in {b} "
+                    f"against {first.loc[role, a]:.2f}% in {a} (mean over layers; the role that underflows most in {b}).")  # fmt: skip
     return " ".join(text)
 
 
