@@ -195,3 +195,26 @@ def test_a_malformed_curves_file_is_an_error_naming_it(tmp_path, runs):
     result = CliRunner().invoke(app, ["report", str(run)])
     assert result.exit_code == 2
     assert "is not a curves file" in result.output
+
+
+def test_a_run_without_curves_says_so_and_keeps_its_rows(tmp_path, runs):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("results.csv", "metadata.json"):
+        (run / name).write_text((runs / "loss" / name).read_text())
+    write_reports(run)
+    page = (run / "numerics.html").read_text()
+    assert "The run folder holds no curves.csv values" in page and chart_ids(page) == []
+    assert [cells[4] for cells in headline_rows(page)] == ["n/a"] * 3
+
+
+def test_curves_that_did_not_run_are_headline_rows_with_their_status(tmp_path, monkeypatch):
+    """Without the interpreter on a CPU, the FP8 curve is an unsupported row: listed, not measured."""
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setitem(numerics.MODELS, "micro", micro)
+    argv = ["numerics", "loss", "--recipe", "tensorwise", "--steps", "2", "--bf16-seeds", "1", *SMALL, "--out", str(tmp_path)]
+    assert CliRunner().invoke(app, argv).exit_code == 0
+    assert CliRunner().invoke(app, ["report", str(tmp_path)]).exit_code == 0
+    ((curve, _, _, status, gap, noise, verdict),) = headline_rows((tmp_path / "numerics.html").read_text())
+    assert (curve, gap, noise, verdict) == ("tensorwise-seed0", "n/a", "n/a (one BF16 seed)", "not measured")
+    assert status.startswith("unsupported: our FP8 kernels run on a CUDA GPU")

@@ -112,8 +112,10 @@ def _pct(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{100 * value:+.2f}%"
 
 
-def _band(value: float) -> str:
-    return "n/a (one BF16 seed)" if math.isnan(value) else f"±{100 * value:.2f}%"
+def _band(value: float, seeds: int) -> str:
+    if math.isnan(value):
+        return "n/a (one BF16 seed)" if seeds < 2 else "n/a"
+    return f"±{100 * value:.2f}%"
 
 
 # ---- headline --------------------------------------------------------------------------------------
@@ -127,6 +129,7 @@ def headline(rows: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     reference = loss.get(REFERENCE_CURVE)
     gaps = {name: final_gap(series, reference) for name, series in loss.items()} if reference is not None else {}
     noise = max((abs(g) for name, g in gaps.items() if name.startswith("bf16-") and name != REFERENCE_CURVE), default=math.nan)
+    seeds = int((loss_rows["recipe"] == "bf16").sum())
     table = []
     for row in loss_rows.itertuples():
         if row.curve == REFERENCE_CURVE:
@@ -141,7 +144,7 @@ def headline(rows: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
             within_noise = "" if math.isnan(noise) else f"{'within' if abs(gap) <= noise else 'outside'} the BF16 noise; "
             verdict = within_noise + within_target
         table.append({"curve": row.curve, "recipe": row.recipe, "backend": row.backend, "status": row.status,
-                      "gap vs BF16, last 10%": _pct(gap), "BF16 noise": _band(noise), "verdict": verdict})  # fmt: skip
+                      "gap vs BF16, last 10%": _pct(gap), "BF16 noise": _band(noise, seeds), "verdict": verdict})  # fmt: skip
     return pd.DataFrame(table, columns=["curve", "recipe", "backend", "status", "gap vs BF16, last 10%", "BF16 noise", "verdict"])
 
 
@@ -342,6 +345,9 @@ def sections(run_dir: Path, rows: pd.DataFrame) -> list[str]:
     """The page's HTML sections for the run's numerics rows and its curves.csv, headline first."""
     curves = read_curves(run_dir)
     parts = []
+    if curves.empty:
+        parts.append(f'<p class="banner">The run folder holds no {CURVES_CSV} values: no gap, curve or statistic can be computed; '
+                     "the rows below are all there is.</p>")  # fmt: skip
     loss_rows = curve_options(rows[rows["case"] == "loss"])
     if not loss_rows.empty:
         parts.append(f"<h3>Loss gap to BF16 over the last 10% of steps</h3>{rows_table(headline(rows, curves), TABLE_TEXT)}")
@@ -358,6 +364,4 @@ def sections(run_dir: Path, rows: pd.DataFrame) -> list[str]:
         parts.append("<h3>Delayed-scaling start-up and master-weight init</h3>")
         parts.extend(startup)
     parts.extend(optimizer_section(rows, curves))
-    if not parts:
-        parts.append(f'<p class="note">no curves to draw: the run folder holds no {CURVES_CSV} values for these rows</p>')
     return parts
