@@ -70,7 +70,7 @@ def curve_options(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(curve=options.map(lambda o: str(o.get("curve", ""))), optimizer=options.map(lambda o: str(o.get("optimizer", ""))))
 
 
-def losses(curves: pd.DataFrame, metric: str = "loss") -> dict[str, pd.Series]:
+def values_by_curve(curves: pd.DataFrame, metric: str = "loss") -> dict[str, pd.Series]:
     """Per curve its values of `metric` indexed by step, in the order the run wrote the curves."""
     values = curves[curves["metric"] == metric]
     return {name: group.set_index("step")["value"].sort_index() for name, group in values.groupby("curve", sort=False)}
@@ -125,7 +125,7 @@ def headline(rows: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     """Per curve of the `loss` case: recipe, backend, status, the final gap to BF16 seed 0 computed from
     curves.csv, and whether it is within the BF16 noise and within 1%."""
     loss_rows = curve_options(rows[rows["case"] == "loss"])
-    loss = losses(curves)
+    loss = values_by_curve(curves)
     reference = loss.get(REFERENCE_CURVE)
     gaps = {name: final_gap(series, reference) for name, series in loss.items()} if reference is not None else {}
     noise = max((abs(g) for name, g in gaps.items() if name.startswith("bf16-") and name != REFERENCE_CURVE), default=math.nan)
@@ -165,7 +165,7 @@ def loss_charts(curves: pd.DataFrame, names: list[str], prefix: str) -> list[Cha
     against steps with the second BF16 seed's gap as the noise band (when the run has one)."""
     colours = colour_map(names, [])
     charts = []
-    loss = {n: s for n, s in losses(curves).items() if n in names}
+    loss = {n: s for n, s in values_by_curve(curves).items() if n in names}
     if not loss:
         return charts
     charts.append(_line_chart(loss, chart_id(prefix, "loss"), "Training loss per step", "loss", colours))
@@ -188,8 +188,11 @@ def loss_charts(curves: pd.DataFrame, names: list[str], prefix: str) -> list[Cha
         if noise:
             note += " The grey band is the gap between BF16 with two seeds: run-to-run noise."
         charts.append(Chart(chart_id(prefix, "gap"), f"Relative loss gap to {names[0]} against steps", figure, note))
-    for metric, title, y in (("val_loss", "Validation loss (held-out text)", "validation loss"), ("grad_norm", "Gradient norm (before clipping)", "gradient norm")):
-        values = {n: s for n, s in losses(curves, metric).items() if n in names}
+    for metric, title, y in (
+        ("val_loss", "Validation loss (held-out text)", "validation loss"),
+        ("grad_norm", "Gradient norm (before clipping)", "gradient norm"),
+    ):
+        values = {n: s for n, s in values_by_curve(curves, metric).items() if n in names}
         if values:
             charts.append(_line_chart(values, chart_id(prefix, metric), title, y, colours))
     return charts
@@ -236,21 +239,24 @@ def stats_charts(curves: pd.DataFrame, recipes: dict[str, str]) -> list[Chart]:
 def startup_section(curves: pd.DataFrame) -> list[str]:
     """For each pair of start-up arms the run holds: loss and mean underflow per role over the steps,
     both arms overlaid, and the conclusion the numbers give."""
-    loss = losses(curves)
+    loss = values_by_curve(curves)
     parts = []
     for first, second in STARTUP_PAIRS:
         names = [next((n for n in loss if n.startswith(f"{start}-seed")), None) for start in (first, second)]
         if None in names:
             continue
         a, b = names
-        parts.append(f"<h3>{html.escape(first)} against {html.escape(second)}</h3><p>{html.escape(startup_conclusion(loss[a], loss[b], curves, a, b))}</p>")
+        conclusion = startup_conclusion(loss[a], loss[b], curves, a, b)
+        parts.append(f"<h3>{html.escape(first)} against {html.escape(second)}</h3><p>{html.escape(conclusion)}</p>")
         colours = colour_map(names, [])
-        parts.append(_line_chart({a: loss[a], b: loss[b]}, chart_id("startup", second, "loss"), f"Loss over the first steps: {a} and {b}", "loss", colours).to_html())
+        title = f"Loss over the first steps: {a} and {b}"
+        parts.append(_line_chart({a: loss[a], b: loss[b]}, chart_id("startup", second, "loss"), title, "loss", colours).to_html())
         underflow = mean_underflow(curves, names)
         if not underflow.empty:
             shown = underflow.assign(curve=underflow["curve"].map(html.escape), role=underflow["role"].map(html.escape))
-            figure = px.line(shown, x="step", y="value", color="curve", facet_col="role", color_discrete_map={html.escape(n): c for n, c in colours.items()},
-                             labels={"value": "underflow, % of nonzero values (mean over layers)"}, height=400)  # fmt: skip
+            figure = px.line(shown, x="step", y="value", color="curve", facet_col="role", height=400,
+                             color_discrete_map={html.escape(n): c for n, c in colours.items()},
+                             labels={"value": "underflow, % of nonzero values (mean over layers)"})  # fmt: skip
             figure.for_each_annotation(lambda ann: ann.update(text=ann.text.split("=")[-1]))
             parts.append(Chart(chart_id("startup", second, "underflow"), f"Underflow over the first steps: {a} and {b}", figure).to_html())
     return parts
@@ -293,7 +299,7 @@ def optimizer_table(rows: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     the last compared step, the loss gap to FP32 states, and the fused update's GB/s where timed."""
     state = curves[curves["metric"] == "state_bytes_per_param"].groupby("curve", sort=False)["value"].last()
     errors = curves[curves["metric"] == "update_rel_err"].sort_values("step").groupby("curve", sort=False)["value"].last()
-    loss = losses(curves)
+    loss = values_by_curve(curves)
     optimizer_rows = curve_options(rows[rows["case"].str.startswith("optimizer.")])
     names = list(dict.fromkeys([*state.index, *optimizer_rows["optimizer"]]))
     reference = next((series for name, series in loss.items() if name.startswith("adamw-fp32")), None)
@@ -308,7 +314,8 @@ def optimizer_table(rows: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
             "optimizer": name, "status": status, "state bytes / param": state.get(name, math.nan),
             "state memory vs FP32": _pct_of(state.get(name, math.nan), state.get("adamw-fp32", math.nan)),
             "update rel. error": errors.get(name, math.nan), "loss gap vs FP32, last 10%": _pct(gap),
-            "GB/s": _first(timed, "gbps"), "% of copy bandwidth": _first(timed, "pct_peak"), "speedup vs torch fused": _first(timed, "speedup_vs_bf16"),
+            "GB/s": _first(timed, "gbps"), "% of copy bandwidth": _first(timed, "pct_peak"),
+            "speedup vs torch fused": _first(timed, "speedup_vs_bf16"),
         })  # fmt: skip
     return pd.DataFrame(table)
 
@@ -330,9 +337,10 @@ def optimizer_section(rows: pd.DataFrame, curves: pd.DataFrame) -> list[str]:
              "seeded gradients. GB/s on the bytes the update must move; the speedup is against torch's fused AdamW (FP32 states).</p>"]  # fmt: skip
     names = list(table["optimizer"])
     colours = colour_map(names, [])
-    errors = {n: s for n, s in losses(curves, "update_rel_err").items()}
+    errors = values_by_curve(curves, "update_rel_err")
     if errors:
-        parts.append(_line_chart(errors, chart_id("optimizer", "update-error"), "Update error against FP32-state AdamW", "relative update error", colours).to_html())
+        chart = _line_chart(errors, chart_id("optimizer", "update-error"), "Update error against FP32-state AdamW", "relative update error", colours)
+        parts.append(chart.to_html())
     trained = curve_options(rows[rows["case"] == "optimizer.loss"])
     parts.extend(chart.to_html() for chart in loss_charts(curves, list(trained["curve"]), "optimizer"))
     return parts
