@@ -77,6 +77,18 @@ def test_the_report_reads_the_files_the_benchmark_writes():
     assert report_numerics.BENCHMARK == numerics.BENCHMARK
 
 
+def test_trailing_means_and_where_two_curves_settle_known_answers():
+    steps = pd.Index(range(1, 21))
+    means = report_numerics.trailing_means(pd.Series([float(s) for s in steps], index=steps))
+    assert means[1] == 1.0 and means[11] == 10.5 and means[20] == 19.5  # windows of 1, 2 and 2 steps
+    reference = pd.Series([5.0, 4.0, 3.0, 2.0, 1.0], index=range(1, 6))
+    settles = report_numerics.settles_at
+    assert settles(pd.Series([6.0, 4.2, 3.0, 2.0, 1.0], index=range(1, 6)), reference) == 3
+    assert settles(pd.Series([5.0, 4.0, 3.0, 2.0, 1.1], index=range(1, 6)), reference) is None
+    assert settles(pd.Series([5.0, math.nan, 3.0, 2.0, 1.0], index=range(1, 6)), reference) == 3  # NaN: not settled
+    assert settles(reference, reference) == 1
+
+
 def test_loss_page_opens_with_the_headline_computed_from_curves(runs):
     run = runs / "loss"
     page = (run / "numerics.html").read_text()

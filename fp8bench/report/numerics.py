@@ -101,7 +101,7 @@ def settles_at(loss: pd.Series, reference: pd.Series, tolerance: float = GAP_TAR
     """The first step from which the per-step loss stays within `tolerance` (relative) of the
     reference's at every later step; None when the last step is still outside it."""
     steps = loss.index.intersection(reference.index)
-    outside = ((loss.loc[steps] / reference.loc[steps] - 1).abs() > tolerance).to_numpy()
+    outside = ~((loss.loc[steps] / reference.loc[steps] - 1).abs() <= tolerance).to_numpy()  # a NaN loss is outside
     if not len(steps) or outside[-1]:
         return None
     last_outside = np.flatnonzero(outside)
