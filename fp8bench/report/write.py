@@ -4,6 +4,8 @@ Every page shows the run's FP8 rows of one granularity beside the BF16 reference
 `none`), for each benchmark in the run: the benchmark's charts, then a table of all its rows, the
 ones that did not run included, then the run's metadata. Charts come from `VIEWS`, one entry per
 benchmark listing its chart builders; a new benchmark adds an entry there, not a branch here.
+A benchmark whose view has `sections` (numerics: its curves span granularities and live in a file
+beside results.csv) gets one page of its own, `<benchmark>.html`, instead of the granularity pages.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import pandas as pd
 from fp8bench.report import cast as report_cast
 from fp8bench.report import e2e as report_e2e
 from fp8bench.report import matmul as report_matmul
+
+from fp8bench.report import numerics as report_numerics
+
 from fp8bench.report import roofline as report_roofline
 from fp8bench.config import Granularity
 from fp8bench.model.hardware import GPUS, GpuSpec
@@ -41,6 +46,9 @@ class PagePart(Protocol):
 # returns the charts (or other parts: a headline, a table) it can draw from them (none when the rows
 # hold nothing for it).
 ChartBuilder = Callable[[pd.DataFrame, "GpuSpec | None"], list[PagePart]]
+# A section builder takes the run folder and the run's rows of its benchmark and returns the HTML
+# sections of the benchmark's own page (charts included), from the folder's files.
+SectionBuilder = Callable[[Path, pd.DataFrame], list[str]]
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,8 @@ class BenchmarkView:
     # Columns of the rows table (`status` among them; TIME_COLUMN follows it, standing in for
     # median_ms and spread_pct); None: every schema column that holds a value.
     table_columns: tuple[str, ...] | None = None
+    # Set: the benchmark's rows get a page of their own built from these sections, not granularity pages.
+    sections: SectionBuilder | None = None
 
 
 VIEWS: dict[str, BenchmarkView] = {
@@ -61,11 +71,17 @@ VIEWS: dict[str, BenchmarkView] = {
     "cast": BenchmarkView(charts=report_cast.CHARTS, table_columns=report_cast.TABLE_COLUMNS),
     "roofline": BenchmarkView(charts=report_roofline.CHARTS, table_columns=report_roofline.TABLE_COLUMNS),
     "e2e": BenchmarkView(charts=report_e2e.VIEW, table_columns=report_e2e.TABLE_COLUMNS),
+    report_numerics.BENCHMARK: BenchmarkView(sections=report_numerics.sections),
 }
 
 
 def page_name(granularity: Granularity) -> str:
     return "bf16.html" if granularity is Granularity.NONE else f"{granularity.value}.html"
+
+
+def own_pages(rows: pd.DataFrame) -> list[str]:
+    """The run's benchmarks that get a page of their own (a view with `sections`), in run order."""
+    return [b for b in dict.fromkeys(rows["benchmark"]) if b in VIEWS and VIEWS[b].sections is not None]
 
 
 def page_granularities(rows: pd.DataFrame) -> list[Granularity]:
@@ -81,7 +97,8 @@ def page_granularities(rows: pd.DataFrame) -> list[Granularity]:
 
 
 def write_reports(run_dir: Path, plotly_dir: str | None = None) -> list[Path]:
-    """Write index.html and one page per granularity into the run folder; return their paths, index first.
+    """Write index.html, one page per granularity and one per benchmark with a page of its own into the
+    run folder; return their paths, index first.
 
     Chart pages load the folder's own copy of plotly.js, written here; with `plotly_dir` (a relative
     URL ending in `/`) they load the copy there instead, which the caller keeps (the site has one).
@@ -92,26 +109,35 @@ def write_reports(run_dir: Path, plotly_dir: str | None = None) -> list[Path]:
     run_dir = Path(run_dir)
     rows = load_results(run_dir)
     metadata = read_metadata(run_dir)
-    granularities = page_granularities(rows)
+    page_granularities(rows)  # every row's granularity is a known one
+    benchmarks = own_pages(rows)
+    shared = rows[~rows["benchmark"].isin(benchmarks)]
+    granularities = page_granularities(shared)
+    navigation = _navigation(granularities, benchmarks)
     gpu = GPUS.get(str(metadata.get("gpu_spec")))
-    if granularities and plotly_dir is None:
+    if (granularities or benchmarks) and plotly_dir is None:
         write_plotly_js(run_dir)
     pages = []
     for granularity in granularities:
         path = run_dir / page_name(granularity)
-        shown = rows[rows["granularity"].isin({granularity.value, Granularity.NONE.value})]
-        text = _granularity_page(run_dir, granularity, granularities, shown, metadata, gpu, plotly_dir or "")
+        shown = shared[shared["granularity"].isin({granularity.value, Granularity.NONE.value})]
+        text = _granularity_page(run_dir, granularity, navigation, shown, metadata, gpu, plotly_dir or "")
+        path.write_text(text, encoding="utf-8")
+        pages.append(path)
+    for benchmark in benchmarks:
+        path = run_dir / f"{benchmark}.html"
+        text = _benchmark_page(run_dir, benchmark, navigation, rows[rows["benchmark"] == benchmark], metadata, plotly_dir or "")
         path.write_text(text, encoding="utf-8")
         pages.append(path)
     index = run_dir / INDEX_HTML
-    index.write_text(_index_page(run_dir, granularities, rows, metadata), encoding="utf-8")
+    index.write_text(_index_page(run_dir, granularities, benchmarks, rows, shared, metadata), encoding="utf-8")
     return [index, *pages]
 
 
 def _granularity_page(
     run_dir: Path,
     granularity: Granularity,
-    granularities: list[Granularity],
+    navigation: str,
     rows: pd.DataFrame,
     metadata: dict[str, Any],
     gpu: GpuSpec | None,
@@ -121,7 +147,7 @@ def _granularity_page(
         title = f"{run_dir.name}: BF16 reference"
     else:
         title = f"{run_dir.name}: {granularity.value} scaling against BF16"
-    parts = [_navigation(granularities), _measurement_warning(rows, metadata), _summary(rows, metadata)]
+    parts = [navigation, _measurement_warning(rows, metadata), _summary(rows, metadata)]
     charted = False
     for benchmark, benchmark_rows in rows.groupby("benchmark", sort=False):
         view = VIEWS.get(benchmark, BenchmarkView())
@@ -131,18 +157,39 @@ def _granularity_page(
         charted = charted or any(isinstance(chart, Chart) for chart in charts)
         if not charts:
             parts.append('<p class="note">no charts for these rows; every row is in the table below</p>')
-        parts.append(f"<h3>All {html.escape(benchmark)} rows</h3><p class=\"note\">{html.escape(_SPREAD_NOTE)}</p>")
-        parts.append(rows_table(table_frame(benchmark_rows, view.table_columns), _TEXT_COLUMNS))
+        parts.append(_rows_section(benchmark, benchmark_rows, view.table_columns))
     parts.append(f"<h2>Run metadata</h2>{metadata_table(metadata)}")
     return page(title, "\n".join(parts), plotly=charted, plotly_dir=plotly_dir)
 
 
-def _index_page(run_dir: Path, granularities: list[Granularity], rows: pd.DataFrame, metadata: dict[str, Any]) -> str:
+def _benchmark_page(run_dir: Path, benchmark: str, navigation: str, rows: pd.DataFrame, metadata: dict[str, Any], plotly_dir: str) -> str:
+    """A benchmark's own page: its view's sections of the whole run, then its rows and the metadata."""
+    view = VIEWS[benchmark]
+    parts = [navigation, _measurement_warning(rows, metadata), _summary(rows, metadata), f"<h2>{html.escape(benchmark)}</h2>"]
+    parts.extend(view.sections(run_dir, rows))
+    parts.append(_rows_section(benchmark, rows, view.table_columns))
+    parts.append(f"<h2>Run metadata</h2>{metadata_table(metadata)}")
+    return page(f"{run_dir.name}: {benchmark}", "\n".join(parts), plotly=True, plotly_dir=plotly_dir)
+
+
+def _rows_section(benchmark: str, rows: pd.DataFrame, columns: tuple[str, ...] | None) -> str:
+    return (
+        f"<h3>All {html.escape(benchmark)} rows</h3><p class=\"note\">{html.escape(_SPREAD_NOTE)}</p>"
+        f"{rows_table(table_frame(rows, columns), _TEXT_COLUMNS)}"
+    )
+
+
+def _index_page(
+    run_dir: Path, granularities: list[Granularity], benchmarks: list[str], rows: pd.DataFrame, shared: pd.DataFrame, metadata: dict[str, Any]
+) -> str:
     items = []
     for granularity in granularities:
-        shown = rows[rows["granularity"].isin({granularity.value, Granularity.NONE.value})]
+        shown = shared[shared["granularity"].isin({granularity.value, Granularity.NONE.value})]
         label = "BF16 reference" if granularity is Granularity.NONE else f"{granularity.value} scaling"
         items.append(f'<li><a href="{page_name(granularity)}">{label}</a>: {html.escape(status_counts(shown))}</li>')
+    for benchmark in benchmarks:
+        shown = rows[rows["benchmark"] == benchmark]
+        items.append(f'<li><a href="{benchmark}.html">{html.escape(benchmark)}</a>: {html.escape(status_counts(shown))}</li>')
     pages = f"<ul>{''.join(items)}</ul>" if items else '<p class="note">no result rows yet</p>'
     body = (
         f"{_measurement_warning(rows, metadata)}{_summary(rows, metadata)}<h2>Pages</h2>{pages}"
@@ -204,8 +251,8 @@ def _measurement_warning(rows: pd.DataFrame, metadata: dict[str, Any]) -> str:
     return f'<p class="banner">{html.escape(text)}</p>'
 
 
-def _navigation(granularities: list[Granularity]) -> str:
+def _navigation(granularities: list[Granularity], benchmarks: list[str]) -> str:
     links = [f'<a href="{INDEX_HTML}">index</a>'] + [
         f'<a href="{page_name(g)}">{"BF16" if g is Granularity.NONE else g.value}</a>' for g in granularities
-    ]
+    ] + [f'<a href="{b}.html">{html.escape(b)}</a>' for b in benchmarks]
     return f"<nav>{' | '.join(links)}</nav>"

@@ -1,0 +1,237 @@
+"""The numerics page from runs of the real CLI on a micro model on the CPU (kernels under
+TRITON_INTERPRET=1): every chart is on the page, the headline and conclusions are the numbers pandas
+computes from curves.csv, strings from the files are escaped, and a malformed curves file is an error."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from fp8bench.benchmarks import numerics
+from fp8bench.cli import app
+from fp8bench.report import numerics as report_numerics
+from fp8bench.report.write import INDEX_HTML, write_reports
+
+SMALL = ["--model", "micro", "--batch-size", "1", "--seq-len", "16", "--corpus-bytes", "1000000"]
+
+
+def micro() -> torch.nn.Module:
+    return numerics.TinyLM(numerics.TinyLMConfig(dim=32, layers=1, heads=2, ffn=64))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One folder per numerics command, run through the CLI with tiny settings, reports written."""
+    root = tmp_path_factory.mktemp("numerics")
+    commands = {
+        "loss": ["loss", "--recipe", "tensorwise", "--recipe", "rowwise", "--steps", "10", "--eval-every", "5", "--bf16-seeds", "2"],
+        "stats": ["stats", "--recipe", "tensorwise-delayed", "--steps", "2"],
+        "startup": ["startup", "--steps", "4"],
+        "optimizer": ["optimizer", "--loss-steps", "3", "--error-steps", "2"],
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(numerics.MODELS, "micro", micro)
+        for name, argv in commands.items():
+            result = CliRunner().invoke(app, ["numerics", *argv, *SMALL, "--out", str(root / name)])
+            assert result.exit_code == 0, result.output
+    for name in commands:
+        result = CliRunner().invoke(app, ["report", str(root / name)])
+        assert result.exit_code == 0, result.output
+    return root
+
+
+def chart_ids(page: str) -> list[str]:
+    return re.findall(r'<div id="([a-z0-9-]+)" class="plotly-graph-div"', page)
+
+
+def headline_rows(page: str) -> list[list[str]]:
+    """The cells of the first table on the page (the headline)."""
+    table = page.split("<table", 1)[1].split("</table>", 1)[0]
+    return [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr class=[^>]*>(.*?)</tr>", table)]
+
+
+def pandas_gap(curves: pd.DataFrame, curve: str, reference: str = "bf16-seed0") -> float:
+    """Mean loss over the last 10% of steps relative to the reference's, straight from curves.csv."""
+    loss = curves[curves.metric == "loss"]
+
+    def tail(name: str) -> float:
+        values = loss[loss.curve == name].sort_values("step")["value"]
+        return values.tail(max(1, math.ceil(0.1 * len(values)))).mean()
+
+    return (tail(curve) - tail(reference)) / tail(reference)
+
+
+def test_the_report_reads_the_files_the_benchmark_writes():
+    assert report_numerics.CURVES_CSV == numerics.CURVES_CSV
+    assert report_numerics.CURVE_COLUMNS == numerics.CURVE_COLUMNS
+    assert report_numerics.LAST_FRACTION == numerics.LAST_FRACTION
+    assert report_numerics.BENCHMARK == numerics.BENCHMARK
+
+
+def test_trailing_means_and_where_two_curves_settle_known_answers():
+    steps = pd.Index(range(1, 21))
+    means = report_numerics.trailing_means(pd.Series([float(s) for s in steps], index=steps))
+    assert means[1] == 1.0 and means[11] == 10.5 and means[20] == 19.5  # windows of 1, 2 and 2 steps
+    reference = pd.Series([5.0, 4.0, 3.0, 2.0, 1.0], index=range(1, 6))
+    settles = report_numerics.settles_at
+    assert settles(pd.Series([6.0, 4.2, 3.0, 2.0, 1.0], index=range(1, 6)), reference) == 3
+    assert settles(pd.Series([5.0, 4.0, 3.0, 2.0, 1.1], index=range(1, 6)), reference) is None
+    assert settles(pd.Series([5.0, math.nan, 3.0, 2.0, 1.0], index=range(1, 6)), reference) == 3  # NaN: not settled
+    assert settles(reference, reference) == 1
+
+
+def test_loss_page_opens_with_the_headline_computed_from_curves(runs):
+    run = runs / "loss"
+    page = (run / "numerics.html").read_text()
+    assert f'href="numerics.html"' in (run / INDEX_HTML).read_text()
+    assert not (run / "tensorwise.html").exists()  # numerics rows have their own page, not granularity pages
+    assert chart_ids(page) == ["loss-loss", "loss-gap", "loss-val-loss", "loss-grad-norm"]
+    assert page.index("Loss gap to BF16 over the last 10% of steps") < page.index('id="loss-loss"')
+    curves = pd.read_csv(run / numerics.CURVES_CSV)
+    noise = abs(pandas_gap(curves, "bf16-seed1"))
+    rows = {cells[0]: cells for cells in headline_rows(page)}
+    assert list(rows) == ["bf16-seed1", "tensorwise-seed0", "rowwise-seed0"]
+    for curve, cells in rows.items():
+        gap = pandas_gap(curves, curve)
+        assert cells[4] == f"{100 * gap:+.2f}%" and cells[5] == f"±{100 * noise:.2f}%"
+        if curve != "bf16-seed1":
+            noise_verdict = "within" if abs(gap) <= noise else "outside"
+            assert cells[6] == f"{noise_verdict} the BF16 noise; {'within' if abs(gap) <= 0.01 else 'OUTSIDE'} 1%"
+    # The results rows' rel_err is the same gap.
+    results = pd.read_csv(run / "results.csv")
+    for options, rel_err in zip(results["options"], results["rel_err"]):
+        assert rel_err == pytest.approx(pandas_gap(curves, json.loads(options)["curve"]), abs=1e-6)  # curves.csv holds 8 digits
+
+
+def test_gap_over_steps_ends_at_the_headline_gap_and_matches_the_checkpoints(runs):
+    curves = report_numerics.read_curves(runs / "loss")
+    loss = report_numerics.values_by_curve(curves)
+    gaps = report_numerics.gap_over_steps(loss["tensorwise-seed0"], loss["bf16-seed0"])
+    checkpoints = curves[(curves.metric == "loss_gap") & (curves.curve == "tensorwise-seed0")].set_index("step")["value"]
+    assert len(checkpoints) == 4
+    for step, value in checkpoints.items():
+        assert gaps[step] == pytest.approx(value, abs=1e-6)  # curves.csv holds 8 digits
+    assert gaps.iloc[-1] == pytest.approx(pandas_gap(pd.read_csv(runs / "loss" / numerics.CURVES_CSV), "tensorwise-seed0"), rel=1e-9)
+
+
+def test_stats_page_charts_every_statistic(runs):
+    page = (runs / "stats" / "numerics.html").read_text()
+    assert chart_ids(page) == [
+        "loss-loss", "loss-gap", "loss-val-loss", "loss-grad-norm",
+        "stats-underflow-pct", "stats-saturate-pct", "stats-amax", "stats-scale", "stats-sqnr-steps", "stats-sqnr-per-gemm",
+    ]  # fmt: skip
+    assert "blocks.0.qkv" in page and "grad_output" in page
+    ((curve, recipe, _, _, gap, noise, verdict),) = headline_rows(page)
+    assert (curve, recipe, noise) == ("tensorwise-delayed-seed0", "tensorwise-delayed", "n/a (one BF16 seed)")
+    assert verdict in ("within 1%", "OUTSIDE 1%")
+
+
+def test_startup_page_overlays_both_arms_and_concludes_from_the_data(runs):
+    run = runs / "startup"
+    page = (run / "numerics.html").read_text()
+    assert chart_ids(page) == [
+        "startup-scale-1-loss", "startup-scale-1-underflow", "startup-master-from-fp8-loss", "startup-master-from-fp8-underflow",
+    ]  # fmt: skip
+    curves = pd.read_csv(run / numerics.CURVES_CSV)
+    loss = curves[curves.metric == "loss"].pivot(index="step", columns="curve", values="value")
+    for a, b in (("calibrated-seed0", "scale-1-seed0"), ("master-from-hp-seed0", "master-from-fp8-seed0")):
+        first = loss[b].iloc[0] / loss[a].iloc[0] - 1
+        assert f"{b} starts at loss {loss[b].iloc[0]:.4f} against {a}&#x27;s {loss[a].iloc[0]:.4f} at step 1 ({100 * first:+.2f}%)" in page
+        outside = (loss[b] / loss[a] - 1).abs() > 0.01
+        if outside.iloc[-1]:
+            assert "still more than 1% apart at the last step, 4" in page
+        else:
+            settled = outside[outside].index.max() + 1 if outside.any() else 1
+            assert f"From step {settled} on, {b}&#x27;s loss stays within 1% of {a}&#x27;s" in page
+        assert f"{b} is {100 * pandas_gap(curves, b, a):+.2f}% from {a}" in page
+        underflow = curves[(curves.metric == "underflow_pct") & (curves.step == 1)].groupby(["curve", "role"])["value"].mean()
+        role = underflow[b].idxmax()
+        sentence = f"At step 1 the {role} casts lose {underflow[b][role]:.2f}% of their nonzero values to underflow in {b}"
+        assert f"{sentence} against {underflow[a][role]:.2f}% in {a}" in page
+
+
+def test_optimizer_page_tables_memory_error_and_loss(runs):
+    run = runs / "optimizer"
+    page = (run / "numerics.html").read_text()
+    assert chart_ids(page) == ["optimizer-update-error", "optimizer-loss", "optimizer-gap", "optimizer-val-loss", "optimizer-grad-norm"]
+    table = report_numerics.optimizer_table(report_numerics.curve_options(pd.read_csv(run / "results.csv", dtype=str, keep_default_na=False)),
+                                            report_numerics.read_curves(run))  # fmt: skip
+    curves = pd.read_csv(run / numerics.CURVES_CSV)
+    state = curves[curves.metric == "state_bytes_per_param"].set_index("curve")["value"]
+    assert list(table["optimizer"]) == ["adamw-fp32", "adamw-e4m3-sqrt-e5m2", "adamw-e4m3-fp16"]
+    for row in table.itertuples():
+        assert getattr(row, "_3") == pytest.approx(state[row.optimizer])  # state bytes / param
+        assert getattr(row, "_4") == f"{100 * state[row.optimizer] / state['adamw-fp32']:.1f}%"
+        curve = f"{row.optimizer}-seed0"
+        assert getattr(row, "_6") == f"{100 * pandas_gap(curves, curve, 'adamw-fp32-seed0'):+.2f}%"
+    errors = curves[curves.metric == "update_rel_err"].sort_values("step").groupby("curve")["value"].last()
+    assert table.set_index("optimizer").loc["adamw-e4m3-fp16", "update rel. error"] == pytest.approx(errors["adamw-e4m3-fp16"])
+    assert math.isnan(table["GB/s"].iloc[0])  # timed on a GPU only
+
+
+def test_every_chart_renders_in_a_browser(runs):
+    """In Chromium (skipped without it, failed under CI): no script error, every chart draws its traces
+    (lines count no points in the browser helper; bars do)."""
+    from browser import render
+
+    for name in ("loss", "stats", "startup", "optimizer"):
+        page = runs / name / "numerics.html"
+        rendered = render(page)
+        assert rendered.js_errors == ()
+        assert [graph.div_id for graph in rendered.graphs] == chart_ids(page.read_text())
+        assert all(graph.traces for graph in rendered.graphs), name
+        assert all(trace.points > 0 for graph in rendered.graphs for trace in graph.traces if trace.kind == "bars"), name
+
+
+def test_strings_from_the_files_are_escaped(tmp_path, runs):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("results.csv", "metadata.json", numerics.CURVES_CSV):
+        (run / name).write_text((runs / "loss" / name).read_text().replace("rowwise-seed0", "<b>x</b>-seed0"))
+    write_reports(run)
+    page = (run / "numerics.html").read_text()
+    assert "<b>x</b>" not in page and "&lt;b&gt;x&lt;/b&gt;-seed0" in page
+    assert "\\u003cb\\u003e" not in page  # how plotly writes an unescaped label into its JSON
+
+
+def test_a_malformed_curves_file_is_an_error_naming_it(tmp_path, runs):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("results.csv", "metadata.json"):
+        (run / name).write_text((runs / "loss" / name).read_text())
+    (run / numerics.CURVES_CSV).write_text("curve,step\nbf16-seed0,1\n")
+    result = CliRunner().invoke(app, ["report", str(run)])
+    assert result.exit_code == 2
+    assert "is not a curves file" in result.output
+
+
+def test_a_run_without_curves_says_so_and_keeps_its_rows(tmp_path, runs):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("results.csv", "metadata.json"):
+        (run / name).write_text((runs / "loss" / name).read_text())
+    write_reports(run)
+    page = (run / "numerics.html").read_text()
+    assert "The run folder holds no curves.csv values" in page and chart_ids(page) == []
+    assert [cells[4] for cells in headline_rows(page)] == ["n/a"] * 3
+
+
+def test_curves_that_did_not_run_are_headline_rows_with_their_status(tmp_path, monkeypatch):
+    """Without the interpreter on a CPU, the FP8 curve is an unsupported row: listed, not measured."""
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setitem(numerics.MODELS, "micro", micro)
+    argv = ["numerics", "loss", "--recipe", "tensorwise", "--steps", "2", "--bf16-seeds", "1", *SMALL, "--out", str(tmp_path)]
+    assert CliRunner().invoke(app, argv).exit_code == 0
+    assert CliRunner().invoke(app, ["report", str(tmp_path)]).exit_code == 0
+    ((curve, _, _, status, gap, noise, verdict),) = headline_rows((tmp_path / "numerics.html").read_text())
+    assert (curve, gap, noise, verdict) == ("tensorwise-seed0", "n/a", "n/a (one BF16 seed)", "not measured")
+    assert status.startswith("unsupported: our FP8 kernels run on a CUDA GPU")
