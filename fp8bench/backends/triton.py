@@ -119,16 +119,20 @@ class TritonBackend(Backend):
         """fp8bench.nn.float8_linear.convert_to_float8 with our recipe; under FSDP2 with tensorwise scaling
         the weights are all-gathered in FP8 (fp8bench.nn.fsdp)."""
         from fp8bench.nn.float8_linear import convert_to_float8, recipe_problem
+        from fp8bench.nn.norm_fusion import fuse_norm_linears
 
         problem = recipe_problem(recipe)
         if problem:
             raise Unsupported(problem)
+        # RMSNorm -> linear pairs become one module whose norm writes the FP8 input (where the recipe's input
+        # cast can be fused: delayed and blockwise scaling); convert_to_float8 leaves those modules as they are.
+        fusion = fuse_norm_linears(model, recipe)
         done = convert_to_float8(model, recipe, lambda module, name: keep(name))
-        options: dict[str, Any] = {"converted_linears": len(done.converted), "summary": recipe.summary()}
+        options: dict[str, Any] = {
+            "converted_linears": len(done.converted), "norm_fused_linears": len(fusion.fused), "summary": recipe.summary()
+        }
         if done.left_in_bf16:
             options["left_in_bf16"] = done.left_in_bf16
-        # Producer fusions of the converted model (an RMSNorm fused with the cast of the linear it feeds)
-        # are applied here, after the linears are ours and before FSDP2 shards the model.
         if fp8_all_gather:
             from fp8bench.nn.fsdp import enable_float8_all_gather
 
