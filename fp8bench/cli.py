@@ -623,6 +623,7 @@ def _measure_layer(benchmark, cases: list, writer) -> None:
 
 @app.command()
 def e2e(
+    ctx: typer.Context,
     model: str = typer.Option("llama3-8b", help="llama3-8b | llama3-70b | llama3-405b | custom (with --dim, --ffn-dim, --heads, --kv-heads, --vocab)"),
     layers: int = typer.Option(4, min=1, help="transformer blocks: a proxy of the model's width (the full 8B has 32)"),
     dim: Optional[int] = typer.Option(None, min=1, help="with --model custom: model width"),
@@ -681,13 +682,12 @@ def e2e(
     if nproc_per_node > 1 and not distributed:  # every rank runs this command again, under torchrun
         import subprocess
 
-        import click
         import torch
 
         if torch.cuda.device_count() < nproc_per_node:
             raise EnvironmentProblem(f"--nproc-per-node {nproc_per_node} but this host shows {torch.cuda.device_count()} CUDA GPUs")
         # From the options as parsed: a suite runs commands in-process, so sys.argv may be another command's.
-        raise typer.Exit(subprocess.run(bench.torchrun_command(click.get_current_context().params, run_dir)).returncode)
+        raise typer.Exit(subprocess.run(bench.torchrun_command(ctx.params, run_dir)).returncode)
     if distributed and world_size != nproc_per_node:
         raise typer.BadParameter(f"torchrun started {world_size} ranks but --nproc-per-node is {nproc_per_node}")
     try:
