@@ -15,8 +15,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fp8bench.backends import Unsupported, get_backend
-from fp8bench.benchmarks.matmul import GemmInputs, random_operands, recipe_name
+from fp8bench.benchmarks.matmul import GemmInputs, prepare, random_operands, recipe_name
 from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase
 from fp8bench.harness.case import Built, Peak, Work
 from fp8bench.model.calibration import REQUIRED_FP8, CalibrationProfile, fp8_key
@@ -68,12 +67,7 @@ class CalibrationCase:
             return Built(lambda: destination.copy_(source))
         if self.kind == LAUNCH:
             return Built(lambda: inputs.add_(1))
-        gemm = self.gemm
-        backend = get_backend(gemm.backend)
-        reason = backend.unavailable_reason() or backend.unsupported_reason(gemm.shape, gemm.granularity, gemm.fast_accum)
-        if reason:
-            raise Unsupported(reason)
-        prepared = backend.prepare_gemm(inputs.operands, gemm.granularity, gemm.fast_accum)
+        prepared = prepare(self.gemm, inputs.operands)
         return Built(prepared.run, dict(prepared.options))
 
 

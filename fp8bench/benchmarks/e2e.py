@@ -55,7 +55,7 @@ import pandas as pd
 
 from fp8bench.backends import Level, backend_names, convert
 from fp8bench.backends.te import te_unavailable_reason
-from fp8bench.benchmarks.layer import KERNEL_KINDS
+from fp8bench.benchmarks.layer import KERNEL_KINDS, first_matching_kind
 from fp8bench.config import FastAccum, Granularity, Status, TimingConfig
 from fp8bench.harness.case import Built, Failed, Unsupported, Work
 from fp8bench.harness.results import Row, RunWriter
@@ -107,11 +107,7 @@ CLASS_COLUMNS = {name: f"{name}_ms" for name in (*(kind for kind, _ in KERNEL_CL
 
 def kernel_class(name: str) -> str:
     """gemm | cast | attention | norm_act | optimizer | comm | other, from a CUDA kernel's name (KERNEL_CLASSES)."""
-    lowered = name.lower()
-    for kind, fragments in KERNEL_CLASSES:
-        if any(fragment in lowered for fragment in fragments):
-            return kind
-    return "other"
+    return first_matching_kind(name, KERNEL_CLASSES)
 
 
 # ---- data ----------------------------------------------------------------------------------------

@@ -70,13 +70,15 @@ KERNEL_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+def first_matching_kind(name: str, kinds: tuple[tuple[str, tuple[str, ...]], ...]) -> str:
+    """The first kind of `kinds` one of whose name fragments is in the CUDA kernel's name, else other."""
+    lowered = name.lower()
+    return next((kind for kind, fragments in kinds if any(fragment in lowered for fragment in fragments)), "other")
+
+
 def kernel_kind(name: str) -> str:
     """gemm | cast | other, from a CUDA kernel's name (KERNEL_KINDS)."""
-    lowered = name.lower()
-    for kind, fragments in KERNEL_KINDS:
-        if any(fragment in lowered for fragment in fragments):
-            return kind
-    return "other"
+    return first_matching_kind(name, KERNEL_KINDS)
 
 
 # Below this SQNR against the BF16 layer a result is wrong, not noisy: FP8 recipes land at 24-45 dB, and a

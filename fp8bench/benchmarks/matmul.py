@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fp8bench.backends import Operands, Unsupported, get_backend
+from fp8bench.backends import Operands, PreparedGemm, Unsupported, get_backend
 from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase, MatmulConfig
 from fp8bench.harness.case import Built, Failed, Peak, Work
 from fp8bench.model.hardware import GpuSpec
@@ -54,6 +54,15 @@ def _relative_error(out, ref) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
+def prepare(case: MatmulCase, operands: Operands) -> PreparedGemm:
+    """The case's backend, checked for the case, with its GEMM prepared on `operands` (Unsupported if it cannot)."""
+    backend = get_backend(case.backend)
+    reason = backend.unavailable_reason() or backend.unsupported_reason(case.shape, case.granularity, case.fast_accum)
+    if reason:
+        raise Unsupported(reason)
+    return backend.prepare_gemm(operands, case.granularity, case.fast_accum)
+
+
 @dataclass(frozen=True)
 class GemmCase:
     """One GEMM of the run (fp8bench.harness.case.Case)."""
@@ -81,12 +90,7 @@ class GemmCase:
         return self.case.granularity is Granularity.NONE
 
     def build(self, inputs: GemmInputs) -> Built:
-        case = self.case
-        backend = get_backend(case.backend)
-        reason = backend.unavailable_reason() or backend.unsupported_reason(case.shape, case.granularity, case.fast_accum)
-        if reason:
-            raise Unsupported(reason)
-        prepared = backend.prepare_gemm(inputs.operands, case.granularity, case.fast_accum)
+        prepared = prepare(self.case, inputs.operands)
         if self.is_reference:
             return Built(prepared.run, dict(prepared.options))
 
