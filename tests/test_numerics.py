@@ -170,7 +170,7 @@ def test_the_numerics_suite_runs_each_command_into_its_folder(tmp_path):
     suite = load_suite(Path(__file__).resolve().parent.parent / "suites" / "numerics.toml")
     argvs = {entry.name: entry.argv(tmp_path) for entry in suite.entries}
     assert argvs["loss"][:2] == ["numerics", "loss"] and argvs["loss"][-2:] == ["--out", str(tmp_path / "loss")]
-    assert argvs["optimizer"][:4] == ["numerics", "optimizer", "--model", "tiny"]
+    assert argvs["optimizer"][:4] == ["numerics", "optimizer", "--model", "llama-25m"]
     for argv in argvs.values():  # every option is one the command takes
         result = CliRunner().invoke(app, [*argv[:2], *argv[2:-2], "--help"])
         assert result.exit_code == 0, result.output
