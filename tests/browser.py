@@ -98,7 +98,7 @@ def parse_html(text: str) -> Element:
 @dataclass(frozen=True)
 class Trace:
     kind: str  # plotly's trace class: "bars", "scatter", "heatmap", ...
-    points: int  # data points drawn: bars, markers, or labelled heatmap cells
+    points: int  # data points drawn: bars, markers, lines (one each) or labelled heatmap cells
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,9 @@ def _traces(graph_div: Element) -> tuple[Trace, ...]:
     for element in graph_div.iter():
         if "trace" in element.classes:
             kind = " ".join(sorted(c for c in element.classes if not c.startswith("trace")))
-            traces.append(Trace(kind, len(element.find_all(cls="point"))))
+            # Markers and bars are one .point per datum; a line without markers is one drawn .js-line path.
+            lines = [e for e in element.find_all(cls="js-line") if e.attrs.get("d", "").strip() not in ("", "M0,0Z")]
+            traces.append(Trace(kind, len(element.find_all(cls="point")) or len(lines)))
         elif "hm" in element.classes:
             traces.append(Trace("heatmap", len(element.find_all(cls="heatmap-label"))))
     return tuple(traces)

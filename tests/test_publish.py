@@ -27,8 +27,8 @@ from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase, Statu
 from fp8bench.publish.site import MANIFEST_JSON, publish
 from fp8bench.publish.tree import COMPARE_HTML, GATE_JSON, HISTORY_HTML, read_tree, slug
 from fp8bench.model.hardware import GPUS
-from fp8bench.report.write import INDEX_HTML, VIEWS, page_name
-from fp8bench.report.html import PLOTLY_JS
+from fp8bench.report.write import INDEX_HTML, VIEWS, own_pages, page_name
+from fp8bench.report.html import PLOTLY_JS, Chart
 from fp8bench.harness.results import RunWriter, load_results, read_metadata, status_text
 from test_report import GPU, case_row, measured_row, synthetic_measurement
 
@@ -131,7 +131,13 @@ def expected_graphs(root: Path, site: Path, only: set[Path] | None = None) -> di
             if points:
                 history[f"history-{slug(name)}-chart"] = points
             for entry in entries:
-                rows = entry.rows
+                # A benchmark with a page of its own (numerics) draws there, not on the granularity pages.
+                own = own_pages(entry.rows)
+                for benchmark in own:
+                    path = site / entry.site_dir / f"{benchmark}.html"
+                    if only is None or path in only:
+                        expected[path] = {SOME_GRAPHS: None}
+                rows = entry.rows[~entry.rows["benchmark"].isin(own)]
                 gpu = GPUS.get(str(entry.metadata.get("gpu_spec")))
                 for granularity in Granularity.fp8():
                     path = site / entry.site_dir / page_name(granularity)
@@ -148,7 +154,9 @@ def expected_graphs(root: Path, site: Path, only: set[Path] | None = None) -> di
                         elif only is None:
                             graphs = {SOME_GRAPHS: None}
                         else:
-                            graphs.update({c.div_id: None for build in VIEWS[benchmark].charts for c in build(benchmark_rows, gpu)})
+                            graphs.update({
+                                c.div_id: None for build in VIEWS[benchmark].charts for c in build(benchmark_rows, gpu) if isinstance(c, Chart)
+                            })
                     expected[path] = graphs
         expected[site / slug(model) / HISTORY_HTML] = history
     return expected

@@ -48,12 +48,16 @@ from fp8bench.model import hardware
 from fp8bench.publish import pages as publish_pages
 from fp8bench.publish import tree as publish_tree
 from fp8bench.report import html as report_html
+from fp8bench.report import cast as report_cast
+from fp8bench.report import e2e as report_e2e
 from fp8bench.report import matmul as report_matmul
+from fp8bench.report import numerics as report_numerics
+from fp8bench.report import roofline as report_roofline
 from fp8bench.report import write as report
 from fp8bench.publish.tree import (
     COMPARE_HTML, GATE_JSON, HISTORY_HTML, EntryRun, Run, Skipped, Tree, read_tree, slug,
 )
-from fp8bench.report.write import INDEX_HTML, page_granularities, page_name, write_reports
+from fp8bench.report.write import DATA_FILES, INDEX_HTML, page_names, write_reports
 from fp8bench.report.html import PLOTLY_JS, write_plotly_js
 from fp8bench.harness.results import METADATA_JSON, RESULTS_CSV
 from fp8bench.harness.validate import MalformedFile
@@ -63,7 +67,10 @@ from fp8bench.harness.validate import MalformedFile
 MANIFEST_JSON = ".fp8bench-site.json"
 _MANIFEST_FORMAT = 2
 # The code that renders pages: when it changes, every page is rebuilt, whatever the fingerprints say.
-_RENDERING_MODULES = (compare, compare_output, hardware, publish_pages, publish_tree, report, report_html, report_matmul, results)
+_RENDERING_MODULES = (
+    compare, compare_output, hardware, publish_pages, publish_tree, report, report_html, report_cast, report_e2e, report_matmul,
+    report_numerics, report_roofline, results,
+)
 
 Progress = Callable[[int, int, str], None]  # (steps done, steps in all, what is being built)
 # A process of its own pays for itself from about this many run folders (it starts in a few seconds,
@@ -222,8 +229,8 @@ def publish(reports: Path, out: Path, progress: Progress | None = None, jobs: in
 def _prepare_run_reports(entry: EntryRun, build: _Build) -> PurePosixPath:
     """Copy the entry's results files into its folder of the site, recording them and the report pages
     `_render` will write there; return that folder."""
-    copies = [name for name in (RESULTS_CSV, METADATA_JSON) if (entry.source / name).is_file()]
-    for name in (*copies, INDEX_HTML, *(page_name(g) for g in page_granularities(entry.rows))):
+    copies = [name for name in (RESULTS_CSV, METADATA_JSON, *DATA_FILES) if (entry.source / name).is_file()]
+    for name in (*copies, *page_names(entry.rows)):
         build.target(entry.site_dir / name)
     build.checkpoint()
     for name in copies:

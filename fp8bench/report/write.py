@@ -84,6 +84,17 @@ def own_pages(rows: pd.DataFrame) -> list[str]:
     return [b for b in dict.fromkeys(rows["benchmark"]) if b in VIEWS and VIEWS[b].sections is not None]
 
 
+# Files beside results.csv and metadata.json that pages are built from (numerics' step-wise curves).
+DATA_FILES: tuple[str, ...] = (report_numerics.CURVES_CSV,)
+
+
+def page_names(rows: pd.DataFrame) -> list[str]:
+    """The pages write_reports writes for these rows, index first."""
+    benchmarks = own_pages(rows)
+    shared = rows[~rows["benchmark"].isin(benchmarks)]
+    return [INDEX_HTML, *(page_name(g) for g in page_granularities(shared)), *(f"{b}.html" for b in benchmarks)]
+
+
 def page_granularities(rows: pd.DataFrame) -> list[Granularity]:
     """The FP8 granularities in the run, in the usual order; only BF16 when the run has no FP8 row."""
     present = set(rows["granularity"])
