@@ -138,7 +138,7 @@ def test_charts_plot_every_ok_row_in_one_colour_per_implementation(run):
     rows = page_rows(rows, Granularity.TENSORWISE)
     ok = rows[rows["status"] == "ok"]
     fp8 = ok[ok["granularity"] != "none"]
-    colours = colour_map(IMPLEMENTATIONS, ["bf16"])
+    colours = colour_map([*IMPLEMENTATIONS, "bf16"])
     (tokens,) = report_e2e.tokens_chart(rows, GPU)
     assert sum(len(t.y) for t in tokens.figure.data) == len(ok)  # BF16 eager and compiled too
     (speedup,) = report_e2e.speedup_chart(rows, GPU)

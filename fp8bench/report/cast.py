@@ -16,7 +16,6 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from fp8bench.backends import Level, backend_names
 from fp8bench.harness.results import COPY_RECIPE
 from fp8bench.model.hardware import GpuSpec
 from fp8bench.report.html import (
@@ -57,7 +56,7 @@ def _bars(frame: pd.DataFrame, column: str) -> go.Figure:
     figure = px.bar(
         frame, x="recipe_label", y=column, color="backend_label", facet_row="shape", barmode="group",
         error_y="whisker_up", error_y_minus="whisker_down",
-        color_discrete_map=colour_map(backend_names(Level.CAST), frame["backend_label"]),
+        color_discrete_map=colour_map(frame["backend_label"]),
         category_orders=run_order(frame, "shape", "recipe_label", "backend_label"), hover_data=_HOVER, labels=_LABELS,
     )
     figure.update_layout(height=panels_height(frame["shape"].nunique()))

@@ -23,7 +23,6 @@ import plotly.express as px
 
 from fp8bench.config import Granularity, Status
 from fp8bench.model.hardware import GpuSpec
-from fp8bench.model.roofline import IMPLEMENTATIONS
 from fp8bench.report.html import (
     Chart, chart_id, colour_map, panels_height, plotted_rows, ratio_whiskers, rows_table, run_order,
     stacked_time_figure, throughput_whiskers,
@@ -114,7 +113,7 @@ def _fp8(ok: pd.DataFrame) -> pd.DataFrame:
 
 def _colours(frame: pd.DataFrame) -> dict[str, str]:
     """One colour per implementation on every page and chart, the roofline pages' included."""
-    return colour_map(IMPLEMENTATIONS, frame["implementation_label"])
+    return colour_map(frame["implementation_label"])
 
 
 def _panel_height(frame: pd.DataFrame) -> int:

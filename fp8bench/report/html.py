@@ -16,6 +16,7 @@ from __future__ import annotations
 import html
 import math
 import re
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,11 +193,36 @@ def ratio_whiskers(frame: pd.DataFrame, reference: pd.DataFrame, keys: list[str]
     return merged
 
 
-def colour_map(known: Iterable[str], labels: Iterable[str]) -> dict[str, str]:
-    """A colour per label, the same in every chart and on every page: plotly's default colours given to
-    the `known` labels first (in their order), then to the others (in theirs)."""
-    palette = plotly.colors.qualitative.Plotly
-    return {label: palette[i % len(palette)] for i, label in enumerate(dict.fromkeys([*known, *labels]))}
+# The colour of each backend and implementation on every chart of every page: ours (triton) in reds,
+# torchao in greens, each compiled variant a lighter shade of its eager one, BF16 in greys.
+BACKEND_COLOURS: dict[str, str] = {
+    "bf16": "#7f7f7f", "bf16-compile": "#b8b8b8",
+    "cublas": "#1f77b4",
+    "triton": "#d62728", "triton-compile": "#ff7f7f",
+    "torchao": "#2ca02c", "torchao-compile": "#98df8a",
+    "te": "#9467bd",
+    "torch": "#8c564b", "torch-compile": "#c49c94",
+    "unfused": "#e377c2",
+    "public model": "#17becf", "refined model": "#bcbd22",
+}  # fmt: skip
+# Colours for any other label (numerics' curves, optimizers): picked by a hash of the label, so a label
+# keeps its colour from page to page.
+_OTHER_COLOURS = tuple(c for c in plotly.colors.qualitative.Dark24 if c.lower() not in {v.lower() for v in BACKEND_COLOURS.values()})
+
+
+def colour_map(labels: Iterable[str]) -> dict[str, str]:
+    """A colour per label, the same in every chart and on every page: BACKEND_COLOURS' for a backend or
+    implementation, else one picked by the label's hash (the next free one where two labels of one chart
+    would share it)."""
+    colours: dict[str, str] = {}
+    for label in dict.fromkeys(labels):
+        colour = BACKEND_COLOURS.get(html.unescape(label))
+        if colour is None:
+            start = zlib.crc32(label.encode("utf-8"))
+            free = [_OTHER_COLOURS[(start + i) % len(_OTHER_COLOURS)] for i in range(len(_OTHER_COLOURS))]
+            colour = next((c for c in free if c not in colours.values()), free[0])
+        colours[label] = colour
+    return colours
 
 
 def ratio_whisker_note(reference: str) -> str:

@@ -19,7 +19,7 @@ from plotly.subplots import make_subplots
 from fp8bench.config import Granularity
 from fp8bench.model.hardware import GpuSpec
 from fp8bench.report.html import (
-    WHISKER_NOTE, Chart, chart_id, plotted_rows, ratio_whiskers, run_order, throughput_whiskers,
+    WHISKER_NOTE, Chart, chart_id, colour_map, plotted_rows, ratio_whiskers, run_order, throughput_whiskers,
 )
 
 SHAPE_KEYS = ["case", "M", "K", "N"]
@@ -51,6 +51,7 @@ def speedup_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
     fp8 = ratio_whiskers(fp8, bf16, SHAPE_KEYS, "speedup_vs_bf16")
     figure = px.bar(
         fp8, x="shape", y="speedup_vs_bf16", color="backend_label", pattern_shape="accum_label", barmode="group",
+        color_discrete_map=colour_map(fp8["backend_label"]),
         error_y="whisker_up", error_y_minus="whisker_down", category_orders=run_order(fp8, "shape"),
         hover_data=_HOVER, labels={**_LABELS, "speedup_vs_bf16": "speedup over BF16"},
     )
@@ -68,6 +69,7 @@ def tflops_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
     ok = throughput_whiskers(ok, "tflops")
     figure = px.scatter(
         ok, x="shape", y="tflops", color="backend_label", symbol="accum_label", error_y="whisker_up",
+        color_discrete_map=colour_map(ok["backend_label"]),
         error_y_minus="whisker_down", category_orders=run_order(ok, "shape"),
         hover_data={**_HOVER, "pct_peak": ":.1f"}, labels={**_LABELS, "tflops": "TFLOPS"},
     )

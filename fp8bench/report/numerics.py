@@ -163,7 +163,7 @@ def _line_chart(series: dict[str, pd.Series], div_id: str, title: str, y: str, c
 def loss_charts(curves: pd.DataFrame, names: list[str], prefix: str) -> list[Chart]:
     """Loss, validation loss and gradient norm of `names` overlaid, and the gap of each to the first
     against steps with the second BF16 seed's gap as the noise band (when the run has one)."""
-    colours = colour_map(names, [])
+    colours = colour_map(names)
     charts = []
     loss = {n: s for n, s in values_by_curve(curves).items() if n in names}
     if not loss:
@@ -219,16 +219,19 @@ def stats_charts(curves: pd.DataFrame, recipes: dict[str, str]) -> list[Chart]:
         if shown.empty:
             continue
         figure = px.line(shown, x="step", y="value", color="recipe", line_group="layer", line_dash="metric" if metric == "amax" else None,
+                         color_discrete_map=colour_map(shown["recipe"]),
                          facet_col="role", hover_data=hover, log_y=metric in ("amax", "scale"), labels={"value": label}, height=450)  # fmt: skip
         figure.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
         note = "Dashed: the history amax delayed scaling scales by." if metric == "amax" else ""
         charts.append(Chart(chart_id("stats", metric), f"{label} per role and layer over steps", figure, note))
     sqnr = stats[(stats["metric"] == "sqnr_db")].dropna(subset=["value"])
     if not sqnr.empty:
-        figure = px.line(sqnr, x="step", y="value", color="recipe", line_group="layer", hover_data=hover, labels={"value": "SQNR, dB"}, height=450)
+        figure = px.line(sqnr, x="step", y="value", color="recipe", line_group="layer", hover_data=hover, labels={"value": "SQNR, dB"}, height=450,
+                         color_discrete_map=colour_map(sqnr["recipe"]))
         charts.append(Chart(chart_id("stats", "sqnr-steps"), "SQNR of each GEMM's output against BF16 over steps", figure))
         mean = sqnr.groupby(["recipe", "layer"], sort=False)["value"].mean().reset_index()
-        figure = px.bar(mean, x="layer", y="value", color="recipe", barmode="group", labels={"value": "mean SQNR, dB"}, height=450)
+        figure = px.bar(mean, x="layer", y="value", color="recipe", barmode="group", labels={"value": "mean SQNR, dB"}, height=450,
+                        color_discrete_map=colour_map(mean["recipe"]))
         charts.append(Chart(chart_id("stats", "sqnr-per-gemm"), "Mean SQNR per GEMM (layer output against BF16)", figure))
     return charts
 
@@ -248,7 +251,7 @@ def startup_section(curves: pd.DataFrame) -> list[str]:
         a, b = names
         conclusion = startup_conclusion(loss[a], loss[b], curves, a, b)
         parts.append(f"<h3>{html.escape(first)} against {html.escape(second)}</h3><p>{html.escape(conclusion)}</p>")
-        colours = colour_map(names, [])
+        colours = colour_map(names)
         title = f"Loss over the first steps: {a} and {b}"
         parts.append(_line_chart({a: loss[a], b: loss[b]}, chart_id("startup", second, "loss"), title, "loss", colours).to_html())
         underflow = mean_underflow(curves, names)
@@ -336,7 +339,7 @@ def optimizer_section(rows: pd.DataFrame, curves: pd.DataFrame) -> list[str]:
              '<p class="note">Update error: ||p - p_FP32|| / ||p_FP32 - p_0|| after the last compared step, on the same '
              "seeded gradients. GB/s on the bytes the update must move; the speedup is against torch's fused AdamW (FP32 states).</p>"]  # fmt: skip
     names = list(table["optimizer"])
-    colours = colour_map(names, [])
+    colours = colour_map(names)
     errors = values_by_curve(curves, "update_rel_err")
     if errors:
         chart = _line_chart(errors, chart_id("optimizer", "update-error"), "Update error against FP32-state AdamW", "relative update error", colours)

@@ -27,7 +27,6 @@ from fp8bench.report.html import (
     Chart, chart_id, colour_map, panels_height, plotted_rows, ratio_whisker_note, ratio_whiskers, run_order,
     stacked_time_figure,
 )
-from fp8bench.model.roofline import IMPLEMENTATIONS, Model
 
 CASE_KEYS = ["case", "M", "K", "N"]
 TABLE_COLUMNS = (
@@ -64,10 +63,6 @@ def _implementation(options: dict) -> str:
     return options.get("implementation") or f"{options['model']} model"
 
 
-# Implementations take plotly's colours in this order on every page, then any other in run order.
-_COLOUR_ORDER = (*IMPLEMENTATIONS, _implementation({"model": Model.PUBLIC.value}))
-
-
 def _what(backend: str, options: dict) -> str:
     """Measured (compiled or eager), or predicted under which ceilings."""
     if backend == MODEL_BACKEND:
@@ -95,7 +90,7 @@ def _points_by_recipe(points: pd.DataFrame, y: str) -> go.Figure:
     figure = px.scatter(
         points, x="shape", y=y, color="implementation_label", symbol="what", facet_row="recipe_label",
         error_y="whisker_up", error_y_minus="whisker_down", symbol_map=SYMBOLS,
-        color_discrete_map=colour_map(_COLOUR_ORDER, points["implementation_label"]),
+        color_discrete_map=colour_map(points["implementation_label"]),
         category_orders=run_order(points, "shape", "recipe_label", "implementation_label", "what"),
         hover_data=_HOVER, labels=_LABELS,
     )
@@ -184,6 +179,7 @@ def sqnr_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
     points["tensor"] = points["tensor"].map(SQNR_COLUMNS)
     figure = px.scatter(
         points, x="shape", y="sqnr_db", color="backend_label", symbol="recipe_label", facet_row="tensor",
+        color_discrete_map=colour_map(points["backend_label"]),
         category_orders={
             **run_order(points, "shape", "backend_label", "recipe_label"), "tensor": list(SQNR_COLUMNS.values()),
         },
