@@ -1,5 +1,9 @@
 """`fp8bench report`: a run's HTML pages, one per scaling granularity, and an index linking them.
 
+The index opens with the run's answer (its headline): per benchmark and granularity, each backend's best
+FP8 result per case (speedup over BF16; cast: GB/s) as a geomean and range over the cases, and ours
+(triton, triton-compile) against the best reference; numerics its loss-gap table.
+
 Every page shows the run's FP8 rows of one granularity beside the BF16 reference rows (granularity
 `none`), for each benchmark in the run: the benchmark's charts, then a table of all its rows, the
 ones that did not run included, then the run's metadata. Charts come from `VIEWS`, one entry per
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import pandas as pd
 
 from fp8bench.report import cast as report_cast
@@ -203,7 +208,8 @@ def _index_page(
         items.append(f'<li><a href="{benchmark}.html">{html.escape(benchmark)}</a>: {html.escape(status_counts(shown))}</li>')
     pages = f"<ul>{''.join(items)}</ul>" if items else '<p class="note">no result rows yet</p>'
     body = (
-        f"{_measurement_warning(rows, metadata)}{_summary(rows, metadata)}<h2>Pages</h2>{pages}"
+        f"{_measurement_warning(rows, metadata)}{_headline_section(run_dir, rows, metadata)}"
+        f"<h2>Pages</h2>{pages}{_summary(rows, metadata)}"
         f'<p>Data: <a href="{RESULTS_CSV}">{RESULTS_CSV}</a>, <a href="{METADATA_JSON}">{METADATA_JSON}</a></p>'
         f"<h2>Run metadata</h2>{metadata_table(metadata)}"
     )
@@ -267,3 +273,155 @@ def _navigation(granularities: list[Granularity], benchmarks: list[str]) -> str:
         f'<a href="{page_name(g)}">{"BF16" if g is Granularity.NONE else g.value}</a>' for g in granularities
     ] + [f'<a href="{b}.html">{html.escape(b)}</a>' for b in benchmarks]
     return f"<nav>{' | '.join(links)}</nav>"
+
+
+# ---- headline: the run's answer, first on its index ----------------------------------------------
+
+# Our implementations (fp8kernels, eager and compiled); every other FP8 backend is a reference.
+OURS = ("triton", "triton-compile")
+# Per benchmark, the column its headline compares (larger is better) and what it means.
+HEADLINE_MEASURES: dict[str, tuple[str, str]] = {
+    "matmul": ("speedup_vs_bf16", "GEMM speedup over BF16"),
+    "roofline": ("speedup_vs_bf16", "layer step speedup over BF16 (measured)"),
+    "e2e": ("speedup_vs_bf16", "training tokens/s speedup over BF16"),
+    "cast": ("gbps", "quantize GB/s"),
+}
+# What makes two rows the same case: the schema's identity columns other than granularity, backend,
+# recipe, fast-accum and options, over which a backend's best row is taken.
+CASE_KEYS = ["case", "M", "K", "N", "world_size", "compile", "activation_checkpointing", "lm_head"]
+HEADLINE_COLUMNS = ["benchmark", "granularity", "backend", "geomean", "low", "high", "cases"]
+
+
+def best_per_case(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per benchmark with a headline measure, granularity, backend and case: the best value of the
+    benchmark's measure over the backend's ok FP8 rows of that case (its recipes, fast-accum settings)."""
+    frames = []
+    for benchmark, (column, _) in HEADLINE_MEASURES.items():
+        fp8 = rows[
+            (rows["benchmark"] == benchmark)
+            & (rows["status"] == "ok")
+            & (rows["granularity"] != Granularity.NONE.value)
+            & (pd.to_numeric(rows[column], errors="coerce") > 0)
+        ]
+        if fp8.empty:
+            continue
+        keys = ["granularity", "backend", *CASE_KEYS]
+        best = fp8.assign(value=pd.to_numeric(fp8[column])).groupby(keys, sort=False, dropna=False)["value"].max()
+        frames.append(best.reset_index().assign(benchmark=benchmark))
+    if not frames:
+        return pd.DataFrame(columns=["benchmark", "granularity", "backend", *CASE_KEYS, "value"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def headline_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per benchmark, granularity and backend: the geometric mean, lowest and highest of its best value
+    per case (best_per_case), and the number of cases; in run order."""
+    best = best_per_case(rows)
+    grouped = best.groupby(["benchmark", "granularity", "backend"], sort=False)["value"]
+    table = grouped.agg(geomean=lambda v: float(np.exp(np.log(v).mean())), low="min", high="max", cases="size")
+    return table.reset_index()[HEADLINE_COLUMNS]
+
+
+@dataclass(frozen=True)
+class Versus:
+    """Ours against the best reference in one benchmark and granularity: each one's geomean, and the
+    geomean over the cases both ran of ours' best over the reference's best."""
+
+    benchmark: str
+    granularity: str
+    ours: str
+    ours_geomean: float
+    reference: str
+    reference_geomean: float
+    ratio: float
+    cases: int
+
+
+def ours_against_reference(rows: pd.DataFrame) -> list[Versus]:
+    """Per benchmark and granularity where both ran: our best backend (by geomean) against the best
+    reference backend (by geomean)."""
+    best = best_per_case(rows)
+    table = headline_table(rows)
+    found = []
+    for (benchmark, granularity), group in table.groupby(["benchmark", "granularity"], sort=False):
+        ours = group[group["backend"].isin(OURS)]
+        references = group[~group["backend"].isin(OURS)]
+        if ours.empty or references.empty:
+            continue
+        our = ours.loc[ours["geomean"].idxmax()]
+        reference = references.loc[references["geomean"].idxmax()]
+        here = best[(best["benchmark"] == benchmark) & (best["granularity"] == granularity)]
+        by_case = here.pivot_table(index=CASE_KEYS, columns="backend", values="value", dropna=False, aggfunc="first")
+        paired = (by_case[our["backend"]] / by_case[reference["backend"]]).dropna()
+        if paired.empty:
+            continue
+        found.append(Versus(
+            benchmark, granularity, our["backend"], our["geomean"], reference["backend"], reference["geomean"],
+            float(np.exp(np.log(paired).mean())), len(paired),
+        ))  # fmt: skip
+    return found
+
+
+def _times(value: float) -> str:
+    return f"{value:.2f}x"
+
+
+def _value(benchmark: str, value: float) -> str:
+    return f"{value:,.0f} GB/s" if HEADLINE_MEASURES[benchmark][0] == "gbps" else _times(value)
+
+
+def _spread(benchmark: str, low: float, high: float, cases: int) -> str:
+    """`1 case`, or the range over several: `0.97x to 1.99x, 8 cases`."""
+    if cases == 1:
+        return "1 case"
+    return f"{_value(benchmark, low)} to {_value(benchmark, high)}, {cases} cases"
+
+
+def headline_cells(rows: pd.DataFrame) -> pd.DataFrame:
+    """The run's answer, a short sentence per benchmark and granularity (columns benchmark, granularity,
+    text): the best backend's geomean and range over the cases, and ours against the best reference."""
+    table = headline_table(rows)
+    versus = {(v.benchmark, v.granularity): v for v in ours_against_reference(rows)}
+    cells = []
+    for (benchmark, granularity), group in table.groupby(["benchmark", "granularity"], sort=False):
+        top = group.loc[group["geomean"].idxmax()]
+        text = f"best {top['backend']} {_value(benchmark, top['geomean'])} ({_spread(benchmark, top['low'], top['high'], top['cases'])})"
+        v = versus.get((benchmark, granularity))
+        if v is not None and v.ours != top["backend"]:
+            text += f"; ours {v.ours} {_value(benchmark, v.ours_geomean)}, {_times(v.ratio)} {v.reference}'s"
+        elif v is not None:
+            text += f", {_times(v.ratio)} the best reference ({v.reference})"
+        cells.append({"benchmark": benchmark, "granularity": granularity, "text": text})
+    return pd.DataFrame(cells, columns=["benchmark", "granularity", "text"])
+
+
+def _headline_section(run_dir: Path, rows: pd.DataFrame, metadata: dict[str, Any]) -> str:
+    """The index's first section: GPU and date, a sentence per benchmark and granularity, and per
+    benchmark with several backends a table of each one's geomean (range) by granularity; numerics'
+    own headline table."""
+    gpu = metadata.get("gpu_name") or "no GPU recorded"
+    started = metadata.get("started_utc") or "start time not recorded"
+    parts = [f'<p class="headline-facts">{html.escape(f"{gpu}, started {started}")}</p>']
+    cells = headline_cells(rows)
+    table = headline_table(rows)
+    for benchmark, group in table.groupby("benchmark", sort=False):
+        measure = f"{benchmark}: {HEADLINE_MEASURES[benchmark][1]}, geomean over the run's cases of each backend's best per case"
+        lines = cells[cells["benchmark"] == benchmark]
+        items = "".join(f"<li>{html.escape(f'{g}: {t}')}</li>" for g, t in zip(lines["granularity"], lines["text"]))
+        parts.append(f'<h3>{html.escape(measure)}</h3><ul class="headline">{items}</ul>')
+        if group["backend"].nunique() > 1:
+            shown = group.assign(
+                cell=[f"{_value(benchmark, g)} ({_spread(benchmark, lo, hi, n)})" for g, lo, hi, n in zip(group["geomean"], group["low"], group["high"], group["cases"])],
+                backend=[f"{b} (ours)" if b in OURS else b for b in group["backend"]],
+            )  # fmt: skip
+            wide = shown.pivot_table(index="backend", columns="granularity", values="cell", aggfunc="first", sort=False)
+            wide = wide.reset_index().fillna("")
+            wide.columns.name = None
+            parts.append(rows_table(wide, ("backend",)))
+    if report_numerics.BENCHMARK in set(rows["benchmark"]):
+        numerics = rows[rows["benchmark"] == report_numerics.BENCHMARK]
+        found = report_numerics.headline(numerics, report_numerics.read_curves(run_dir))
+        parts.append(f"<h3>numerics: loss gap to BF16 over the last 10% of steps</h3>{rows_table(found, report_numerics.TABLE_TEXT)}")
+    if len(parts) == 1:
+        parts.append('<p class="note">no ok FP8 row to compare yet; the pages below list every row</p>')
+    return "<h2>Headline</h2>" + "".join(parts)
