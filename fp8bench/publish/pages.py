@@ -20,7 +20,7 @@ from fp8bench.config import Granularity, Status
 from fp8bench.gate.gate import compare_trees
 from fp8bench.harness.validate import MalformedFile, UsageError
 from fp8bench.publish.tree import COMPARE_HTML, GATE_JSON, HISTORY_HTML, EntryRun, Run, Tree, slug
-from fp8bench.report.write import INDEX_HTML, status_counts
+from fp8bench.report.write import INDEX_HTML, headline_cells, status_counts
 from fp8bench.report.html import Chart, page, rows_table
 
 SERIES = ("benchmark", "granularity", "backend", "fast_accum")  # a line of a history chart
@@ -96,17 +96,6 @@ def measurement_note(entry: EntryRun) -> str:
     return ""
 
 
-def _skipped_table(tree: Tree, under: str | None = None) -> str:
-    rows = [
-        {"folder": html.escape(str(s.path.relative_to(tree.root))), "reason": html.escape(s.reason)}
-        for s in tree.skipped
-        if under is None or s.path.is_relative_to(tree.root / under)
-    ]
-    if not rows:
-        return ""
-    return f"<h2>Skipped folders</h2>{_link_table(pd.DataFrame(rows))}"
-
-
 def _previous(tree: Tree, model: str) -> dict[int, EntryRun | None]:
     """Each entry run's predecessor among the model's runs of the same entry (by id of the entry run)."""
     previous: dict[int, EntryRun | None] = {}
@@ -158,24 +147,71 @@ def _geomean_table(entries: Iterable[EntryRun]) -> str:
 # ---- pages ----------------------------------------------------------------------------------------
 
 
+# The benchmarks whose current headline the site's root shows, in this order.
+HEADLINE_BENCHMARKS = ("matmul", "cast", "roofline", "e2e", "numerics")
+
+
+def current_runs(tree: Tree, model: str) -> dict[str, EntryRun]:
+    """Per benchmark (HEADLINE_BENCHMARKS) the model's most recently started entry run holding ok rows of
+    it, among those measured on a recorded GPU (measurement_note empty)."""
+    current: dict[str, EntryRun] = {}
+    for entries in tree.history(model).values():
+        for entry in entries:
+            if measurement_note(entry):
+                continue
+            ok = entry.rows[entry.rows["status"] == Status.OK.value]
+            for benchmark in set(ok["benchmark"]) & set(HEADLINE_BENCHMARKS):
+                if benchmark not in current or entry.order > current[benchmark].order:
+                    current[benchmark] = entry
+    return {b: current[b] for b in HEADLINE_BENCHMARKS if b in current}
+
+
+def _headline_row(benchmark: str, entry: EntryRun) -> dict[str, str]:
+    """A benchmark's row of the site root: its current run's headline per granularity (numerics: a
+    link to its own page, whose headline is a table), the run, GPU and start."""
+    row = {"benchmark": html.escape(benchmark)}
+    if benchmark == "numerics":
+        row["headline"] = _link(f"{entry.site_dir}/numerics.html", "loss gap to BF16 per recipe")
+    else:
+        cells = headline_cells(entry.rows[entry.rows["benchmark"] == benchmark])
+        row["headline"] = "<br>".join(html.escape(f"{g}: {t}") for g, t in zip(cells["granularity"], cells["text"]))
+    row["run"] = _link(f"{entry.site_dir}/{INDEX_HTML}", entry.entry if entry.in_suite else entry.run)
+    row["started"] = html.escape(_time(entry.started))
+    return row
+
+
 def site_index(tree: Tree) -> str:
-    rows = []
+    """Per GPU model, the headline of each benchmark's current run (current_runs) with links; folders
+    that hold no run in a footnote."""
+    sections = []
     for model, runs in tree.models.items():
-        entries = [entry for run in runs for entry in run.entries]
-        gpus = sorted({str(e.metadata.get("gpu_name") or "not recorded") for e in entries})
-        rows.append(
-            {
-                "GPU model": _link(f"{slug(model)}/{INDEX_HTML}", model),
-                "GPUs recorded": html.escape(", ".join(gpus)),
-                "runs": len(runs),
-                "entries": len({e.entry for e in entries}),
-                "latest run": _link(f"{runs[0].site_dir}/{INDEX_HTML}", runs[0].name),
-                "started": _time(runs[0].started),
-                "history": _link(f"{slug(model)}/{HISTORY_HTML}", "history"),
-            }
-        )
-    body = f"<h2>GPU models</h2>{_link_table(pd.DataFrame(rows))}{_skipped_table(tree)}"
-    return page("fp8bench results", body, plotly=False)
+        rows = [_headline_row(benchmark, entry) for benchmark, entry in current_runs(tree, model).items()]
+        links = " | ".join([
+            _link(f"{slug(model)}/{INDEX_HTML}", f"all {_count(len(runs), 'run')}"), _link(f"{slug(model)}/{HISTORY_HTML}", "history"),
+        ])  # fmt: skip
+        table = _link_table(pd.DataFrame(rows)) if rows else '<p class="note">no run measured on a recorded GPU</p>'
+        gpus = sorted({str(e.metadata.get("gpu_name") or "no GPU recorded") for run in runs for e in run.entries})
+        sections.append(f"<h2>{html.escape(model)}</h2><p>{html.escape(', '.join(gpus))}: {links}</p>{table}")
+    note = (
+        '<p class="note">Each benchmark\'s latest run on the GPU model; per scaling granularity the geometric mean '
+        "over the run's cases of each backend's best FP8 result (speedup over BF16 in the same run; cast: GB/s), "
+        "and ours (triton) against the best reference.</p>"
+    )
+    body = note + ("".join(sections) or '<p class="note">no runs</p>')
+    return page("fp8bench results: the latest headline per GPU model", body + _skipped_footnote(tree), plotly=False)
+
+
+def _skipped_footnote(tree: Tree, under: str | None = None) -> str:
+    """The folders (under `under`, a GPU model, if given) that hold no run (notes, probes, logs), as a
+    footnote: one line, names and reasons in a collapsed list."""
+    skipped = [s for s in tree.skipped if under is None or s.path.is_relative_to(tree.root / under)]
+    if not skipped:
+        return ""
+    items = "".join(f"<li>{html.escape(str(s.path.relative_to(tree.root)))}: {html.escape(s.reason)}</li>" for s in skipped)
+    return (
+        f'<footer class="note"><details><summary>Not shown: {_count(len(skipped), "folder")} under the reports '
+        f"root without a run (notes, probes, logs)</summary><ul>{items}</ul></details></footer>"
+    )
 
 
 def model_index(tree: Tree, model: str) -> str:
@@ -214,7 +250,7 @@ def model_index(tree: Tree, model: str) -> str:
         f"{_link_table(pd.DataFrame(latest_rows))}"
         f"<h2>Geomean speedup over BF16 of the latest runs</h2>{_geomean_table(latest)}"
         f"<h2>All runs, newest first</h2>{_link_table(pd.DataFrame(run_rows))}"
-        f"{_skipped_table(tree, model)}"
+        f"{_skipped_footnote(tree, model)}"
     )
     return page(f"{model}: fp8bench results", body, plotly=False)
 
