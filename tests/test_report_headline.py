@@ -126,7 +126,7 @@ def test_an_index_without_fp8_results_says_so(tmp_path):
     rows = pd.read_csv(run_dir / "results.csv")
     rows[rows["granularity"] == "none"].to_csv(run_dir / "results.csv", index=False)
     write_reports(run_dir)
-    assert "no ok FP8 row to compare yet" in (run_dir / INDEX_HTML).read_text(encoding="utf-8")
+    assert "no measured FP8 result with a BF16 reference in this run" in (run_dir / INDEX_HTML).read_text(encoding="utf-8")
 
 
 def test_the_site_root_shows_each_models_current_headline_and_footnotes_the_rest(tmp_path):

@@ -30,7 +30,7 @@ from fp8bench.report import matmul as report_matmul
 from fp8bench.report import numerics as report_numerics
 
 from fp8bench.report import roofline as report_roofline
-from fp8bench.config import Granularity
+from fp8bench.config import Granularity, Status
 from fp8bench.model.hardware import GPUS, GpuSpec
 from fp8bench.report.html import Chart, metadata_table, page, rows_table, write_plotly_js
 from fp8bench.harness.results import COLUMNS, METADATA_JSON, SCHEMA, RESULTS_CSV, load_results, read_metadata
@@ -299,7 +299,7 @@ def best_per_case(rows: pd.DataFrame) -> pd.DataFrame:
     for benchmark, (column, _) in HEADLINE_MEASURES.items():
         fp8 = rows[
             (rows["benchmark"] == benchmark)
-            & (rows["status"] == "ok")
+            & (rows["status"] == Status.OK.value)
             & (rows["granularity"] != Granularity.NONE.value)
             & (pd.to_numeric(rows[column], errors="coerce") > 0)
         ]
@@ -423,5 +423,5 @@ def _headline_section(run_dir: Path, rows: pd.DataFrame, metadata: dict[str, Any
         found = report_numerics.headline(numerics, report_numerics.read_curves(run_dir))
         parts.append(f"<h3>numerics: loss gap to BF16 over the last 10% of steps</h3>{rows_table(found, report_numerics.TABLE_TEXT)}")
     if len(parts) == 1:
-        parts.append('<p class="note">no ok FP8 row to compare yet; the pages below list every row</p>')
+        parts.append('<p class="note">no measured FP8 result with a BF16 reference in this run; the pages below list every row</p>')
     return "<h2>Headline</h2>" + "".join(parts)
