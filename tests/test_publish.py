@@ -24,8 +24,9 @@ from typer.testing import CliRunner
 from browser import embedded_graphs, parse_html, render
 from fp8bench.cli import app
 from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase, Status
+from fp8bench.publish.pages import history_chart
 from fp8bench.publish.site import MANIFEST_JSON, publish
-from fp8bench.publish.tree import COMPARE_HTML, GATE_JSON, HISTORY_HTML, read_tree, slug
+from fp8bench.publish.tree import COMPARE_HTML, GATE_JSON, HISTORY_HTML, latest, read_tree, series_of, slug
 from fp8bench.model.hardware import GPUS
 from fp8bench.report.write import INDEX_HTML, VIEWS, own_pages, page_name
 from fp8bench.report.html import PLOTLY_JS, Chart
@@ -42,13 +43,14 @@ SHAPES = (GemmShape(512, 512, 512), GemmShape(1024, 512, 1024, EVIL_CASE))
 SLOWER = 1.25  # the second CI run's cuBLAS fast-accum cases: 25% slower, so the gate sees a regression
 
 
-def write_run(run_dir: Path, started: str | None, seed: int, slow_fast_accum: float = 1.0) -> None:
+def write_run(run_dir: Path, started: str | None, seed: int, slow_fast_accum: float = 1.0, **metadata_keys: str) -> None:
     """Synthetic matmul rows (fake timer): BF16 and cuBLAS tensorwise per shape, plus an unsupported row."""
     metadata = {
         "benchmark": "matmul",
         "command": f"synthetic fixture of tests/test_publish.py {EVIL_CASE}",
         "gpu_spec": GPU.key,
         "gpu_name": "none: synthetic test fixture",
+        **metadata_keys,
     }
     if started is not None:
         metadata["started_utc"] = started
@@ -596,3 +598,96 @@ def test_a_site_inside_the_reports_tree_is_not_read_as_runs(tmp_path):
     publish(root, root / "site")
     again = publish(root, root / "site")
     assert again.skipped == () and again.unchanged == (f"{MODEL}/runs/only",)
+
+
+# --- history by benchmark identity ---
+
+SQUARE_COMMAND = "fp8bench matmul --shape-gen square --granularity all --backend cublas --out /runs/{} {}"
+
+
+def write_history_tree(root: Path) -> Path:
+    """One command re-run into three differently named folders (the newest a demo), and a suite entry
+    run twice, once as `fp8bench run --only` into a folder of its own."""
+    model = root / MODEL
+    for folder, started, extra, purpose in (
+        ("matmul-square", "2026-02-01T10:00:00+00:00", "", None),
+        ("square-again-run2", "2026-02-02T10:00:00+00:00", "--resume", None),
+        ("square-slowed-on-purpose", "2026-02-03T10:00:00+00:00", "", "demo"),
+    ):
+        keys = {"purpose": purpose} if purpose else {}
+        # options in another order on the second run: the same measurement
+        command = SQUARE_COMMAND.format(folder, extra)
+        if extra:
+            command = f"fp8bench matmul --backend cublas --out /elsewhere/{folder} --granularity all --shape-gen square {extra}"
+        write_run(model / folder, started, seed=len(folder), command=command, **keys)
+    write_run(model / "ci-a" / "square-4096", "2026-02-01T11:00:00+00:00", seed=7, command="fp8bench run suites/ci.toml --out /x")
+    write_run(model / "roofline-only", "2026-02-02T11:00:00+00:00", seed=8, command="fp8bench run suites/ci.toml --only square-4096 --out /y")
+    return model
+
+
+@pytest.mark.parametrize(
+    ("entry", "in_suite", "metadata", "series"),
+    [
+        ("any", False, {"command": "fp8bench matmul --out /a/b --resume --shape-gen llama --backend bf16 --backend cublas"},
+         "matmul --backend bf16 --backend cublas --shape-gen llama"),
+        ("any", False, {"command": "/venv/bin/fp8bench roofline --no-measure --gpu h100-sxm --out=/x"}, "roofline --gpu h100-sxm --no-measure"),
+        ("square-4096", True, {"command": "fp8bench gate --suite suites/ci.toml --baseline main --json /x.json"}, "square-4096"),
+        ("any", False, {"command": "fp8bench run suites/roofline.toml --only roofline-8192 --resume --out /x"}, "roofline-8192"),
+        ("fast", True, {"command": "kernels/bench/gemm_sweep.py gluon --out /x"}, "kernels/bench/gemm_sweep.py gluon: fast"),
+        ("any", False, {"command": "fp8bench matmul", "suite_entry": "square-4096"}, "square-4096"),
+        ("folder-name", False, {}, "folder-name"),
+    ],
+)  # fmt: skip
+def test_a_runs_series_is_its_benchmark_identity(entry, in_suite, metadata, series):
+    assert series_of("folder-name", entry, in_suite, metadata) == series
+
+
+def test_reruns_in_differently_named_folders_are_one_series_and_a_demo_is_never_latest(tmp_path):
+    root = tmp_path / "reports"
+    write_history_tree(root)
+    history = read_tree(root).history(MODEL)
+    square = "matmul --backend cublas --granularity all --shape-gen square"
+    assert {name: [e.run for e in entries] for name, entries in history.items()} == {
+        square: ["matmul-square", "square-again-run2", "square-slowed-on-purpose"],
+        "square-4096": ["ci-a", "roofline-only"],
+    }
+    assert latest(history[square]).run == "square-again-run2"  # the newer demo is not the latest result
+    assert latest(history["square-4096"]).run == "roofline-only"
+
+    site = tmp_path / "site"
+    publish(root, site)
+    latest_rows = table(site / MODEL / INDEX_HTML, "Latest result of each series")
+    assert [(row["series"], row["latest run"], row["history"]) for row in latest_rows] == [
+        (square, "square-again-run2", "3 runs"),
+        ("square-4096", "roofline-only", "2 runs"),
+    ]
+    history_page = site / MODEL / HISTORY_HTML
+    drawn = {graph.div_id: graph for graph in embedded_graphs(history_page.read_text(encoding="utf-8"))}
+    assert sum(trace.points for trace in drawn[f"history-{slug(square)}-chart"].traces) == 6  # 3 runs x 2 series
+    traces = history_chart(square, history[square]).figure.data
+    lines = [trace for trace in traces if trace.marker.symbol == "circle"]
+    demos = [trace for trace in traces if trace.marker.symbol == "circle-open"]
+    # a line per backend and accumulation through the two measurements; the demo as open markers beside it
+    assert sorted(len(trace.x) for trace in lines) == [2, 2]
+    assert sorted(len(trace.x) for trace in demos) == [1, 1]
+    purposes = [row["purpose"] for row in table(history_page, square)]
+    assert purposes == ["demo", "measurement", "measurement"]  # newest first
+
+
+def test_an_unknown_purpose_is_a_malformed_file(tmp_path):
+    root = tmp_path / "reports"
+    write_run(root / MODEL / "run", None, seed=1, purpose="showcase")
+    result = cli(root, "--out", tmp_path / "site")
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"error: {root / MODEL / 'run' / 'metadata.json'}: purpose is a string ('showcase'); expected one of demo, probe"
+    )
+
+
+def test_the_committed_gate_demo_is_in_history_but_never_latest(committed_site):
+    tree = read_tree(COMMITTED_REPORTS)
+    history = tree.history("h100-sxm")
+    for entry in ("square-4096", "llama3-8b-w2-M8192"):
+        runs = [e.run for e in history[entry]]
+        assert "ci-quick-gate-slowed" in runs
+        assert latest(history[entry]).run != "ci-quick-gate-slowed"
