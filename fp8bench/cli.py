@@ -235,15 +235,20 @@ def _run_benchmark(
     else:
         print_summary(console, rows)
     if report:
-        try:
-            from fp8bench.report.write import write_reports
-        except ImportError as err:  # plotly missing on a bare GPU host: the results stand without pages
-            err_console.print(f"[yellow]no HTML reports: {err.name} is not installed; `fp8bench report {run_dir}` writes them later[/]")
-        else:
-            for page in write_reports(run_dir):
-                console.print(f"report: {page}")
+        _write_pages(run_dir)
     if interrupted:
         raise typer.Exit(130)
+
+
+def _write_pages(run_dir: Path) -> None:
+    """A run's HTML report (fp8bench.report.write), or a line saying why there is none."""
+    try:
+        from fp8bench.report.write import write_reports
+    except ImportError as err:  # plotly missing on a bare GPU host: the results stand without pages
+        err_console.print(f"[yellow]no HTML reports: {err.name} is not installed; `fp8bench report {run_dir}` writes them later[/]")
+    else:
+        for page in write_reports(run_dir):
+            console.print(f"report: {page}")
 
 
 # Set while `_plan` parses a command: the command hands over what it would run instead of running it.
@@ -515,9 +520,12 @@ def roofline(
     M: Optional[int] = typer.Option(None, "--M", help="with --shape-gen custom"),
     K: Optional[int] = typer.Option(None, "--K", help="with --shape-gen custom"),
     N: Optional[int] = typer.Option(None, "--N", help="with --shape-gen custom"),
-    gpu: str = typer.Option("auto", help="GPU model whose ceilings to use: auto (detect) or a hardware-table key"),
-    calibration: Optional[Path] = typer.Option(None, help="a profile from `fp8bench calibrate` (default: calibration/<gpu>.json if it exists)"),
+    gpu: Optional[list[str]] = typer.Option(
+        None, help="repeatable; GPU model whose ceilings to predict with: auto (detect, the default) or a hardware-table key; several side by side with --no-measure"
+    ),
+    calibration: Optional[Path] = typer.Option(None, help="a profile from `fp8bench calibrate` (default: the installed checkout's calibration/<gpu>.json if it exists)"),
     measure: bool = typer.Option(True, "--measure/--no-measure", help="also measure the layer (needs a GPU; predictions only without one)"),
+    report: bool = typer.Option(True, "--report/--no-report", help="write the HTML report into the run folder"),
     shape_name: Optional[list[str]] = typer.Option(None, help="repeatable; keep the shapes whose name contains this (e.g. llama3-8b.)"),
     repeats: int = typer.Option(5, min=1, help="measured: independent repeats per case (each with its own warm-up)"),
     eager: bool = typer.Option(True, "--eager/--no-eager", help="measured: also our layer (Float8LayerNormLinear) and the BF16 layer without torch.compile"),
@@ -545,26 +553,34 @@ def roofline(
     device_name = cuda_device_name()
     try:
         shape_list = shapes.generate(shape_gen, M, K, N)
-        spec = resolve_gpu(gpu, device_name)
+        specs = list(dict.fromkeys(resolve_gpu(name, device_name) for name in gpu or ["auto"]))
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     if shape_name:
         shape_list = [s for s in shape_list if any(part in s.name for part in shape_name)]
         if not shape_list:
             raise typer.BadParameter(f"no {shape_gen} shape has a name containing any of {shape_name}")
+    if calibration is not None and len(specs) > 1:
+        raise typer.BadParameter("--calibration is one GPU's profile; with several --gpu each uses its own calibration/<gpu>.json")
     measuring = measure and device_name is not None
-    if measuring and spec_for_device_name(device_name) is not spec:
-        raise typer.BadParameter(f"--gpu {gpu} names another GPU than this {device_name}; add --no-measure to predict for it")
-    ceilings = [model.spec_ceilings(spec)]
-    profile_path = calibration or default_profile_path(spec.key)
-    if calibration is not None or profile_path.exists():
-        try:
-            profile = load_profile(profile_path)
-        except ValueError as err:
-            raise typer.BadParameter(str(err)) from None
-        if profile.gpu_key != spec.key:
-            raise typer.BadParameter(f"{profile_path} was measured on {profile.gpu_key}, not {spec.key}")
-        ceilings.append(model.calibrated_ceilings(profile, profile_path))
+    if measuring and (len(specs) > 1 or spec_for_device_name(device_name) is not specs[0]):
+        names = ", ".join(s.key for s in specs)
+        raise typer.BadParameter(f"--gpu {names} is not just this {device_name}; add --no-measure to predict for it")
+    spec = specs[0]
+    ceilings = []
+    for each in specs:
+        of_gpu = [model.spec_ceilings(each)]
+        profile_path = calibration or default_profile_path(each.key)
+        if calibration is not None or profile_path.exists():
+            try:
+                profile = load_profile(profile_path)
+            except ValueError as err:
+                raise typer.BadParameter(str(err)) from None
+            if profile.gpu_key != each.key:
+                raise typer.BadParameter(f"{profile_path} was measured on {profile.gpu_key}, not {each.key}")
+            of_gpu.append(model.calibrated_ceilings(profile, profile_path))
+        # several GPU models side by side: each set of ceilings is named after its GPU
+        ceilings += [dataclasses.replace(c, source=f"{each.key} {c.source}") for c in of_gpu] if len(specs) > 1 else of_gpu
     config = predicted.RooflineConfig(tuple(shape_list), tuple(recipes), impls, tuple(ceilings))
 
     layer_config = None
@@ -579,6 +595,8 @@ def roofline(
         raise typer.BadParameter("--resume continues a measured run; it needs a CUDA GPU and --measure")
     run_dir = out or default_run_dir("roofline", shape_gen)
     extra = {"benchmark": "roofline", "gpu_spec": spec.key, "prediction_only": not measuring, "ceilings": {c.source: c.label for c in ceilings}}
+    if len(specs) > 1:
+        extra["gpu_specs"] = [s.key for s in specs]
     benchmark = cases = None
     if layer_config:
         from fp8bench.benchmarks.layer import LayerBenchmark
@@ -602,6 +620,8 @@ def roofline(
             console.print(f"predictions -> {writer.csv_path} (kernels: {run_dir / predicted.KERNELS_CSV})")
         if benchmark:
             _measure_layer(benchmark, cases, writer)
+    if report:
+        _write_pages(run_dir)
 
 
 def _measure_layer(benchmark, cases: list, writer) -> None:

@@ -137,23 +137,23 @@ def _series_label(row: pd.Series) -> str:
 
 
 def _geomean_table(entries: Iterable[EntryRun]) -> str:
-    """The latest runs' geomeans: a row per entry and granularity, a column per backend and accumulation."""
+    """The latest results' geomeans: a row per series and granularity, a column per backend and accumulation."""
     frames = []
     for entry in entries:
         speedups = geomean_speedups(entry.rows)
-        speedups.insert(0, "entry", entry.series)
+        speedups.insert(0, "series", entry.series)
         frames.append(speedups)
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if table.empty:
         return '<p class="note">no FP8 speedups in these runs (no ok FP8 row with a BF16 reference)</p>'
     order = {g.value: i for i, g in enumerate(Granularity)}
-    table["series"] = table["backend"] + ", accum " + table["fast_accum"]
+    table["column"] = table["backend"] + ", accum " + table["fast_accum"]
     table["cell"] = [f"{g:.3f}x ({n})" for g, n in zip(table["geomean"], table["rows"])]
     table["order"] = table["granularity"].map(order)
-    wide = table.pivot_table(index=["entry", "benchmark", "order", "granularity"], columns="series", values="cell", aggfunc="first")
+    wide = table.pivot_table(index=["series", "benchmark", "order", "granularity"], columns="column", values="cell", aggfunc="first")
     wide = wide.reset_index().drop(columns="order").fillna("")
     wide.columns.name = None
-    return f'<p class="note">{html.escape(_GEOMEAN_NOTE)}</p>' + rows_table(wide, ("entry", "benchmark", "granularity"))
+    return f'<p class="note">{html.escape(_GEOMEAN_NOTE)}</p>' + rows_table(wide, ("series", "benchmark", "granularity"))
 
 
 # ---- pages ----------------------------------------------------------------------------------------
