@@ -44,7 +44,19 @@ def _error_exit_code(err: Exception) -> tuple[int, str] | None:
     return None
 
 
-class _Commands(typer.core.TyperGroup):
+class _HelpGroup(typer.core.TyperGroup):
+    """A command group whose help lists each command's first sentence in full, wrapped to the terminal
+    (click would cut it to one line with "...")."""
+
+    def format_commands(self, ctx, formatter) -> None:
+        commands = [(name, self.get_command(ctx, name)) for name in self.list_commands(ctx)]
+        rows = [(name, command.get_short_help_str(limit=sys.maxsize)) for name, command in commands if command and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+class _Commands(_HelpGroup):
     """The command line's one error adapter: a malformed input file or bad usage (exit 2), a baseline
     from another GPU model (4) or a missing GPU (1) is one line on stderr, never a traceback."""
 
@@ -62,13 +74,31 @@ class _Commands(typer.core.TyperGroup):
             raise typer.Exit(code) from None
 
 
+# Help as click writes it: wrapped to the terminal (80 columns included), where rich's option panels
+# cut long defaults and paths with "…".
+_HELP = {"rich_markup_mode": None, "no_args_is_help": True, "cls": _HelpGroup}
+
 app = typer.Typer(
-    cls=_Commands,
     help="Benchmarks and roofline analysis for FP8 training on NVIDIA Hopper GPUs.",
-    no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    **{**_HELP, "cls": _Commands},  # the command line's error adapter at the top
 )
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from importlib.metadata import version
+
+        console.print(f"fp8bench {version('fp8bench')}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _app(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="print the version and exit"),
+) -> None:
+    """Benchmarks and roofline analysis for FP8 training on NVIDIA Hopper GPUs."""
 
 
 def choice(value: str, choices: dict, what: str) -> tuple:
@@ -491,7 +521,7 @@ def gate(
     raise typer.Exit(gating.conclude(body, _outputs(markdown, json_path, junit), console))
 
 
-baseline_app = typer.Typer(help="Runs kept for `compare` and `gate`, keyed by GPU model.", no_args_is_help=True)
+baseline_app = typer.Typer(help="Runs kept for `compare` and `gate`, keyed by GPU model.", **_HELP)
 app.add_typer(baseline_app, name="baseline")
 
 
@@ -760,7 +790,7 @@ def calibrate(
 
 
 # ---- numerics: loss curves, tensor statistics, start-up, FP8 optimizer states (fp8bench.benchmarks.numerics) ----
-numerics_app = typer.Typer(help="What FP8 costs in training quality: loss curves on real text against BF16, tensor statistics, delayed-scaling start-up, FP8 optimizer states.", no_args_is_help=True)
+numerics_app = typer.Typer(help="What FP8 costs in training quality: loss curves on real text against BF16, tensor statistics, delayed-scaling start-up, FP8 optimizer states.", **_HELP)
 app.add_typer(numerics_app, name="numerics")
 _NUMERICS_MODEL_HELP = "the model to train: tiny | tiny-2l (fp8bench.benchmarks.numerics.MODELS)"
 

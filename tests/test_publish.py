@@ -41,6 +41,7 @@ EVIL_RUN = """<img src=x onerror="document.title='pwned'">"""
 MODEL = "synthetic-gpu"
 SHAPES = (GemmShape(512, 512, 512), GemmShape(1024, 512, 1024, EVIL_CASE))
 SLOWER = 1.25  # the second CI run's cuBLAS fast-accum cases: 25% slower, so the gate sees a regression
+CI_COMMAND = "fp8bench run suites/ci.toml --out /ci"  # a suite run: its entries are the series
 
 
 def write_run(run_dir: Path, started: str | None, seed: int, slow_fast_accum: float = 1.0, **metadata_keys: str) -> None:
@@ -74,14 +75,15 @@ def write_synthetic_tree(root: Path) -> None:
     """Two CI runs (folders of suite runs) of entries `square` and `thin`, the second gated against
     the first; a single run with a hostile folder name; and folders that are no runs at all."""
     model = root / MODEL
-    write_run(model / "ci-001" / "square", "2026-01-01T10:00:00+00:00", seed=1)
-    write_run(model / "ci-001" / "thin", None, seed=2)  # records no start time: not on the history chart
-    write_run(model / "ci-002" / "square", "2026-01-02T10:00:00+00:00", seed=3, slow_fast_accum=SLOWER)
-    write_run(model / "ci-002" / "thin", "2026-01-02T10:05:00+00:00", seed=4)
+    ci = {"command": CI_COMMAND}
+    write_run(model / "ci-001" / "square", "2026-01-01T10:00:00+00:00", seed=1, **ci)
+    write_run(model / "ci-001" / "thin", None, seed=2, **ci)  # records no start time: not on the history chart
+    write_run(model / "ci-002" / "square", "2026-01-02T10:00:00+00:00", seed=3, slow_fast_accum=SLOWER, **ci)
+    write_run(model / "ci-002" / "thin", "2026-01-02T10:05:00+00:00", seed=4, **ci)
     write_run(model / "ci-002" / "_reruns" / "square" / "case-1", "2026-01-02T10:10:00+00:00", seed=5)
     gated = CliRunner().invoke(app, ["compare", str(model / "ci-001"), str(model / "ci-002"), "--json", str(model / "ci-002" / GATE_JSON)])
     assert gated.exit_code == 1, gated.output  # the slowed cases are a regression
-    write_run(model / EVIL_RUN, "2026-01-03T10:00:00+00:00", seed=6)
+    write_run(model / EVIL_RUN, "2026-01-03T10:00:00+00:00", seed=6, suite_entry=EVIL_RUN)
     (model / "ci-002" / "notes").mkdir()
     (model / "empty-run").mkdir()
     (root / "empty-model").mkdir()
@@ -286,10 +288,13 @@ def test_committed_reports_site_has_every_run_and_one_plotly(committed_site):
     )
     assert sorted(key for key in published.rebuilt if not key.endswith(COMPARE_HTML)) == expected
     assert published.unchanged == ()
+    tree = read_tree(COMMITTED_REPORTS)
     for model in {run.relative_to(COMMITTED_REPORTS).parts[0] for run in runs}:
-        latest = table(site / slug(model) / INDEX_HTML, "Latest run of each entry")
-        assert sorted(row["entry"] for row in latest) == sorted({run.name for run in runs if run.is_relative_to(COMMITTED_REPORTS / model)})
-        for row in latest:
+        latest_rows = table(site / slug(model) / INDEX_HTML, "Latest result of each series")
+        series = tree.history(model)
+        assert sorted(row["series"] for row in latest_rows) == sorted(name for name, entries in series.items() if latest(entries))
+        assert {row["latest run"] for row in latest_rows} <= {run.name for run in tree.models[model]}
+        for row in latest_rows:
             gate_json = COMMITTED_REPORTS / model / row["latest run"] / GATE_JSON
             if gate_json.exists():
                 assert row["gate"].startswith(json.loads(gate_json.read_text())["verdict"]), row
@@ -302,15 +307,20 @@ def test_committed_reports_site_has_every_run_and_one_plotly(committed_site):
 def test_committed_reports_geomeans_are_those_of_the_rows(committed_site):
     site, _ = committed_site
     rows_shown = 0
-    for csv in COMMITTED_REPORTS.glob("*/*/results.csv"):
-        shown = [row for row in table(site / slug(csv.parent.parent.name) / INDEX_HTML, "Geomean speedup over BF16 of the latest runs") if row["entry"] == csv.parent.name]
-        fp8 = ok_fp8(load_results(csv))
-        assert len(shown) == fp8["granularity"].nunique()  # none for a cast run: it has no BF16 reference
-        rows_shown += len(shown)
-        for (granularity, backend, fast_accum), speedups in fp8.groupby(["granularity", "backend", "fast_accum"])["speedup_vs_bf16"]:
-            (row,) = [r for r in shown if r["granularity"] == granularity]
-            geomean = float(np.exp(np.log(speedups).mean()))
-            assert row[f"{backend}, accum {fast_accum}"] == f"{geomean:.3f}x ({len(speedups)})"
+    tree = read_tree(COMMITTED_REPORTS)
+    for model in tree.models:
+        geomeans = table(site / slug(model) / INDEX_HTML, "Geomean speedup over BF16 of the latest results")
+        for series, entries in tree.history(model).items():
+            if latest(entries) is None:
+                continue
+            shown = [row for row in geomeans if row["series"] == series]
+            fp8 = ok_fp8(latest(entries).rows)
+            assert len(shown) == fp8["granularity"].nunique()  # none for a cast run: it has no BF16 reference
+            rows_shown += len(shown)
+            for (granularity, backend, fast_accum), speedups in fp8.groupby(["granularity", "backend", "fast_accum"])["speedup_vs_bf16"]:
+                (row,) = [r for r in shown if r["granularity"] == granularity]
+                geomean = float(np.exp(np.log(speedups).mean()))
+                assert row[f"{backend}, accum {fast_accum}"] == f"{geomean:.3f}x ({len(speedups)})"
     assert rows_shown > 0
 
 
@@ -356,7 +366,7 @@ def test_synthetic_site_layout_skips_what_is_not_a_run(synthetic_site):
 def test_synthetic_site_shows_the_gate_result_and_the_regression(synthetic_site):
     root, site, _ = synthetic_site
     gate = json.loads((root / MODEL / "ci-002" / GATE_JSON).read_text())
-    latest = {row["entry"]: row for row in table(site / MODEL / INDEX_HTML, "Latest run of each entry")}
+    latest = {row["series"]: row for row in table(site / MODEL / INDEX_HTML, "Latest result of each series")}
     for entry in ("square", "thin"):
         outcomes = [case["outcome"] for case in gate["cases"] if case["run"] == entry]
         counts = ", ".join(f"{outcomes.count(o)} {o}" for o in ("PASS", "REGRESSION", "INCONCLUSIVE", "IMPROVEMENT") if o in outcomes)
@@ -422,7 +432,7 @@ def test_a_second_build_rebuilds_only_what_changed(tmp_path):
     assert run_pages and all(p.stat().st_mtime_ns == stamps[p] for p in run_pages)
 
     (root / MODEL / "ci-001" / "square" / "results.csv").unlink()
-    write_run(root / MODEL / "ci-001" / "square", "2026-01-01T10:00:00+00:00", seed=7)  # other measurements
+    write_run(root / MODEL / "ci-001" / "square", "2026-01-01T10:00:00+00:00", seed=7, command=CI_COMMAND)  # other measurements
     third = publish(root, site)
     assert sorted(third.rebuilt) == [f"{MODEL}/runs/ci-001/square", f"{MODEL}/runs/ci-002/square/{COMPARE_HTML}"]
     assert (site / MODEL / "runs" / "ci-001" / "square" / "results.csv").read_bytes() == (root / MODEL / "ci-001" / "square" / "results.csv").read_bytes()
@@ -563,7 +573,7 @@ def test_an_interrupted_first_publish_is_finished_by_the_next(tmp_path, monkeypa
     monkeypatch.setattr(site_module, "write_reports", real)
     result = cli(root, "--out", site)
     assert result.exit_code == 0, result.output
-    assert "2 run folders and compare pages built" in result.output
+    assert "3 run folders and compare pages built" in result.output  # b re-ran a's command: b against a too
     assert {p.name for p in (site / MODEL / "runs").iterdir()} == {"a", "b"}
     written = set(json.loads((site / MANIFEST_JSON).read_text())["files"])
     assert written == {str(p.relative_to(site)) for p in site.rglob("*") if p.is_file() and p.name != MANIFEST_JSON}
@@ -588,7 +598,7 @@ def test_a_malformed_gate_json_is_shown_not_fatal(tmp_path):
     write_run(root / MODEL / "ci" / "square", "2026-01-01T10:00:00+00:00", seed=1)
     (root / MODEL / "ci" / GATE_JSON).write_text('{"verdict": "MAYBE", "cases": []}')
     publish(root, tmp_path / "site")
-    (row,) = table(tmp_path / "site" / MODEL / INDEX_HTML, "Latest run of each entry")
+    (row,) = table(tmp_path / "site" / MODEL / INDEX_HTML, "Latest result of each series")
     assert row["gate"].startswith(f"{GATE_JSON} unreadable:") and "MAYBE" in row["gate"]
 
 

@@ -119,7 +119,8 @@ def predicted_breakdown(times: tuple[KernelTime, ...]) -> dict[str, float]:
         column: sum(t.seconds for t in times if t.kernel.term.startswith(prefix)) * 1e3
         for column, prefix in _BREAKDOWN_TERMS.items()
     }
-    split["other_ms"] = sum(t.seconds for t in times) * 1e3 - sum(split.values())
+    prefixes = tuple(_BREAKDOWN_TERMS.values())
+    split["other_ms"] = sum(t.seconds for t in times if not t.kernel.term.startswith(prefixes)) * 1e3
     return split
 
 

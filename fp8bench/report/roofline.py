@@ -173,6 +173,7 @@ def predicted_breakdown_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[C
     charts = []
     for case, of_shape in ok.groupby("case", sort=False):
         parts = of_shape.melt(id_vars=["step", "ceilings_label"], value_vars=list(KERNEL_TIME_COLUMNS), var_name="kernels", value_name="ms")
+        parts = parts[parts["ms"] > 0]  # a kind of kernel the step does not have draws no bar
         parts["kernels"] = parts["kernels"].map(KERNEL_TIME_COLUMNS)
         figure = px.bar(
             parts, x="step", y="ms", color="kernels", facet_col="ceilings_label", barmode="stack",
