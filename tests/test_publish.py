@@ -646,6 +646,7 @@ def write_history_tree(root: Path) -> Path:
         ("fast", True, {"command": "kernels/bench/gemm_sweep.py gluon --out /x"}, "kernels/bench/gemm_sweep.py gluon: fast"),
         ("any", False, {"command": "fp8bench matmul", "suite_entry": "square-4096"}, "square-4096"),
         ("folder-name", False, {}, "folder-name"),
+        ("square-4096", True, {}, "square-4096"),
     ],
 )  # fmt: skip
 def test_a_runs_series_is_its_benchmark_identity(entry, in_suite, metadata, series):

@@ -2,7 +2,8 @@
 folder of suite runs, with a gate result where the run was gated (layout in fp8bench.publish.site).
 
 Everything here is read once and checked: a folder the reports could not show is skipped with the
-reason, so page building never meets a broken run.
+reason, so page building never meets a broken run. A run's history is that of its benchmark identity
+(series_of), not of its folder's name.
 """
 
 from __future__ import annotations
@@ -211,7 +212,7 @@ def series_of(run: str, entry: str, in_suite: bool, metadata: dict[str, Any]) ->
     """A run's benchmark identity: the suite entry it measured (metadata's suite_entry, its folder in a
     `fp8bench run` or `gate` of a suite, or `fp8bench run ... --only ENTRY`), else its command with the
     options that change what is measured (an entry of another folder of runs, such as a sweep's, after
-    a colon); the folder name only where the run records no command."""
+    a colon); its folder's name (the entry's, in a folder of runs) where the run records no command."""
     if isinstance(metadata.get(SUITE_ENTRY_KEY), str) and metadata[SUITE_ENTRY_KEY]:
         return metadata[SUITE_ENTRY_KEY]
     command = metadata.get("command")
@@ -219,6 +220,8 @@ def series_of(run: str, entry: str, in_suite: bool, metadata: dict[str, Any]) ->
         words = shlex.split(command) if isinstance(command, str) else []
     except ValueError:  # unbalanced quotes: the words as written
         words = command.split()
+    if not words:
+        return entry
     program = next((i for i, word in enumerate(words) if PurePosixPath(word).name == "fp8bench"), None)
     arguments = words[program + 1 :] if program is not None else words  # a script: its name and arguments
     if program is not None and arguments[:1] in (["run"], ["gate"]):
