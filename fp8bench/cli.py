@@ -44,7 +44,19 @@ def _error_exit_code(err: Exception) -> tuple[int, str] | None:
     return None
 
 
-class _Commands(typer.core.TyperGroup):
+class _HelpGroup(typer.core.TyperGroup):
+    """A command group whose help lists each command's first sentence in full, wrapped to the terminal
+    (click would cut it to one line with "...")."""
+
+    def format_commands(self, ctx, formatter) -> None:
+        commands = [(name, self.get_command(ctx, name)) for name in self.list_commands(ctx)]
+        rows = [(name, command.get_short_help_str(limit=sys.maxsize)) for name, command in commands if command and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+class _Commands(_HelpGroup):
     """The command line's one error adapter: a malformed input file or bad usage (exit 2), a baseline
     from another GPU model (4) or a missing GPU (1) is one line on stderr, never a traceback."""
 
@@ -62,13 +74,31 @@ class _Commands(typer.core.TyperGroup):
             raise typer.Exit(code) from None
 
 
+# Help as click writes it: wrapped to the terminal (80 columns included), where rich's option panels
+# cut long defaults and paths with "…".
+_HELP = {"rich_markup_mode": None, "no_args_is_help": True, "cls": _HelpGroup}
+
 app = typer.Typer(
-    cls=_Commands,
     help="Benchmarks and roofline analysis for FP8 training on NVIDIA Hopper GPUs.",
-    no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    **{**_HELP, "cls": _Commands},  # the command line's error adapter at the top
 )
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from importlib.metadata import version
+
+        console.print(f"fp8bench {version('fp8bench')}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _app(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="print the version and exit"),
+) -> None:
+    """Benchmarks and roofline analysis for FP8 training on NVIDIA Hopper GPUs."""
 
 
 def choice(value: str, choices: dict, what: str) -> tuple:
@@ -235,15 +265,20 @@ def _run_benchmark(
     else:
         print_summary(console, rows)
     if report:
-        try:
-            from fp8bench.report.write import write_reports
-        except ImportError as err:  # plotly missing on a bare GPU host: the results stand without pages
-            err_console.print(f"[yellow]no HTML reports: {err.name} is not installed; `fp8bench report {run_dir}` writes them later[/]")
-        else:
-            for page in write_reports(run_dir):
-                console.print(f"report: {page}")
+        _write_pages(run_dir)
     if interrupted:
         raise typer.Exit(130)
+
+
+def _write_pages(run_dir: Path) -> None:
+    """A run's HTML report (fp8bench.report.write), or a line saying why there is none."""
+    try:
+        from fp8bench.report.write import write_reports
+    except ImportError as err:  # plotly missing on a bare GPU host: the results stand without pages
+        err_console.print(f"[yellow]no HTML reports: {err.name} is not installed; `fp8bench report {run_dir}` writes them later[/]")
+    else:
+        for page in write_reports(run_dir):
+            console.print(f"report: {page}")
 
 
 # Set while `_plan` parses a command: the command hands over what it would run instead of running it.
@@ -486,7 +521,7 @@ def gate(
     raise typer.Exit(gating.conclude(body, _outputs(markdown, json_path, junit), console))
 
 
-baseline_app = typer.Typer(help="Runs kept for `compare` and `gate`, keyed by GPU model.", no_args_is_help=True)
+baseline_app = typer.Typer(help="Runs kept for `compare` and `gate`, keyed by GPU model.", **_HELP)
 app.add_typer(baseline_app, name="baseline")
 
 
@@ -515,9 +550,12 @@ def roofline(
     M: Optional[int] = typer.Option(None, "--M", help="with --shape-gen custom"),
     K: Optional[int] = typer.Option(None, "--K", help="with --shape-gen custom"),
     N: Optional[int] = typer.Option(None, "--N", help="with --shape-gen custom"),
-    gpu: str = typer.Option("auto", help="GPU model whose ceilings to use: auto (detect) or a hardware-table key"),
-    calibration: Optional[Path] = typer.Option(None, help="a profile from `fp8bench calibrate` (default: calibration/<gpu>.json if it exists)"),
+    gpu: Optional[list[str]] = typer.Option(
+        None, help="repeatable; GPU model whose ceilings to predict with: auto (detect, the default) or a hardware-table key; several side by side with --no-measure"
+    ),
+    calibration: Optional[Path] = typer.Option(None, help="a profile from `fp8bench calibrate` (default: the installed checkout's calibration/<gpu>.json if it exists)"),
     measure: bool = typer.Option(True, "--measure/--no-measure", help="also measure the layer (needs a GPU; predictions only without one)"),
+    report: bool = typer.Option(True, "--report/--no-report", help="write the HTML report into the run folder"),
     shape_name: Optional[list[str]] = typer.Option(None, help="repeatable; keep the shapes whose name contains this (e.g. llama3-8b.)"),
     repeats: int = typer.Option(5, min=1, help="measured: independent repeats per case (each with its own warm-up)"),
     eager: bool = typer.Option(True, "--eager/--no-eager", help="measured: also our layer (Float8LayerNormLinear) and the BF16 layer without torch.compile"),
@@ -545,26 +583,34 @@ def roofline(
     device_name = cuda_device_name()
     try:
         shape_list = shapes.generate(shape_gen, M, K, N)
-        spec = resolve_gpu(gpu, device_name)
+        specs = list(dict.fromkeys(resolve_gpu(name, device_name) for name in gpu or ["auto"]))
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     if shape_name:
         shape_list = [s for s in shape_list if any(part in s.name for part in shape_name)]
         if not shape_list:
             raise typer.BadParameter(f"no {shape_gen} shape has a name containing any of {shape_name}")
+    if calibration is not None and len(specs) > 1:
+        raise typer.BadParameter("--calibration is one GPU's profile; with several --gpu each uses its own calibration/<gpu>.json")
     measuring = measure and device_name is not None
-    if measuring and spec_for_device_name(device_name) is not spec:
-        raise typer.BadParameter(f"--gpu {gpu} names another GPU than this {device_name}; add --no-measure to predict for it")
-    ceilings = [model.spec_ceilings(spec)]
-    profile_path = calibration or default_profile_path(spec.key)
-    if calibration is not None or profile_path.exists():
-        try:
-            profile = load_profile(profile_path)
-        except ValueError as err:
-            raise typer.BadParameter(str(err)) from None
-        if profile.gpu_key != spec.key:
-            raise typer.BadParameter(f"{profile_path} was measured on {profile.gpu_key}, not {spec.key}")
-        ceilings.append(model.calibrated_ceilings(profile, profile_path))
+    if measuring and (len(specs) > 1 or spec_for_device_name(device_name) is not specs[0]):
+        names = ", ".join(s.key for s in specs)
+        raise typer.BadParameter(f"--gpu {names} is not just this {device_name}; add --no-measure to predict for it")
+    spec = specs[0]
+    ceilings = []
+    for each in specs:
+        of_gpu = [model.spec_ceilings(each)]
+        profile_path = calibration or default_profile_path(each.key)
+        if calibration is not None or profile_path.exists():
+            try:
+                profile = load_profile(profile_path)
+            except ValueError as err:
+                raise typer.BadParameter(str(err)) from None
+            if profile.gpu_key != each.key:
+                raise typer.BadParameter(f"{profile_path} was measured on {profile.gpu_key}, not {each.key}")
+            of_gpu.append(model.calibrated_ceilings(profile, profile_path))
+        # several GPU models side by side: each set of ceilings is named after its GPU
+        ceilings += [dataclasses.replace(c, source=f"{each.key} {c.source}") for c in of_gpu] if len(specs) > 1 else of_gpu
     config = predicted.RooflineConfig(tuple(shape_list), tuple(recipes), impls, tuple(ceilings))
 
     layer_config = None
@@ -579,6 +625,8 @@ def roofline(
         raise typer.BadParameter("--resume continues a measured run; it needs a CUDA GPU and --measure")
     run_dir = out or default_run_dir("roofline", shape_gen)
     extra = {"benchmark": "roofline", "gpu_spec": spec.key, "prediction_only": not measuring, "ceilings": {c.source: c.label for c in ceilings}}
+    if len(specs) > 1:
+        extra["gpu_specs"] = [s.key for s in specs]
     benchmark = cases = None
     if layer_config:
         from fp8bench.benchmarks.layer import LayerBenchmark
@@ -602,6 +650,8 @@ def roofline(
             console.print(f"predictions -> {writer.csv_path} (kernels: {run_dir / predicted.KERNELS_CSV})")
         if benchmark:
             _measure_layer(benchmark, cases, writer)
+    if report:
+        _write_pages(run_dir)
 
 
 def _measure_layer(benchmark, cases: list, writer) -> None:
@@ -740,7 +790,7 @@ def calibrate(
 
 
 # ---- numerics: loss curves, tensor statistics, start-up, FP8 optimizer states (fp8bench.benchmarks.numerics) ----
-numerics_app = typer.Typer(help="What FP8 costs in training quality: loss curves on real text against BF16, tensor statistics, delayed-scaling start-up, FP8 optimizer states.", no_args_is_help=True)
+numerics_app = typer.Typer(help="What FP8 costs in training quality: loss curves on real text against BF16, tensor statistics, delayed-scaling start-up, FP8 optimizer states.", **_HELP)
 app.add_typer(numerics_app, name="numerics")
 _NUMERICS_MODEL_HELP = "the model to train: tiny | tiny-2l (fp8bench.benchmarks.numerics.MODELS)"
 

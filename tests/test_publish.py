@@ -24,8 +24,9 @@ from typer.testing import CliRunner
 from browser import embedded_graphs, parse_html, render
 from fp8bench.cli import app
 from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase, Status
+from fp8bench.publish.pages import history_chart
 from fp8bench.publish.site import MANIFEST_JSON, publish
-from fp8bench.publish.tree import COMPARE_HTML, GATE_JSON, HISTORY_HTML, read_tree, slug
+from fp8bench.publish.tree import COMPARE_HTML, GATE_JSON, HISTORY_HTML, latest, read_tree, series_of, slug
 from fp8bench.model.hardware import GPUS
 from fp8bench.report.write import INDEX_HTML, VIEWS, own_pages, page_name
 from fp8bench.report.html import PLOTLY_JS, Chart
@@ -40,15 +41,17 @@ EVIL_RUN = """<img src=x onerror="document.title='pwned'">"""
 MODEL = "synthetic-gpu"
 SHAPES = (GemmShape(512, 512, 512), GemmShape(1024, 512, 1024, EVIL_CASE))
 SLOWER = 1.25  # the second CI run's cuBLAS fast-accum cases: 25% slower, so the gate sees a regression
+CI_COMMAND = "fp8bench run suites/ci.toml --out /ci"  # a suite run: its entries are the series
 
 
-def write_run(run_dir: Path, started: str | None, seed: int, slow_fast_accum: float = 1.0) -> None:
+def write_run(run_dir: Path, started: str | None, seed: int, slow_fast_accum: float = 1.0, **metadata_keys: str) -> None:
     """Synthetic matmul rows (fake timer): BF16 and cuBLAS tensorwise per shape, plus an unsupported row."""
     metadata = {
         "benchmark": "matmul",
         "command": f"synthetic fixture of tests/test_publish.py {EVIL_CASE}",
         "gpu_spec": GPU.key,
         "gpu_name": "none: synthetic test fixture",
+        **metadata_keys,
     }
     if started is not None:
         metadata["started_utc"] = started
@@ -72,14 +75,15 @@ def write_synthetic_tree(root: Path) -> None:
     """Two CI runs (folders of suite runs) of entries `square` and `thin`, the second gated against
     the first; a single run with a hostile folder name; and folders that are no runs at all."""
     model = root / MODEL
-    write_run(model / "ci-001" / "square", "2026-01-01T10:00:00+00:00", seed=1)
-    write_run(model / "ci-001" / "thin", None, seed=2)  # records no start time: not on the history chart
-    write_run(model / "ci-002" / "square", "2026-01-02T10:00:00+00:00", seed=3, slow_fast_accum=SLOWER)
-    write_run(model / "ci-002" / "thin", "2026-01-02T10:05:00+00:00", seed=4)
+    ci = {"command": CI_COMMAND}
+    write_run(model / "ci-001" / "square", "2026-01-01T10:00:00+00:00", seed=1, **ci)
+    write_run(model / "ci-001" / "thin", None, seed=2, **ci)  # records no start time: not on the history chart
+    write_run(model / "ci-002" / "square", "2026-01-02T10:00:00+00:00", seed=3, slow_fast_accum=SLOWER, **ci)
+    write_run(model / "ci-002" / "thin", "2026-01-02T10:05:00+00:00", seed=4, **ci)
     write_run(model / "ci-002" / "_reruns" / "square" / "case-1", "2026-01-02T10:10:00+00:00", seed=5)
     gated = CliRunner().invoke(app, ["compare", str(model / "ci-001"), str(model / "ci-002"), "--json", str(model / "ci-002" / GATE_JSON)])
     assert gated.exit_code == 1, gated.output  # the slowed cases are a regression
-    write_run(model / EVIL_RUN, "2026-01-03T10:00:00+00:00", seed=6)
+    write_run(model / EVIL_RUN, "2026-01-03T10:00:00+00:00", seed=6, suite_entry=EVIL_RUN)
     (model / "ci-002" / "notes").mkdir()
     (model / "empty-run").mkdir()
     (root / "empty-model").mkdir()
@@ -284,10 +288,13 @@ def test_committed_reports_site_has_every_run_and_one_plotly(committed_site):
     )
     assert sorted(key for key in published.rebuilt if not key.endswith(COMPARE_HTML)) == expected
     assert published.unchanged == ()
+    tree = read_tree(COMMITTED_REPORTS)
     for model in {run.relative_to(COMMITTED_REPORTS).parts[0] for run in runs}:
-        latest = table(site / slug(model) / INDEX_HTML, "Latest run of each entry")
-        assert sorted(row["entry"] for row in latest) == sorted({run.name for run in runs if run.is_relative_to(COMMITTED_REPORTS / model)})
-        for row in latest:
+        latest_rows = table(site / slug(model) / INDEX_HTML, "Latest result of each series")
+        series = tree.history(model)
+        assert sorted(row["series"] for row in latest_rows) == sorted(name for name, entries in series.items() if latest(entries))
+        assert {row["latest run"] for row in latest_rows} <= {run.name for run in tree.models[model]}
+        for row in latest_rows:
             gate_json = COMMITTED_REPORTS / model / row["latest run"] / GATE_JSON
             if gate_json.exists():
                 assert row["gate"].startswith(json.loads(gate_json.read_text())["verdict"]), row
@@ -300,15 +307,20 @@ def test_committed_reports_site_has_every_run_and_one_plotly(committed_site):
 def test_committed_reports_geomeans_are_those_of_the_rows(committed_site):
     site, _ = committed_site
     rows_shown = 0
-    for csv in COMMITTED_REPORTS.glob("*/*/results.csv"):
-        shown = [row for row in table(site / slug(csv.parent.parent.name) / INDEX_HTML, "Geomean speedup over BF16 of the latest runs") if row["entry"] == csv.parent.name]
-        fp8 = ok_fp8(load_results(csv))
-        assert len(shown) == fp8["granularity"].nunique()  # none for a cast run: it has no BF16 reference
-        rows_shown += len(shown)
-        for (granularity, backend, fast_accum), speedups in fp8.groupby(["granularity", "backend", "fast_accum"])["speedup_vs_bf16"]:
-            (row,) = [r for r in shown if r["granularity"] == granularity]
-            geomean = float(np.exp(np.log(speedups).mean()))
-            assert row[f"{backend}, accum {fast_accum}"] == f"{geomean:.3f}x ({len(speedups)})"
+    tree = read_tree(COMMITTED_REPORTS)
+    for model in tree.models:
+        geomeans = table(site / slug(model) / INDEX_HTML, "Geomean speedup over BF16 of the latest results")
+        for series, entries in tree.history(model).items():
+            if latest(entries) is None:
+                continue
+            shown = [row for row in geomeans if row["series"] == series]
+            fp8 = ok_fp8(latest(entries).rows)
+            assert len(shown) == fp8["granularity"].nunique()  # none for a cast run: it has no BF16 reference
+            rows_shown += len(shown)
+            for (granularity, backend, fast_accum), speedups in fp8.groupby(["granularity", "backend", "fast_accum"])["speedup_vs_bf16"]:
+                (row,) = [r for r in shown if r["granularity"] == granularity]
+                geomean = float(np.exp(np.log(speedups).mean()))
+                assert row[f"{backend}, accum {fast_accum}"] == f"{geomean:.3f}x ({len(speedups)})"
     assert rows_shown > 0
 
 
@@ -354,7 +366,7 @@ def test_synthetic_site_layout_skips_what_is_not_a_run(synthetic_site):
 def test_synthetic_site_shows_the_gate_result_and_the_regression(synthetic_site):
     root, site, _ = synthetic_site
     gate = json.loads((root / MODEL / "ci-002" / GATE_JSON).read_text())
-    latest = {row["entry"]: row for row in table(site / MODEL / INDEX_HTML, "Latest run of each entry")}
+    latest = {row["series"]: row for row in table(site / MODEL / INDEX_HTML, "Latest result of each series")}
     for entry in ("square", "thin"):
         outcomes = [case["outcome"] for case in gate["cases"] if case["run"] == entry]
         counts = ", ".join(f"{outcomes.count(o)} {o}" for o in ("PASS", "REGRESSION", "INCONCLUSIVE", "IMPROVEMENT") if o in outcomes)
@@ -420,7 +432,7 @@ def test_a_second_build_rebuilds_only_what_changed(tmp_path):
     assert run_pages and all(p.stat().st_mtime_ns == stamps[p] for p in run_pages)
 
     (root / MODEL / "ci-001" / "square" / "results.csv").unlink()
-    write_run(root / MODEL / "ci-001" / "square", "2026-01-01T10:00:00+00:00", seed=7)  # other measurements
+    write_run(root / MODEL / "ci-001" / "square", "2026-01-01T10:00:00+00:00", seed=7, command=CI_COMMAND)  # other measurements
     third = publish(root, site)
     assert sorted(third.rebuilt) == [f"{MODEL}/runs/ci-001/square", f"{MODEL}/runs/ci-002/square/{COMPARE_HTML}"]
     assert (site / MODEL / "runs" / "ci-001" / "square" / "results.csv").read_bytes() == (root / MODEL / "ci-001" / "square" / "results.csv").read_bytes()
@@ -561,7 +573,7 @@ def test_an_interrupted_first_publish_is_finished_by_the_next(tmp_path, monkeypa
     monkeypatch.setattr(site_module, "write_reports", real)
     result = cli(root, "--out", site)
     assert result.exit_code == 0, result.output
-    assert "2 run folders and compare pages built" in result.output
+    assert "3 run folders and compare pages built" in result.output  # b re-ran a's command: b against a too
     assert {p.name for p in (site / MODEL / "runs").iterdir()} == {"a", "b"}
     written = set(json.loads((site / MANIFEST_JSON).read_text())["files"])
     assert written == {str(p.relative_to(site)) for p in site.rglob("*") if p.is_file() and p.name != MANIFEST_JSON}
@@ -586,7 +598,7 @@ def test_a_malformed_gate_json_is_shown_not_fatal(tmp_path):
     write_run(root / MODEL / "ci" / "square", "2026-01-01T10:00:00+00:00", seed=1)
     (root / MODEL / "ci" / GATE_JSON).write_text('{"verdict": "MAYBE", "cases": []}')
     publish(root, tmp_path / "site")
-    (row,) = table(tmp_path / "site" / MODEL / INDEX_HTML, "Latest run of each entry")
+    (row,) = table(tmp_path / "site" / MODEL / INDEX_HTML, "Latest result of each series")
     assert row["gate"].startswith(f"{GATE_JSON} unreadable:") and "MAYBE" in row["gate"]
 
 
@@ -596,3 +608,97 @@ def test_a_site_inside_the_reports_tree_is_not_read_as_runs(tmp_path):
     publish(root, root / "site")
     again = publish(root, root / "site")
     assert again.skipped == () and again.unchanged == (f"{MODEL}/runs/only",)
+
+
+# --- history by benchmark identity ---
+
+SQUARE_COMMAND = "fp8bench matmul --shape-gen square --granularity all --backend cublas --out /runs/{} {}"
+
+
+def write_history_tree(root: Path) -> Path:
+    """One command re-run into three differently named folders (the newest a demo), and a suite entry
+    run twice, once as `fp8bench run --only` into a folder of its own."""
+    model = root / MODEL
+    for folder, started, extra, purpose in (
+        ("matmul-square", "2026-02-01T10:00:00+00:00", "", None),
+        ("square-again-run2", "2026-02-02T10:00:00+00:00", "--resume", None),
+        ("square-slowed-on-purpose", "2026-02-03T10:00:00+00:00", "", "demo"),
+    ):
+        keys = {"purpose": purpose} if purpose else {}
+        # options in another order on the second run: the same measurement
+        command = SQUARE_COMMAND.format(folder, extra)
+        if extra:
+            command = f"fp8bench matmul --backend cublas --out /elsewhere/{folder} --granularity all --shape-gen square {extra}"
+        write_run(model / folder, started, seed=len(folder), command=command, **keys)
+    write_run(model / "ci-a" / "square-4096", "2026-02-01T11:00:00+00:00", seed=7, command="fp8bench run suites/ci.toml --out /x")
+    write_run(model / "roofline-only", "2026-02-02T11:00:00+00:00", seed=8, command="fp8bench run suites/ci.toml --only square-4096 --out /y")
+    return model
+
+
+@pytest.mark.parametrize(
+    ("entry", "in_suite", "metadata", "series"),
+    [
+        ("any", False, {"command": "fp8bench matmul --out /a/b --resume --shape-gen llama --backend bf16 --backend cublas"},
+         "matmul --backend bf16 --backend cublas --shape-gen llama"),
+        ("any", False, {"command": "/venv/bin/fp8bench roofline --no-measure --gpu h100-sxm --out=/x"}, "roofline --gpu h100-sxm --no-measure"),
+        ("square-4096", True, {"command": "fp8bench gate --suite suites/ci.toml --baseline main --json /x.json"}, "square-4096"),
+        ("any", False, {"command": "fp8bench run suites/roofline.toml --only roofline-8192 --resume --out /x"}, "roofline-8192"),
+        ("fast", True, {"command": "kernels/bench/gemm_sweep.py gluon --out /x"}, "kernels/bench/gemm_sweep.py gluon: fast"),
+        ("any", False, {"command": "fp8bench matmul", "suite_entry": "square-4096"}, "square-4096"),
+        ("folder-name", False, {}, "folder-name"),
+        ("square-4096", True, {}, "square-4096"),
+    ],
+)  # fmt: skip
+def test_a_runs_series_is_its_benchmark_identity(entry, in_suite, metadata, series):
+    assert series_of("folder-name", entry, in_suite, metadata) == series
+
+
+def test_reruns_in_differently_named_folders_are_one_series_and_a_demo_is_never_latest(tmp_path):
+    root = tmp_path / "reports"
+    write_history_tree(root)
+    history = read_tree(root).history(MODEL)
+    square = "matmul --backend cublas --granularity all --shape-gen square"
+    assert {name: [e.run for e in entries] for name, entries in history.items()} == {
+        square: ["matmul-square", "square-again-run2", "square-slowed-on-purpose"],
+        "square-4096": ["ci-a", "roofline-only"],
+    }
+    assert latest(history[square]).run == "square-again-run2"  # the newer demo is not the latest result
+    assert latest(history["square-4096"]).run == "roofline-only"
+
+    site = tmp_path / "site"
+    publish(root, site)
+    latest_rows = table(site / MODEL / INDEX_HTML, "Latest result of each series")
+    assert [(row["series"], row["latest run"], row["history"]) for row in latest_rows] == [
+        (square, "square-again-run2", "3 runs"),
+        ("square-4096", "roofline-only", "2 runs"),
+    ]
+    history_page = site / MODEL / HISTORY_HTML
+    drawn = {graph.div_id: graph for graph in embedded_graphs(history_page.read_text(encoding="utf-8"))}
+    assert sum(trace.points for trace in drawn[f"history-{slug(square)}-chart"].traces) == 6  # 3 runs x 2 series
+    traces = history_chart(square, history[square]).figure.data
+    lines = [trace for trace in traces if trace.marker.symbol == "circle"]
+    demos = [trace for trace in traces if trace.marker.symbol == "circle-open"]
+    # a line per backend and accumulation through the two measurements; the demo as open markers beside it
+    assert sorted(len(trace.x) for trace in lines) == [2, 2]
+    assert sorted(len(trace.x) for trace in demos) == [1, 1]
+    purposes = [row["purpose"] for row in table(history_page, square)]
+    assert purposes == ["demo", "measurement", "measurement"]  # newest first
+
+
+def test_an_unknown_purpose_is_a_malformed_file(tmp_path):
+    root = tmp_path / "reports"
+    write_run(root / MODEL / "run", None, seed=1, purpose="showcase")
+    result = cli(root, "--out", tmp_path / "site")
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"error: {root / MODEL / 'run' / 'metadata.json'}: purpose is a string ('showcase'); expected one of demo, probe"
+    )
+
+
+def test_the_committed_gate_demo_is_in_history_but_never_latest(committed_site):
+    tree = read_tree(COMMITTED_REPORTS)
+    history = tree.history("h100-sxm")
+    for entry in ("square-4096", "llama3-8b-w2-M8192"):
+        runs = [e.run for e in history[entry]]
+        assert "ci-quick-gate-slowed" in runs
+        assert latest(history[entry]).run != "ci-quick-gate-slowed"

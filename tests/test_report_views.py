@@ -243,7 +243,8 @@ def test_roofline_pages_carry_every_chart_a_shape_each_for_kernel_time(roofline_
 def test_a_prediction_only_run_charts_its_predicted_speedups_and_nothing_measured(predicted_run):
     run_dir, rows = predicted_run
     for granularity in FP8:
-        assert chart_ids(run_dir / page_name(granularity)) == ["roofline-speedup"]
+        predicted_time = [chart_id("roofline-predicted-time", shape.name) for shape in ROOFLINE_SHAPES]
+        assert chart_ids(run_dir / page_name(granularity)) == ["roofline-speedup", *predicted_time]
         ok = ok_rows(rows, granularity)
         (chart,) = speedup_chart(ok, GPU)
         predicted = ok[(ok["granularity"] == granularity.value) & ok["predicted_speedup"].notna()]
@@ -383,8 +384,12 @@ def test_roofline_charts_plot_every_point_they_should(roofline_run, rendered):
 def test_a_prediction_only_run_draws_its_predicted_speedups(predicted_run, rendered):
     for granularity, page, ok in drawn_pages("predicted", predicted_run, rendered):
         fp8 = ok[ok["granularity"] == granularity.value]
-        assert [g.div_id for g in page.graphs] == ["roofline-speedup"]
+        predicted_time = [chart_id("roofline-predicted-time", shape.name) for shape in ROOFLINE_SHAPES]
+        assert [g.div_id for g in page.graphs] == ["roofline-speedup", *predicted_time]
         assert page.graphs[0].points == fp8["predicted_speedup"].notna().sum() > 0
+        for case, steps in ok.groupby("case"):  # a bar per kind of kernel a predicted step has
+            parts = (steps[["gemm_ms", "cast_ms", "other_ms"]] > 0).to_numpy().sum()
+            assert page.graph(chart_id("roofline-predicted-time", case)).points == parts > 0
 
 
 def test_the_roofline_hover_labels_escape_the_bound_column(predicted_run):

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from fp8bench.benchmarks import roofline as predicted
 from fp8bench.model import roofline as rl
 from fp8bench.benchmarks import shapes
+from fp8bench.model import calibration
 from fp8bench.model.calibration import CalibrationProfile, load_profile, save_profile
 from fp8bench.cli import app
 from fp8bench.config import FastAccum, GemmShape, Granularity
@@ -335,12 +336,19 @@ def test_calibrated_ceilings_fill_gaps_from_tensorwise_and_say_so():
 # ---- the commands ---------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def calibration_dir(tmp_path, monkeypatch):
+    """An empty calibration folder in place of the installed checkout's, and tmp_path as the current folder."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(calibration, "CALIBRATION_DIR", tmp_path / "calibration")
+    return tmp_path / "calibration"
+
+
 def _roofline(tmp_path, *args):
     return CliRunner().invoke(app, ["roofline", "--no-measure", "--out", str(tmp_path / "run"), *args])
 
 
-def test_roofline_cli_writes_predictions_not_measurements(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # no calibration/ folder here to auto-discover
+def test_roofline_cli_writes_predictions_not_measurements(tmp_path, calibration_dir):
     result = _roofline(tmp_path, "--gpu", "h100-sxm", "--shape-gen", "custom", "--M", "8192", "--K", "4096", "--N", "4096")
     assert result.exit_code == 0, result.output
     rows = load_results(tmp_path / "run")
@@ -361,8 +369,7 @@ def test_roofline_cli_writes_predictions_not_measurements(tmp_path, monkeypatch)
     assert metadata["prediction_only"] is True and set(metadata["ceilings"]) == {"spec"}
 
 
-def test_roofline_cli_filters_recipes_and_implementations(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_roofline_cli_filters_recipes_and_implementations(tmp_path, calibration_dir):
     result = _roofline(tmp_path, "--gpu", "h200", "--shape-gen", "llama", "--granularity", "rowwise", "--implementation", "triton")
     assert result.exit_code == 0, result.output
     rows = load_results(tmp_path / "run")
@@ -372,9 +379,8 @@ def test_roofline_cli_filters_recipes_and_implementations(tmp_path, monkeypatch)
     assert {json.loads(o).get("implementation", "-") for o in rows["options"]} == {"-", "triton", "triton-compile"}
 
 
-def test_roofline_cli_shows_calibrated_next_to_spec(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    save_profile(_profile(), tmp_path / "calibration" / "h100-sxm.json")  # auto-discovered
+def test_roofline_cli_shows_calibrated_next_to_spec(tmp_path, calibration_dir):
+    save_profile(_profile(), calibration_dir / "h100-sxm.json")  # auto-discovered
     result = _roofline(tmp_path, "--gpu", "h100-sxm", "--recipe", "tensorwise", "--shape-gen", "square")
     assert result.exit_code == 0, result.output
     rows = load_results(tmp_path / "run")
@@ -382,8 +388,7 @@ def test_roofline_cli_shows_calibrated_next_to_spec(tmp_path, monkeypatch):
     assert "calibrated ceilings: measured on NVIDIA H100" in " ".join(result.output.split())
 
 
-def test_roofline_cli_refuses_a_calibration_of_another_gpu(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_roofline_cli_refuses_a_calibration_of_another_gpu(tmp_path, calibration_dir):
     path = save_profile(_profile(gpu_key="h200"), tmp_path / "h200.json")
     result = _roofline(tmp_path, "--gpu", "h100-sxm", "--calibration", str(path))
     assert result.exit_code == 2
@@ -408,8 +413,7 @@ def test_roofline_cli_gpu_auto_without_a_gpu_is_a_usage_error(tmp_path, monkeypa
         (["--calibration", "missing.json"], "cannot read calibration file"),
     ],
 )
-def test_roofline_cli_usage_errors(tmp_path, monkeypatch, args, message):
-    monkeypatch.chdir(tmp_path)
+def test_roofline_cli_usage_errors(tmp_path, calibration_dir, args, message):
     result = _roofline(tmp_path, "--gpu", "h100-sxm", *args)
     assert result.exit_code == 2
     assert message in " ".join(result.output.replace("│", " ").split())
@@ -445,9 +449,8 @@ def test_calibrate_measures_this_gpu(tmp_path):
     assert run.exit_code == 0, run.output
 
 
-def test_shapes_fp8_cannot_run_are_unsupported_rows(tmp_path, monkeypatch):
+def test_shapes_fp8_cannot_run_are_unsupported_rows(tmp_path, calibration_dir):
     """The grad_weight product reduces over M: FP8 needs M % 16, blockwise (1x128 groups) M % 128."""
-    monkeypatch.chdir(tmp_path)
     args = ["--gpu", "h100-sxm", "--shape-gen", "custom", "--K", "4096", "--N", "4096", "--implementation", "triton"]
     result = _roofline(tmp_path, *args, "--M", "8208", "--recipe", "blockwise", "--recipe", "tensorwise")
     assert result.exit_code == 0, result.output
@@ -538,3 +541,109 @@ def test_calibration_measures_through_the_harness_and_profiles_its_rows(tmp_path
     without_tensorwise = [r.values for r in rows if r.values["granularity"] != "tensorwise"]
     with pytest.raises(ValueError, match="tensorwise/on"):
         calibrate.profile_from_rows(without_tensorwise, "h100-sxm", "test", shapes)
+
+
+# ---- prediction-only runs: report, several GPU models, the installed calibration ------------------
+
+
+def _predicted_table(page) -> list[dict[str, str]]:
+    """The cells of a page's `What was predicted` table, by column header."""
+    from browser import parse_html
+
+    dom = parse_html(page.read_text(encoding="utf-8"))
+    (section,) = [e for e in dom.iter() if e.tag == "section" and e.attrs.get("id") == "roofline-predictions"]
+    (found,) = section.find_all("table")
+    header = [th.text().strip() for th in found.find_all("th")]
+    return [dict(zip(header, (td.text().strip() for td in tr.find_all("td")))) for tr in found.find_all("tbody")[0].find_all("tr")]
+
+
+def test_prediction_only_run_writes_a_report_comparing_two_gpu_models(tmp_path, calibration_dir):
+    from browser import embedded_graphs
+
+    shape = ["--shape-gen", "custom", "--M", "8192", "--K", "4096", "--N", "4096"]
+    result = _roofline(tmp_path, "--gpu", "h100-sxm", "--gpu", "h200", "--recipe", "tensorwise", "--recipe", "blockwise",
+                       "--implementation", "triton", "--implementation", "torchao", *shape)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "run"
+    assert f"report: {run / 'index.html'}" in result.output
+    rows = load_results(run)
+    ceilings = rows["options"].map(lambda o: json.loads(o)["ceilings"])
+    assert list(dict.fromkeys(ceilings)) == ["h100-sxm spec", "h200 spec"]
+    assert json.loads((run / "metadata.json").read_text())["gpu_specs"] == ["h100-sxm", "h200"]
+    ok = rows[rows["status"] == "ok"]
+    # the predicted split by kind of kernel adds up to the predicted step
+    assert ((ok["gemm_ms"] + ok["cast_ms"] + ok["other_ms"] - ok["predicted_ms"]).abs() < 1e-5 * ok["predicted_ms"]).all()
+    assert (ok["gemm_ms"] > 0).all() and (ok[ok["recipe"] != "bf16"]["cast_ms"] > 0).all()
+
+    table = _predicted_table(run / "tensorwise.html")
+    assert list(table[0]) == ["shape", "recipe", "implementation", "h100-sxm spec ceilings", "h200 spec ceilings"]
+    triton = ok[(ok["recipe"] == "tensorwise") & (ok["options"].str.contains('"implementation": "triton"'))]
+    (cell,) = [r for r in table if r["recipe"] == "tensorwise" and r["implementation"] == "triton"]
+    for source, row in zip(ceilings[triton.index], triton.itertuples()):
+        assert cell[f"{source} ceilings"] == f"{row.predicted_speedup:.2f}x, {row.predicted_ms:.4g} ms, {row.bound}-bound"
+    (torchao,) = [r for r in _predicted_table(run / "blockwise.html") if r["implementation"] == "torchao"]
+    assert torchao["h200 spec ceilings"].startswith("unsupported: torchao has no blockwise recipe")
+
+    graphs = {g.div_id: g for g in embedded_graphs((run / "tensorwise.html").read_text(encoding="utf-8"))}
+    breakdown = graphs["roofline-predicted-time-8192x4096x4096"]
+    # a GEMM, cast and other bar for each step under each GPU's ceilings, where the step has such kernels
+    on_page = ok[ok["recipe"].isin(["tensorwise", "bf16"])]
+    assert sum(t.points for t in breakdown.traces) == int((on_page[["gemm_ms", "cast_ms", "other_ms"]] > 0).to_numpy().sum())
+    assert "roofline-speedup" in graphs
+
+
+def test_prediction_only_run_without_report_writes_no_pages(tmp_path, calibration_dir):
+    result = _roofline(tmp_path, "--gpu", "h100-sxm", "--recipe", "tensorwise", "--no-report", "--shape-gen", "custom",
+                       "--M", "1024", "--K", "1024", "--N", "1024")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "report:" not in result.output and not list((tmp_path / "run").glob("*.html"))
+
+
+def test_the_installed_calibration_profile_is_found_from_any_folder(tmp_path, monkeypatch):
+    installed = calibration.default_profile_path("h100-sxm")
+    assert installed.is_file(), "the checkout's calibration/h100-sxm.json"
+    monkeypatch.chdir(tmp_path)  # a folder without calibration/
+    result = _roofline(tmp_path, "--gpu", "h100-sxm", "--recipe", "tensorwise", "--no-report", "--shape-gen", "custom",
+                       "--M", "4096", "--K", "4096", "--N", "4096")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    metadata = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    assert set(metadata["ceilings"]) == {"spec", "calibrated"}
+    assert f"from {installed}" in metadata["ceilings"]["calibrated"]
+
+
+def test_the_console_says_why_a_cell_is_empty(tmp_path, calibration_dir):
+    result = CliRunner().invoke(
+        app,
+        ["roofline", "--no-measure", "--no-report", "--gpu", "h100-sxm", "--recipe", "blockwise", "--implementation", "triton",
+         "--implementation", "torchao", "--shape-gen", "custom", "--M", "8208", "--K", "4096", "--N", "4096", "--out", str(tmp_path / "run")],
+        env={"COLUMNS": "250"},
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith("│ 8208x4096x4096")]
+    cells = [cell.strip() for cell in line.strip("│").split("│")]
+    # shape, ceilings, bf16 ms, fp8 ms, public, triton, triton-compile, torchao, fp8 bound
+    assert cells[3:] == ["unsupported", "unsupported", "unsupported", "unsupported", "no such recipe", "unsupported"]
+    text = " ".join(result.output.split())
+    assert "torchao: no such recipe: torchao has no blockwise recipe" in text
+    assert "8208x4096x4096: unsupported: the grad_weight product (4096x8208x4096): blockwise scaling needs K and N" in text
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--gpu", "h100-sxm", "--gpu", "h200", "--calibration", "x.json"], "--calibration is one GPU's profile"),
+        (["--gpu", "h100-sxm", "--gpu", "a100"], "unknown GPU 'a100'"),
+    ],
+)
+def test_several_gpus_usage_errors(tmp_path, calibration_dir, args, message):
+    result = _roofline(tmp_path, *args)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.replace("│", " ").split())
+
+
+def test_measuring_is_for_this_gpu_only(tmp_path, calibration_dir, monkeypatch):
+    monkeypatch.setattr("fp8bench.harness.env.cuda_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    result = CliRunner().invoke(app, ["roofline", "--gpu", "h100-sxm", "--gpu", "h200", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert "--gpu h100-sxm, h200 is not just this NVIDIA H100 80GB HBM3; add --no-measure" in " ".join(result.output.replace("│", " ").split())
+    assert not (tmp_path / "run").exists()

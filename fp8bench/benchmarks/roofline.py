@@ -2,6 +2,9 @@
 every shape, recipe, implementation and set of ceilings of a run, as result rows, their kernels in
 predicted_kernels.csv beside them, and one table per recipe on the console. The measured half is
 fp8bench.benchmarks.layer.
+
+A prediction row's gemm_ms, cast_ms and other_ms are the predicted step split by kind of kernel (its
+backend, `model`, says it is a prediction); a measured row's are measured kernel time.
 """
 
 from __future__ import annotations
@@ -105,10 +108,27 @@ def layer_row(
     )
 
 
+# Kernel terms (Kernel.term, e.g. "gemm:output", "cast:weight") by the kind the breakdown columns hold;
+# every other term (LayerNorm, sigmoid) is other_ms.
+_BREAKDOWN_TERMS = {"gemm_ms": "gemm", "cast_ms": "cast"}
+
+
+def predicted_breakdown(times: tuple[KernelTime, ...]) -> dict[str, float]:
+    """A predicted step's time in ms by kind of kernel: gemm_ms, cast_ms, other_ms."""
+    split = {
+        column: sum(t.seconds for t in times if t.kernel.term.startswith(prefix)) * 1e3
+        for column, prefix in _BREAKDOWN_TERMS.items()
+    }
+    prefixes = tuple(_BREAKDOWN_TERMS.values())
+    split["other_ms"] = sum(t.seconds for t in times if not t.kernel.term.startswith(prefixes)) * 1e3
+    return split
+
+
 def _prediction_row(p: Prediction) -> Row:
     return layer_row(
         p.shape, p.recipe.name, p.recipe.granularity, p.options(), status_text(Status.OK),
         predicted_ms=p.fp8_s * 1e3, predicted_speedup=p.speedup, bound=Prediction.bound_of(p.fp8).value,
+        **predicted_breakdown(p.fp8),
     )
 
 
@@ -117,7 +137,8 @@ def result_rows(layer: LayerPredictions) -> list[Row]:
     source = layer.ceilings.source
     rows = [
         layer_row(layer.shape, "bf16", Granularity.NONE, {"model": model.value, "ceilings": source}, status_text(Status.OK),
-             predicted_ms=sum(k.seconds for k in times) * 1e3, bound=Prediction.bound_of(times).value)
+             predicted_ms=sum(k.seconds for k in times) * 1e3, bound=Prediction.bound_of(times).value,
+             **predicted_breakdown(times))
         for model, times in layer.bf16.items()
     ]
     rows += [_prediction_row(p) for p in layer.public.values() if p is not None]
@@ -164,8 +185,17 @@ def run_roofline(config: RooflineConfig, writer: RunWriter) -> list[LayerPredict
     return layers
 
 
-def _speedup_cell(outcome: Prediction | str | None) -> str:
-    return f"{outcome.speedup:.2f}x" if isinstance(outcome, Prediction) else "-"
+# What an empty cell of the console tables means.
+NO_SUCH_RECIPE = "no such recipe"
+UNSUPPORTED = "unsupported"
+
+
+def _speedup_cell(outcome: Prediction | str | None, no_recipe: bool) -> str:
+    """The predicted speedup, or why there is none: the implementation or model has no such recipe,
+    or the recipe cannot run this shape (unsupported)."""
+    if isinstance(outcome, Prediction):
+        return f"{outcome.speedup:.2f}x"
+    return NO_SUCH_RECIPE if no_recipe else UNSUPPORTED
 
 
 def print_tables(console: Console, config: RooflineConfig, layers: list[LayerPredictions]) -> None:
@@ -174,17 +204,28 @@ def print_tables(console: Console, config: RooflineConfig, layers: list[LayerPre
         table = Table(title=f"{recipe.name}: predicted speedup over BF16 (fwd + bwd)", title_justify="left", caption_justify="left")
         for column in ("shape", "ceilings", "bf16 ms", "fp8 ms", "public", *(i.name for i in config.implementations), "fp8 bound"):
             table.add_column(column, justify="left" if column in ("shape", "ceilings", "fp8 bound") else "right")
+        reasons = {}
         for layer in layers:
             refined = [layer.refined[(recipe, impl)] for impl in config.implementations]
             first = next((p for p in refined if isinstance(p, Prediction)), None)
+            shape_problem = layer_shape_problem(layer.shape, recipe)
+            if shape_problem:
+                reasons[f"{layer.shape.name}: {UNSUPPORTED}"] = shape_problem
+            elif layer.public[recipe] is None:
+                reasons[f"public: {NO_SUCH_RECIPE}"] = f"torchao's public model defines none for {recipe.name}"
+            empty = UNSUPPORTED if shape_problem else NO_SUCH_RECIPE
+            for impl in config.implementations:
+                if impl.unsupported_reason(recipe):
+                    reasons[f"{impl.name}: {NO_SUCH_RECIPE}"] = impl.unsupported_reason(recipe)
             table.add_row(
                 layer.shape.name, layer.ceilings.source,
                 f"{sum(k.seconds for k in layer.bf16[Model.REFINED]) * 1e3:.4f}",
-                f"{first.fp8_s * 1e3:.4f}" if first else "-",
-                _speedup_cell(layer.public[recipe]), *(_speedup_cell(p) for p in refined),
-                f"{Prediction.bound_of(first.fp8).value} ({first.implementation.name})" if first else "-",
+                f"{first.fp8_s * 1e3:.4f}" if first else empty,
+                _speedup_cell(layer.public[recipe], not shape_problem),
+                *(_speedup_cell(p, bool(impl.unsupported_reason(recipe))) for p, impl in zip(refined, config.implementations)),
+                f"{Prediction.bound_of(first.fp8).value} ({first.implementation.name})" if first else empty,
             )
-        table.caption = recipe.summary()
+        table.caption = "\n".join([recipe.summary(), *(f"{cell}: {reason}" for cell, reason in reasons.items())])
         console.print(table)
     for ceilings in config.ceilings:
         console.print(f"[dim]{ceilings.source} ceilings: {ceilings.label}[/]")

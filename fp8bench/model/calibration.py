@@ -20,7 +20,9 @@ from typing import Any
 from fp8bench.config import FastAccum, Granularity
 
 PROFILE_FORMAT = 1
-CALIBRATION_DIR = Path("calibration")
+# The repository's calibration/ folder, found from where this package is installed (an editable
+# install: the checkout), so that a profile is found whatever the current folder is.
+CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "calibration"
 
 
 def fp8_key(granularity: Granularity, fast_accum: FastAccum) -> str:

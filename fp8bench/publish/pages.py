@@ -19,7 +19,7 @@ from fp8bench.gate.output import case_cells, columns, coverage_line, geomean_lin
 from fp8bench.config import Granularity, Status
 from fp8bench.gate.gate import compare_trees
 from fp8bench.harness.validate import MalformedFile, UsageError
-from fp8bench.publish.tree import COMPARE_HTML, GATE_JSON, HISTORY_HTML, EntryRun, Run, Tree, slug
+from fp8bench.publish.tree import COMPARE_HTML, GATE_JSON, HISTORY_HTML, EntryRun, Run, Tree, latest, slug
 from fp8bench.report.write import INDEX_HTML, headline_cells, status_counts
 from fp8bench.report.html import Chart, page, rows_table
 
@@ -32,7 +32,8 @@ _GEOMEAN_NOTE = (
 _HISTORY_NOTE = (
     "x: the run's start time (metadata started_utc); y: the geometric mean of the FP8 speedup over BF16 "
     "of the run's ok rows of one series. Where the rows that ran differ between runs (see `rows` in the "
-    "hover), two points are not like for like."
+    "hover), two points are not like for like. Open markers: demo or probe runs (metadata `purpose`), "
+    "never a series' latest result."
 )
 
 
@@ -83,8 +84,8 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def _history_id(entry: str) -> str:
-    return f"history-{slug(entry)}"
+def _history_id(series: str) -> str:
+    return f"history-{slug(series)}"
 
 
 def measurement_note(entry: EntryRun) -> str:
@@ -97,7 +98,7 @@ def measurement_note(entry: EntryRun) -> str:
 
 
 def _previous(tree: Tree, model: str) -> dict[int, EntryRun | None]:
-    """Each entry run's predecessor among the model's runs of the same entry (by id of the entry run)."""
+    """Each entry run's predecessor among the model's runs of the same series (by id of the entry run)."""
     previous: dict[int, EntryRun | None] = {}
     for entries in tree.history(model).values():
         for before, entry in zip([None, *entries], entries):
@@ -125,23 +126,23 @@ def _series_label(row: pd.Series) -> str:
 
 
 def _geomean_table(entries: Iterable[EntryRun]) -> str:
-    """The latest runs' geomeans: a row per entry and granularity, a column per backend and accumulation."""
+    """The latest results' geomeans: a row per series and granularity, a column per backend and accumulation."""
     frames = []
     for entry in entries:
         speedups = geomean_speedups(entry.rows)
-        speedups.insert(0, "entry", entry.entry)
+        speedups.insert(0, "series", entry.series)
         frames.append(speedups)
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if table.empty:
         return '<p class="note">no FP8 speedups in these runs (no ok FP8 row with a BF16 reference)</p>'
     order = {g.value: i for i, g in enumerate(Granularity)}
-    table["series"] = table["backend"] + ", accum " + table["fast_accum"]
+    table["column"] = table["backend"] + ", accum " + table["fast_accum"]
     table["cell"] = [f"{g:.3f}x ({n})" for g, n in zip(table["geomean"], table["rows"])]
     table["order"] = table["granularity"].map(order)
-    wide = table.pivot_table(index=["entry", "benchmark", "order", "granularity"], columns="series", values="cell", aggfunc="first")
+    wide = table.pivot_table(index=["series", "benchmark", "order", "granularity"], columns="column", values="cell", aggfunc="first")
     wide = wide.reset_index().drop(columns="order").fillna("")
     wide.columns.name = None
-    return f'<p class="note">{html.escape(_GEOMEAN_NOTE)}</p>' + rows_table(wide, ("entry", "benchmark", "granularity"))
+    return f'<p class="note">{html.escape(_GEOMEAN_NOTE)}</p>' + rows_table(wide, ("series", "benchmark", "granularity"))
 
 
 # ---- pages ----------------------------------------------------------------------------------------
@@ -218,21 +219,21 @@ def model_index(tree: Tree, model: str) -> str:
     here = slug(model)
     history = tree.history(model)
     previous = _previous(tree, model)
-    latest = [entries[-1] for entries in history.values()]
+    latest_results = [entry for entry in map(latest, history.values()) if entry is not None]
     runs_by_name = {run.name: run for run in tree.models[model]}
     latest_rows = [
         {
-            "entry": html.escape(entry.entry),
+            "series": html.escape(entry.series),
             "latest run": _entry_link(here, entry, entry.run),
             "started": _time(entry.started),
             "GPU": html.escape(str(entry.metadata.get("gpu_name") or "not recorded")),
             "rows": html.escape(status_counts(entry.rows)),
             "gate": html.escape(runs_by_name[entry.run].gate_status(entry)),
             "compare": _compare_link(here, entry, previous[id(entry)]),
-            "history": _link(f"{HISTORY_HTML}#{_history_id(entry.entry)}", _count(len(history[entry.entry]), "run")),
+            "history": _link(f"{HISTORY_HTML}#{_history_id(entry.series)}", _count(len(history[entry.series]), "run")),
             "note": html.escape(measurement_note(entry)),
         }
-        for entry in latest
+        for entry in latest_results
     ]
     run_rows = [
         {
@@ -244,11 +245,13 @@ def model_index(tree: Tree, model: str) -> str:
         for run in tree.models[model]
     ]
     body = (
-        f"{_nav(here, model)}<h2>Latest run of each entry</h2>"
-        '<p class="note">An entry is a benchmark that repeats from run to run: a suite entry, or a single run '
-        "by its folder name. Gate: the run's gate.json from fp8bench gate --json, if it has one.</p>"
+        f"{_nav(here, model)}<h2>Latest result of each series</h2>"
+        '<p class="note">A series is a benchmark that repeats from run to run: a suite entry, or a command with '
+        "the options that change what it measures, whatever folder each run was written to; its latest "
+        "result is its newest run that is not a demo or probe. Gate: the run's gate.json from fp8bench "
+        "gate --json, if it has one.</p>"
         f"{_link_table(pd.DataFrame(latest_rows))}"
-        f"<h2>Geomean speedup over BF16 of the latest runs</h2>{_geomean_table(latest)}"
+        f"<h2>Geomean speedup over BF16 of the latest results</h2>{_geomean_table(latest_results)}"
         f"<h2>All runs, newest first</h2>{_link_table(pd.DataFrame(run_rows))}"
         f"{_skipped_footnote(tree, model)}"
     )
@@ -270,6 +273,7 @@ def history_chart(name: str, entries: list[EntryRun]) -> Chart | None:
                     # plotly renders HTML in labels: escaped before they reach it
                     "series": html.escape(_series_label(row)),
                     "run": html.escape(entry.run),
+                    "purpose": entry.purpose or "measurement",
                 }
             )
     if not points:
@@ -277,7 +281,9 @@ def history_chart(name: str, entries: list[EntryRun]) -> Chart | None:
     frame = pd.DataFrame(points).sort_values("started", kind="stable")
     figure = px.line(
         frame, x="started", y="speedup", color="series", markers=True,
-        hover_data={"run": True, "rows": True, "speedup": ":.3f"},
+        # a demo or probe point is its own open marker, off the line through the measurements
+        symbol="purpose", symbol_map={"measurement": "circle", "demo": "circle-open", "probe": "diamond-open"},
+        hover_data={"run": True, "rows": True, "speedup": ":.3f", "purpose": True},
         labels={"started": "run start (UTC)", "speedup": "geomean speedup over BF16"},
     )  # fmt: skip
     figure.add_hline(y=1.0, line_dash="dot", annotation_text="BF16", annotation_position="top left")
@@ -295,7 +301,7 @@ def history_page(tree: Tree, model: str) -> str:
     previous = _previous(tree, model)
     parts = [_nav(here, model)]
     for name, entries in tree.history(model).items():
-        # the anchor the index links to, there whether or not the entry has a chart (cast runs have none)
+        # the anchor the index links to, there whether or not the series has a chart (cast runs have none)
         parts.append(f'<h2 id="{html.escape(_history_id(name))}">{html.escape(name)}</h2>')
         chart = history_chart(name, entries)
         untimed = [e.run for e in entries if e.started is None]
@@ -309,6 +315,7 @@ def history_page(tree: Tree, model: str) -> str:
                 "run": _entry_link(here, e, e.run),
                 "started": _time(e.started),
                 "rows": html.escape(status_counts(e.rows)),
+                "purpose": html.escape(e.purpose or "measurement"),
                 "compare": _compare_link(here, e, previous[id(e)]),
             }
             for e in reversed(entries)

@@ -2,7 +2,8 @@
 folder of suite runs, with a gate result where the run was gated (layout in fp8bench.publish.site).
 
 Everything here is read once and checked: a folder the reports could not show is skipped with the
-reason, so page building never meets a broken run.
+reason, so page building never meets a broken run. A run's history is that of its benchmark identity
+(series_of), not of its folder's name.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -21,7 +23,17 @@ from fp8bench.gate.baseline import run_folders
 from fp8bench.gate.compare import Outcome
 from fp8bench.report.write import page_granularities
 from fp8bench.harness.results import METADATA_JSON, RESULTS_CSV, load_results, read_metadata
-from fp8bench.harness.validate import MalformedFile
+from fp8bench.harness.validate import MalformedFile, json_type_name
+
+# metadata key `purpose`: a run made to show or probe something, not a measurement of its series; the
+# site keeps it in the series' history but never shows it as the series' latest result (docs/gating.md, the site)
+PURPOSE_KEY = "purpose"
+NOT_LATEST_PURPOSES = ("demo", "probe")
+# metadata key naming the suite entry a run measured, where the command line does not say it
+SUITE_ENTRY_KEY = "suite_entry"
+# command-line options that say where a run was written or how it was resumed, not what it measured
+_WHERE_OPTIONS = ("--out", "--json", "--markdown", "--baseline-dir")
+_HOW_FLAGS = ("--resume",)
 
 GATE_JSON = "gate.json"
 # The site's layout (fp8bench.publish.site): site/<model>/{index,history}.html, site/<model>/runs/<run>/...
@@ -89,6 +101,12 @@ class EntryRun:
     metadata: dict[str, Any]
     started: pd.Timestamp | None  # metadata's started_utc; None when missing or unreadable
     fingerprint: str  # hash of results.csv and metadata.json: what decides whether to rebuild
+    series: str  # the benchmark identity whose history this run extends (series_of)
+    purpose: str  # metadata's `purpose` ("demo", "probe"), "" for a measurement
+
+    @property
+    def can_be_latest(self) -> bool:
+        return self.purpose not in NOT_LATEST_PURPOSES
 
     @property
     def site_dir(self) -> PurePosixPath:
@@ -151,12 +169,79 @@ class Tree:
     skipped: tuple[Skipped, ...]
 
     def history(self, model: str) -> dict[str, list[EntryRun]]:
-        """Each entry's runs on one GPU model, oldest first, entries by name."""
-        by_entry: dict[str, list[EntryRun]] = {}
+        """Each series' runs on one GPU model (EntryRun.series), oldest first, series by name."""
+        by_series: dict[str, list[EntryRun]] = {}
         for run in self.models[model]:
             for entry in run.entries:
-                by_entry.setdefault(entry.entry, []).append(entry)
-        return {name: sorted(runs, key=lambda e: e.order) for name, runs in sorted(by_entry.items())}
+                by_series.setdefault(entry.series, []).append(entry)
+        return {name: sorted(runs, key=lambda e: e.order) for name, runs in sorted(by_series.items())}
+
+
+def latest(entries: list[EntryRun]) -> EntryRun | None:
+    """A series' latest result (entries oldest first): its newest run that is not a demo or probe."""
+    return next((entry for entry in reversed(entries) if entry.can_be_latest), None)
+
+
+def _measured_options(arguments: list[str]) -> list[str]:
+    """The arguments of a command that change what it measures: positional arguments (less absolute
+    paths), then options in name order (a repeated option keeps its order), less _WHERE_OPTIONS and
+    _HOW_FLAGS."""
+    positional: list[str] = []
+    options: list[tuple[str, str]] = []  # (name, value); value "" for a flag
+    i = 0
+    while i < len(arguments):
+        token = arguments[i]
+        if not token.startswith("--"):
+            positional.append(token)
+        elif "=" in token:
+            options.append(tuple(token.split("=", 1)))  # type: ignore[arg-type]
+        elif i + 1 < len(arguments) and not arguments[i + 1].startswith("--"):
+            options.append((token, arguments[i + 1]))
+            i += 1
+        else:
+            options.append((token, ""))
+        i += 1
+    kept = [word for word in positional if not word.startswith("/")]
+    for name, value in sorted(options, key=lambda option: option[0]):
+        if name not in _WHERE_OPTIONS + _HOW_FLAGS:
+            kept.append(f"{name} {value}".rstrip())
+    return kept
+
+
+def series_of(run: str, entry: str, in_suite: bool, metadata: dict[str, Any]) -> str:
+    """A run's benchmark identity: the suite entry it measured (metadata's suite_entry, its folder in a
+    `fp8bench run` or `gate` of a suite, or `fp8bench run ... --only ENTRY`), else its command with the
+    options that change what is measured (an entry of another folder of runs, such as a sweep's, after
+    a colon); its folder's name (the entry's, in a folder of runs) where the run records no command."""
+    if isinstance(metadata.get(SUITE_ENTRY_KEY), str) and metadata[SUITE_ENTRY_KEY]:
+        return metadata[SUITE_ENTRY_KEY]
+    command = metadata.get("command")
+    try:
+        words = shlex.split(command) if isinstance(command, str) else []
+    except ValueError:  # unbalanced quotes: the words as written
+        words = command.split()
+    if not words:
+        return entry
+    program = next((i for i, word in enumerate(words) if PurePosixPath(word).name == "fp8bench"), None)
+    arguments = words[program + 1 :] if program is not None else words  # a script: its name and arguments
+    if program is not None and arguments[:1] in (["run"], ["gate"]):
+        only = [value for name, value in zip(arguments, arguments[1:]) if name == "--only"]
+        if in_suite:
+            return entry
+        if len(only) == 1:
+            return only[0]
+    identity = " ".join(_measured_options(arguments)) or run
+    return f"{identity}: {entry}" if in_suite else identity
+
+
+def _purpose(source: Path, metadata: dict[str, Any]) -> str:
+    purpose = metadata.get(PURPOSE_KEY, "")
+    if purpose != "" and purpose not in NOT_LATEST_PURPOSES:
+        raise MalformedFile(
+            source / METADATA_JSON,
+            f"{PURPOSE_KEY} is {json_type_name(purpose)} ({purpose!r}); expected one of {', '.join(NOT_LATEST_PURPOSES)}",
+        )
+    return purpose
 
 
 def _subfolders(folder: Path, exclude: Path | None) -> Iterator[Path]:
@@ -187,7 +272,10 @@ def _read_entry(model: str, run: str, entry: str, in_suite: bool, source: Path) 
     rows = load_results(source)
     page_granularities(rows)  # an unknown granularity is this run's problem, found before any page is built
     metadata = read_metadata(source)
-    return EntryRun(model, run, entry, in_suite, source, rows, metadata, _started(metadata), _fingerprint(source))
+    return EntryRun(
+        model, run, entry, in_suite, source, rows, metadata, _started(metadata), _fingerprint(source),
+        series_of(run, entry, in_suite, metadata), _purpose(source, metadata),
+    )  # fmt: skip
 
 
 def _read_run(model: str, folder: Path, exclude: Path | None) -> tuple[Run | None, list[Skipped]]:

@@ -6,8 +6,10 @@ BF16 layer's (SQNR).
 Rows as fp8bench.model.roofline and fp8bench.benchmarks.layer write them: predictions (backend `model`; options name the
 model, the implementation for the refined model, and the ceilings) and measured steps (backend
 `<implementation>` or `<implementation>-compile`; options name the implementation and whether it was
-compiled). A run without a GPU holds predictions only; its speedup chart shows them, and the charts of
-measurements are left out. Only `ok` rows are plotted; the page's table lists the rest. Whiskers come
+compiled). A run without a GPU holds predictions only: its page opens with a table of what was
+predicted (a row per shape, recipe and implementation, a column per set of ceilings: several GPU models
+side by side), then the predicted speedups and the predicted step split into GEMM, cast and other
+kernels (the prediction rows' gemm_ms, cast_ms, other_ms); the charts of measurements are left out. Only `ok` rows are plotted; the page's table lists the rest. Whiskers come
 from the repeat medians in `repeat_ms` (fastest and slowest repeat), as the matmul charts do.
 """
 
@@ -23,9 +25,10 @@ import plotly.graph_objects as go
 from fp8bench.config import Granularity
 from fp8bench.model.hardware import GpuSpec
 from fp8bench.harness.results import BREAKDOWN_STEPS, LAYER_REFERENCE_BACKEND as REFERENCE_BACKEND, MODEL_BACKEND
+from fp8bench.report.e2e import Section
 from fp8bench.report.html import (
     Chart, chart_id, colour_map, panels_height, plotted_rows, ratio_whisker_note, ratio_whiskers, run_order,
-    stacked_time_figure,
+    rows_table, stacked_time_figure,
 )
 
 CASE_KEYS = ["case", "M", "K", "N"]
@@ -102,6 +105,85 @@ def _points_by_recipe(points: pd.DataFrame, y: str) -> go.Figure:
     return figure
 
 
+def _prediction_only(rows: pd.DataFrame) -> bool:
+    return bool(len(rows)) and bool((rows["backend"] == MODEL_BACKEND).all())
+
+
+def _predicted_step(options: dict, recipe: str) -> str:
+    """Whose step a prediction row is, in words: the BF16 layer (per model) or an implementation."""
+    if recipe == "bf16":
+        return f"bf16 ({options['model']} model)"
+    return _implementation(options)
+
+
+def _prediction_cell(row: pd.Series) -> str:
+    if not str(row["status"]).startswith("ok"):
+        return str(row["status"])
+    speedup = f"{row['predicted_speedup']:.2f}x, " if pd.notna(row["predicted_speedup"]) else ""
+    return f"{speedup}{row['predicted_ms']:.4g} ms, {row['bound']}-bound"
+
+
+def prediction_table(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Section]:
+    """For a run of predictions only: what was predicted, a row per shape, recipe and step, a column per
+    set of ceilings (each GPU model's datasheet or calibration side by side)."""
+    if not _prediction_only(rows):
+        return []
+    options = rows["options"].map(json.loads)
+    table = pd.DataFrame(
+        {
+            "shape": rows["case"], "recipe": rows["recipe"],
+            "implementation": [_predicted_step(o, r) for o, r in zip(options, rows["recipe"])],
+            "ceilings": options.map(lambda o: o["ceilings"]),
+            "cell": [_prediction_cell(row) for _, row in rows.iterrows()],
+        }
+    )  # fmt: skip
+    order = run_order(table, "shape", "recipe", "implementation", "ceilings")
+    wide = table.pivot_table(index=["shape", "recipe", "implementation"], columns="ceilings", values="cell", aggfunc="first", sort=False)
+    wide = wide.reindex(columns=order["ceilings"]).reset_index().fillna("")
+    wide.columns = [*wide.columns[:3], *(f"{c} ceilings" for c in wide.columns[3:])]
+    note = (
+        "Predicted by the roofline model, nothing measured: per step the FP8 speedup over the BF16 step of "
+        "the same model, the predicted fwd + bwd time and what bounds it, under each set of ceilings "
+        "(the run's metadata names each); an empty step says why (unsupported: the shape; no such recipe: "
+        "the implementation or model defines none)."
+    )
+    body = rows_table(wide, ("shape", "recipe", "implementation", *wide.columns[3:]))
+    return [Section("roofline-predictions", "What was predicted", body, note)]
+
+
+def predicted_breakdown_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
+    """For a run of predictions only: per shape, each predicted step's time stacked by kind of kernel
+    (GEMM, cast, other), a panel per set of ceilings."""
+    if not _prediction_only(rows):
+        return []
+    ok = _plotted(rows).dropna(subset=list(KERNEL_TIME_COLUMNS))
+    if ok.empty:
+        return []
+    options = ok["options"].map(json.loads)
+    ok["step"] = [
+        html.escape(f"{_predicted_step(o, r)}<br>{r}" if r != "bf16" else _predicted_step(o, r))
+        for o, r in zip(options, ok["recipe"])
+    ]
+    ok["ceilings_label"] = options.map(lambda o: html.escape(o["ceilings"]))
+    charts = []
+    for case, of_shape in ok.groupby("case", sort=False):
+        parts = of_shape.melt(id_vars=["step", "ceilings_label"], value_vars=list(KERNEL_TIME_COLUMNS), var_name="kernels", value_name="ms")
+        parts = parts[parts["ms"] > 0]  # a kind of kernel the step does not have draws no bar
+        parts["kernels"] = parts["kernels"].map(KERNEL_TIME_COLUMNS)
+        figure = px.bar(
+            parts, x="step", y="ms", color="kernels", facet_col="ceilings_label", barmode="stack",
+            category_orders={**run_order(parts, "step", "ceilings_label"), "kernels": list(KERNEL_TIME_COLUMNS.values())},
+            hover_data={"ms": ":.4g"}, labels={**_LABELS, "step": "step", "ms": "predicted ms per step", "ceilings_label": "ceilings"},
+        )  # fmt: skip
+        note = (
+            "The roofline model's fwd + bwd step split by kind of kernel (predicted_kernels.csv lists each "
+            "kernel): GEMMs, FP8 casts with their amax and scale kernels, and the rest (LayerNorm, sigmoid, "
+            "copies); a panel per set of ceilings. Predictions, not measurements."
+        )
+        charts.append(Chart(chart_id("roofline-predicted-time", case), f"Predicted time per step: {case}", figure, note))
+    return charts
+
+
 def speedup_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
     """Measured speedup over the compiled BF16 step beside the model's predictions, per shape and recipe."""
     ok = _plotted(rows)
@@ -117,6 +199,14 @@ def speedup_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
         ignore_index=True,
     )
     figure = _points_by_recipe(points, "speedup")
+    if measured.empty:
+        figure.add_hline(y=1.0, line_dash="dot", annotation_text="BF16", annotation_position="top left")
+        note = (
+            "The roofline model's predicted FP8 speedup over the BF16 step of the same model: the refined "
+            "model per implementation and torchao's public model, a symbol per set of ceilings. Nothing was "
+            "measured in this run."
+        )
+        return [Chart("roofline-speedup", "Predicted speedup over BF16", figure, note)]
     figure.add_hline(y=1.0, line_dash="dot", annotation_text="BF16 (compiled)", annotation_position="top left")
     note = (
         f"Filled markers: measured, {REFERENCE_BACKEND}'s kernel time over the step's (same shape, same run). "
@@ -199,4 +289,4 @@ def sqnr_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
     return [Chart("roofline-sqnr", "SQNR against the BF16 eager layer", figure, note)]
 
 
-CHARTS = (speedup_chart, measured_vs_predicted_chart, kernel_time_charts, sqnr_chart)
+CHARTS = (prediction_table, speedup_chart, predicted_breakdown_chart, measured_vs_predicted_chart, kernel_time_charts, sqnr_chart)
