@@ -158,7 +158,7 @@ def current_runs(tree: Tree, model: str) -> dict[str, EntryRun]:
     current: dict[str, EntryRun] = {}
     for entries in tree.history(model).values():
         for entry in entries:
-            if measurement_note(entry):
+            if measurement_note(entry) or not entry.can_be_latest:  # no GPU measurement, or a demo or probe
                 continue
             ok = entry.rows[entry.rows["status"] == Status.OK.value]
             for benchmark in set(ok["benchmark"]) & set(HEADLINE_BENCHMARKS):
