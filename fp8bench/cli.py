@@ -120,6 +120,7 @@ def matmul(
     report: bool = typer.Option(True, help="write the HTML reports when the run ends"),
 ) -> None:
     """One FP8 GEMM per backend and granularity against BF16: time, TFLOPS, % of peak, speedup."""
+    _resume_needs_out(resume, out)
     from fp8bench.benchmarks import shapes
     from fp8bench.backends import Level, backend_names
     from fp8bench.model.hardware import resolve_gpu
@@ -173,6 +174,7 @@ def cast(
     report: bool = typer.Option(True, help="write the HTML reports when the run ends"),
 ) -> None:
     """FP8 quantize kernels: GPU time, GB/s and % of the copy bandwidth, ours against torch, torch.compile and TE."""
+    _resume_needs_out(resume, out)
     from fp8bench.benchmarks import cast as casts
     from fp8bench.model.hardware import spec_for_device_name
     from fp8bench.nn.recipes import Fp8Dtype
@@ -292,14 +294,20 @@ def _remeasure(entry, case_id, run_dir: Path) -> Optional[Path]:
     return run_dir
 
 
-def _resumed(cases: list, out: Optional[Path], keep=lambda row: False) -> tuple[list, dict]:
+def _resume_needs_out(resume: bool, out: Optional[Path]) -> None:
+    """A usage error before anything runs: --resume continues the run in a folder that --out names."""
+    if resume and out is None:
+        raise typer.BadParameter("--resume continues a run: give its folder with --out")
+
+
+def _resumed(cases: list, out: Path, keep=lambda row: False) -> tuple[list, dict]:
     """The cases the run in `out` has not finished (fp8bench.harness.runner.resume: its CSV keeps the
     finished groups' rows and those `keep` accepts), and that run's metadata for the new one to carry."""
     from fp8bench.harness.results import RESULTS_CSV, read_metadata
     from fp8bench.harness.runner import resume
 
-    if out is None or not (out / RESULTS_CSV).exists():
-        raise typer.BadParameter("--resume continues a run: give its folder with --out")
+    if not (out / RESULTS_CSV).exists():
+        raise typer.BadParameter(f"--resume continues a run: {out} holds no {RESULTS_CSV}")
     try:
         left = resume(cases, out, keep)
     except ValueError as err:
@@ -528,6 +536,7 @@ def roofline(
 ) -> None:
     """LayerNorm -> Linear -> sigmoid, fwd + bwd: predicted FP8 speedup per recipe and implementation, and
     on a GPU the measured step of BF16, ours, torchao and TransformerEngine beside it (fp8bench.benchmarks.layer)."""
+    _resume_needs_out(resume, out)
     from fp8bench.model import roofline as model
     from fp8bench.benchmarks import roofline as predicted
     from fp8bench.benchmarks import shapes
@@ -648,6 +657,7 @@ def e2e(
 ) -> None:
     """Training throughput of a LLaMa-3 model or proxy: BF16 eager and compiled against ours, torchao and
     TransformerEngine per recipe, on one GPU or several with FSDP2 (fp8bench.benchmarks.e2e)."""
+    _resume_needs_out(resume, out)
     from fp8bench.benchmarks import e2e as bench
     from fp8bench.benchmarks.e2e import IMPLEMENTATIONS
     from fp8bench.nn.llama import PRESETS

@@ -351,3 +351,20 @@ def test_a_benchmark_with_only_the_required_parts_runs(tmp_path):
     fp8 = frame[frame.backend == "fp8"].iloc[0]
     assert fp8.speedup_vs_bf16 == 4.0 and fp8.tokens_per_s == pytest.approx(10 / 0.25e-3) and math.isnan(fp8.pct_peak)
     assert fp8.options == "{}" and math.isnan(frame.iloc[0].reference_after_ms)
+
+
+def test_every_command_refuses_resume_without_out_before_it_runs_anything():
+    """Each command that can continue a run folder: `--resume` alone is a usage error (exit 2) naming --out,
+    on this CPU-only machine too (nothing is checked or started first). `run` is left out: its suite names
+    the folders."""
+    import typer.main
+    from typer.testing import CliRunner
+
+    import fp8bench.cli as cli
+
+    commands = typer.main.get_command(cli.app).commands
+    resumable = sorted(name for name, command in commands.items() if "resume" in {p.name for p in command.params} and name != "run")
+    assert resumable == ["cast", "e2e", "matmul", "roofline"]
+    for name in resumable:
+        result = CliRunner().invoke(cli.app, [name, "--resume"], env={"COLUMNS": "300"})
+        assert result.exit_code == 2 and "--resume continues a run: give its folder with --out" in result.output, (name, result.output)
