@@ -909,6 +909,34 @@ def numerics_optimizer(
         console.print(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}")
 
 
+@numerics_app.command("compare-loss")
+def numerics_compare_loss(
+    base: Path = typer.Argument(..., help="the reference: a `numerics loss` run folder, or its curves.csv"),
+    new: Path = typer.Argument(..., help="the run to judge, made by the same command"),
+    rtol: float = typer.Option(0.01, min=0.0, help="largest relative difference of the mean loss at any checkpoint, either way"),
+) -> None:
+    """Gate a loss run on a stored reference: per curve the mean loss over the last 10% of the steps up to 25, 50, 75
+    and 100% of the run, within --rtol. Exit 0 pass, 1 beyond, 2 malformed or missing file, 5 a curve missing."""
+    from fp8bench.gate.compare import ExitCode
+    from fp8bench.harness.curves import compare_loss
+    from fp8bench.harness.validate import printable
+
+    comparison = compare_loss(base, new, rtol)
+    for point in comparison.checkpoints:
+        verdict = "ok" if point.within(rtol) else "[red]BEYOND[/]"
+        console.print(f"  {escape(printable(point.curve)):28} {point.fraction:4.0%} step {point.step:5}  reference {point.base_loss:.4f}  "
+                      f"new {point.new_loss:.4f}  {point.gap:+.2%}  {verdict}", highlight=False)  # fmt: skip
+    for curve in comparison.missing:
+        console.print(f"  {escape(printable(curve)):28} [red]missing[/] from {escape(str(new))}", highlight=False)
+    if comparison.failed:
+        console.print(f"[red]FAIL[/]: {len(comparison.failed)} of {len(comparison.checkpoints)} checkpoints beyond {rtol:.2%}")
+        raise typer.Exit(int(ExitCode.REGRESSION))
+    if comparison.missing:
+        console.print(f"[red]INCOMPLETE[/]: {len(comparison.missing)} of the reference's curves missing")
+        raise typer.Exit(int(ExitCode.INCOMPLETE))
+    console.print(f"PASS: {len(comparison.checkpoints)} checkpoints within {rtol:.2%}")
+
+
 def main() -> None:
     app()
 
