@@ -304,7 +304,7 @@ def load_results(path: Path) -> pd.DataFrame:
     """A run's rows with the schema's dtypes; `path` is a run folder or a results CSV.
 
     The file is checked as it is read (MalformedFile naming it and the line): UTF-8, a header of
-    schema columns, every row as many fields as the header, a known status, numbers where the schema
+    schema columns, a last row that ends in a newline, every row as many fields as the header, a known status, numbers where the schema
     says so (finite; times positive), and `repeat_ms` holding `repeats` times. The frame is indexed by
     CSV line number and carries its file in `attrs["path"]`, so later checks can name both.
     """
@@ -312,9 +312,13 @@ def load_results(path: Path) -> pd.DataFrame:
     csv_path = path / RESULTS_CSV if path.is_dir() else path
     if not csv_path.exists():
         raise FileNotFoundError(f"no results at {csv_path}")
-    rows = _records(csv_path, read_text(csv_path))
+    text = read_text(csv_path)
+    rows = _records(csv_path, text)
     if not rows or not any(rows[0][1]):
         raise MalformedFile(csv_path, "empty: no header row")
+    if len(rows) > 1 and not text.endswith("\n"):  # cut inside its last field it has every field, a wrong number
+        raise MalformedFile(csv_path, f"line {rows[-1][0]} is torn (no newline): the run was killed while appending it; "
+                                      "--resume measures its case again")  # fmt: skip
     header = rows[0][1]
     unknown = [c for c in header if c not in COLUMNS]
     if unknown:
