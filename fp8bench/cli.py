@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-import datetime as dt
 import os
 import shlex
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Optional
 
@@ -123,7 +123,7 @@ def require_cuda(command: str) -> str:
 
 
 def default_run_dir(benchmark: str, label: str) -> Path:
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{stamp}-{benchmark}-{label}"
 
 
@@ -150,6 +150,7 @@ def matmul(
     report: bool = typer.Option(True, help="write the HTML reports when the run ends"),
 ) -> None:
     """One FP8 GEMM per backend and granularity against BF16: time, TFLOPS, % of peak, speedup."""
+    _resume_needs_out(resume, out)
     from fp8bench.benchmarks import shapes
     from fp8bench.backends import Level, backend_names
     from fp8bench.model.hardware import resolve_gpu
@@ -203,27 +204,30 @@ def cast(
     report: bool = typer.Option(True, help="write the HTML reports when the run ends"),
 ) -> None:
     """FP8 quantize kernels: GPU time, GB/s and % of the copy bandwidth, ours against torch, torch.compile and TE."""
-    from fp8bench.benchmarks import cast as casts
+    _resume_needs_out(resume, out)
+    from fp8bench.benchmarks.cast import (
+        IMPLEMENTATIONS, RECIPE_CHOICES, CastBenchmark, CastConfig, generate_shapes, print_cast_row, print_cast_summary,
+    )
     from fp8bench.model.hardware import spec_for_device_name
     from fp8bench.nn.recipes import Fp8Dtype
     from fp8bench.harness.timing import TIMER_CHOICES, TimerChoice
 
-    recipes = tuple(dict.fromkeys(r for name in recipe or ["all"] for r in choice(name, casts.RECIPE_CHOICES, "recipe")))
+    recipes = tuple(dict.fromkeys(r for name in recipe or ["all"] for r in choice(name, RECIPE_CHOICES, "recipe")))
     fp8_dtype = choice(dtype, {d.value: (d,) for d in Fp8Dtype}, "fp8 dtype")[0]
     if timer not in TIMER_CHOICES:
         raise typer.BadParameter(f"unknown timer {timer!r}; choose one of: {', '.join(TIMER_CHOICES)}")
     try:
-        shape_list = casts.generate_shapes(shape_gen, M, K)
-        config = casts.CastConfig(
-            tuple(shape_list), recipes, tuple(dict.fromkeys(backend or casts.IMPLEMENTATIONS)), fp8_dtype,
+        shape_list = generate_shapes(shape_gen, M, K)
+        config = CastConfig(
+            tuple(shape_list), recipes, tuple(dict.fromkeys(backend or IMPLEMENTATIONS)), fp8_dtype,
             input_dtype, power_of_two, TimingConfig(repeats=repeats),
         )  # fmt: skip
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     spec = spec_for_device_name(require_cuda("cast"))  # recorded with the run; the copy is the ceiling
-    benchmark = casts.CastBenchmark(config)
+    benchmark = CastBenchmark(config)
     clock = TimerChoice(timer, config.timing.flush_l2)
-    printers = (casts.print_cast_row, casts.print_cast_summary)
+    printers = (print_cast_row, print_cast_summary)
     _run_benchmark(benchmark, benchmark.cases(), clock, config.timing, shape_gen, out, report, spec, printers, resume)
 
 
@@ -239,13 +243,13 @@ def _run_benchmark(
     kept inside the new metadata. Ctrl-C stops the run; every finished case is already in the CSV and the
     reports cover them.
     """
-    from fp8bench.report import console as gemm_printers
+    from fp8bench.report.console import print_row, print_summary
     from fp8bench.harness.env import run_metadata
     from fp8bench.harness.runner import run_cases
 
     if _planned(benchmark, clock, timing):
         return
-    print_row, print_summary = printers or (gemm_printers.print_row, gemm_printers.print_summary)
+    show_row, show_summary = printers or (print_row, print_summary)
     run_dir = out or default_run_dir(benchmark.name, label)
     metadata = run_metadata(
         command_line(), {"benchmark": benchmark.name, "gpu_spec": spec.key if spec else None, "timing": dataclasses.asdict(timing)}
@@ -256,14 +260,14 @@ def _run_benchmark(
     with _open_run(run_dir, metadata, resume) as writer:
         console.print(f"[bold]{benchmark.name}[/] on {metadata.get('gpu_name')} -> {writer.csv_path}")
         try:
-            rows = run_cases(benchmark, cases, writer, clock, timing, lambda row: print_row(console, row))
+            rows = run_cases(benchmark, cases, writer, clock, timing, lambda row: show_row(console, row))
         except KeyboardInterrupt:
             interrupted = True
             rows = None
     if interrupted:
         err_console.print(f"[yellow]interrupted: the finished cases are in {run_dir / 'results.csv'}[/]")
     else:
-        print_summary(console, rows)
+        show_summary(console, rows)
     if report:
         _write_pages(run_dir)
     if interrupted:
@@ -327,14 +331,20 @@ def _remeasure(entry, case_id, run_dir: Path) -> Optional[Path]:
     return run_dir
 
 
-def _resumed(cases: list, out: Optional[Path], keep=lambda row: False) -> tuple[list, dict]:
+def _resume_needs_out(resume: bool, out: Optional[Path]) -> None:
+    """A usage error before anything runs: --resume continues the run in a folder that --out names."""
+    if resume and out is None:
+        raise typer.BadParameter("--resume continues a run: give its folder with --out")
+
+
+def _resumed(cases: list, out: Path, keep=lambda row: False) -> tuple[list, dict]:
     """The cases the run in `out` has not finished (fp8bench.harness.runner.resume: its CSV keeps the
     finished groups' rows and those `keep` accepts), and that run's metadata for the new one to carry."""
     from fp8bench.harness.results import RESULTS_CSV, read_metadata
     from fp8bench.harness.runner import resume
 
-    if out is None or not (out / RESULTS_CSV).exists():
-        raise typer.BadParameter("--resume continues a run: give its folder with --out")
+    if not (out / RESULTS_CSV).exists():
+        raise typer.BadParameter(f"--resume continues a run: {out} holds no {RESULTS_CSV}")
     try:
         left = resume(cases, out, keep)
     except ValueError as err:
@@ -379,8 +389,8 @@ def report(
         console.print(f"report: {escape(str(page))}")
 
 
-@app.command()
-def publish(
+@app.command("publish")
+def publish_command(
     reports: Path = typer.Argument(..., help="a reports tree: <gpu-model>/<run>/results.csv, or <gpu-model>/<run>/<entry>/results.csv"),
     out: Path = typer.Option(Path("site"), help="the site folder; an existing site is brought up to date"),
     jobs: Optional[int] = typer.Option(None, min=1, help="run folders rendered at once (default: one per CPU)"),
@@ -389,7 +399,7 @@ def publish(
     from rich.progress import Progress
 
     from fp8bench.harness.validate import printable, usage_errors
-    from fp8bench.publish.site import publish as build_site
+    from fp8bench.publish.site import publish
 
     with Progress(console=console, transient=True, disable=not console.is_terminal) as progress:  # no bars in logs
         task = progress.add_task("publishing", total=None)
@@ -398,7 +408,7 @@ def publish(
             progress.update(task, completed=done, total=total, description=escape(printable(what)))
 
         with usage_errors():
-            published = build_site(reports, out, advance, jobs)
+            published = publish(reports, out, advance, jobs)
     for skipped in published.skipped:
         console.print(f"[yellow]skipped[/] {escape(printable(str(skipped.path)))}: {escape(printable(skipped.reason))}")
     console.print(
@@ -469,16 +479,16 @@ def compare(
     fail_on_inconclusive: Optional[bool] = typer.Option(None, _INCONCLUSIVE_FLAG, help="exit 3 on INCONCLUSIVE"),
 ) -> None:
     """Compare a run with a baseline. Exit 0 pass, 1 regression, 2 usage error, 3 inconclusive (when asked), 4 other GPU model."""
-    from fp8bench.gate import gate as gating
+    from fp8bench.gate.gate import compare_trees, conclude, resolve_config
 
     def body():
-        return gating.compare_trees(base, new, gating.resolve_config(suite, metric, fail_on_inconclusive))
+        return compare_trees(base, new, resolve_config(suite, metric, fail_on_inconclusive))
 
-    raise typer.Exit(gating.conclude(body, _outputs(markdown, json_path, junit), console))
+    raise typer.Exit(conclude(body, _outputs(markdown, json_path, junit), console))
 
 
-@app.command()
-def gate(
+@app.command("gate")
+def gate_command(
     suite: Path = typer.Option(..., help="the suite to run; its gate table sets the thresholds"),
     baseline: str = typer.Option(..., help="a baseline name (looked up under --baseline-dir/<gpu-model>/) or path"),
     baseline_dir: Path = typer.Option(Path("baselines"), help="where named baselines live"),
@@ -492,7 +502,7 @@ def gate(
     fail_on_inconclusive: Optional[bool] = typer.Option(None, _INCONCLUSIVE_FLAG, help="exit 3 on INCONCLUSIVE"),
 ) -> None:
     """Run a suite and compare it with a baseline, re-running flagged cases once. Exit codes as `compare`."""
-    from fp8bench.gate import gate as gating
+    from fp8bench.gate.gate import conclude, gate, resolve_config
     from fp8bench.harness.env import gpu_metadata
     from fp8bench.harness.validate import UsageError
 
@@ -509,16 +519,16 @@ def gate(
         try:
             code = app(argv, standalone_mode=False)
         except typer.TyperException as err:  # a suite entry with a bad option
-            raise gating.UsageError(f"fp8bench {shlex.join(argv)}: {err.format_message()}") from None
+            raise UsageError(f"fp8bench {shlex.join(argv)}: {err.format_message()}") from None
         if code:  # e.g. 130: interrupted; the finished cases are in the run folder
             raise typer.Exit(code)
 
     def body():
-        config = gating.resolve_config(suite, metric, fail_on_inconclusive)
+        config = resolve_config(suite, metric, fail_on_inconclusive)
         run_dir = out or default_run_dir("gate", suite.stem)
-        return gating.gate(suite, baseline, baseline_dir, run_dir, config, device, invoke, runs, rerun, console, _remeasure)
+        return gate(suite, baseline, baseline_dir, run_dir, config, device, invoke, runs, rerun, console, _remeasure)
 
-    raise typer.Exit(gating.conclude(body, _outputs(markdown, json_path, junit), console))
+    raise typer.Exit(conclude(body, _outputs(markdown, json_path, junit), console))
 
 
 baseline_app = typer.Typer(help="Runs kept for `compare` and `gate`, keyed by GPU model.", **_HELP)
@@ -533,11 +543,11 @@ def baseline_save(
     force: bool = typer.Option(False, help="replace an existing baseline of that name"),
 ) -> None:
     """Copy a run (results.csv + metadata.json) into the baselines folder of its GPU model."""
-    from fp8bench.gate import baseline as baselines
+    from fp8bench.gate import baseline
     from fp8bench.harness.validate import usage_errors
 
     with usage_errors():
-        saved = baselines.save(run, name, root, force)
+        saved = baseline.save(run, name, root, force)
     console.print(f"baseline {escape(repr(name))} saved to {escape(str(saved))}")
 
 
@@ -566,8 +576,9 @@ def roofline(
 ) -> None:
     """LayerNorm -> Linear -> sigmoid, fwd + bwd: predicted FP8 speedup per recipe and implementation, and
     on a GPU the measured step of BF16, ours, torchao and TransformerEngine beside it (fp8bench.benchmarks.layer)."""
-    from fp8bench.model import roofline as model
-    from fp8bench.benchmarks import roofline as predicted
+    _resume_needs_out(resume, out)
+    from fp8bench.model.roofline import IMPLEMENTATION_CHOICES, calibrated_ceilings, spec_ceilings
+    from fp8bench.benchmarks.roofline import KERNELS_CSV, RooflineConfig, print_tables, run_roofline
     from fp8bench.benchmarks import shapes
     from fp8bench.harness.results import MODEL_BACKEND
     from fp8bench.model.calibration import default_profile_path, load_profile
@@ -579,7 +590,7 @@ def roofline(
     recipes = [r for r in dict.fromkeys(recipes) if r.granularity in granularities]
     if not recipes:
         raise typer.BadParameter(f"no chosen recipe scales with granularity {granularity!r}")
-    impls = tuple(dict.fromkeys(i for name in implementation or ["all"] for i in choice(name, model.IMPLEMENTATION_CHOICES, "implementation")))
+    impls = tuple(dict.fromkeys(i for name in implementation or ["all"] for i in choice(name, IMPLEMENTATION_CHOICES, "implementation")))
     device_name = cuda_device_name()
     try:
         shape_list = shapes.generate(shape_gen, M, K, N)
@@ -599,7 +610,7 @@ def roofline(
     spec = specs[0]
     ceilings = []
     for each in specs:
-        of_gpu = [model.spec_ceilings(each)]
+        of_gpu = [spec_ceilings(each)]
         profile_path = calibration or default_profile_path(each.key)
         if calibration is not None or profile_path.exists():
             try:
@@ -608,10 +619,10 @@ def roofline(
                 raise typer.BadParameter(str(err)) from None
             if profile.gpu_key != each.key:
                 raise typer.BadParameter(f"{profile_path} was measured on {profile.gpu_key}, not {each.key}")
-            of_gpu.append(model.calibrated_ceilings(profile, profile_path))
+            of_gpu.append(calibrated_ceilings(profile, profile_path))
         # several GPU models side by side: each set of ceilings is named after its GPU
         ceilings += [dataclasses.replace(c, source=f"{each.key} {c.source}") for c in of_gpu] if len(specs) > 1 else of_gpu
-    config = predicted.RooflineConfig(tuple(shape_list), tuple(recipes), impls, tuple(ceilings))
+    config = RooflineConfig(tuple(shape_list), tuple(recipes), impls, tuple(ceilings))
 
     layer_config = None
     if measuring:
@@ -645,9 +656,9 @@ def roofline(
         if resume:
             console.print(f"predictions: kept from the first call in {writer.csv_path}")
         else:
-            layers = predicted.run_roofline(config, writer)
-            predicted.print_tables(console, config, layers)
-            console.print(f"predictions -> {writer.csv_path} (kernels: {run_dir / predicted.KERNELS_CSV})")
+            layers = run_roofline(config, writer)
+            print_tables(console, config, layers)
+            console.print(f"predictions -> {writer.csv_path} (kernels: {run_dir / KERNELS_CSV})")
         if benchmark:
             _measure_layer(benchmark, cases, writer)
     if report:
@@ -698,27 +709,29 @@ def e2e(
 ) -> None:
     """Training throughput of a LLaMa-3 model or proxy: BF16 eager and compiled against ours, torchao and
     TransformerEngine per recipe, on one GPU or several with FSDP2 (fp8bench.benchmarks.e2e)."""
-    from fp8bench.benchmarks import e2e as bench
-    from fp8bench.benchmarks.e2e import IMPLEMENTATIONS
+    _resume_needs_out(resume, out)
+    from fp8bench.benchmarks.e2e import (
+        CUSTOM, IMPLEMENTATIONS, MODEL_CHOICES, E2EConfig, custom_model, gpu_benchmark, run_command, torchrun_command,
+    )
     from fp8bench.nn.llama import PRESETS
     from fp8bench.nn.recipes import RECIPE_CHOICES
 
-    if model not in bench.MODEL_CHOICES:
-        raise typer.BadParameter(f"unknown model {model!r}; choose one of: {', '.join(bench.MODEL_CHOICES)}")
+    if model not in MODEL_CHOICES:
+        raise typer.BadParameter(f"unknown model {model!r}; choose one of: {', '.join(MODEL_CHOICES)}")
     recipes = tuple(dict.fromkeys(r for name in recipe or ["all"] for r in choice(name, RECIPE_CHOICES, "recipe")))
     impl_choices = {**{name: (name,) for name in IMPLEMENTATIONS}, "all": IMPLEMENTATIONS}
     impls = tuple(dict.fromkeys(i for name in implementation or ["all"] for i in choice(name, impl_choices, "implementation")))
     distributed = "LOCAL_RANK" in os.environ  # a rank that torchrun started
     world_size = int(os.environ.get("WORLD_SIZE", "1")) if distributed else nproc_per_node
     try:
-        if model == bench.CUSTOM:
+        if model == CUSTOM:
             dims = (dim, ffn_dim, heads, kv_heads, vocab)
             if None in dims:
                 raise ValueError("--model custom needs --dim, --ffn-dim, --heads, --kv-heads and --vocab")
-            architecture = bench.custom_model(*dims, layers)
+            architecture = custom_model(*dims, layers)
         else:
             architecture = PRESETS[model].with_layers(layers)
-        config = bench.E2EConfig(
+        config = E2EConfig(
             architecture, recipes, tuple(i for i in impls if i != "bf16"), seq_len, batch, steps, warmup, compile.strip().lower(),
             activation_checkpointing.strip().lower(), lm_head.strip().lower(), world_size,
         )
@@ -727,7 +740,7 @@ def e2e(
     device_name = require_cuda("e2e")
     run_dir = out or default_run_dir("e2e", architecture.name)
     if _PLANNING.get() is not None:  # the gate's re-run of a case: in this process, on this GPU
-        _planned(bench.gpu_benchmark(config, run_dir, device_name), None, TimingConfig())
+        _planned(gpu_benchmark(config, run_dir, device_name), None, TimingConfig())
         return
     if nproc_per_node > 1 and not distributed:  # every rank runs this command again, under torchrun
         import subprocess
@@ -737,12 +750,12 @@ def e2e(
         if torch.cuda.device_count() < nproc_per_node:
             raise EnvironmentProblem(f"--nproc-per-node {nproc_per_node} but this host shows {torch.cuda.device_count()} CUDA GPUs")
         # From the options as parsed: a suite runs commands in-process, so sys.argv may be another command's.
-        raise typer.Exit(subprocess.run(bench.torchrun_command(ctx.params, run_dir)).returncode)
+        raise typer.Exit(subprocess.run(torchrun_command(ctx.params, run_dir)).returncode)
     if distributed and world_size != nproc_per_node:
         raise typer.BadParameter(f"torchrun started {world_size} ranks but --nproc-per-node is {nproc_per_node}")
     try:
         resumed = (lambda cases: _resumed(cases, out)) if resume else None
-        bench.run_command(config, run_dir, device_name, command_line(), distributed, resumed, _open_run, console.print, err_console.print)
+        run_command(config, run_dir, device_name, command_line(), distributed, resumed, _open_run, console.print, err_console.print)
     except KeyboardInterrupt:
         err_console.print(f"[yellow]interrupted: the finished cases are in {run_dir / 'results.csv'}[/]")
         raise typer.Exit(130) from None
@@ -944,6 +957,34 @@ def numerics_optimizer(
                                          on_curve=_print_curve)  # fmt: skip
     for key, value in summary.items():
         console.print(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}")
+
+
+@numerics_app.command("compare-loss")
+def numerics_compare_loss(
+    base: Path = typer.Argument(..., help="the reference: a `numerics loss` run folder, or its curves.csv"),
+    new: Path = typer.Argument(..., help="the run to judge, made by the same command"),
+    rtol: float = typer.Option(0.01, min=0.0, help="largest relative difference of the mean loss at any checkpoint, either way"),
+) -> None:
+    """Gate a loss run on a stored reference: per curve the mean loss over the last 10% of the steps up to 25, 50, 75
+    and 100% of the run, within --rtol. Exit 0 pass, 1 beyond, 2 malformed or missing file, 5 a curve missing."""
+    from fp8bench.gate.compare import ExitCode
+    from fp8bench.harness.curves import compare_loss
+    from fp8bench.harness.validate import printable
+
+    comparison = compare_loss(base, new, rtol)
+    for point in comparison.checkpoints:
+        verdict = "ok" if point.within(rtol) else "[red]BEYOND[/]"
+        console.print(f"  {escape(printable(point.curve)):28} {point.fraction:4.0%} step {point.step:5}  reference {point.base_loss:.4f}  "
+                      f"new {point.new_loss:.4f}  {point.gap:+.2%}  {verdict}", highlight=False)  # fmt: skip
+    for curve in comparison.missing:
+        console.print(f"  {escape(printable(curve)):28} [red]missing[/] from {escape(str(new))}", highlight=False)
+    if comparison.failed:
+        console.print(f"[red]FAIL[/]: {len(comparison.failed)} of {len(comparison.checkpoints)} checkpoints beyond {rtol:.2%}")
+        raise typer.Exit(int(ExitCode.REGRESSION))
+    if comparison.missing:
+        console.print(f"[red]INCOMPLETE[/]: {len(comparison.missing)} of the reference's curves missing")
+        raise typer.Exit(int(ExitCode.INCOMPLETE))
+    console.print(f"PASS: {len(comparison.checkpoints)} checkpoints within {rtol:.2%}")
 
 
 def main() -> None:

@@ -478,3 +478,14 @@ def test_clock_trace_windows_spanning_the_swing_agree(tmp_path, monkeypatch):
     half_period = clock_trace.consecutive_window_spreads(samples, 0.5)
     assert len(whole_period) >= 10 and len(half_period) > len(whole_period)
     assert max(whole_period) < 0.5 < 5.0 < max(half_period)
+
+
+def test_the_command_line_imports_every_module_and_name_under_its_own_name():
+    """Command functions are named so that what they import needs no alias (one name, one meaning)."""
+    import ast
+
+    import fp8bench.cli
+
+    tree = ast.parse(Path(fp8bench.cli.__file__).read_text())
+    imports = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert len(imports) > 50 and [f"{a.name} as {a.asname}" for node in imports for a in node.names if a.asname] == []

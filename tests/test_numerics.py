@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from fp8bench.benchmarks import numerics
 from fp8bench.cli import app
+from fp8bench.harness.curves import last_fraction_mean, relative_gap
 from fp8bench.harness.results import RunWriter, load_results, read_metadata
 from fp8bench.nn import text_data
 from fp8bench.nn.float8_linear import Float8Linear
@@ -40,9 +41,9 @@ def curves_of(run_dir) -> pd.DataFrame:
 
 def test_gap_over_the_last_tenth_known_answer():
     reference_losses = [10.0] * 18 + [2.0, 2.0]
-    assert numerics.last_fraction_mean(reference_losses) == 2.0
-    assert numerics.relative_gap([9.0] * 18 + [2.0, 2.2], reference_losses) == pytest.approx(0.05)
-    assert numerics.last_fraction_mean([3.0]) == 3.0
+    assert last_fraction_mean(reference_losses) == 2.0
+    assert relative_gap([9.0] * 18 + [2.0, 2.2], reference_losses) == pytest.approx(0.05)
+    assert last_fraction_mean([3.0]) == 3.0
 
 
 def test_loss_curves_rows_and_determinism(corpus, tmp_path):

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from fp8bench.benchmarks import numerics
 from fp8bench.cli import app
+from fp8bench.harness import curves
 from fp8bench.report import numerics as report_numerics
 from fp8bench.report.write import INDEX_HTML, write_reports
 
@@ -73,7 +74,7 @@ def pandas_gap(curves: pd.DataFrame, curve: str, reference: str = "bf16-seed0") 
 def test_the_report_reads_the_files_the_benchmark_writes():
     assert report_numerics.CURVES_CSV == numerics.CURVES_CSV
     assert report_numerics.CURVE_COLUMNS == numerics.CURVE_COLUMNS
-    assert report_numerics.LAST_FRACTION == numerics.LAST_FRACTION
+    assert report_numerics.LAST_FRACTION == curves.LAST_FRACTION
     assert report_numerics.BENCHMARK == numerics.BENCHMARK
 
 

@@ -18,9 +18,10 @@ import torch
 
 from fp8bench.config import TimingConfig
 from fp8bench.harness.case import Built, Failed, Peak, Unsupported, Work
-from fp8bench.harness.results import RESULTS_CSV, RunWriter, load_results, read_rows
+from fp8bench.harness.results import COLUMNS, RESULTS_CSV, RunWriter, load_results, read_rows
 from fp8bench.harness.runner import case_key, case_row, rerun, resume, run_cases
 from fp8bench.harness.timing import Measurement
+from fp8bench.harness.validate import MalformedFile
 
 TIMING = TimingConfig(repeats=3)
 
@@ -191,6 +192,53 @@ def test_resume_keeps_finished_groups_and_measures_the_rest(tmp_path):
     assert len(load_results(tmp_path)) == 7 and resume(cases, tmp_path) == []
 
 
+@pytest.mark.parametrize("cut", ["inside the last field", "fields short"])
+def test_resume_measures_again_a_row_torn_by_a_kill_mid_append(tmp_path, cut):
+    """A kill while a row is appended leaves its line without a newline: cut inside its last field (the
+    bracketed reference_after_ms: as many fields as the header, a wrong number) or fields short."""
+    cases = [FakeCase(g, b) for g in ("a", "b") for b in ("ref", "fp8")]
+    _run(tmp_path, cases, FakeBenchmark(bracket_reference=True))
+    csv_path = tmp_path / RESULTS_CSV
+    whole = csv_path.read_bytes()
+    torn = whole[: -len(b"3\r\n")] if cut == "inside the last field" else whole[: whole.rindex(b",fake,") + 40]
+    csv_path.write_bytes(torn)
+    with pytest.raises(MalformedFile, match=r"line 5 is torn \(no newline\)"):  # read outside a resume, a torn file is an error
+        load_results(tmp_path)
+    left = resume(cases, tmp_path)
+    assert [(c.group, c.backend) for c in left] == [("b", "ref"), ("b", "fp8")]  # the torn row's whole group
+    assert [(r["case"], r["backend"]) for r in read_rows(tmp_path)] == [("a", "ref"), ("a", "fp8")]
+    assert csv_path.read_bytes() == whole[: whole.index(b"\r\nfake,b,") + 2]  # the finished rows as written
+    with RunWriter(tmp_path, {}, resume=True) as writer:
+        run_cases(FakeBenchmark(bracket_reference=True), left, writer, FakeClock(), TIMING)
+    assert csv_path.read_bytes() == whole and list(load_results(tmp_path)["reference_after_ms"]) == [1.0] * 4
+
+
+def test_a_resumed_writer_drops_a_torn_last_line_before_it_appends(tmp_path):
+    """The ranks of a torchrun launch and any caller that did not rewrite the run first: no row is glued onto a torn one."""
+    cases = [FakeCase("a", "ref"), FakeCase("a", "fp8")]
+    _run(tmp_path, cases)
+    csv_path = tmp_path / RESULTS_CSV
+    whole = csv_path.read_bytes()
+    csv_path.write_bytes(whole[:-7])
+    with RunWriter(tmp_path, {}, resume=True) as writer:
+        writer.append(case_row(FakeBenchmark(), FakeCase("a", "fp8"), "ok"))
+    assert [(r["case"], r["backend"]) for r in read_rows(tmp_path)] == [("a", "ref"), ("a", "fp8")]
+    csv_path.write_bytes(b"benchmark,ca")  # killed while writing the header: nothing finished, the run starts afresh
+    assert read_rows(tmp_path) == []
+    RunWriter(tmp_path, {}, resume=True).close()
+    assert csv_path.read_text().splitlines() == [",".join(COLUMNS)]
+
+
+def test_a_short_row_inside_a_run_is_refused_not_resumed_over(tmp_path):
+    _run(tmp_path, [FakeCase("a", "ref"), FakeCase("a", "fp8")])
+    csv_path = tmp_path / RESULTS_CSV
+    lines = csv_path.read_bytes().split(b"\r\n")
+    lines[1] = lines[1][:30]
+    csv_path.write_bytes(b"\r\n".join(lines))
+    with pytest.raises(MalformedFile, match=r"results.csv: line 2 has \d+ fields"):
+        resume([FakeCase("a", "ref")], tmp_path)
+
+
 def test_an_out_folder_holding_another_run_is_refused_unless_resumed(tmp_path):
     _write_partial_run(tmp_path)
     with pytest.raises(ValueError, match="holds another run.*--resume"):
@@ -263,12 +311,15 @@ def test_the_cli_refuses_an_out_folder_holding_another_run_and_resumes_one(tmp_p
     assert first.exit_code == 0, first.output
     with RunWriter(tmp_path, {"command": "first"}, resume=True) as writer:  # the first run's copy row
         writer.append(case_row(FakeBenchmark(), FakeCase("x", "ref"), "ok"))
+    with (tmp_path / RESULTS_CSV).open("a") as csv_file:  # and a row torn by a kill mid-append
+        csv_file.write("fake,y,8,16,32,none,re")
     second = CliRunner().invoke(cli.app, args, env={"COLUMNS": "300"})
     assert second.exit_code == 2 and "holds another run (results.csv); give a new --out, or --resume" in second.output
     assert len(read_rows(tmp_path)) == 1 and ran == [5]  # the copy, then tensorwise by 4 backends
     resumed = CliRunner().invoke(cli.app, [*args, "--resume"])
     assert resumed.exit_code == 0, resumed.output
     assert ran == [5, 5] and "resuming" in resumed.output  # none of the cast's cases is in the first run's rows
+    assert (tmp_path / RESULTS_CSV).read_text().endswith("\n") and len(read_rows(tmp_path)) == 0  # the fake rows: no case of the cast
 
 
 def test_a_benchmark_with_only_the_required_parts_runs(tmp_path):
@@ -299,3 +350,20 @@ def test_a_benchmark_with_only_the_required_parts_runs(tmp_path):
     fp8 = frame[frame.backend == "fp8"].iloc[0]
     assert fp8.speedup_vs_bf16 == 4.0 and fp8.tokens_per_s == pytest.approx(10 / 0.25e-3) and math.isnan(fp8.pct_peak)
     assert fp8.options == "{}" and math.isnan(frame.iloc[0].reference_after_ms)
+
+
+def test_every_command_refuses_resume_without_out_before_it_runs_anything():
+    """Each command that can continue a run folder: `--resume` alone is a usage error (exit 2) naming --out,
+    on this CPU-only machine too (nothing is checked or started first). `run` is left out: its suite names
+    the folders."""
+    import typer.main
+    from typer.testing import CliRunner
+
+    import fp8bench.cli as cli
+
+    commands = typer.main.get_command(cli.app).commands
+    resumable = sorted(name for name, command in commands.items() if "resume" in {p.name for p in command.params} and name != "run")
+    assert resumable == ["cast", "e2e", "matmul", "roofline"]
+    for name in resumable:
+        result = CliRunner().invoke(cli.app, [name, "--resume"], env={"COLUMNS": "300"})
+        assert result.exit_code == 2 and "--resume continues a run: give its folder with --out" in result.output, (name, result.output)

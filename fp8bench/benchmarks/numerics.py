@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fp8bench.config import Granularity, Status
+from fp8bench.harness.curves import CURVE_COLUMNS, CURVES_CSV, checkpoint_steps, relative_gap
 from fp8bench.harness.results import Row, RunWriter, measurement_values, status_text
 from fp8bench.nn import text_data
 from fp8bench.nn.fp8_adamw import FP8AdamW, StateFormat, state_bytes
@@ -47,11 +48,8 @@ from fp8bench.nn.recipes import RECIPES, Recipe, ScalingType, TensorRole
 from fp8bench.nn.tensor_stats import TensorStats
 
 BENCHMARK = "numerics"
-CURVES_CSV = "curves.csv"
-CURVE_COLUMNS = ("curve", "step", "metric", "layer", "role", "value")
 BF16 = "bf16"
 HEAD = "head"  # the output projection stays in high precision, as torchao and TE leave it
-LAST_FRACTION = 0.1  # the loss gap is over the last 10% of steps
 
 
 # ---- models -----------------------------------------------------------------------------------------
@@ -335,18 +333,6 @@ def validation_loss(model: nn.Module, batches, device: str) -> float:
     return sum(_loss(model, tokens, targets, device).item() for tokens, targets in batches) / len(batches)
 
 
-def last_fraction_mean(losses: list[float]) -> float:
-    """Mean of the last 10% of the losses (at least one)."""
-    tail = losses[-max(1, math.ceil(LAST_FRACTION * len(losses))):]
-    return sum(tail) / len(tail)
-
-
-def relative_gap(losses: list[float], reference_losses: list[float]) -> float:
-    """(mean loss - reference's) / reference's over the last 10% of steps: positive where worse."""
-    reference = last_fraction_mean(reference_losses)
-    return (last_fraction_mean(losses) - reference) / reference
-
-
 # ---- result rows ------------------------------------------------------------------------------------
 
 
@@ -400,9 +386,6 @@ def _train_all(factory, curves_to_run: list[Curve], config, corpus, run_dir: Pat
     return results
 
 
-CHECKPOINTS = (0.25, 0.5, 0.75, 1.0)  # fractions of the run at which curves.csv gets the gap
-
-
 def _write_gaps(results: list[CurveResult], reference: CurveResult, case: str, config, model_name, writer: RunWriter) -> None:
     """Per curve a results row with its gap to `reference` over the last 10% of steps (rel_err), and in
     curves.csv the gap at each checkpoint: over the last 10% of the steps up to it (`loss_gap`)."""
@@ -411,7 +394,7 @@ def _write_gaps(results: list[CurveResult], reference: CurveResult, case: str, c
         measured = bool(result.losses and reference.losses)
         gap = relative_gap(result.losses, reference.losses) if measured else None
         writer.append(_row(case, result.curve, config, model_name, result.status, {"rel_err": gap}))
-        for step in sorted({max(1, round(f * len(result.losses))) for f in CHECKPOINTS}) if measured else ():
+        for step in checkpoint_steps(len(result.losses)) if measured else ():
             curves.write(result.curve.name, step, "loss_gap", relative_gap(result.losses[:step], reference.losses[:step]))
     curves.close()
 

@@ -152,6 +152,8 @@ class RunWriter:
     def __init__(self, run_dir: Path, metadata: Mapping[str, Any], resume: bool = False):
         self.run_dir = Path(run_dir)
         self.csv_path = self.run_dir / RESULTS_CSV
+        if resume and _ends_torn(self.csv_path):  # a row appended after it would join the torn one
+            keep_rows(self.run_dir, lambda row: True)
         fresh = not self.csv_path.exists() or self.csv_path.stat().st_size == 0
         if not fresh and not resume:
             raise ValueError(f"{self.run_dir} holds another run ({RESULTS_CSV}); give a new --out, or --resume to continue it")
@@ -182,21 +184,49 @@ class RunWriter:
         self.close()
 
 
+def _records(csv_path: Path, text: str) -> list[tuple[int, list[str]]]:
+    """The CSV records of a results file's text, each with the line it ends on; MalformedFile where it is not CSV."""
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        return [(reader.line_num, row) for row in reader]
+    except csv.Error as err:
+        raise MalformedFile(csv_path, f"line {reader.line_num}: not CSV ({err})") from None
+
+
+def _ends_torn(csv_path: Path) -> bool:
+    """Whether a results file's last line lacks its newline: a run killed while it appended that row."""
+    if not csv_path.exists() or csv_path.stat().st_size == 0:
+        return False
+    with csv_path.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
+
+
 def read_rows(run_dir: Path) -> list[dict[str, str]]:
-    """A run's rows as the CSV spells them (for resuming it); ValueError for another schema."""
+    """A run's finished rows as the CSV spells them (for resuming it): an unterminated last line is a row
+    the run was killed while appending, left out (its case is measured again). ValueError for another
+    schema; MalformedFile for any other row without one field per column."""
     csv_path = Path(run_dir) / RESULTS_CSV
     if not csv_path.exists():
         raise ValueError(f"{run_dir} holds no {RESULTS_CSV} to resume")
-    with csv_path.open(newline="") as existing:
-        rows = list(csv.reader(existing))
-    if not rows or tuple(rows[0]) != COLUMNS:
+    text = read_text(csv_path)
+    rows = _records(csv_path, text)
+    if text and not text.endswith("\n"):
+        rows.pop()  # csv.reader ends a record at the end of the text: the torn line is the last one
+    if not rows:
+        return []  # killed while writing the header: nothing finished
+    if tuple(rows[0][1]) != COLUMNS:
         raise ValueError(f"{csv_path} was written with another result schema; it cannot be resumed")
-    return [dict(zip(COLUMNS, row)) for row in rows[1:] if len(row) == len(COLUMNS)]
+    for line, row in rows[1:]:
+        if len(row) != len(COLUMNS):
+            raise MalformedFile(csv_path, f"line {line} has {len(row)} fields, the header {len(COLUMNS)} (a torn or shifted row)")
+    return [dict(zip(COLUMNS, row)) for _, row in rows[1:]]
 
 
 def keep_rows(run_dir: Path, keep: Callable[[dict[str, str]], bool]) -> None:
-    """Rewrite a run's CSV with only the rows `keep` accepts (a resumed run measures the rest again),
-    atomically: a new file, synced, renamed over the old one, so that a kill at any moment leaves either."""
+    """Rewrite a run's CSV with only the finished rows (read_rows) `keep` accepts (a resumed run measures
+    the rest again), atomically: a new file, synced, renamed over the old one, so that a kill at any moment
+    leaves either."""
     csv_path = Path(run_dir) / RESULTS_CSV
     kept = [row for row in read_rows(run_dir) if keep(row)]
     partial = csv_path.with_name(csv_path.name + ".partial")
@@ -274,7 +304,7 @@ def load_results(path: Path) -> pd.DataFrame:
     """A run's rows with the schema's dtypes; `path` is a run folder or a results CSV.
 
     The file is checked as it is read (MalformedFile naming it and the line): UTF-8, a header of
-    schema columns, every row as many fields as the header, a known status, numbers where the schema
+    schema columns, a last row that ends in a newline, every row as many fields as the header, a known status, numbers where the schema
     says so (finite; times positive), and `repeat_ms` holding `repeats` times. The frame is indexed by
     CSV line number and carries its file in `attrs["path"]`, so later checks can name both.
     """
@@ -282,13 +312,13 @@ def load_results(path: Path) -> pd.DataFrame:
     csv_path = path / RESULTS_CSV if path.is_dir() else path
     if not csv_path.exists():
         raise FileNotFoundError(f"no results at {csv_path}")
-    reader = csv.reader(io.StringIO(read_text(csv_path), newline=""))
-    try:
-        rows = [(reader.line_num, row) for row in reader]
-    except csv.Error as err:
-        raise MalformedFile(csv_path, f"line {reader.line_num}: not CSV ({err})") from None
+    text = read_text(csv_path)
+    rows = _records(csv_path, text)
     if not rows or not any(rows[0][1]):
         raise MalformedFile(csv_path, "empty: no header row")
+    if len(rows) > 1 and not text.endswith("\n"):  # cut inside its last field it has every field, a wrong number
+        raise MalformedFile(csv_path, f"line {rows[-1][0]} is torn (no newline): the run was killed while appending it; "
+                                      "--resume measures its case again")  # fmt: skip
     header = rows[0][1]
     unknown = [c for c in header if c not in COLUMNS]
     if unknown:

@@ -1,0 +1,149 @@
+"""curves.csv, the numerics benchmark's step-wise values: its columns, the loss gap, a strict reader of its
+loss curves, and the comparison of two runs' curves that gates a `fp8bench numerics loss` run in CI.
+
+The loss gap of a curve to a reference curve at a step is the mean loss over the last 10% of the steps
+up to it, relative to the reference's over the same steps (positive where worse); at the last step it is
+the gap over the last 10% of the run. The numerics benchmark writes it at CHECKPOINTS; `compare_loss`
+compares a new run's curves with a stored reference run's at the same checkpoints, within a relative
+tolerance either way (as torchtitan's loss-compare check: a reproduced run that moved is news, whichever
+way it moved).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from fp8bench.harness.validate import MalformedFile, UsageError, read_text, shown
+
+CURVES_CSV = "curves.csv"
+CURVE_COLUMNS = ("curve", "step", "metric", "layer", "role", "value")
+LAST_FRACTION = 0.1  # the loss gap is over the last 10% of steps
+CHECKPOINTS = (0.25, 0.5, 0.75, 1.0)  # fractions of the run at which a gap is written and compared
+
+
+def last_fraction_mean(losses: Sequence[float]) -> float:
+    """Mean of the last 10% of the losses (at least one)."""
+    tail = losses[-max(1, math.ceil(LAST_FRACTION * len(losses))):]
+    return sum(tail) / len(tail)
+
+
+def relative_gap(losses: Sequence[float], reference_losses: Sequence[float]) -> float:
+    """(mean loss - reference's) / reference's over the last 10% of steps: positive where worse."""
+    reference = last_fraction_mean(reference_losses)
+    return (last_fraction_mean(losses) - reference) / reference
+
+
+def checkpoint_steps(steps: int) -> dict[int, float]:
+    """The steps of a run of `steps` steps at CHECKPOINTS, each with its fraction (the larger where two meet)."""
+    return dict(sorted({max(1, round(fraction * steps)): fraction for fraction in CHECKPOINTS}.items()))
+
+
+def curves_path(run: Path) -> Path:
+    """A run folder's curves.csv, or `run` itself when it names a file; UsageError where there is none."""
+    path = Path(run)
+    path = path / CURVES_CSV if path.is_dir() else path
+    if not path.is_file():
+        raise UsageError(f"{path}: no such curves file (give a `fp8bench numerics loss` run folder or its {CURVES_CSV})")
+    return path
+
+
+def read_loss_curves(run: Path) -> dict[str, list[float]]:
+    """Per curve of a run its training loss at steps 1..n, in the order the run wrote the curves.
+
+    The file is checked as it is read (MalformedFile naming it and the line): the curves columns, one field
+    per column, a curve and metric on every row, a positive integer step, one value per (curve, step,
+    metric, layer, role), a number for every loss (NaN included: a diverged run's loss), each loss curve's
+    steps 1..n without a gap, at least one loss curve, and a last line that ends (a run killed while it
+    wrote is no reference)."""
+    path = curves_path(run)
+    text = read_text(path)
+    if text and not text.endswith("\n"):
+        raise MalformedFile(path, "its last line is torn (no newline): the run was killed while writing it")
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        records = [(reader.line_num, row) for row in reader]
+    except csv.Error as err:
+        raise MalformedFile(path, f"line {reader.line_num}: not CSV ({err})") from None
+    if not records or tuple(records[0][1]) != CURVE_COLUMNS:
+        raise MalformedFile(path, f"not a curves file: its columns are {shown(records[0][1] if records else [])}, not {list(CURVE_COLUMNS)}")
+    seen: set[tuple[str, ...]] = set()
+    losses: dict[str, dict[int, float]] = {}
+    for line, row in records[1:]:
+        if len(row) != len(CURVE_COLUMNS):
+            raise MalformedFile(path, f"line {line} has {len(row)} fields, the header {len(CURVE_COLUMNS)}")
+        curve, step_text, metric, layer, role, value = row
+        if not curve or not metric:
+            raise MalformedFile(path, f"line {line}: a value without its curve or metric")
+        if not step_text.isdigit() or int(step_text) < 1:
+            raise MalformedFile(path, f"line {line}: step {shown(step_text)} is not a positive integer")
+        step = int(step_text)
+        if (curve, str(step), metric, layer, role) in seen:
+            raise MalformedFile(path, f"line {line}: a second {shown(metric)} of {shown(curve)} at step {step}")
+        seen.add((curve, str(step), metric, layer, role))
+        if metric == "loss":
+            try:
+                losses.setdefault(curve, {})[step] = float(value)
+            except ValueError:
+                raise MalformedFile(path, f"line {line}: loss {shown(value)} is not a number") from None
+    if not losses:
+        raise MalformedFile(path, "holds no loss curve (metric `loss`): not a `fp8bench numerics loss` run")
+    for curve, by_step in losses.items():
+        missing = sorted(set(range(1, max(by_step) + 1)) - set(by_step))
+        if missing:
+            raise MalformedFile(path, f"the loss curve {shown(curve)} has no step {missing[0]}")
+    return {curve: [by_step[step] for step in sorted(by_step)] for curve, by_step in losses.items()}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One curve at one checkpoint: the new run's loss gap to the reference run's curve of the same name."""
+
+    curve: str
+    fraction: float
+    step: int
+    base_loss: float  # the reference's mean loss over the last 10% of the steps up to `step`
+    new_loss: float
+    gap: float
+
+    def within(self, rtol: float) -> bool:
+        return abs(self.gap) <= rtol  # False for NaN: a diverged curve fails
+
+
+@dataclass(frozen=True)
+class LossComparison:
+    checkpoints: tuple[Checkpoint, ...]
+    missing: tuple[str, ...]  # the reference's curves the new run lacks
+    rtol: float
+
+    @property
+    def failed(self) -> tuple[Checkpoint, ...]:
+        return tuple(c for c in self.checkpoints if not c.within(self.rtol))
+
+
+def compare_loss(base: Path, new: Path, rtol: float) -> LossComparison:
+    """Every loss curve of the reference run `base` against the same curve of `new`, at CHECKPOINTS and at the
+    first step where the new curve's loss is no finite number (it diverged). UsageError where a curve has another number of steps in the two runs (not the same command)."""
+    if not 0 <= rtol < math.inf:
+        raise UsageError(f"--rtol must be a finite number at least 0, got {rtol}")
+    reference, measured = read_loss_curves(base), read_loss_curves(new)
+    checkpoints = []
+    for curve, base_losses in reference.items():
+        new_losses = measured.get(curve)
+        if new_losses is None:
+            continue
+        if len(new_losses) != len(base_losses):
+            raise UsageError(f"{curves_path(base)} holds {len(base_losses)} steps of {curve}, {curves_path(new)} {len(new_losses)}: "
+                             "compare runs of the same command")  # fmt: skip
+        steps = checkpoint_steps(len(base_losses))
+        diverged = next((step for step, loss in enumerate(new_losses, 1) if not math.isfinite(loss)), None)
+        if diverged is not None:  # a checkpoint of its own: the windows of the others may not reach it
+            steps = dict(sorted({**steps, diverged: diverged / len(new_losses)}.items()))
+        for step, fraction in steps.items():
+            base_mean, new_mean = last_fraction_mean(base_losses[:step]), last_fraction_mean(new_losses[:step])
+            checkpoints.append(Checkpoint(curve, fraction, step, base_mean, new_mean, (new_mean - base_mean) / base_mean))
+    return LossComparison(tuple(checkpoints), tuple(curve for curve in reference if curve not in measured), rtol)
