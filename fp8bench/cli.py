@@ -478,7 +478,7 @@ def compare(
     junit: Optional[Path] = typer.Option(None, help="write JUnit XML, one test case per benchmark case"),
     fail_on_inconclusive: Optional[bool] = typer.Option(None, _INCONCLUSIVE_FLAG, help="exit 3 on INCONCLUSIVE"),
 ) -> None:
-    """Compare a run with a baseline. Exit 0 pass, 1 regression, 2 usage error, 3 inconclusive (when asked), 4 other GPU model."""
+    """Compare a run with a baseline. Exit 0 pass, 1 regression, 2 malformed input or usage error, 3 inconclusive (when asked), 4 other GPU model or environment, 5 incomplete."""
     from fp8bench.gate.gate import compare_trees, conclude, resolve_config
 
     def body():
