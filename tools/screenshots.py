@@ -24,6 +24,10 @@ SHOTS = {
     "roofline-run-index.png": "h100-sxm/runs/roofline-8192/index.html",
     "e2e-run-index.png": "h100-sxm/runs/e2e-llama3-8b-L4/index.html",
 }
+# A prediction-only roofline for two GPU models side by side (no GPU needed, so made here, not committed).
+PREDICTION = ("roofline", "--no-measure", "--gpu", "h100-sxm", "--gpu", "h200", "--shape-gen", "custom",
+              "--M", "8192", "--K", "8192", "--N", "8192")  # fmt: skip
+PREDICTION_SHOT = "roofline-prediction-two-gpus.png"
 # Headless, no sandbox (root), none of the background connections a closed network refuses; plotly
 # charts draw within the virtual-time budget.
 CHROMIUM_FLAGS = (
@@ -32,9 +36,9 @@ CHROMIUM_FLAGS = (
 )
 
 
-def publish(reports: Path, site: Path) -> None:
-    fp8bench = Path(sys.executable).with_name("fp8bench")
-    subprocess.run([str(fp8bench), "publish", str(reports), "--out", str(site)], check=True, stdout=subprocess.DEVNULL)
+def fp8bench(*arguments: str) -> None:
+    command = Path(sys.executable).with_name("fp8bench")
+    subprocess.run([str(command), *arguments], check=True, stdout=subprocess.DEVNULL)
 
 
 def shoot(chromium: str, page: Path, png: Path) -> None:
@@ -61,10 +65,14 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="fp8bench-site-") as folder:
         site = Path(folder) / "site"
-        publish(args.reports, site)
+        fp8bench("publish", str(args.reports), "--out", str(site))
         for name, path in SHOTS.items():
             shoot(chromium, site / path, args.out / name)
             print(args.out / name)
+        prediction = Path(folder) / "roofline-prediction"
+        fp8bench(*PREDICTION, "--out", str(prediction))
+        shoot(chromium, prediction / "tensorwise.html", args.out / PREDICTION_SHOT)
+        print(args.out / PREDICTION_SHOT)
 
 
 if __name__ == "__main__":

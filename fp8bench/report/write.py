@@ -259,7 +259,8 @@ def _measurement_warning(rows: pd.DataFrame, metadata: dict[str, Any]) -> str:
     if (rows["timer"] == "fake").any():
         text = "Rows here were timed with the fake timer of the tests: they are not GPU measurements."
     elif metadata.get("prediction_only") and metadata.get("gpu_spec"):
-        text = f"Predictions of the roofline model for {metadata['gpu_spec']}; nothing was measured in this run."
+        models = metadata.get("gpu_specs") or [metadata["gpu_spec"]]  # several GPU models side by side
+        text = f"Predictions of the roofline model for {', '.join(map(str, models))}; nothing was measured in this run."
         return f'<p class="note">{html.escape(text)}</p>'
     elif not rows.empty and not metadata.get("gpu_name"):
         text = "The run's metadata names no GPU: these numbers cannot be attributed to a GPU."
