@@ -33,13 +33,10 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from fp8bench.config import Status
+from fp8bench.harness.curves import CURVE_COLUMNS, CURVES_CSV, LAST_FRACTION
 from fp8bench.report.html import Chart, chart_id, colour_map, rows_table
 
 BENCHMARK = "numerics"
-# The benchmark's files and definitions (fp8bench.benchmarks.numerics writes them; a report reads files only).
-CURVES_CSV = "curves.csv"
-CURVE_COLUMNS = ("curve", "step", "metric", "layer", "role", "value")
-LAST_FRACTION = 0.1  # a loss gap is over the last 10% of steps
 REFERENCE_CURVE = "bf16-seed0"  # every loss curve's gap is to it; bf16 with another seed is the noise
 GAP_TARGET = 0.01  # an FP8 recipe should stay within 1% of BF16's loss
 STARTUP_PAIRS = (("calibrated", "scale-1"), ("master-from-hp", "master-from-fp8"))
