@@ -45,7 +45,6 @@ import pandas as pd
 from fp8bench.backends import Level, get_backend
 from fp8bench.backends.base import LayerStep
 from fp8bench.backends.torch_bf16 import compile_report
-from fp8bench.benchmarks import roofline as predicted
 from fp8bench.config import FastAccum, GemmShape, Granularity, Status, TimingConfig
 from fp8bench.harness.case import Built, Failed, Peak, Unsupported, Work
 from fp8bench.harness.results import BREAKDOWN_STEPS, LAYER_REFERENCE_BACKEND, Row
@@ -215,7 +214,7 @@ class LayerTimer(Timer, Protocol):
 def _prediction(case: LayerCase, ceilings: model.Ceilings) -> tuple[dict[str, Any], float | None]:
     """The model's columns for a case, and its predicted speedup (None for BF16 rows)."""
     if case.recipe is None:
-        times = predicted.bf16_step(model.layer_kernels(case.shape, None), ceilings)
+        times = model.time_kernels(model.layer_kernels(case.shape, None), ceilings)
         return {"predicted_ms": sum(t.seconds for t in times) * 1e3, "bound": model.Prediction.bound_of(times).value}, None
     p = model.predict(case.shape, case.recipe, model.IMPLEMENTATIONS[case.model_implementation], ceilings)
     columns = {"predicted_ms": p.fp8_s * 1e3, "predicted_speedup": p.speedup, "bound": model.Prediction.bound_of(p.fp8).value}

@@ -20,15 +20,10 @@ from rich.table import Table
 from fp8bench.config import FastAccum, GemmShape, Granularity, Status
 from fp8bench.harness.results import MODEL_BACKEND, Row, RunWriter, status_text
 from fp8bench.model.roofline import (
-    Ceilings, Implementation, Kernel, KernelTime, Model, Prediction, layer_kernels, predict, predict_public,
-    public_kernels, time_kernel, uniform_fp8,
+    Ceilings, Implementation, KernelTime, Model, Prediction, layer_kernels, predict, predict_public,
+    public_kernels, time_kernels, uniform_fp8,
 )
 from fp8bench.nn.recipes import Recipe, layer_shape_problem
-
-
-def bf16_step(kernels: list[Kernel], ceilings: Ceilings) -> tuple[KernelTime, ...]:
-    """The model's BF16 step: each of its kernels timed under the ceilings."""
-    return tuple(time_kernel(kernel, ceilings) for kernel in kernels)
 
 
 KERNELS_CSV = "predicted_kernels.csv"
@@ -71,7 +66,7 @@ def predict_layer(shape: GemmShape, config: RooflineConfig, ceilings: Ceilings) 
     return LayerPredictions(
         shape,
         ceilings,
-        {Model.REFINED: bf16_step(layer_kernels(shape, None), ceilings), Model.PUBLIC: bf16_step(public_kernels(shape, None), public_view)},
+        {Model.REFINED: time_kernels(layer_kernels(shape, None), ceilings), Model.PUBLIC: time_kernels(public_kernels(shape, None), public_view)},
         {
             recipe: None if layer_shape_problem(shape, recipe) else predict_public(shape, recipe, public_view)
             for recipe in config.recipes

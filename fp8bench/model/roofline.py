@@ -584,7 +584,8 @@ class Prediction:
         return out
 
 
-def _times(kernels: list[Kernel], ceilings: Ceilings) -> tuple[KernelTime, ...]:
+def time_kernels(kernels: list[Kernel], ceilings: Ceilings) -> tuple[KernelTime, ...]:
+    """Each kernel of a step timed under the ceilings."""
     return tuple(time_kernel(k, ceilings) for k in kernels)
 
 
@@ -592,7 +593,7 @@ def predict(shape: GemmShape, recipe: Recipe, impl: Implementation, ceilings: Ce
     """The refined model. Check `impl.unsupported_reason(recipe)` first for real implementations."""
     return Prediction(
         shape, Model.REFINED, recipe, impl, ceilings,
-        _times(layer_kernels(shape, None), ceilings), _times(layer_kernels(shape, recipe, impl), ceilings),
+        time_kernels(layer_kernels(shape, None), ceilings), time_kernels(layer_kernels(shape, recipe, impl), ceilings),
     )
 
 
@@ -602,7 +603,7 @@ def predict_public(shape: GemmShape, recipe: Recipe, ceilings: Ceilings) -> Pred
         return None
     return Prediction(
         shape, Model.PUBLIC, recipe, None, ceilings,
-        _times(public_kernels(shape, None), ceilings), _times(public_kernels(shape, recipe), ceilings),
+        time_kernels(public_kernels(shape, None), ceilings), time_kernels(public_kernels(shape, recipe), ceilings),
     )
 
 
