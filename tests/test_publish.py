@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import posixpath
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,7 @@ from typer.testing import CliRunner
 from browser import embedded_graphs, parse_html, render
 from fp8bench.cli import app
 from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase, Status
-from fp8bench.publish.pages import history_chart
+from fp8bench.publish.pages import history_chart, series_history_path
 from fp8bench.publish.site import MANIFEST_JSON, publish
 from fp8bench.publish.tree import COMPARE_HTML, GATE_JSON, HISTORY_HTML, latest, read_tree, series_of, slug
 from fp8bench.model.hardware import GPUS
@@ -134,6 +135,8 @@ def expected_graphs(root: Path, site: Path, only: set[Path] | None = None) -> di
             )
             if points:
                 history[f"history-{slug(name)}-chart"] = points
+            # the series' own page draws its one chart
+            expected[site / series_history_path(model, name)] = {f"history-{slug(name)}-chart": points} if points else {}
             for entry in entries:
                 # A benchmark with a page of its own (numerics) draws there, not on the granularity pages.
                 own = own_pages(entry.rows)
@@ -683,6 +686,13 @@ def test_reruns_in_differently_named_folders_are_one_series_and_a_demo_is_never_
     assert sorted(len(trace.x) for trace in demos) == [1, 1]
     purposes = [row["purpose"] for row in table(history_page, square)]
     assert purposes == ["demo", "measurement", "measurement"]  # newest first
+    # the index links each series to a page of its own: the same chart and runs
+    index_links = [a.attrs["href"] for a in parse_html((site / MODEL / INDEX_HTML).read_text(encoding="utf-8")).find_all("a")]
+    own_page = site / series_history_path(MODEL, square)
+    assert posixpath.relpath(own_page, site / MODEL) in index_links
+    assert [row["run"] for row in table(own_page, square)] == ["square-slowed-on-purpose", "square-again-run2", "matmul-square"]
+    drawn_alone = {graph.div_id: graph for graph in embedded_graphs(own_page.read_text(encoding="utf-8"))}
+    assert sum(trace.points for trace in drawn_alone[f"history-{slug(square)}-chart"].traces) == 6
 
 
 def test_an_unknown_purpose_is_a_malformed_file(tmp_path):

@@ -23,6 +23,8 @@ SHOTS = {
     "matmul-run-index.png": "h100-sxm/runs/matmul-square/index.html",
     "roofline-run-index.png": "h100-sxm/runs/roofline-8192/index.html",
     "e2e-run-index.png": "h100-sxm/runs/e2e-llama3-8b-L4/index.html",
+    # a series with several runs (the CI suite's baseline, a passing gate run and the slowed demo)
+    "history-series.png": "h100-sxm/history/square-4096.html",
 }
 # A prediction-only roofline for two GPU models side by side (no GPU needed, so made here, not committed).
 PREDICTION = ("roofline", "--no-measure", "--gpu", "h100-sxm", "--gpu", "h200", "--shape-gen", "custom",

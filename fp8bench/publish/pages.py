@@ -5,6 +5,7 @@ every string from a result file or a folder name is escaped, and every link is r
 
 from __future__ import annotations
 
+import hashlib
 import html
 import posixpath
 from collections.abc import Iterable
@@ -21,8 +22,10 @@ from fp8bench.gate.gate import compare_trees
 from fp8bench.harness.validate import MalformedFile, UsageError
 from fp8bench.publish.tree import COMPARE_HTML, GATE_JSON, HISTORY_HTML, EntryRun, Run, Tree, latest, slug
 from fp8bench.report.write import INDEX_HTML, headline_cells, status_counts
-from fp8bench.report.html import Chart, page, rows_table
+from fp8bench.report.html import Chart, colour_map, page, rows_table
 
+SERIES_HISTORY_DIR = "history"  # a GPU model's folder of one page per series
+_MAX_PAGE_NAME = 96  # characters of a series page's file name (file systems take 255 bytes)
 SERIES = ("benchmark", "granularity", "backend", "fast_accum")  # a line of a history chart
 _SITE = posixpath.curdir
 _GEOMEAN_NOTE = (
@@ -118,6 +121,10 @@ def geomean_speedups(rows: pd.DataFrame) -> pd.DataFrame:
     ]
     grouped = fp8.groupby(list(SERIES), sort=False)["speedup_vs_bf16"]
     return grouped.agg(geomean=gmean, rows="size").reset_index()
+
+
+def _accumulation(fast_accum: str) -> str:
+    return "fast accumulation " + ("n/a" if fast_accum == "n/a" else fast_accum)
 
 
 def _series_label(row: pd.Series) -> str:
@@ -230,7 +237,7 @@ def model_index(tree: Tree, model: str) -> str:
             "rows": html.escape(status_counts(entry.rows)),
             "gate": html.escape(runs_by_name[entry.run].gate_status(entry)),
             "compare": _compare_link(here, entry, previous[id(entry)]),
-            "history": _link(f"{HISTORY_HTML}#{_history_id(entry.series)}", _count(len(history[entry.series]), "run")),
+            "history": _link(_href(slug(model), series_history_path(model, entry.series)), _count(len(history[entry.series]), "run")),
             "note": html.escape(measurement_note(entry)),
         }
         for entry in latest_results
@@ -272,6 +279,9 @@ def history_chart(name: str, entries: list[EntryRun]) -> Chart | None:
                     "rows": row["rows"],
                     # plotly renders HTML in labels: escaped before they reach it
                     "series": html.escape(_series_label(row)),
+                    "backend": html.escape(row["backend"]),
+                    "granularity": html.escape(row["granularity"]),
+                    "accumulation": html.escape(_accumulation(row["fast_accum"])),
                     "run": html.escape(entry.run),
                     "purpose": entry.purpose or "measurement",
                 }
@@ -279,13 +289,16 @@ def history_chart(name: str, entries: list[EntryRun]) -> Chart | None:
     if not points:
         return None
     frame = pd.DataFrame(points).sort_values("started", kind="stable")
+    # a panel per granularity, a backend's own colour on every page, the accumulation as the dash
     figure = px.line(
-        frame, x="started", y="speedup", color="series", markers=True,
+        frame, x="started", y="speedup", color="backend", line_dash="accumulation", facet_col="granularity",
+        color_discrete_map=colour_map(frame["backend"]), markers=True,
         # a demo or probe point is its own open marker, off the line through the measurements
         symbol="purpose", symbol_map={"measurement": "circle", "demo": "circle-open", "probe": "diamond-open"},
-        hover_data={"run": True, "rows": True, "speedup": ":.3f", "purpose": True},
+        hover_data={"series": True, "run": True, "rows": True, "speedup": ":.3f", "purpose": True},
         labels={"started": "run start (UTC)", "speedup": "geomean speedup over BF16"},
     )  # fmt: skip
+    figure.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
     figure.add_hline(y=1.0, line_dash="dot", annotation_text="BF16", annotation_position="top left")
     note = _HISTORY_NOTE
     if frame["started"].nunique() == 1:
@@ -296,32 +309,56 @@ def history_chart(name: str, entries: list[EntryRun]) -> Chart | None:
     return Chart(f"{_history_id(name)}-chart", f"{name}: geomean speedup over BF16, run by run", figure, note)
 
 
+def _series_section(tree: Tree, model: str, name: str, here: str, previous: dict[int, EntryRun | None]) -> list[str]:
+    """One series' heading (the anchor the index links to, there whether or not the series has a chart:
+    cast runs have none), its chart and its runs, newest first."""
+    entries = tree.history(model)[name]
+    parts = [f'<h2 id="{html.escape(_history_id(name))}">{html.escape(name)}</h2>']
+    chart = history_chart(name, entries)
+    untimed = [e.run for e in entries if e.started is None]
+    if untimed:
+        parts.append(f'<p class="note">not plotted, no start time recorded: {html.escape(", ".join(untimed))}</p>')
+    parts.append(
+        chart.to_html() if chart else '<p class="note">no FP8 speedups to plot (no ok FP8 row with a BF16 reference)</p>'
+    )
+    rows = [
+        {
+            "run": _entry_link(here, e, e.run),
+            "started": _time(e.started),
+            "rows": html.escape(status_counts(e.rows)),
+            "purpose": html.escape(e.purpose or "measurement"),
+            "compare": _compare_link(here, e, previous[id(e)]),
+        }
+        for e in reversed(entries)
+    ]
+    parts.append(_link_table(pd.DataFrame(rows)))
+    return parts
+
+
 def history_page(tree: Tree, model: str) -> str:
+    """Every series of a GPU model on one page."""
     here = slug(model)
     previous = _previous(tree, model)
     parts = [_nav(here, model)]
-    for name, entries in tree.history(model).items():
-        # the anchor the index links to, there whether or not the series has a chart (cast runs have none)
-        parts.append(f'<h2 id="{html.escape(_history_id(name))}">{html.escape(name)}</h2>')
-        chart = history_chart(name, entries)
-        untimed = [e.run for e in entries if e.started is None]
-        if untimed:
-            parts.append(f'<p class="note">not plotted, no start time recorded: {html.escape(", ".join(untimed))}</p>')
-        parts.append(
-            chart.to_html() if chart else '<p class="note">no FP8 speedups to plot (no ok FP8 row with a BF16 reference)</p>'
-        )
-        rows = [
-            {
-                "run": _entry_link(here, e, e.run),
-                "started": _time(e.started),
-                "rows": html.escape(status_counts(e.rows)),
-                "purpose": html.escape(e.purpose or "measurement"),
-                "compare": _compare_link(here, e, previous[id(e)]),
-            }
-            for e in reversed(entries)
-        ]
-        parts.append(_link_table(pd.DataFrame(rows)))
+    for name in tree.history(model):
+        parts += _series_section(tree, model, name, here, previous)
     return page(f"{model}: history", "\n".join(parts), plotly=True, plotly_dir="../")
+
+
+def series_history_path(model: str, series: str) -> str:
+    """A series' own history page, relative to the site root."""
+    name = slug(series)
+    if len(name) > _MAX_PAGE_NAME:  # a command-line series: its start and a hash of the whole name
+        name = f"{name[:_MAX_PAGE_NAME - 9]}-{hashlib.sha256(series.encode()).hexdigest()[:8]}"
+    return f"{slug(model)}/{SERIES_HISTORY_DIR}/{name}.html"
+
+
+def series_history_page(tree: Tree, model: str, series: str) -> str:
+    """One series' history on a page of its own: what the model index links to."""
+    here = series_history_path(model, series).rpartition("/")[0]
+    parts = [_nav(here, model), *_series_section(tree, model, series, here, _previous(tree, model))]
+    charted = history_chart(series, tree.history(model)[series]) is not None
+    return page(f"{model}: {series}, history", "\n".join(parts), plotly=charted, plotly_dir="../../")
 
 
 def suite_run_page(tree: Tree, run: Run) -> str:

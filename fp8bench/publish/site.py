@@ -291,6 +291,9 @@ def _write_summaries(tree: Tree, build: _Build) -> None:
         model_dir = PurePosixPath(slug(model))
         pages[model_dir / INDEX_HTML] = lambda model=model: publish_pages.model_index(tree, model)
         pages[model_dir / HISTORY_HTML] = lambda model=model: publish_pages.history_page(tree, model)
+        for series in tree.history(model):
+            path = PurePosixPath(publish_pages.series_history_path(model, series))
+            pages[path] = lambda model=model, series=series: publish_pages.series_history_page(tree, model, series)
         for run in runs:
             if run.is_suite:
                 pages[run.site_dir / INDEX_HTML] = lambda run=run: publish_pages.suite_run_page(tree, run)
