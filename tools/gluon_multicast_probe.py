@@ -1,14 +1,14 @@
 """TMA multicast across a 2-CTA cluster from Gluon on Triton 3.6: a probe, not a kernel of fp8kernels.
 
-    python tools/gluon_multicast_probe.py ptx                    # CPU: compile for sm_90a, check the PTX
-    python tools/gluon_multicast_probe.py run [--m --n --k]      # GPU: outputs against torch, both variants
+    python tools/gluon_multicast_probe.py ptx                    # CPU: compile for sm_90a, check PTX and SASS
+    python tools/gluon_multicast_probe.py run [--m --n --k]      # sm_90 GPU: every variant against the reference
 
-The kernel is an FP8 GEMM (e4m3 x e4m3 -> fp32) whose program is a cluster of two CTAs (`num_ctas=2`):
-the cluster owns a 128 x BLOCK_N tile, each CTA 64 of its rows (one warpgroup, one m64 wgmma per K-tile),
-and both CTAs need the same B tile. Triton 3.6 lowers a TMA load into a shared buffer whose `cga_layout`
-broadcasts (`[[0, 0]]`) as one ordinary load per CTA (each CTA fetches the whole tile: no `.multicast`),
-and a split layout (`[[1, 0]]`) as one load per CTA of its own part. So with MULTICAST the B tile comes
-from inline PTX instead: each CTA issues
+The kernels are an FP8 GEMM (e4m3 x e4m3 -> fp32) whose program is a cluster of two CTAs (`num_ctas=2`):
+the cluster owns a 128 x BLOCK_N tile, each CTA 64 of its rows (one consumer warpgroup, one m64 wgmma per
+K-tile), and both CTAs need the same B tile. Triton 3.6 lowers a TMA load into a shared buffer whose
+`cga_layout` broadcasts (`[[0, 0]]`) as one ordinary load per CTA (each CTA fetches the whole tile: no
+`.multicast`), and a split layout (`[[1, 0]]`) as one load per CTA of its own part. So with MULTICAST the B
+tile comes from inline PTX instead: each CTA issues
 
     cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster
 
@@ -32,12 +32,16 @@ not give, and how the probe gets it:
   barriers are initialised, before any CTA may signal its peer's, and before exit, so no CTA leaves while
   its peer may still arrive on its barriers (Gluon 3.6 exposes none of them).
 
-Without MULTICAST the same kernel loads B through Gluon's own TMA copy (each CTA the whole tile), the
-reference the multicast variant must match. The `run` command checks the reference variant against torch's fp32
-product of the same FP8 operands and the multicast variant against it bit for bit, exits 1 on a mismatch,
-then times both; `ptx` exits 1 unless the multicast instruction and the cluster barriers are in the PTX,
-`UTMALDG.2D.MULTICAST` in the SASS, and Triton's own barrier initialisations at the offsets the inline PTX
-assumes.
+Two kernels, each with and without MULTICAST (without, B comes through Gluon's own TMA copy, each CTA
+the whole tile): `_multicast_gemm_kernel`, one 4-warp partition issuing loads NUM_STAGES - 1 K-tiles
+ahead of its wgmma; and `_multicast_gemm_ws_kernel`, warp-specialised as kernels/_gemm_ws.py is (a
+consumer warpgroup and a producer partition), with the producer a whole warpgroup so that every launched
+warp runs a partition and reaches the cluster barriers. The one-partition kernel without MULTICAST is the
+reference: `run` checks it against torch's fp32 product of the same FP8 operands and every other variant
+against it bit for bit (same products, same order), exits 1 on a mismatch, then times all four. `ptx`
+exits 1 unless each multicast variant has the multicast instruction and the cluster barriers in its PTX,
+`UTMALDG.2D.MULTICAST` in its SASS, and Triton's own barrier initialisations at the offsets its inline
+PTX assumes.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import triton
 import typer
 from triton._C.libtriton import ir, nvidia, passes
@@ -57,8 +62,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.tools.disasm import get_sass
 
+from fp8bench.config import TimingConfig
+from fp8bench.harness.timing import TimerChoice
 from fp8kernels.gemm import GLUON_TRITON_RELEASES
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, help=__doc__.split("\n\n")[0])
@@ -72,8 +80,11 @@ BLOCK_N = 128
 BLOCK_K = 128
 STAGES = 4
 BARRIER_BYTES = gl.constexpr(8)
-# The PTX entry's name: the inline PTX addresses the kernel's first parameter as KERNEL_NAME_param_0.
+# The PTX entries' names (the kernels' Python names): the inline PTX addresses each kernel's first
+# parameter as NAME_param_0.
 KERNEL_NAME = gl.constexpr("_multicast_gemm_kernel")
+WS_KERNEL_NAME = gl.constexpr("_multicast_gemm_ws_kernel")
+PRODUCER_REGISTERS = gl.constexpr(40)
 # The buffers whose shared-memory offsets the inline PTX needs, by their names in the kernel.
 ADDRESSED = ("b_bufs", "ready", "empty")
 # Instructions the multicast variant's PTX must hold (its SASS: UTMALDG.2D.MULTICAST).
@@ -90,15 +101,17 @@ MULTICAST_PTX = (
 
 @gluon.constexpr_function
 def _multicast_half_ptx(kernel: str, half_rows: int, half_bytes: int) -> str:
-    """One thread of the CTA loads its half of the B tile (rows rank * half_rows on) into both CTAs, at
-    `global_smem + $1 + rank * half_bytes`, signalling the barrier at `global_smem + $2` in both.
-    $3: the tile's first row, $4: its first column (TMA coordinates run innermost first)."""
+    """The first thread of the warpgroup loads this CTA's half of the B tile (rows rank * half_rows on)
+    into both CTAs, at `global_smem + $1 + rank * half_bytes`, signalling the barrier at `global_smem + $2`
+    in both. $3: the tile's first row, $4: its first column (TMA coordinates run innermost first). The
+    tensor map is the kernel's first parameter, `kernel`_param_0."""
     return f"""{{
 .reg .b32 %mc<6>;
 .reg .b16 %mcmask;
 .reg .b64 %mcmap;
 .reg .pred %mcp;
 mov.u32 %mc0, %tid.x;
+and.b32 %mc0, %mc0, 127;
 setp.eq.u32 %mcp, %mc0, 0;
 mov.u32 %mc1, %cluster_ctarank;
 mov.u32 %mc2, global_smem;
@@ -114,12 +127,13 @@ mov.u32 $0, 0;
 }}"""
 
 
-# Thread 0 arrives on the peer CTA's barrier at `global_smem + $1` (its own at that offset, mapped into
-# the peer's shared memory), releasing this CTA's reads of the slot to the peer's TMA.
+# The first thread of the warpgroup arrives on the peer CTA's barrier at `global_smem + $1` (its own at
+# that offset, mapped into the peer's shared memory), releasing this CTA's reads of the slot to the peer's TMA.
 _ARRIVE_PEER_PTX = gl.constexpr("""{
 .reg .b32 %ap<3>;
 .reg .pred %app;
 mov.u32 %ap0, %tid.x;
+and.b32 %ap0, %ap0, 127;
 setp.eq.u32 %app, %ap0, 0;
 mov.u32 %ap1, global_smem;
 add.u32 %ap1, %ap1, $1;
@@ -130,8 +144,9 @@ mapa.shared::cluster.u32 %ap1, %ap1, %ap2;
 mov.u32 $0, 0;
 }""")
 
-# Every thread of both CTAs: this CTA's barrier initialisations are visible cluster-wide, then wait for
-# the peer (its barriers initialised / done with ours).
+# Every thread of both CTAs (barrier.cluster waits for all non-exited threads of the cluster, so under
+# warp_specialize every partition runs it and no warp may be left idle): this CTA's barrier
+# initialisations are visible cluster-wide, then wait for the peer (its barriers initialised / done with ours).
 _CLUSTER_SYNC_PTX = gl.constexpr("""{
 fence.mbarrier_init.release.cluster;
 barrier.cluster.arrive.release.aligned;
@@ -146,8 +161,13 @@ def _asm(code: gl.constexpr, constraints: gl.constexpr, args):
 
 
 @gluon.jit
-def _load_k_tile(b_half_desc, a_desc, b_desc, a_bufs, b_bufs, ready, empty, pid_m, pid_n, i, MULTICAST: gl.constexpr,
-                 B_OFFSET: gl.constexpr, READY_OFFSET: gl.constexpr):
+def _cluster_sync():
+    _asm(_CLUSTER_SYNC_PTX, "=r,r", [0])  # $1: unused (an asm needs an operand)
+
+
+@gluon.jit
+def _load_k_tile(b_half_desc, a_desc, b_desc, a_bufs, b_bufs, ready, empty, pid_m, pid_n, i, KERNEL: gl.constexpr,
+                 MULTICAST: gl.constexpr, B_OFFSET: gl.constexpr, READY_OFFSET: gl.constexpr):
     """K-tile i of the cluster's tile into ring slot i % STAGES, once both CTAs have read the slot."""
     NUM_STAGES: gl.constexpr = empty.type.shape[0]
     BM: gl.constexpr = a_desc.block_type.shape[0]
@@ -160,7 +180,7 @@ def _load_k_tile(b_half_desc, a_desc, b_desc, a_bufs, b_bufs, ready, empty, pid_
     mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes // 2 + b_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(a_desc, [pid_m * BM, i * BK], ready.index(slot), a_bufs.index(slot))
     if MULTICAST:
-        half_ptx: gl.constexpr = _multicast_half_ptx(KERNEL_NAME, b_half_desc.block_type.shape[0],
+        half_ptx: gl.constexpr = _multicast_half_ptx(KERNEL, b_half_desc.block_type.shape[0],
                                                      b_half_desc.block_type.nbytes)
         _asm(half_ptx, "=r,r,r,r,r", [B_OFFSET + slot * SLOT_BYTES, READY_OFFSET + slot * BARRIER_BYTES, pid_n * BN, i * BK])
     else:
@@ -168,9 +188,33 @@ def _load_k_tile(b_half_desc, a_desc, b_desc, a_bufs, b_bufs, ready, empty, pid_
 
 
 @gluon.jit
-def _multicast_gemm_kernel(b_half_desc, a_desc, b_desc, c_ptr, M, N, K, ACC_LAYOUT: gl.constexpr,
-                           BARRIER_LAYOUT: gl.constexpr, MULTICAST: gl.constexpr, NUM_STAGES: gl.constexpr,
-                           B_OFFSET: gl.constexpr, READY_OFFSET: gl.constexpr, EMPTY_OFFSET: gl.constexpr):
+def _consume_k_tile(a_bufs, b_bufs, ready, empty, acc, ki, MULTICAST: gl.constexpr, EMPTY_OFFSET: gl.constexpr):
+    """acc + this CTA's rows of A @ B.T for K-tile ki; then hand its slot back (to both CTAs' producers)."""
+    NUM_STAGES: gl.constexpr = empty.type.shape[0]
+    slot = ki % NUM_STAGES
+    mbarrier.wait(ready.index(slot), (ki // NUM_STAGES) & 1)
+    acc = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    mbarrier.arrive(empty.index(slot))
+    if MULTICAST:
+        _asm(_ARRIVE_PEER_PTX, "=r,r", [EMPTY_OFFSET + slot * BARRIER_BYTES])
+    return acc
+
+
+@gluon.jit
+def _store_tile(acc, c_ptr, M, N, pid_m, pid_n):
+    """This CTA's rows of the fp32 tile (the accumulator's layout splits them between the CTAs)."""
+    BM: gl.constexpr = acc.shape[0]
+    BN: gl.constexpr = acc.shape[1]
+    rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, acc.type.layout))
+    cols = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, acc.type.layout))
+    gl.store(c_ptr + rows[:, None] * N + cols[None, :], acc, mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@gluon.jit
+def _allocate(a_desc, b_desc, BARRIER_LAYOUT: gl.constexpr, MULTICAST: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The rings and their barriers, initialised: `empty` counts this CTA's consumer and, with MULTICAST,
+    the peer's."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BN: gl.constexpr = b_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
@@ -180,34 +224,86 @@ def _multicast_gemm_kernel(b_half_desc, a_desc, b_desc, c_ptr, M, N, K, ACC_LAYO
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], BARRIER_LAYOUT)
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2 if MULTICAST else 1)  # with MULTICAST: this CTA and its peer
+        mbarrier.init(empty.index(s), count=2 if MULTICAST else 1)
+    return a_bufs, b_bufs, ready, empty
+
+
+@gluon.jit
+def _multicast_gemm_kernel(b_half_desc, a_desc, b_desc, c_ptr, M, N, K, ACC_LAYOUT: gl.constexpr,
+                           BARRIER_LAYOUT: gl.constexpr, MULTICAST: gl.constexpr, NUM_STAGES: gl.constexpr,
+                           B_OFFSET: gl.constexpr, READY_OFFSET: gl.constexpr, EMPTY_OFFSET: gl.constexpr):
+    """One partition (4 warps) per CTA: loads issued NUM_STAGES - 1 K-tiles ahead of the wgmma."""
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BN: gl.constexpr = b_desc.block_type.shape[0]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    a_bufs, b_bufs, ready, empty = _allocate(a_desc, b_desc, BARRIER_LAYOUT, MULTICAST, NUM_STAGES)
     if MULTICAST:
-        _asm(_CLUSTER_SYNC_PTX, "=r,r", [0])  # $1: unused (an asm needs an operand)
+        _cluster_sync()
     pid_m = gl.program_id(0)  # with num_ctas=2 a program is a cluster
     pid_n = gl.program_id(1)
     k_tiles = gl.cdiv(K, BK)
     acc = gl.zeros([BM, BN], gl.float32, ACC_LAYOUT)
     for i in gl.static_range(NUM_STAGES - 1):
         if i < k_tiles:
-            _load_k_tile(b_half_desc, a_desc, b_desc, a_bufs, b_bufs, ready, empty, pid_m, pid_n, i, MULTICAST,
-                         B_OFFSET, READY_OFFSET)
+            _load_k_tile(b_half_desc, a_desc, b_desc, a_bufs, b_bufs, ready, empty, pid_m, pid_n, i,
+                         KERNEL_NAME, MULTICAST, B_OFFSET, READY_OFFSET)
     for ki in range(k_tiles):
         # Refill the slot read in the previous iteration (by both CTAs, when multicasting).
         if ki + NUM_STAGES - 1 < k_tiles:
             _load_k_tile(b_half_desc, a_desc, b_desc, a_bufs, b_bufs, ready, empty, pid_m, pid_n,
-                         ki + NUM_STAGES - 1, MULTICAST, B_OFFSET, READY_OFFSET)
-        slot = ki % NUM_STAGES
-        mbarrier.wait(ready.index(slot), (ki // NUM_STAGES) & 1)
-        acc = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=(acc, ))
-        mbarrier.arrive(empty.index(slot))
-        if MULTICAST:
-            _asm(_ARRIVE_PEER_PTX, "=r,r", [EMPTY_OFFSET + slot * BARRIER_BYTES])
-    rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, ACC_LAYOUT))
-    cols = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ACC_LAYOUT))
-    gl.store(c_ptr + rows[:, None] * N + cols[None, :], acc, mask=(rows[:, None] < M) & (cols[None, :] < N))
+                         ki + NUM_STAGES - 1, KERNEL_NAME, MULTICAST, B_OFFSET, READY_OFFSET)
+        acc = _consume_k_tile(a_bufs, b_bufs, ready, empty, acc, ki, MULTICAST, EMPTY_OFFSET)
+    _store_tile(acc, c_ptr, M, N, pid_m, pid_n)
     if MULTICAST:
-        _asm(_CLUSTER_SYNC_PTX, "=r,r", [0])  # $1: unused (an asm needs an operand)
+        _cluster_sync()
+
+
+@gluon.jit
+def _ws_consumer(a_bufs, b_bufs, ready, empty, c_ptr, M, N, K, ACC_LAYOUT: gl.constexpr, MULTICAST: gl.constexpr,
+                 EMPTY_OFFSET: gl.constexpr):
+    BM: gl.constexpr = a_bufs.type.shape[1]
+    BN: gl.constexpr = b_bufs.type.shape[1]
+    BK: gl.constexpr = a_bufs.type.shape[2]
+    if MULTICAST:
+        _cluster_sync()
+    acc = gl.zeros([BM, BN], gl.float32, ACC_LAYOUT)
+    for ki in range(gl.cdiv(K, BK)):
+        acc = _consume_k_tile(a_bufs, b_bufs, ready, empty, acc, ki, MULTICAST, EMPTY_OFFSET)
+    _store_tile(acc, c_ptr, M, N, gl.program_id(0), gl.program_id(1))
+    if MULTICAST:
+        _cluster_sync()
+
+
+@gluon.jit
+def _ws_producer(b_half_desc, a_desc, b_desc, a_bufs, b_bufs, ready, empty, K, MULTICAST: gl.constexpr,
+                 B_OFFSET: gl.constexpr, READY_OFFSET: gl.constexpr):
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    if MULTICAST:
+        _cluster_sync()
+    for i in range(gl.cdiv(K, BK)):
+        _load_k_tile(b_half_desc, a_desc, b_desc, a_bufs, b_bufs, ready, empty, gl.program_id(0), gl.program_id(1), i,
+                     WS_KERNEL_NAME, MULTICAST, B_OFFSET, READY_OFFSET)
+    if MULTICAST:
+        _cluster_sync()
+
+
+@gluon.jit
+def _multicast_gemm_ws_kernel(b_half_desc, a_desc, b_desc, c_ptr, M, N, K, ACC_LAYOUT: gl.constexpr,
+                              BARRIER_LAYOUT: gl.constexpr, MULTICAST: gl.constexpr, NUM_STAGES: gl.constexpr,
+                              B_OFFSET: gl.constexpr, READY_OFFSET: gl.constexpr, EMPTY_OFFSET: gl.constexpr):
+    """Warp-specialised, as kernels/_gemm_ws.py: the consumer warpgroup (default partition) and a producer
+    of a whole warpgroup (4 warps, one thread issuing), so every launched warp runs a partition and takes
+    part in the cluster barriers (a 1-warp producer would leave 3 idle warps that never arrive)."""
+    a_bufs, b_bufs, ready, empty = _allocate(a_desc, b_desc, BARRIER_LAYOUT, MULTICAST, NUM_STAGES)
+    gl.warp_specialize(
+        [
+            (_ws_consumer, (a_bufs, b_bufs, ready, empty, c_ptr, M, N, K, ACC_LAYOUT, MULTICAST, EMPTY_OFFSET)),
+            (_ws_producer, (b_half_desc, a_desc, b_desc, a_bufs, b_bufs, ready, empty, K, MULTICAST, B_OFFSET,
+                            READY_OFFSET)),
+        ],
+        [4],
+        [PRODUCER_REGISTERS],
+    )
 
 
 def _require_gluon_release() -> None:
@@ -218,11 +314,24 @@ def _require_gluon_release() -> None:
 
 
 @dataclass(frozen=True)
+class Variant:
+    specialized: bool  # _multicast_gemm_ws_kernel, else _multicast_gemm_kernel
+    multicast: bool  # B by TMA multicast (inline PTX), else by Gluon's TMA copy in each CTA
+
+    def __str__(self) -> str:
+        return f"{'warp-specialised' if self.specialized else 'one partition'}, {'multicast' if self.multicast else 'per-CTA'} B"
+
+
+# The first is the reference: the others must reproduce its output bit for bit.
+VARIANTS = tuple(Variant(specialized, multicast) for specialized in (False, True) for multicast in (False, True))
+
+
+@dataclass(frozen=True)
 class Probe:
     """One compiled variant: the kernel and the shared-memory offsets its inline PTX was built with."""
+    variant: Variant
     kernel: object
     offsets: dict[str, int]
-    multicast: bool
 
 
 def layouts():
@@ -249,11 +358,12 @@ def _signature(a, b):
     }
 
 
-def _compile(multicast: bool, offsets: dict[str, int]):
+def _compile(variant: Variant, offsets: dict[str, int]):
     a, b, acc, barrier = layouts()
-    constants = {"ACC_LAYOUT": acc, "BARRIER_LAYOUT": barrier, "MULTICAST": multicast, "NUM_STAGES": STAGES,
+    constants = {"ACC_LAYOUT": acc, "BARRIER_LAYOUT": barrier, "MULTICAST": variant.multicast, "NUM_STAGES": STAGES,
                  "B_OFFSET": offsets["b_bufs"], "READY_OFFSET": offsets["ready"], "EMPTY_OFFSET": offsets["empty"]}
-    source = GluonASTSource(_multicast_gemm_kernel, _signature(a, b), constants)
+    kernel = _multicast_gemm_ws_kernel if variant.specialized else _multicast_gemm_kernel
+    source = GluonASTSource(kernel, _signature(a, b), constants)
     return triton.compile(source, target=HOPPER, options=OPTIONS)
 
 
@@ -283,18 +393,18 @@ def allocation_offsets(kernel) -> dict[str, int]:
     return {name: int(found[name]) for name in ADDRESSED}
 
 
-def compile_probe(multicast: bool) -> Probe:
-    """Compile the variant; with MULTICAST twice: once to learn the buffers' offsets, once with them."""
+def compile_probe(variant: Variant) -> Probe:
+    """Compile the variant; a multicast one twice: once to learn the buffers' offsets, once with them."""
     placeholder = dict.fromkeys(ADDRESSED, 0)
-    kernel = _compile(multicast, placeholder)
-    if not multicast:
-        return Probe(kernel, placeholder, multicast)
+    kernel = _compile(variant, placeholder)
+    if not variant.multicast:
+        return Probe(variant, kernel, placeholder)
     offsets = allocation_offsets(kernel)
-    kernel = _compile(multicast, offsets)
+    kernel = _compile(variant, offsets)
     again = allocation_offsets(kernel)
     if again != offsets:
         raise RuntimeError(f"the allocation moved when its offsets went into the PTX: {offsets} -> {again}")
-    return Probe(kernel, offsets, multicast)
+    return Probe(variant, kernel, offsets)
 
 
 def barrier_inits(kernel) -> dict[int, list[int]]:
@@ -322,21 +432,22 @@ def _problems(probe: Probe) -> list[str]:
 
 @app.command()
 def ptx():
-    """Compile both variants for sm_90a (no GPU needed: the wheel's ptxas assembles the PTX) and show the
+    """Compile every variant for sm_90a (no GPU needed: the wheel's ptxas assembles the PTX) and show the
     cluster, barrier and TMA instructions of their PTX and SASS."""
     _require_gluon_release()
     failed = False
-    for multicast in (False, True):
-        probe = compile_probe(multicast)
+    for variant in VARIANTS:
+        probe = compile_probe(variant)
         boxes = [meta["block_size"] for meta in probe.kernel.metadata.tensordesc_meta]
-        print(f"== MULTICAST={multicast}: offsets {probe.offsets}, {probe.kernel.metadata.shared} B of shared "
-              f"memory, TMA boxes per CTA (b_half, a, b) {boxes}")
+        threads = re.search(r"\.reqntid (\d+)", probe.kernel.asm["ptx"]).group(1)
+        print(f"== {variant}: {threads} threads a CTA, offsets {probe.offsets}, {probe.kernel.metadata.shared} B of "
+              f"shared memory, TMA boxes per CTA (b_half, a, b) {boxes}")
         lines = probe.kernel.asm["ptx"].splitlines() + get_sass(probe.kernel.asm["cubin"]).splitlines()
         shown = r"cp\.async\.bulk\.tensor|mapa|barrier\.cluster|fence\.mbarrier_init|mbarrier\.(init|arrive)|" \
                 r"reqnctapercluster|UTMALDG|UCGABAR|SYNCS\.ARRIVE"
         for line in dict.fromkeys(line.strip() for line in lines if re.search(shown, line)):
             print("   ", line)
-        if multicast:
+        if variant.multicast:
             for problem in _problems(probe):
                 print(f"missing: {problem}")
                 failed = True
@@ -345,8 +456,6 @@ def ptx():
 
 def launch(probe: Probe, a, b_t, out):
     """out = a @ b_t.T in fp32: one cluster per 128 x BLOCK_N tile."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     M, K = a.shape
     N = b_t.shape[0]
     a_layout, b_layout, acc, barrier = layouts()
@@ -354,22 +463,20 @@ def launch(probe: Probe, a, b_t, out):
     b_desc = TensorDescriptor.from_tensor(b_t, [BLOCK_N, BLOCK_K], b_layout)
     b_half_desc = TensorDescriptor.from_tensor(b_t, [BLOCK_N // 2, BLOCK_K], b_layout)
     grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N), 1)
-    probe.kernel[grid](b_half_desc, a_desc, b_desc, out, M, N, K, acc, barrier, probe.multicast, STAGES,
+    probe.kernel[grid](b_half_desc, a_desc, b_desc, out, M, N, K, acc, barrier, probe.variant.multicast, STAGES,
                        probe.offsets["b_bufs"], probe.offsets["ready"], probe.offsets["empty"])
 
 
 # The tensor cores sum FP8 products with fewer mantissa bits than fp32 (our fast-accumulation GEMM is
 # 3.9e-3 from the fp32 product at K 16384, kernels/README.md), so the reference check only catches wrong
-# data; the multicast variant must then equal the per-CTA-load variant bit for bit (same products, order).
+# data; the other variants must then equal the reference bit for bit (same products, same order).
 REFERENCE_TOLERANCE = 1e-2
 
 
 @app.command()
 def run(m: int = 4096, n: int = 4096, k: int = 4096, seed: int = 0, time: bool = True):
-    """On an sm_90 GPU: both variants on the same FP8 operands, checked against torch's fp32 product and
-    against each other, then (with --time) timed by fp8bench.harness.timing (CUPTI kernel time)."""
-    import torch
-
+    """On an sm_90 GPU: every variant on the same FP8 operands, the reference against torch's fp32 product
+    and the others against it, then (with --time) timed by fp8bench.harness.timing (CUPTI kernel time)."""
     _require_gluon_release()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("run needs an sm_90 GPU (H100 / H200); `ptx` compiles without one")
@@ -378,29 +485,28 @@ def run(m: int = 4096, n: int = 4096, k: int = 4096, seed: int = 0, time: bool =
     a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
     b_t = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
     reference = a.float() @ b_t.float().T
-    probes = {multicast: compile_probe(multicast) for multicast in (False, True)}
-    outputs = {}
-    for multicast, probe in probes.items():
+    probes = [compile_probe(variant) for variant in VARIANTS]
+    outputs = []
+    for probe in probes:
         out = torch.full((m, n), float("nan"), device="cuda")
         launch(probe, a, b_t, out)
         torch.cuda.synchronize()
-        outputs[multicast] = out
+        outputs.append(out)
         error = ((out - reference).norm() / reference.norm()).item()
-        print(f"MULTICAST={multicast}: M {m} N {n} K {k}: relative Frobenius error to the fp32 product {error:.3e}")
-    failed = not ((outputs[False] - reference).norm() / reference.norm()).item() <= REFERENCE_TOLERANCE
-    identical = torch.equal(outputs[True], outputs[False])
-    print(f"multicast output {'equals' if identical else 'DIFFERS FROM'} the per-CTA-load output bit for bit")
-    if failed or not identical:
+        print(f"{probe.variant}: M {m} N {n} K {k}: relative Frobenius error to the fp32 product {error:.3e}")
+    failed = not ((outputs[0] - reference).norm() / reference.norm()).item() <= REFERENCE_TOLERANCE
+    for probe, out in zip(probes[1:], outputs[1:]):
+        identical = torch.equal(out, outputs[0])
+        failed |= not identical
+        print(f"{probe.variant}: {'equals' if identical else 'DIFFERS FROM'} {probes[0].variant} bit for bit")
+    if failed:
         raise typer.Exit(1)
     if time:
-        from fp8bench.config import TimingConfig
-        from fp8bench.harness.timing import TimerChoice
-
         timer = TimerChoice("cupti")
-        for multicast, probe in probes.items():
-            measurement = timer.measure(lambda: launch(probe, a, b_t, outputs[multicast]), TimingConfig())
+        for probe, out in zip(probes, outputs):
+            measurement = timer.measure(lambda: launch(probe, a, b_t, out), TimingConfig())
             tflops = 2 * m * n * k / (measurement.median_ms * 1e-3) / 1e12
-            print(f"MULTICAST={multicast}: {measurement.median_ms:.4f} ms (spread {measurement.spread_pct:.1f}%), "
+            print(f"{probe.variant}: {measurement.median_ms:.4f} ms (spread {measurement.spread_pct:.1f}%), "
                   f"{tflops:.0f} TFLOPS on {torch.cuda.get_device_name()}")
 
 
