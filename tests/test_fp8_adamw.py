@@ -112,6 +112,40 @@ def test_steps_follow_the_reference_when_gradients_move_or_stay(state_format):
         assert_step_matches(tensors, want, m_mult, v_mult, step)
 
 
+@pytest.mark.gpu
+def test_a_step_is_two_launches_that_never_synchronise():
+    """After the first step (which builds the tables), a step with reallocated gradients launches the
+    address copy and the two kernels, one with the same gradients the two kernels alone; neither waits."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = _model(0).cuda()
+    optimizer = FP8AdamW(model.parameters())
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    optimizer.step()  # builds the tables
+
+    def device_operations_of_a_step(reallocate: bool) -> list[str]:
+        old = [p.grad for p in model.parameters()]  # alive through the step: new gradients get new addresses
+        for p in model.parameters():
+            p.grad = torch.randn_like(p) if reallocate else p.grad.normal_()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            torch.cuda.set_sync_debug_mode("error")  # a synchronising call raises
+            try:
+                optimizer.step()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+            torch.cuda.synchronize()
+        del old
+        cuda = torch.autograd.DeviceType.CUDA
+        return [e.name() for e in prof.profiler.kineto_results.events() if e.device_type() == cuda]
+
+    moved = device_operations_of_a_step(reallocate=True)
+    assert len(moved) == 3 and any("Memcpy HtoD" in name for name in moved), moved
+    stayed = device_operations_of_a_step(reallocate=False)
+    assert len(stayed) == 2 and all("_grad_amax_kernel" in n or "_adamw_fp8_kernel" in n for n in stayed), stayed
+
+
 def test_gradients_are_checked_when_they_move():
     tensors = AdamWFP8Tensors([torch.zeros(4), torch.zeros(3)], reference.E5M2)
     tensors.step([torch.zeros(4), torch.zeros(3)], HYPER, 1)
