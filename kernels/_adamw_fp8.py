@@ -9,7 +9,8 @@ A step reads the half the previous step wrote (`old`) and writes the other (`new
 overwrites a value another program of the same launch may still read, and nothing is zeroed by a
 separate launch:
 1. `_grad_amax_kernel` folds each chunk's gradient amax into new[AMAX_G] (atomic max; zeroed by the
-   previous step's update) and zeroes new[AMAX_M], new[AMAX_V] (last read by the previous step).
+   previous step's update) and zeroes new[AMAX_M], new[AMAX_V] (last read by the previous step). It
+   walks the chunks last to first, so that the update finds its first gradients in L2.
 2. `_adamw_fp8_kernel` computes its tensor's multipliers from new[AMAX_G], old[AMAX_M], old[AMAX_V]
    (fp8kernels.reference.adamw_state_multipliers), updates its chunk with the old scales, stores the
    moments with the new multipliers, folds their amaxes into new[AMAX_M], new[AMAX_V]; the tensor's
@@ -35,9 +36,9 @@ CHUNK_COLUMNS = tl.constexpr(3)
 
 
 @triton.jit
-def _chunk(chunks_ptr, BLOCK: tl.constexpr):
-    """(tensor index, first element, offsets, mask) of this program's chunk."""
-    row = chunks_ptr + tl.program_id(0) * CHUNK_COLUMNS
+def _chunk(chunks_ptr, index, BLOCK: tl.constexpr):
+    """(tensor index, first element, offsets, mask) of chunk `index`."""
+    row = chunks_ptr + index * CHUNK_COLUMNS
     t = tl.load(row + CHUNK_TENSOR)
     start = tl.load(row + CHUNK_START)
     offsets = start + tl.arange(0, BLOCK)
@@ -48,7 +49,8 @@ def _chunk(chunks_ptr, BLOCK: tl.constexpr):
 def _grad_amax_kernel(
     chunks_ptr, addresses_ptr, scalars_ptr, tensors, new_half, GRAD_DTYPE: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    t, start, offsets, mask = _chunk(chunks_ptr, BLOCK)
+    # Last chunk first: the gradients this launch reads last are those the update reads first, still in L2.
+    t, start, offsets, mask = _chunk(chunks_ptr, tl.num_programs(0) - 1 - tl.program_id(0), BLOCK)
     grad_ptr = tl.load(addresses_ptr + GRAD * tensors + t).to(tl.pointer_type(GRAD_DTYPE))
     g = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     new = scalars_ptr + new_half * SCALAR_ROWS * tensors + t
@@ -65,7 +67,7 @@ def _adamw_fp8_kernel(
     GRAD_DTYPE: tl.constexpr, V_DTYPE: tl.constexpr, V_MAX: tl.constexpr, SQRT_V: tl.constexpr,
     M_MAX: tl.constexpr, AMAX_FLOOR: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    t, start, offsets, mask = _chunk(chunks_ptr, BLOCK)
+    t, start, offsets, mask = _chunk(chunks_ptr, tl.program_id(0), BLOCK)
     new = scalars_ptr + new_half * SCALAR_ROWS * tensors + t
     old = scalars_ptr + (1 - new_half) * SCALAR_ROWS * tensors + t
 
