@@ -30,6 +30,9 @@ from fp8kernels.quantize_configs import multiprocessors
 GRAD_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 SECOND_MOMENT_DTYPES = {reference.E5M2: (tl.float8e5, True), torch.float16: (tl.float16, False)}
 MAX_NUMEL = 2**31 - 1  # chunk offsets are int32
+# Bytes: where every tensor starts at a multiple (torch's allocations do; views may not), the kernels are
+# told so and load whole chunks in 16-byte vectors.
+ALIGNMENT = 16
 
 
 @dataclass(frozen=True)
@@ -168,8 +171,14 @@ class AdamWFP8Tensors:
         self._new_half = 1  # the half the next step writes
         self._addresses = torch.empty(layout.ADDRESS_ROWS.value, len(self.params), dtype=torch.int64, device=device)
         self._addressed: tuple | None = None  # (gradient dtype, data_ptrs) the address table holds
+        self._aligned = False  # whether every address in it is a multiple of ALIGNMENT
         self._v_dtype, self._sqrt_v = SECOND_MOMENT_DTYPES[second_moment_dtype]
         self._v_max = reference.fp8_max(reference.E5M2) if self._sqrt_v else reference.FP16_MAX
+
+    @property
+    def aligned(self) -> bool:
+        """Whether the last step told the kernels that every address is a multiple of ALIGNMENT."""
+        return self._aligned
 
     def scales(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(m scales, v scales): float32 [tensors] views, the dequantization scales of the stored moments."""
@@ -188,9 +197,9 @@ class AdamWFP8Tensors:
         key = (grads[0].dtype if grads else None, *map(data_ptr, grads), *map(data_ptr, self.params))
         if key != self._addressed:
             _check_grads(self.params, grads)
-            host = torch.tensor(
-                [list(map(data_ptr, tensors)) for tensors in (self.params, grads, self.ms, self.vs)], dtype=torch.int64
-            )
+            addresses = [list(map(data_ptr, tensors)) for tensors in (self.params, grads, self.ms, self.vs)]
+            self._aligned = all(address % ALIGNMENT == 0 for row in addresses for address in row)
+            host = torch.tensor(addresses, dtype=torch.int64)
             if self._addresses.is_cuda:
                 # The caching host allocator keeps this block until the copy has run.
                 host = host.pin_memory()
@@ -207,7 +216,7 @@ class AdamWFP8Tensors:
         grid = (self.table.programs,)
         tensors, new_half = len(self.params), self._new_half
         grad_dtype = GRAD_DTYPES[grads[0].dtype]
-        common = dict(BLOCK=self.config.block, num_warps=self.config.num_warps)
+        common = dict(ALIGNED=self._aligned, BLOCK=self.config.block, num_warps=self.config.num_warps)
         _grad_amax_kernel[grid](self.table.chunks, addresses, self.scalars, tensors, new_half, GRAD_DTYPE=grad_dtype, **common)
         # enable_fp_fusion=False: no multiply-add contraction, so that on a GPU too the master weights and
         # scales are the reference's bit for bit (the update is memory-bound: separate roundings cost no time).

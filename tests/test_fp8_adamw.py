@@ -89,6 +89,7 @@ def test_kernel_matches_reference_over_uneven_tensors(state_format, grad_dtype, 
         grads = _grads(sizes, gen, grad_dtype, device)
         want, m_mult, v_mult = _reference_step(tensors, grads, step)
         tensors.step(grads, HYPER, step)
+        assert tensors.aligned
         assert_step_matches(tensors, want, m_mult, v_mult, step)
     # The bound keeps every stored value below the format's largest: nothing saturates.
     assert all(m.float().abs().max() < reference.fp8_max(reference.E4M3) for m in tensors.ms if m.numel() > 1)
@@ -110,6 +111,23 @@ def test_steps_follow_the_reference_when_gradients_move_or_stay(state_format):
         want, m_mult, v_mult = _reference_step(tensors, grads, step)
         tensors.step(grads, HYPER, step)
         assert_step_matches(tensors, want, m_mult, v_mult, step)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_unaligned_views_take_the_unhinted_kernels(device):
+    """Parameters and gradients that are views one element into their storage: not 16-byte aligned, so
+    the kernels are not told they are, and the steps are still the reference's."""
+    gen = torch.Generator().manual_seed(3)
+    params = [torch.randn(n + 1, generator=gen).to(device)[1:] for n in SIZES]
+    tensors = AdamWFP8Tensors(params, reference.E5M2)
+    for step in (1, 2):
+        grads = [torch.randn(n + 1, generator=gen).to(device)[1:] for n in SIZES]
+        want, m_mult, v_mult = _reference_step(tensors, grads, step)
+        tensors.step(grads, HYPER, step)
+        assert not tensors.aligned
+        assert_step_matches(tensors, want, m_mult, v_mult, step)
+    tensors.step([torch.zeros(n, device=device) for n in SIZES], HYPER, 3)
+    assert not tensors.aligned  # the parameters still are not
 
 
 @pytest.mark.gpu
