@@ -85,11 +85,15 @@ class FP8AdamW(torch.optim.Optimizer):
                 loss = closure()
         self._step += 1
         for index, group in enumerate(self.param_groups):
-            params = [p for p in group["params"] if p.grad is not None]
+            params, grads = [], []  # one pass: this host work is on every step's critical path
+            for p in group["params"]:
+                if p.grad is not None:
+                    params.append(p)
+                    grads.append(p.grad.contiguous())
             if not params:
                 continue
             hyper = AdamWHyperparameters(group["lr"], *group["betas"], group["eps"], group["weight_decay"])
-            self._group_tensors(index, params).step([p.grad.contiguous() for p in params], hyper, self._step)
+            self._group_tensors(index, params).step(grads, hyper, self._step)
         return loss
 
 
