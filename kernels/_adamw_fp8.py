@@ -66,7 +66,8 @@ def _grad_amax_kernel(
     t, start, stop = _chunk(chunks_ptr, tl.num_programs(0) - 1 - tl.program_id(0), BLOCK)
     offsets = start + tl.arange(0, BLOCK)
     grad_ptr = _pointer(addresses_ptr, GRAD, tensors, t, GRAD_DTYPE, ALIGNED)
-    # A whole chunk takes a mask the compiler knows to be all true (so its loads vectorise); a tail, its bound.
+    # A whole chunk takes a mask the compiler knows to be all true (so its loads vectorise); a tail, its
+    # bound. Two calls, not one mask picked by an `if`: the compiler would know nothing of a picked mask.
     if stop - start == BLOCK:
         amax = _abs_max(grad_ptr, offsets, tl.full((BLOCK,), True, tl.int1))
     else:
@@ -142,7 +143,8 @@ def _adamw_fp8_kernel(
     v_ptr = _pointer(addresses_ptr, V, tensors, t, V_DTYPE, ALIGNED)
     m_scale_old = tl.load(old + SCALE_M * tensors)
     v_scale_old = tl.load(old + SCALE_V * tensors)
-    # A whole chunk takes a mask the compiler knows to be all true (so its accesses vectorise); a tail, its bound.
+    # A whole chunk takes a mask the compiler knows to be all true (so its accesses vectorise), a tail its
+    # bound, as in _grad_amax_kernel.
     if stop - start == BLOCK:
         m_amax, v_amax = _update(
             param_ptr, grad_ptr, m_ptr, v_ptr, offsets, tl.full((BLOCK,), True, tl.int1), m_scale_old, v_scale_old,
