@@ -1,15 +1,20 @@
-"""AdamW with FP8 moments: one launch updates every tensor (kernel in _adamw_fp8.py).
+"""AdamW with FP8 moments: a step is two launches over every tensor (kernels in _adamw_fp8.py).
 
-The first moment m is stored in e4m3, the second moment as sqrt(v) in e5m2 or as v in fp16 (the dtype of
-the second-moment tensors says which), each with one float32 dequantization scale per tensor; the
-parameters are float32 master weights, updated in place. fp8kernels.reference holds the formulas
-(`adamw_fp8_update`, `adamw_state_multipliers`): the new scales come from bounds on the new amaxes,
-computed before the launch from the gradients' amaxes (one multi-tensor reduction) and the amaxes the
-previous launch recorded, so the states are stored in the same pass that computes them.
+The first moment m is stored in e4m3, the second moment as sqrt(v) in e5m2 or as v in fp16, each with
+one float32 dequantization scale per tensor; the parameters are float32 master weights, updated in
+place. fp8kernels.reference holds the formulas (`adamw_fp8_update`, `adamw_state_multipliers`): the new
+scales come from bounds on the new amaxes, from the gradients' amaxes (the first launch) and the amaxes
+the previous step recorded, so the update (the second launch) stores the states in the pass that
+computes them.
+
+`AdamWFP8Tensors` holds what stays from step to step: the moments, the per-tensor scalars, the chunk
+table, and the table of addresses, rebuilt (and copied to the device without synchronising) only when
+a parameter or gradient moves; the tensors are checked when the table is built, not at every step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,35 +22,92 @@ from dataclasses import dataclass
 import torch
 import triton.language as tl
 
+from fp8kernels import _adamw_fp8 as layout
 from fp8kernels import reference
-from fp8kernels._adamw_fp8 import _adamw_fp8_kernel
+from fp8kernels._adamw_fp8 import _adamw_fp8_kernel, _grad_amax_kernel
+from fp8kernels.quantize_configs import multiprocessors
 
-BLOCK = 2048  # elements per program: one chunk of one tensor
-NUM_WARPS = 8
 GRAD_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 SECOND_MOMENT_DTYPES = {reference.E5M2: (tl.float8e5, True), torch.float16: (tl.float16, False)}
 MAX_NUMEL = 2**31 - 1  # chunk offsets are int32
+# Bytes: where every tensor starts at a multiple (torch's allocations do; views may not), the kernels are
+# told so and load whole chunks in 16-byte vectors.
+ALIGNMENT = 16
+
+
+@dataclass(frozen=True)
+class AdamWConfig:
+    """Launch parameters of both kernels: a program takes `block` elements of one tensor.
+
+    Both kernels are memory-bound streams. `choose` gives each thread 16 elements (one 16-byte access
+    to each fp8 moment, four to each float32 tensor, several loads in flight per thread) with 8 warps,
+    and halves the block while the tensors would not give every SM `PROGRAMS_PER_SM` programs (small
+    parameter sets; the tests under the interpreter, whose 2 "SMs" make tensors span several chunks).
+    `candidates` lists what tools/adamw_probe.py times against it."""
+
+    block: int
+    num_warps: int
+
+    ELEMENTS_PER_THREAD = 16
+    MAX_WARPS = 8
+    MIN_BLOCK = 128
+    MAX_BLOCK = 16384
+    PROGRAMS_PER_SM = 4
+
+    def __post_init__(self) -> None:
+        if self.block & (self.block - 1) or not self.MIN_BLOCK <= self.block <= self.MAX_BLOCK:
+            raise ValueError(f"block must be a power of two from {self.MIN_BLOCK} to {self.MAX_BLOCK}, got {self.block!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be a power of two from 1 to 16, got {self.num_warps!r}")
+
+    @classmethod
+    def choose(cls, numels: Sequence[int], sms: int) -> "AdamWConfig":
+        block = cls.ELEMENTS_PER_THREAD * 32 * cls.MAX_WARPS
+        while block > cls.MIN_BLOCK and _chunk_count(numels, block) < cls.PROGRAMS_PER_SM * sms:
+            block //= 2
+        return cls(block, max(1, min(cls.MAX_WARPS, block // (32 * cls.ELEMENTS_PER_THREAD))))
+
+    @classmethod
+    def candidates(cls, numels: Sequence[int], sms: int) -> list["AdamWConfig"]:
+        """The default first, then blocks of 1024 to 8192 elements at 4 to 32 elements a thread."""
+        default = cls.choose(numels, sms)
+        others = [
+            cls(block, warps)
+            for block in (1024, 2048, 4096, 8192)
+            for warps in (2, 4, 8, 16)
+            if 4 <= block // (32 * warps) <= 32 and (block, warps) != (default.block, default.num_warps)
+        ]
+        return [default, *others]
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+def _chunk_count(numels: Sequence[int], block: int) -> int:
+    return sum(-(-numel // block) for numel in numels)
 
 
 @dataclass(frozen=True)
 class ChunkTable:
-    """Which tensor and where in it each program works (one row per BLOCK elements of each tensor)."""
+    """Which tensor and which of its elements each program takes: int32 [chunks, 3] rows of (tensor index,
+    start, stop), `block` elements at most, in order."""
 
-    chunk_tensor: torch.Tensor  # int32 [chunks]
-    chunk_start: torch.Tensor  # int32 [chunks]
-    numel: torch.Tensor  # int32 [tensors]
+    chunks: torch.Tensor
+    block: int
 
     @classmethod
-    def build(cls, numels: Sequence[int], device: torch.device) -> "ChunkTable":
-        tensor_ids, starts = [], []
+    def build(cls, numels: Sequence[int], block: int, device: torch.device) -> "ChunkTable":
+        rows = []
         for index, numel in enumerate(numels):
             if not 0 <= numel <= MAX_NUMEL:
                 raise ValueError(f"tensor {index} has {numel} elements; the kernel takes up to {MAX_NUMEL}")
-            chunks = range(0, numel, BLOCK)
-            tensor_ids.extend([index] * len(chunks))
-            starts.extend(chunks)
-        as_int32 = lambda values: torch.tensor(values, dtype=torch.int32, device=device)  # noqa: E731
-        return cls(as_int32(tensor_ids), as_int32(starts), as_int32(list(numels)))
+            rows.extend((index, start, min(start + block, numel)) for start in range(0, numel, block))
+        table = torch.tensor(rows, dtype=torch.int32).reshape(len(rows), layout.CHUNK_COLUMNS.value)
+        return cls(table.to(device), block)
+
+    @property
+    def programs(self) -> int:
+        return self.chunks.shape[0]
 
 
 @dataclass(frozen=True)
@@ -63,64 +125,105 @@ class AdamWHyperparameters:
             raise ValueError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}")
 
 
-def _check(params, grads, ms, vs) -> None:
-    if not (len(params) == len(grads) == len(ms) == len(vs)):
-        raise ValueError("params, grads, m and v must be lists of the same length")
-    for name, tensors in (("param", params), ("grad", grads), ("m", ms), ("v", vs)):
-        if len({t.dtype for t in tensors}) > 1:
-            raise ValueError(f"every {name} tensor must have the same dtype")
+def _check_params(params: Sequence[torch.Tensor], second_moment_dtype: torch.dtype) -> None:
+    if not params:
+        raise ValueError("AdamWFP8Tensors needs at least one parameter")
     if any(p.dtype != torch.float32 for p in params):
         raise ValueError("the parameters are the float32 master weights")
-    if grads and grads[0].dtype not in GRAD_DTYPES:
-        raise ValueError(f"gradients must be one of {', '.join(map(str, GRAD_DTYPES))}, got {grads[0].dtype}")
-    if any(m.dtype != reference.E4M3 for m in ms):
-        raise ValueError("m is stored in torch.float8_e4m3fn")
-    if vs and vs[0].dtype not in SECOND_MOMENT_DTYPES:
-        raise ValueError(f"the second moment is stored in float8_e5m2 (sqrt(v)) or float16 (v), got {vs[0].dtype}")
-    for p, g, m, v in zip(params, grads, ms, vs):
-        if not (p.shape == g.shape == m.shape == v.shape) or not all(t.is_contiguous() for t in (p, g, m, v)):
-            raise ValueError(f"a parameter of shape {tuple(p.shape)} needs contiguous grad, m and v of its shape")
-        if len({t.device for t in (p, g, m, v)}) > 1:
-            raise ValueError("a parameter, its grad and its states must be on one device")
-    device = params[0].device if params else None
-    if device is not None and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if second_moment_dtype not in SECOND_MOMENT_DTYPES:
+        raise ValueError(f"the second moment is stored in float8_e5m2 (sqrt(v)) or float16 (v), got {second_moment_dtype}")
+    if not all(p.is_contiguous() for p in params):
+        raise ValueError("the kernel updates contiguous parameters")
+    if len({p.device for p in params}) > 1:
+        raise ValueError("every parameter must be on one device")
+    if params[0].device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("the AdamW kernel runs on CUDA tensors (or on CPU tensors under TRITON_INTERPRET=1)")
 
 
-def _addresses(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=device)
+def _check_grads(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> None:
+    if len(grads) != len(params):
+        raise ValueError(f"{len(grads)} gradients for {len(params)} parameters")
+    if len({g.dtype for g in grads}) > 1 or grads[0].dtype not in GRAD_DTYPES:
+        raise ValueError(f"gradients must all be one of {', '.join(map(str, GRAD_DTYPES))}")
+    for p, g in zip(params, grads):
+        if g.shape != p.shape or not g.is_contiguous() or g.device != p.device:
+            raise ValueError(f"a parameter of shape {tuple(p.shape)} needs a contiguous gradient of its shape on its device")
 
 
-def adamw_fp8_step(
-    params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], ms: Sequence[torch.Tensor], vs: Sequence[torch.Tensor],
-    m_scale: torch.Tensor, v_scale: torch.Tensor, m_amax: torch.Tensor, v_amax: torch.Tensor, hyper: AdamWHyperparameters,
-    step: int, table: ChunkTable | None = None,
-) -> None:  # fmt: skip
-    """One AdamW step (`step` from 1) of every tensor, in place: params, ms and vs; m_scale and v_scale
-    (float32 [tensors], the dequantization scales of the stored moments) become the new ones; m_amax and
-    v_amax (float32 [tensors], the amaxes of the stored moments, zero before the first step) become
-    those of the new moments. `table`: ChunkTable.build of the params' numels, built once by a caller
-    that steps the same tensors again."""
-    _check(params, grads, ms, vs)
-    if sum(p.numel() for p in params) == 0:
-        return
-    device = params[0].device
-    table = table or ChunkTable.build([p.numel() for p in params], device)
-    v_dtype, sqrt_v = SECOND_MOMENT_DTYPES[vs[0].dtype]
-    v_max = reference.fp8_max(reference.E5M2) if sqrt_v else reference.FP16_MAX
-    grad_amax = torch.stack(torch._foreach_norm(list(grads), float("inf"))).float()
-    m_mult, v_mult = reference.adamw_state_multipliers(grad_amax, m_amax, v_amax, hyper.beta1, hyper.beta2, sqrt_v, v_max)
-    m_amax.zero_()
-    v_amax.zero_()
-    addresses = _addresses([*params, *grads, *ms, *vs], device).view(4, len(params))
-    # enable_fp_fusion=False: no multiply-add contraction, so that on a GPU too the master weights are
-    # the reference's bit for bit (the update is memory-bound: the separate roundings cost no time).
-    constants = reference.adamw_constants(hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay, step)
-    _adamw_fp8_kernel[(table.chunk_tensor.numel(),)](
-        table.chunk_tensor, table.chunk_start, table.numel, addresses[0], addresses[1], addresses[2], addresses[3],
-        m_scale, v_scale, m_mult, v_mult, m_amax, v_amax, **constants,
-        GRAD_DTYPE=GRAD_DTYPES[grads[0].dtype], V_DTYPE=v_dtype, V_MAX=v_max, SQRT_V=sqrt_v,
-        M_MAX=reference.fp8_max(reference.E4M3), BLOCK=BLOCK, num_warps=NUM_WARPS, enable_fp_fusion=False,
-    )  # fmt: skip
-    torch.reciprocal(m_mult, out=m_scale)
-    torch.reciprocal(v_mult, out=v_scale)
+class AdamWFP8Tensors:
+    """Parameters updated together, their FP8 moments (`ms`: e4m3; `vs`: e5m2 sqrt(v) or fp16 v, made
+    here, zero) and per-tensor scalars: `scalars` is float32 [2, 5, tensors], two halves that the
+    steps alternate between (_adamw_fp8.py), rows m scale, v scale, m amax, v amax, gradient amax.
+    `scales()` and `amaxes()` read the half the last step wrote (scales 1 and amaxes 0 before the first)."""
+
+    def __init__(self, params: Sequence[torch.Tensor], second_moment_dtype: torch.dtype, config: AdamWConfig | None = None):
+        _check_params(params, second_moment_dtype)
+        self.params = tuple(params)
+        device = self.params[0].device
+        self.ms = tuple(torch.zeros_like(p, dtype=reference.E4M3) for p in self.params)
+        self.vs = tuple(torch.zeros_like(p, dtype=second_moment_dtype) for p in self.params)
+        numels = [p.numel() for p in self.params]
+        self.config = config or AdamWConfig.choose(numels, multiprocessors(self.params[0]))
+        self.table = ChunkTable.build(numels, self.config.block, device)
+        self.scalars = torch.zeros(2, layout.SCALAR_ROWS.value, len(self.params), dtype=torch.float32, device=device)
+        self.scalars[:, layout.SCALE_M.value] = 1.0
+        self.scalars[:, layout.SCALE_V.value] = 1.0
+        self._new_half = 1  # the half the next step writes
+        self._addresses = torch.empty(layout.ADDRESS_ROWS.value, len(self.params), dtype=torch.int64, device=device)
+        self._addressed: tuple | None = None  # (gradient dtype, data_ptrs) the address table holds
+        self._aligned = False  # whether every address in it is a multiple of ALIGNMENT
+        self._v_dtype, self._sqrt_v = SECOND_MOMENT_DTYPES[second_moment_dtype]
+        self._v_max = reference.fp8_max(reference.E5M2) if self._sqrt_v else reference.FP16_MAX
+
+    @property
+    def aligned(self) -> bool:
+        """Whether the last step told the kernels that every address is a multiple of ALIGNMENT."""
+        return self._aligned
+
+    def scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(m scales, v scales): float32 [tensors] views, the dequantization scales of the stored moments."""
+        current = self.scalars[1 - self._new_half]
+        return current[layout.SCALE_M.value], current[layout.SCALE_V.value]
+
+    def amaxes(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(m amaxes, v amaxes): float32 [tensors] views, the amaxes of the stored moments (dequantized)."""
+        current = self.scalars[1 - self._new_half]
+        return current[layout.AMAX_M.value], current[layout.AMAX_V.value]
+
+    def _address_table(self, grads: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The device table of addresses, rebuilt when a parameter or gradient moved (or the gradients'
+        dtype changed): a host comparison of ints, then a pinned copy that does not synchronise."""
+        data_ptr = torch.Tensor.data_ptr
+        key = (grads[0].dtype if grads else None, *map(data_ptr, grads), *map(data_ptr, self.params))
+        if key != self._addressed:
+            _check_grads(self.params, grads)
+            addresses = [list(map(data_ptr, tensors)) for tensors in (self.params, grads, self.ms, self.vs)]
+            self._aligned = all(address % ALIGNMENT == 0 for row in addresses for address in row)
+            host = torch.tensor(addresses, dtype=torch.int64)
+            if self._addresses.is_cuda:
+                # The caching host allocator keeps this block until the copy has run.
+                host = host.pin_memory()
+            self._addresses.copy_(host, non_blocking=True)
+            self._addressed = key
+        return self._addresses
+
+    def step(self, grads: Sequence[torch.Tensor], hyper: AdamWHyperparameters, step: int) -> None:
+        """One AdamW step (`step` from 1: the bias corrections) of every tensor, in place: the parameters,
+        the moments and their scalars. `grads[i]` is params[i]'s, float32, bf16 or fp16."""
+        addresses = self._address_table(grads)
+        if self.table.programs == 0:
+            return
+        grid = (self.table.programs,)
+        tensors, new_half = len(self.params), self._new_half
+        grad_dtype = GRAD_DTYPES[grads[0].dtype]
+        common = dict(ALIGNED=self._aligned, BLOCK=self.config.block, num_warps=self.config.num_warps)
+        _grad_amax_kernel[grid](self.table.chunks, addresses, self.scalars, tensors, new_half, GRAD_DTYPE=grad_dtype, **common)
+        # enable_fp_fusion=False: no multiply-add contraction, so that on a GPU too the master weights and
+        # scales are the reference's bit for bit (the update is memory-bound: separate roundings cost no time).
+        constants = reference.adamw_constants(hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay, step)
+        _adamw_fp8_kernel[grid](
+            self.table.chunks, addresses, self.scalars, tensors, new_half, **constants, GRAD_DTYPE=grad_dtype,
+            V_DTYPE=self._v_dtype, V_MAX=self._v_max, SQRT_V=self._sqrt_v, M_MAX=reference.fp8_max(reference.E4M3),
+            AMAX_FLOOR=reference.AMAX_FLOOR, enable_fp_fusion=False, **common,
+        )  # fmt: skip
+        self._new_half = 1 - new_half

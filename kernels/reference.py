@@ -86,6 +86,12 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 FP16_MAX = float(torch.finfo(torch.float16).max)
 
 
+def _sqrt_rn(x: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded float32 square root (the kernel's sqrt_rn) on every device: taken in float64
+    and rounded once, which is exact for float32 inputs; torch's CPU float32 sqrt can be an ulp off near a tie."""
+    return torch.sqrt(x.double()).float()
+
+
 def adamw_state_multipliers(
     grad_amax: torch.Tensor, m_amax: torch.Tensor, v_amax: torch.Tensor, beta1: float, beta2: float, sqrt_v: bool,
     v_max: float,
@@ -95,10 +101,11 @@ def adamw_state_multipliers(
     g = grad_amax.float()
     m_bound = beta1 * m_amax + (1 - beta1) * g
     if sqrt_v:
-        v_bound = torch.sqrt(beta2 * (v_amax * v_amax) + (1 - beta2) * (g * g))
+        v_bound = _sqrt_rn(beta2 * (v_amax * v_amax) + (1 - beta2) * (g * g))
     else:
         v_bound = beta2 * v_amax + (1 - beta2) * (g * g)
-    return fp8_max(E4M3) / m_bound.clamp(min=AMAX_FLOOR), v_max / v_bound.clamp(min=AMAX_FLOOR)
+    # A reciprocal, then a product (what `c / tensor` does in torch): two roundings the kernel repeats.
+    return torch.reciprocal(m_bound.clamp(min=AMAX_FLOOR)) * fp8_max(E4M3), torch.reciprocal(v_bound.clamp(min=AMAX_FLOOR)) * v_max
 
 
 def adamw_fp8_update(
@@ -117,11 +124,11 @@ def adamw_fp8_update(
     stored = v_q.float() * scales_old[1]
     if sqrt_v:
         v = c["beta2"] * (stored * stored) + c["one_minus_beta2"] * (g * g)
-        second = torch.sqrt(v)
+        second = _sqrt_rn(v)
         denom = second * c["inv_sqrt_bias2"] + c["eps"]
     else:
         second = c["beta2"] * stored + c["one_minus_beta2"] * (g * g)
-        denom = torch.sqrt(second) * c["inv_sqrt_bias2"] + c["eps"]
+        denom = _sqrt_rn(second) * c["inv_sqrt_bias2"] + c["eps"]
     p = param.float() * c["decay"]
     p = p - c["step_size"] * (m / denom)
     m_mult = torch.tensor(multipliers[0], dtype=torch.float32)

@@ -12,7 +12,7 @@ import torch
 
 from fp8bench.nn.fp8_adamw import FP8AdamW, StateFormat, state_bytes
 from fp8kernels import reference
-from fp8kernels.adamw_fp8 import AdamWHyperparameters, ChunkTable, adamw_fp8_step
+from fp8kernels.adamw_fp8 import AdamWConfig, AdamWFP8Tensors, AdamWHyperparameters
 
 SIZES = (1, 17, 1000, 4099)  # one element, odd sizes, more than one chunk with a ragged end
 HYPER = AdamWHyperparameters(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
@@ -37,48 +37,153 @@ def assert_stored_matches(got: torch.Tensor, want: torch.Tensor, what: str) -> N
     assert not bad.any(), f"{what}: {int(bad.sum())} values off, first got {got.float()[bad][0]}, want {want.float()[bad][0]}"
 
 
+def _reference_step(tensors: AdamWFP8Tensors, grads, step: int):
+    """What one step must give per tensor, from the state before it: (param, m, v, m amax, v amax), and
+    the multipliers of the new states."""
+    grad_amax = torch.stack([g.float().abs().max() for g in grads])
+    m_amax, v_amax = tensors.amaxes()
+    sqrt_v = tensors.vs[0].dtype == reference.E5M2
+    v_max = reference.fp8_max(reference.E5M2) if sqrt_v else reference.FP16_MAX
+    m_mult, v_mult = reference.adamw_state_multipliers(grad_amax, m_amax, v_amax, HYPER.beta1, HYPER.beta2, sqrt_v, v_max)
+    m_scale, v_scale = tensors.scales()
+    want = [
+        reference.adamw_fp8_update(
+            tensors.params[i], grads[i], tensors.ms[i], tensors.vs[i], (float(m_scale[i]), float(v_scale[i])),
+            (float(m_mult[i]), float(v_mult[i])), lr=HYPER.lr, beta1=HYPER.beta1, beta2=HYPER.beta2, eps=HYPER.eps,
+            weight_decay=HYPER.weight_decay, step=step,
+        )
+        for i in range(len(grads))
+    ]  # fmt: skip
+    return want, m_mult, v_mult
+
+
+def assert_step_matches(tensors: AdamWFP8Tensors, want, m_mult, v_mult, step: int) -> None:
+    """The master weights and scales bit for bit, the stored moments as assert_stored_matches says."""
+    for i, (p, m, v, _, _) in enumerate(want):
+        torch.testing.assert_close(tensors.params[i], p, rtol=0, atol=0)
+        assert_stored_matches(tensors.ms[i], m, f"m of tensor {i}, step {step}")
+        assert_stored_matches(tensors.vs[i], v, f"second moment of tensor {i}, step {step}")
+    m_scale, v_scale = tensors.scales()
+    torch.testing.assert_close(m_scale, torch.reciprocal(m_mult), rtol=0, atol=0)
+    torch.testing.assert_close(v_scale, torch.reciprocal(v_mult), rtol=0, atol=0)
+    # The recorded amaxes are those of what the kernel stored.
+    m_amax, v_amax = tensors.amaxes()
+    torch.testing.assert_close(m_amax, torch.stack([(m.float() * s).abs().max() for m, s in zip(tensors.ms, m_scale)]), rtol=0, atol=0)
+    torch.testing.assert_close(v_amax, torch.stack([(v.float() * s).abs().max() for v, s in zip(tensors.vs, v_scale)]), rtol=0, atol=0)
+
+
+def _grads(sizes, gen, dtype, device):
+    """Gradients of very different magnitudes per tensor, most values far below their tensor's amax."""
+    return [(torch.randn(n, generator=gen) * 10.0 ** (-3 * (i % 4))).to(device, dtype) for i, n in enumerate(sizes)]
+
+
 @pytest.mark.parametrize("state_format", list(StateFormat))
 @pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("device,sizes", [("cpu", SIZES), pytest.param("cuda", (*SIZES, 2**20 + 3), marks=pytest.mark.gpu)])
 def test_kernel_matches_reference_over_uneven_tensors(state_format, grad_dtype, device, sizes):
-    """Each step from the same state: the kernel's launch over all tensors against the reference per tensor."""
+    """Three steps: the two launches over all tensors against the reference per tensor, from the state before each."""
     gen = torch.Generator().manual_seed(0)
-    T = len(sizes)
-    params = [torch.randn(n, generator=gen).to(device) for n in sizes]
-    ms = [torch.zeros(n, dtype=reference.E4M3, device=device) for n in sizes]
-    vs = [torch.zeros(n, dtype=state_format.second_moment_dtype, device=device) for n in sizes]
-    m_scale, v_scale = torch.ones(T, device=device), torch.ones(T, device=device)
-    m_amax, v_amax = torch.zeros(T, device=device), torch.zeros(T, device=device)
-    sqrt_v = state_format is StateFormat.E4M3_SQRT_E5M2
-    v_max = reference.fp8_max(reference.E5M2) if sqrt_v else reference.FP16_MAX
-    table = ChunkTable.build(sizes, torch.device(device))
+    tensors = AdamWFP8Tensors([torch.randn(n, generator=gen).to(device) for n in sizes], state_format.second_moment_dtype)
+    assert tensors.table.programs > len(sizes)  # some tensor spans several chunks
     for step in (1, 2, 3):
-        # Gradients of very different magnitudes per tensor, most values far below their tensor's amax.
-        grads = [(torch.randn(n, generator=gen) * 10.0 ** (-3 * (i % 4))).to(device, grad_dtype) for i, n in enumerate(sizes)]
-        grad_amax = torch.stack([g.float().abs().max() for g in grads])
-        m_mult, v_mult = reference.adamw_state_multipliers(grad_amax, m_amax, v_amax, HYPER.beta1, HYPER.beta2, sqrt_v, v_max)
-        want = [
-            reference.adamw_fp8_update(
-                params[i], grads[i], ms[i], vs[i], (float(m_scale[i]), float(v_scale[i])), (float(m_mult[i]), float(v_mult[i])),
-                lr=HYPER.lr, beta1=HYPER.beta1, beta2=HYPER.beta2, eps=HYPER.eps, weight_decay=HYPER.weight_decay, step=step,
-            )
-            for i in range(T)
-        ]  # fmt: skip
-        adamw_fp8_step(params, grads, ms, vs, m_scale, v_scale, m_amax, v_amax, HYPER, step, table)
-        for i, (p, m, v, _, _) in enumerate(want):
-            # Bit for bit with float32 gradients; with bf16 gradients under the interpreter about one
-            # element in a thousand is one float32 ulp off (its bf16 loads; not investigated further).
-            ulps = 0 if grad_dtype == torch.float32 or device == "cuda" else 1
-            torch.testing.assert_close(params[i], p, rtol=ulps * 2**-23, atol=0)
-            assert_stored_matches(ms[i], m, f"m of tensor {i}, step {step}")
-            assert_stored_matches(vs[i], v, f"second moment of tensor {i}, step {step}")
-        torch.testing.assert_close(m_scale, 1.0 / m_mult, rtol=0, atol=0)
-        torch.testing.assert_close(v_scale, 1.0 / v_mult, rtol=0, atol=0)
-        # The recorded amaxes are those of what the kernel stored.
-        torch.testing.assert_close(m_amax, torch.stack([(m.float() * s).abs().max() for m, s in zip(ms, m_scale)]), rtol=0, atol=0)
-        torch.testing.assert_close(v_amax, torch.stack([(v.float() * s).abs().max() for v, s in zip(vs, v_scale)]), rtol=0, atol=0)
+        grads = _grads(sizes, gen, grad_dtype, device)
+        want, m_mult, v_mult = _reference_step(tensors, grads, step)
+        tensors.step(grads, HYPER, step)
+        assert tensors.aligned
+        assert_step_matches(tensors, want, m_mult, v_mult, step)
     # The bound keeps every stored value below the format's largest: nothing saturates.
-    assert all(m.float().abs().max() < reference.fp8_max(reference.E4M3) for m in ms if m.numel() > 1)
+    assert all(m.float().abs().max() < reference.fp8_max(reference.E4M3) for m in tensors.ms if m.numel() > 1)
+
+
+@pytest.mark.parametrize("state_format", list(StateFormat))
+def test_steps_follow_the_reference_when_gradients_move_or_stay(state_format):
+    """Gradients reallocated between steps (set_to_none), then written in place at the same addresses:
+    every step is the reference's, so the cached address table follows the gradients."""
+    gen = torch.Generator().manual_seed(2)
+    tensors = AdamWFP8Tensors([torch.randn(n, generator=gen) for n in SIZES], state_format.second_moment_dtype)
+    grads = _grads(SIZES, gen, torch.float32, "cpu")
+    for step in (1, 2, 3, 4):
+        if step == 2:
+            grads = [g.clone() * 2 for g in grads]  # new tensors while the old ones are alive: new addresses
+        elif step > 2:
+            for g, new in zip(grads, _grads(SIZES, gen, torch.float32, "cpu")):
+                g.copy_(new)  # same addresses, new values
+        want, m_mult, v_mult = _reference_step(tensors, grads, step)
+        tensors.step(grads, HYPER, step)
+        assert_step_matches(tensors, want, m_mult, v_mult, step)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_unaligned_views_take_the_unhinted_kernels(device):
+    """Parameters and gradients that are views one element into their storage: not 16-byte aligned, so
+    the kernels are not told they are, and the steps are still the reference's."""
+    gen = torch.Generator().manual_seed(3)
+    params = [torch.randn(n + 1, generator=gen).to(device)[1:] for n in SIZES]
+    tensors = AdamWFP8Tensors(params, reference.E5M2)
+    for step in (1, 2):
+        grads = [torch.randn(n + 1, generator=gen).to(device)[1:] for n in SIZES]
+        want, m_mult, v_mult = _reference_step(tensors, grads, step)
+        tensors.step(grads, HYPER, step)
+        assert not tensors.aligned
+        assert_step_matches(tensors, want, m_mult, v_mult, step)
+    tensors.step([torch.zeros(n, device=device) for n in SIZES], HYPER, 3)
+    assert not tensors.aligned  # the parameters still are not
+
+
+@pytest.mark.gpu
+def test_a_step_is_two_launches_that_never_synchronise():
+    """After the first step (which builds the tables), a step with reallocated gradients launches the
+    address copy and the two kernels, one with the same gradients the two kernels alone; neither waits."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = _model(0).cuda()
+    optimizer = FP8AdamW(model.parameters())
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    optimizer.step()  # builds the tables
+
+    def device_operations_of_a_step(reallocate: bool) -> list[str]:
+        old = [p.grad for p in model.parameters()]  # alive through the step: new gradients get new addresses
+        for p in model.parameters():
+            p.grad = torch.randn_like(p) if reallocate else p.grad.normal_()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            torch.cuda.set_sync_debug_mode("error")  # a synchronising call raises
+            try:
+                optimizer.step()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+            torch.cuda.synchronize()
+        del old
+        cuda = torch.autograd.DeviceType.CUDA
+        return [e.name() for e in prof.profiler.kineto_results.events() if e.device_type() == cuda]
+
+    moved = device_operations_of_a_step(reallocate=True)
+    assert len(moved) == 3 and any("Memcpy HtoD" in name for name in moved), moved
+    stayed = device_operations_of_a_step(reallocate=False)
+    assert len(stayed) == 2 and all("_grad_amax_kernel" in n or "_adamw_fp8_kernel" in n for n in stayed), stayed
+
+
+def test_gradients_are_checked_when_they_move():
+    tensors = AdamWFP8Tensors([torch.zeros(4), torch.zeros(3)], reference.E5M2)
+    tensors.step([torch.zeros(4), torch.zeros(3)], HYPER, 1)
+    with pytest.raises(ValueError, match="contiguous gradient of its shape"):
+        tensors.step([torch.zeros(4), torch.zeros(5)], HYPER, 2)
+    with pytest.raises(ValueError, match="gradients must all be one of"):
+        tensors.step([torch.zeros(4), torch.zeros(3, dtype=torch.float64)], HYPER, 2)
+    with pytest.raises(ValueError, match="1 gradients for 2 parameters"):
+        tensors.step([torch.zeros(4)], HYPER, 2)
+
+
+@pytest.mark.parametrize("numels,sms,block", [((2**24,) * 60, 132, 4096), ((1000,) * 3, 132, 128), ((1, 17, 1000, 4099), 2, 1024)])
+def test_config_fills_the_multiprocessors(numels, sms, block):
+    config = AdamWConfig.choose(numels, sms)
+    assert config.block == block
+    assert config.block // (32 * config.num_warps) <= AdamWConfig.ELEMENTS_PER_THREAD
+    candidates = AdamWConfig.candidates(numels, sms)
+    assert candidates[0] == config and len(set(candidates)) == len(candidates)
+    with pytest.raises(ValueError, match="power of two"):
+        AdamWConfig(3000, 8)
 
 
 def test_multiplier_bounds_never_below_the_true_amax():
@@ -139,8 +244,8 @@ def test_state_memory_per_parameter():
     tensors = len(list(fp32_model.parameters()))
     fp32_bytes, fp8_bytes, fp16_bytes = (state_bytes(o) for o in optimizers)
     assert fp32_bytes == 8 * n + 4 * tensors  # two float32 moments and a float32 step count per tensor
-    assert fp8_bytes == 2 * n + 16 * tensors  # e4m3 m, e5m2 sqrt(v), 4 float32 scalars per tensor
-    assert fp16_bytes == 3 * n + 16 * tensors
+    assert fp8_bytes == 2 * n + 40 * tensors  # e4m3 m, e5m2 sqrt(v), 2 x 5 float32 scalars per tensor
+    assert fp16_bytes == 3 * n + 40 * tensors
     assert fp8_bytes <= 0.40 * fp32_bytes and fp16_bytes <= 0.40 * fp32_bytes
 
 
@@ -149,10 +254,7 @@ def test_bad_inputs_say_what_is_wrong():
         FP8AdamW([torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))])
     with pytest.raises(ValueError, match="betas"):
         FP8AdamW([torch.nn.Parameter(torch.zeros(3))], betas=(1.0, 0.9))
-    p = torch.zeros(4)
-    with pytest.raises(ValueError, match="contiguous grad, m and v of its shape"):
-        adamw_fp8_step([p], [torch.zeros(5)], [torch.zeros(4, dtype=reference.E4M3)], [torch.zeros(4, dtype=reference.E5M2)],
-                       torch.ones(1), torch.ones(1), torch.zeros(1), torch.zeros(1), HYPER, 1)  # fmt: skip
     with pytest.raises(ValueError, match="float8_e5m2 .sqrt.v.. or float16"):
-        adamw_fp8_step([p], [p], [torch.zeros(4, dtype=reference.E4M3)], [torch.zeros(4)],
-                       torch.ones(1), torch.ones(1), torch.zeros(1), torch.zeros(1), HYPER, 1)  # fmt: skip
+        AdamWFP8Tensors([torch.zeros(4)], torch.float32)
+    with pytest.raises(ValueError, match="float32 master weights"):
+        AdamWFP8Tensors([torch.zeros(4, dtype=torch.bfloat16)], reference.E5M2)

@@ -1,21 +1,26 @@
 """AdamW whose moments are stored in FP8 (MS-AMP's FP8 optimizer states), updated by one fused
-multi-tensor Triton kernel over all parameters of a group (fp8kernels.adamw_fp8).
+multi-tensor Triton kernel over all parameters of a group, after one that reads the gradients' amaxes
+(fp8kernels.adamw_fp8).
 
 The parameters are the float32 master weights. The first moment m is stored in e4m3; the second moment
 as sqrt(v) in e5m2 (the square root halves v's dynamic range in exponent bits, so e5m2's range holds it)
 or as v in fp16 (MS-AMP's choice): `StateFormat`. Each has one float32 scale per tensor, from a bound
 on the new amax (fp8kernels.reference). State memory per parameter: 2 bytes (e4m3 + e5m2) or 3 bytes
-(e4m3 + fp16), against torch AdamW's 8 (two float32 moments), plus 16 bytes per tensor of scales and
-amaxes.
+(e4m3 + fp16), against torch AdamW's 8 (two float32 moments), plus 40 bytes per tensor of scales and
+amaxes (two alternating halves of five float32 each).
 """
 
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 import torch
 
-from fp8kernels.reference import E4M3, E5M2
+from fp8kernels.reference import E5M2
+
+if TYPE_CHECKING:
+    from fp8kernels.adamw_fp8 import AdamWFP8Tensors
 
 # fp8kernels.adamw_fp8 is imported where it runs: whether Triton interprets is fixed when a kernel is
 # defined, so importing this module must not define one before a CPU caller sets TRITON_INTERPRET=1.
@@ -35,10 +40,11 @@ class StateFormat(str, enum.Enum):
 class FP8AdamW(torch.optim.Optimizer):
     """torch.optim.AdamW's update (decoupled weight decay, bias correction) with FP8 moments.
 
-    Per parameter, `state[p]` holds `exp_avg` (e4m3), `exp_avg_sq` (e5m2 sqrt(v) or fp16 v) and, per group,
-    `scales` (float32 [4, tensors]: m scale, v scale, m amax, v amax; a parameter's column is its own).
-    Every parameter with a gradient is updated in one kernel launch per group; the set of parameters
-    with gradients must stay the same from step to step (the kernel's tables are built once)."""
+    Per parameter, `state[p]` holds `exp_avg` (e4m3), `exp_avg_sq` (e5m2 sqrt(v) or fp16 v) and
+    `scalars` (float32 [2, 5]: the two halves the steps alternate between, rows m scale, v scale, m amax,
+    v amax, gradient amax; fp8kernels.adamw_fp8.AdamWFP8Tensors). Every parameter with a gradient is
+    updated by two kernel launches per group (gradient amaxes, then the update); the set of parameters
+    with gradients must stay the same from step to step (the kernels' tables are built once)."""
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, state_format: StateFormat = StateFormat.E4M3_SQRT_E5M2):  # fmt: skip
@@ -47,37 +53,31 @@ class FP8AdamW(torch.optim.Optimizer):
         AdamWHyperparameters(lr, betas[0], betas[1], eps, weight_decay)  # validates
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.state_format = StateFormat(state_format)
-        self._groups: list[tuple[tuple[torch.Tensor, ...], "ChunkTable", torch.Tensor] | None] = [None] * len(self.param_groups)
+        self._groups: list["AdamWFP8Tensors | None"] = [None] * len(self.param_groups)
         self._step = 0
         for group in self.param_groups:
             for p in group["params"]:
                 if p.dtype != torch.float32:
                     raise ValueError(f"FP8AdamW updates float32 master weights; got a {p.dtype} parameter of shape {tuple(p.shape)}")
 
-    def _group_state(self, index: int, params: list[torch.Tensor]):
-        """The group's tensors with gradients, their chunk table and scales: made at the first step."""
-        from fp8kernels.adamw_fp8 import ChunkTable
+    def _group_tensors(self, index: int, params: list[torch.Tensor]) -> "AdamWFP8Tensors":
+        """The group's tensors with gradients, their moments and tables: made at the first step."""
+        from fp8kernels.adamw_fp8 import AdamWFP8Tensors
 
         known = self._groups[index]
         if known is not None:
-            if known[0] != tuple(params):
+            if known.params != tuple(params):
                 raise ValueError("the parameters with gradients changed between steps; FP8AdamW's tables are built once")
             return known
-        device = params[0].device
-        scales = torch.zeros(4, len(params), dtype=torch.float32, device=device)
-        scales[:2] = 1.0
-        for column, p in enumerate(params):
-            self.state[p] = {
-                "exp_avg": torch.zeros_like(p, dtype=E4M3),
-                "exp_avg_sq": torch.zeros_like(p, dtype=self.state_format.second_moment_dtype),
-                "scales": scales[:, column],
-            }
-        self._groups[index] = (tuple(params), ChunkTable.build([p.numel() for p in params], device), scales)
-        return self._groups[index]
+        tensors = AdamWFP8Tensors(params, self.state_format.second_moment_dtype)
+        for column, (p, m, v) in enumerate(zip(params, tensors.ms, tensors.vs)):
+            self.state[p] = {"exp_avg": m, "exp_avg_sq": v, "scalars": tensors.scalars[:, :, column]}
+        self._groups[index] = tensors
+        return tensors
 
     @torch.no_grad()
     def step(self, closure=None):
-        from fp8kernels.adamw_fp8 import AdamWHyperparameters, adamw_fp8_step
+        from fp8kernels.adamw_fp8 import AdamWHyperparameters
 
         loss = None
         if closure is not None:
@@ -85,16 +85,15 @@ class FP8AdamW(torch.optim.Optimizer):
                 loss = closure()
         self._step += 1
         for index, group in enumerate(self.param_groups):
-            params = [p for p in group["params"] if p.grad is not None]
+            params, grads = [], []  # one pass: this host work is on every step's critical path
+            for p in group["params"]:
+                if p.grad is not None:
+                    params.append(p)
+                    grads.append(p.grad.contiguous())
             if not params:
                 continue
-            _, table, scales = self._group_state(index, params)
             hyper = AdamWHyperparameters(group["lr"], *group["betas"], group["eps"], group["weight_decay"])
-            adamw_fp8_step(
-                params, [p.grad.contiguous() for p in params], [self.state[p]["exp_avg"] for p in params],
-                [self.state[p]["exp_avg_sq"] for p in params], scales[0], scales[1], scales[2], scales[3], hyper,
-                self._step, table,
-            )  # fmt: skip
+            self._group_tensors(index, params).step(grads, hyper, self._step)
         return loss
 
 

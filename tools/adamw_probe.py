@@ -1,0 +1,229 @@
+"""Times one optimizer step on a CUDA GPU: torch's fused AdamW, FP8AdamW in both state formats, and a
+device copy of as many bytes as each must move, on two parameter sets: llama-25m (the model of
+`fp8bench numerics`, 51 tensors) and llama-1b (LLaMa-3.2-1B's shapes, tied embedding: 98 tensors,
+1.24B parameters).
+
+    python tools/adamw_probe.py OUT.csv [--set llama-25m --set llama-1b] [--steps 100] [--warmup 20] [--sweep]
+
+Per step, medians over --steps steps after --warmup untimed ones, each step after an L2 flush (the
+timers of fp8bench.harness.timing): `kernel_ms`, the durations of the step's kernels from torch.profiler
+(CUPTI), summed; `event_ms`, a CUDA event pair around `optimizer.step()`, which also holds the host's
+work and launch gaps whenever the GPU waits on them; `launches`, the device operations of one step
+(kernels, copies, memsets). GB/s and % of the copy count the bytes each must move: torch's fused AdamW
+28 per parameter (float32 parameter, gradient and two moments); ours, in `update_bytes_per_param`, 16
+(e4m3 m, e5m2 sqrt(v)) or 18 (e4m3 m, fp16 v) and, in `amax_bytes_per_param`, the 4 its gradient-amax
+launch reads. --sweep also times every launch config of AdamWConfig.candidates for ours. Prints a table
+and writes OUT.csv.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+console = Console(width=200)
+TORCH_FUSED = "torch-fused-adamw"
+COPY = "copy"
+GRAD_BYTES = 4  # float32 gradients: what the gradient-amax launch reads per parameter
+
+
+def llama_25m_shapes() -> list[tuple[int, ...]]:
+    from fp8bench.benchmarks.numerics import MODELS
+
+    return [tuple(p.shape) for p in MODELS["llama-25m"]().parameters()]
+
+
+def llama_1b_shapes() -> list[tuple[int, ...]]:
+    import torch
+
+    from fp8bench.nn.llama import Llama, LlamaConfig
+
+    config = LlamaConfig("llama3.2-1b", dim=2048, ffn_dim=8192, heads=32, kv_heads=8, vocab=128256, layers=16, tie_embeddings=True)
+    with torch.device("meta"):
+        return [tuple(p.shape) for p in Llama(config).parameters()]
+
+
+PARAMETER_SETS: dict[str, Callable[[], list[tuple[int, ...]]]] = {"llama-25m": llama_25m_shapes, "llama-1b": llama_1b_shapes}
+
+
+@dataclass(frozen=True)
+class Timed:
+    """Medians over the timed steps, and the device operations one step launches."""
+
+    kernel_ms: float
+    event_ms: float
+    launches: int
+
+
+class GpuTimers:
+    """fp8bench.harness.timing's CUDA-event and CUPTI timers (one L2-flush buffer), and a count of a step's
+    device operations."""
+
+    def __init__(self) -> None:
+        from fp8bench.harness.timing import CudaEventTimer, CuptiTimer, GpuClock
+
+        gpu = GpuClock()
+        self._events, self._cupti = CudaEventTimer(gpu), CuptiTimer(gpu)
+
+    def time(self, fn: Callable[[], object], steps: int, warmup: int) -> Timed:
+        self._events.run(fn, warmup)
+        return Timed(
+            kernel_ms=statistics.median(self._cupti.samples(fn, steps)),
+            event_ms=statistics.median(self._events.samples(fn, steps)),
+            launches=self._launches(fn),
+        )
+
+    @staticmethod
+    def _launches(fn: Callable[[], object]) -> int:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        cuda = torch.autograd.DeviceType.CUDA
+        return sum(1 for e in prof.profiler.kineto_results.events() if e.device_type() == cuda)
+
+
+def _parameters(shapes: Iterable[tuple[int, ...]], device: str):
+    """float32 parameters of the shapes with gradients of a training step's scale, seeded."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    params = []
+    for shape in shapes:
+        p = torch.nn.Parameter(torch.randn(shape, generator=gen, device=device) * 0.02)
+        p.grad = torch.randn(shape, generator=gen, device=device) * 1e-3
+        params.append(p)
+    return params
+
+
+def _implementations(params, sweep: bool):
+    """(name, state format or None, launch config or None, a factory of the step to time)."""
+    import torch
+
+    from fp8bench.nn.fp8_adamw import FP8AdamW, StateFormat
+    from fp8kernels.adamw_fp8 import AdamWConfig, AdamWFP8Tensors, AdamWHyperparameters
+    from fp8kernels.quantize_configs import multiprocessors
+
+    def fused():
+        return torch.optim.AdamW(params, fused=True).step
+
+    yield TORCH_FUSED, None, None, fused
+    for state_format in StateFormat:
+        yield f"ours-{state_format.value}", state_format, None, lambda f=state_format: FP8AdamW(params, state_format=f).step
+        if sweep:
+            numels = [p.numel() for p in params]
+            for config in AdamWConfig.candidates(numels, multiprocessors(params[0])):
+
+                def launch(f=state_format, c=config):
+                    tensors = AdamWFP8Tensors(params, f.second_moment_dtype, c)
+                    grads, hyper, step = [p.grad for p in params], AdamWHyperparameters(), 1
+                    return lambda: tensors.step(grads, hyper, step)
+
+                yield f"ours-{state_format.value}-kernels", state_format, config, launch
+
+
+def probe_set(name: str, shapes: list[tuple[int, ...]], timers, steps: int, warmup: int, sweep: bool, device: str) -> list[dict]:
+    """One record per implementation on one parameter set, and one per copy of as many bytes."""
+    import torch
+
+    from fp8bench.benchmarks.numerics import optimizer_bytes
+
+    params = _parameters(shapes, device)
+    numel = sum(p.numel() for p in params)
+    copies: dict[int, Timed] = {}
+    records = []
+    for implementation, state_format, config, make_step in _implementations(params, sweep):
+        moved = optimizer_bytes(state_format, numel)
+        amax_bytes = 0 if state_format is None else GRAD_BYTES * numel
+        if moved not in copies:
+            source = torch.empty(moved // 2, dtype=torch.uint8, device=device)
+            target = torch.empty_like(source)
+            copies[moved] = timers.time(lambda s=source, t=target: t.copy_(s), steps, warmup)
+            records.append(_record(name, len(params), numel, COPY, None, moved, 0, copies[moved], copies[moved]))
+            del source, target
+        step = make_step()
+        timed = timers.time(step, steps, warmup)
+        del step
+        records.append(_record(name, len(params), numel, implementation, config, moved - amax_bytes, amax_bytes, timed, copies[moved]))
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    torch_ms = next(r for r in records if r["implementation"] == TORCH_FUSED)
+    for record in records:
+        optimizer = record["implementation"] != COPY
+        record["speedup_vs_torch_kernel"] = torch_ms["kernel_ms"] / record["kernel_ms"] if optimizer else None
+        record["speedup_vs_torch_event"] = torch_ms["event_ms"] / record["event_ms"] if optimizer else None
+    return records
+
+
+def _record(set_name, tensors, numel, implementation, config, update_bytes, amax_bytes, timed: Timed, copy: Timed) -> dict:
+    moved = update_bytes + amax_bytes
+    copy_gbps = moved / (copy.kernel_ms * 1e6)
+    kernel_gbps, event_gbps = moved / (timed.kernel_ms * 1e6), moved / (timed.event_ms * 1e6)
+    return {
+        "set": set_name, "tensors": tensors, "params": numel, "implementation": implementation,
+        "block": config.block if config else None, "num_warps": config.num_warps if config else None,
+        "update_bytes_per_param": update_bytes / numel, "amax_bytes_per_param": amax_bytes / numel,
+        "launches": timed.launches, "kernel_ms": timed.kernel_ms, "event_ms": timed.event_ms,
+        "kernel_gbps": kernel_gbps, "event_gbps": event_gbps, "copy_gbps": copy_gbps,
+        "pct_copy_kernel": 100 * kernel_gbps / copy_gbps, "pct_copy_event": 100 * event_gbps / copy_gbps,
+    }  # fmt: skip
+
+
+def print_table(frame: pd.DataFrame, title: str) -> None:
+    table = Table(title=title, title_justify="left")
+    columns = ("set", "implementation", "block", "num_warps", "launches", "kernel_ms", "event_ms", "kernel_gbps",
+               "pct_copy_kernel", "pct_copy_event", "speedup_vs_torch_kernel", "speedup_vs_torch_event")  # fmt: skip
+    for column in columns:
+        table.add_column(column)
+    for record in frame.to_dict("records"):
+        table.add_row(*(_cell(record[c]) for c in columns))
+    console.print(table)
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "" if value != value else f"{value:.4g}"
+    return str(value)
+
+
+@app.command()
+def main(
+    out: Path = typer.Argument(..., help="CSV to write"),
+    parameter_set: Optional[list[str]] = typer.Option(None, "--set", help=f"repeatable: {', '.join(PARAMETER_SETS)} (default: both)"),
+    steps: int = typer.Option(100, min=50, help="timed steps per implementation (the medians' samples)"),
+    warmup: int = typer.Option(20, min=1, help="untimed steps first"),
+    sweep: bool = typer.Option(False, help="also time every launch config of ours (AdamWConfig.candidates)"),
+) -> None:
+    import torch
+
+    names = parameter_set or list(PARAMETER_SETS)
+    unknown = [n for n in names if n not in PARAMETER_SETS]
+    if unknown:
+        raise typer.BadParameter(f"unknown parameter set {unknown[0]!r}; choose from {', '.join(PARAMETER_SETS)}", param_hint="--set")
+    if not torch.cuda.is_available():
+        console.print("adamw_probe.py: needs a CUDA GPU (it times GPU kernels; a CPU gives no such numbers)")
+        raise typer.Exit(2)
+    timers = GpuTimers()
+    records = [r for n in names for r in probe_set(n, PARAMETER_SETS[n](), timers, steps, warmup, sweep, "cuda")]
+    frame = pd.DataFrame.from_records(records)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out, index=False)
+    print_table(frame, f"one optimizer step on {torch.cuda.get_device_name()}, medians of {steps} steps; written to {out}")
+
+
+if __name__ == "__main__":
+    app()
