@@ -17,7 +17,14 @@ import typer.core
 from rich.console import Console
 from rich.markup import escape
 
-from fp8bench.config import FAST_ACCUM_CHOICES, GRANULARITY_CHOICES, MatmulConfig, TimingConfig, parse_choice
+from fp8bench.config import (
+    FAST_ACCUM_CHOICES,
+    GRANULARITY_CHOICES,
+    OPERAND_DTYPE_CHOICES,
+    MatmulConfig,
+    TimingConfig,
+    parse_choice,
+)
 
 # Logs of runs on GPU hosts are not terminals: rich would wrap the result tables at 80 columns.
 _LOG_WIDTH = None if sys.stdout.isatty() else 180
@@ -133,10 +140,11 @@ def command_line() -> str:
 
 @app.command()
 def matmul(
-    shape_gen: str = typer.Option("square", help="square | pow2-extended | llama | sweep | dsv3 | custom"),
+    shape_gen: str = typer.Option("square", help="square | pow2-extended | llama | sweep | dsv3 | awkward (moe, tp-shards, unaligned, small-m) | custom"),
     granularity: str = typer.Option("all", help="tensorwise | axiswise (alias rowwise) | blockwise | all"),
     backend: Optional[list[str]] = typer.Option(None, help="repeatable; default: every available backend"),
     fast_accum: str = typer.Option("both", help="on | off | both"),
+    dtypes: str = typer.Option("e4m3", help="FP8 operand dtypes: e4m3 (both) | e5m2xe4m3 (an e5m2 gradient x e4m3) | all"),
     M: Optional[int] = typer.Option(None, "--M", help="with --shape-gen custom"),
     K: Optional[int] = typer.Option(None, "--K", help="with --shape-gen custom"),
     N: Optional[int] = typer.Option(None, "--N", help="with --shape-gen custom"),
@@ -158,6 +166,7 @@ def matmul(
 
     granularities = choice(granularity, GRANULARITY_CHOICES, "granularity")
     fast_accums = choice(fast_accum, FAST_ACCUM_CHOICES, "fast-accum setting")
+    operand_dtypes = choice(dtypes, OPERAND_DTYPE_CHOICES, "operand dtypes")
     if timer not in TIMER_CHOICES:
         raise typer.BadParameter(f"unknown timer {timer!r}; choose one of: {', '.join(TIMER_CHOICES)}")
     try:
@@ -168,7 +177,8 @@ def matmul(
     unknown = [name for name in backends if name not in backend_names(Level.GEMM)]
     if unknown:
         raise typer.BadParameter(f"unknown backend {unknown[0]!r}; choose from: {', '.join(backend_names(Level.GEMM))}")
-    config = MatmulConfig(tuple(shape_list), granularities, backends, fast_accums, TimingConfig(repeats=repeats))
+    config = MatmulConfig(tuple(shape_list), granularities, backends, fast_accums, TimingConfig(repeats=repeats),
+                          operand_dtypes)
     device_name = require_cuda("matmul")
     try:
         spec = resolve_gpu(gpu, device_name)
@@ -553,7 +563,7 @@ def baseline_save(
 
 @app.command()
 def roofline(
-    shape_gen: str = typer.Option("square", help="square | pow2-extended | llama | sweep | dsv3 | custom"),
+    shape_gen: str = typer.Option("square", help="square | pow2-extended | llama | sweep | dsv3 | awkward (moe, tp-shards, unaligned, small-m) | custom"),
     granularity: str = typer.Option("all", help="keep the recipes of: tensorwise | axiswise (alias rowwise) | blockwise | all"),
     recipe: Optional[list[str]] = typer.Option(None, help="repeatable; tensorwise | tensorwise-delayed | rowwise | rowwise_with_gw_hp | blockwise | all (default)"),
     implementation: Optional[list[str]] = typer.Option(None, help="repeatable; triton | torchao | te | unfused | all (default)"),

@@ -31,6 +31,24 @@ class FastAccum(str, enum.Enum):
     NA = "n/a"  # the BF16 reference
 
 
+class OperandDtypes(str, enum.Enum):
+    """The FP8 dtypes of a GEMM's operands (a, b): e4m3 both, or an e5m2 gradient times an e4m3 weight or
+    activation (the backward products of TE's HYBRID format; cuBLAS's rowwise kernels take e5m2 first only)."""
+
+    E4M3 = "e4m3"
+    E5M2_E4M3 = "e5m2xe4m3"
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        """(a's, b's) dtype: fp8bench.nn.recipes.Fp8Dtype values."""
+        return ("e5m2", "e4m3") if self is OperandDtypes.E5M2_E4M3 else ("e4m3", "e4m3")
+
+
+OPERAND_DTYPE_CHOICES: dict[str, tuple[OperandDtypes, ...]] = {
+    **{d.value: (d,) for d in OperandDtypes},
+    "all": tuple(OperandDtypes),
+}
+
 FAST_ACCUM_CHOICES: dict[str, tuple[FastAccum, ...]] = {
     "on": (FastAccum.ON,),
     "off": (FastAccum.OFF,),
@@ -97,6 +115,7 @@ class MatmulCase:
     backend: str
     granularity: Granularity
     fast_accum: FastAccum
+    dtypes: OperandDtypes = OperandDtypes.E4M3  # the FP8 operands' (the BF16 reference has none)
 
     def __post_init__(self) -> None:
         if (self.granularity is Granularity.NONE) != (self.fast_accum is FastAccum.NA):
@@ -161,6 +180,7 @@ class MatmulConfig:
     backends: tuple[str, ...]
     fast_accum: tuple[FastAccum, ...]
     timing: TimingConfig = field(default_factory=TimingConfig)
+    dtypes: tuple[OperandDtypes, ...] = (OperandDtypes.E4M3,)
 
     def cases(self) -> list[MatmulCase]:
         """Shape-major order, so a report of a shape is complete as soon as its rows are written."""
@@ -172,5 +192,5 @@ class MatmulConfig:
                     if backend == "bf16":
                         continue
                     for fast_accum in self.fast_accum:
-                        out.append(MatmulCase(shape, backend, granularity, fast_accum))
+                        out.extend(MatmulCase(shape, backend, granularity, fast_accum, d) for d in self.dtypes)
         return out

@@ -24,7 +24,13 @@ import torch
 import triton
 
 from fp8kernels.scaling import BLOCK, FP8_DIM_MULTIPLE, Activation, Granularity
-from fp8kernels.gemm_configs import INTERPRETER_PROGRAMS, Fp8GemmConfig, choose_config
+from fp8kernels.gemm_configs import (
+    INTERPRETER_PROGRAMS,
+    SM90_SHARED_MEMORY_PER_PROGRAM,
+    DeviceProperties,
+    Fp8GemmConfig,
+    choose_config,
+)
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # The Gluon kernel (kernels/_gemm_ws.py) is written against the Gluon API of these Triton releases (the
@@ -38,17 +44,21 @@ def gluon_runs_on(device: torch.device) -> bool:
     return device.type == "cuda" and triton.__version__.startswith(GLUON_TRITON_RELEASES)
 
 
-def multiprocessor_count(device: torch.device) -> int:
-    """Programs of a full persistent grid: the SM count on a GPU, a few under the CPU interpreter."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return INTERPRETER_PROGRAMS
+def device_properties(device: torch.device) -> DeviceProperties:
+    """What the heuristic reads of `device`: its SM count (the persistent grid) and the shared memory a
+    program may opt into (torch's shared_memory_per_block_optin, sm_90's where this torch lacks it); under
+    the CPU interpreter a few programs and sm_90's shared memory."""
+    if device.type != "cuda":
+        return DeviceProperties(INTERPRETER_PROGRAMS, SM90_SHARED_MEMORY_PER_PROGRAM)
+    props = torch.cuda.get_device_properties(device)
+    return DeviceProperties(props.multi_processor_count,
+                            getattr(props, "shared_memory_per_block_optin", SM90_SHARED_MEMORY_PER_PROGRAM))
 
 
 def gemm_config(M: int, N: int, K: int, granularity: Granularity | str, fast_accum: bool,
                 device: torch.device) -> Fp8GemmConfig:
     """The config `fp8_gemm` picks for this problem when given none (for reporting it beside a result)."""
-    return choose_config(M, N, K, _granularity(granularity), bool(fast_accum), multiprocessor_count(device),
+    return choose_config(M, N, K, _granularity(granularity), bool(fast_accum), device_properties(device),
                          gluon_runs_on(device))
 
 
@@ -71,7 +81,8 @@ def fp8_gemm(
     M, N, K = _check_operands(a, b_t, granularity)
     _check_scales(scale_a, scale_b, granularity, M, N, K, a.device)
     if config is None:
-        config = choose_config(M, N, K, granularity, bool(fast_accum), multiprocessor_count(a.device), gluon_runs_on(a.device))
+        config = choose_config(M, N, K, granularity, bool(fast_accum), device_properties(a.device),
+                               gluon_runs_on(a.device))
     config.check_granularity(granularity, bool(fast_accum))
     if out is None:
         out = torch.empty((M, N), dtype=torch.bfloat16, device=a.device)

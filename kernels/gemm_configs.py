@@ -14,8 +14,13 @@ consumer warpgroups (two, or three for 192-row tiles) overlap one's promotion wi
 with fast accumulation, one's wait with the others' MMA); where Gluon cannot run (the CPU interpreter, a Triton whose Gluon API differs
 from the one it is written against) the Triton kernel's presets run. The presets were chosen by timing
 `candidate_configs` with tools/gemm_sweep.py on an H100 (kernels/README.md has the numbers); the
-shape enters through the grid size and, on the Gluon kernel, the tile (GLUON_TILES, `grid_efficiency`) and
-whether the last wave's tiles are split along K (`last_wave_split`).
+shape enters through the grid size and, on the Gluon kernel, the tile (GLUON_TILES, `grid_efficiency`,
+`tile_fill`) and whether the last wave's tiles are split along K (`last_wave_split`).
+
+The device enters as a `DeviceProperties` (SM count, shared memory per program), never as a GPU's name: the
+grid has one program per SM, and a preset whose ring does not fit the device's shared memory runs with
+fewer stages. So the heuristic needs no GPU to decide (tests pass the properties of one), and an H200
+(132 SMs and 227 KiB like the H100, more memory bandwidth) gets the same decisions as an H100.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from dataclasses import dataclass
 from fp8kernels.scaling import BLOCK, Granularity
 
 # Shared memory one program may use on sm_90 (227 KiB), less headroom for barriers and scratch.
-SHARED_MEMORY_BYTES = 227 * 1024 - 4096
+SM90_SHARED_MEMORY_PER_PROGRAM = 227 * 1024
+SHARED_MEMORY_HEADROOM = 4096
+SHARED_MEMORY_BYTES = SM90_SHARED_MEMORY_PER_PROGRAM - SHARED_MEMORY_HEADROOM
 # Programs of the persistent grid under TRITON_INTERPRET=1, where there are no multiprocessors: a few, so
 # that every program walks several tiles and the tile scheduler is exercised.
 INTERPRETER_PROGRAMS = 3
@@ -38,6 +45,27 @@ _POWERS_OF_TWO = frozenset(2**i for i in range(4, 9))  # 16 .. 256
 # The Gluon kernel's tile of three 64-row consumer warpgroups (kernels/_gemm_ws.py): at 160 registers each
 # they hold a 64 x 128 sum and product, no wider.
 GLUON_THREE_CONSUMER_ROWS = 192
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What the heuristic reads of a GPU (fp8kernels.gemm.device_properties makes one from a device)."""
+
+    multiprocessor_count: int
+    shared_memory_per_program: int  # bytes a program may opt into (sm_90: 227 KiB)
+
+    def __post_init__(self) -> None:
+        if self.multiprocessor_count < 1:
+            raise ValueError(f"multiprocessor_count must be at least 1, got {self.multiprocessor_count}")
+        if self.shared_memory_per_program <= SHARED_MEMORY_HEADROOM:
+            raise ValueError(f"shared_memory_per_program must exceed {SHARED_MEMORY_HEADROOM} bytes, got "
+                             f"{self.shared_memory_per_program}")
+
+    @property
+    def shared_memory_budget(self) -> int:
+        """What a config's own buffers may take: the device's share, less headroom for barriers and scratch,
+        and never more than the sm_90 kernels are written for."""
+        return min(self.shared_memory_per_program - SHARED_MEMORY_HEADROOM, SHARED_MEMORY_BYTES)
 
 
 @dataclass(frozen=True)
@@ -163,16 +191,23 @@ BLOCKWISE = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_
 #   warpgroups) at 0.96 / 0.96 and 128 x 128 at 0.93 / 0.93 of it; with fast accumulation 128 x 128 at
 #   0.94 / 0.91 (192 x 128 no faster);
 # - blockwise (one weight scale per 128 columns, so 128 wide): 192 x 128 s3, and 128 x 128 s4 at 0.96 of it.
+# 128 x 64 (SLIM_GLUON), for products of few tiles (M 128-256, or N of a few hundred), is not measured yet:
+# its 0.7 is an estimate (a K-tile's MMA halves while the wait, promotion and A load per K-tile stay), low
+# enough that it is taken only where it fills the grid 1.4x better than the 128-wide tile (M 128: 0.78 of
+# the grid's SM time against 0.48 at N 4096). tools/gemm_awkward_probe.py times it against the others.
 WIDE_GLUON = Fp8GemmConfig(block_m=128, block_n=256, block_k=128, group_m=16, num_stages=3, num_warps=8, num_sms=1,
                            epilogue_subtile=False, gluon_ws=True, split_last_wave=True)
 NARROW_GLUON = dataclasses.replace(WIDE_GLUON, block_n=128, num_stages=4)
 TALL_GLUON = dataclasses.replace(WIDE_GLUON, block_m=GLUON_THREE_CONSUMER_ROWS, block_n=128)
+SLIM_GLUON = dataclasses.replace(NARROW_GLUON, block_n=64, num_stages=6)
 BLOCKWISE_GLUON = dataclasses.replace(NARROW_GLUON, group_m=8)
 TALL_BLOCKWISE_GLUON = dataclasses.replace(TALL_GLUON, group_m=8)
+SLIM_SPEED_ESTIMATE = 0.7
 GLUON_TILES = {
-    "fast": ((WIDE_GLUON, 1.0), (NARROW_GLUON, 0.93)),
-    "promoted": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.96), (NARROW_GLUON, 0.93)),
-    "blockwise": ((TALL_BLOCKWISE_GLUON, 1.0), (BLOCKWISE_GLUON, 0.96)),
+    "fast": ((WIDE_GLUON, 1.0), (NARROW_GLUON, 0.93), (SLIM_GLUON, SLIM_SPEED_ESTIMATE)),
+    "promoted": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.96), (NARROW_GLUON, 0.93), (SLIM_GLUON, SLIM_SPEED_ESTIMATE)),
+    "blockwise": ((TALL_BLOCKWISE_GLUON, 1.0), (BLOCKWISE_GLUON, 0.96),
+                  (dataclasses.replace(SLIM_GLUON, group_m=8), SLIM_SPEED_ESTIMATE)),
 }
 
 
@@ -217,6 +252,13 @@ def persistent_grid(M: int, N: int, K: int, config: Fp8GemmConfig) -> tuple[int,
     return (config.num_sms if split_tiles else min(config.num_sms, config.tiles(M, N))), split_tiles, splits
 
 
+def tile_fill(M: int, N: int, config: Fp8GemmConfig) -> float:
+    """The share of the tiles' MMA work that lands in the output: less than 1 where M or N is no multiple
+    of the tile (M 128 in 192-row tiles: 2/3; N 1040 in 256-wide tiles: 0.81, in 128-wide ones 0.90).
+    K needs no term: every tile's sum walks the same K-tiles, whatever the tile."""
+    return M * N / (config.tiles(M, N) * config.block_m * config.block_n)
+
+
 def grid_efficiency(M: int, N: int, K: int, config: Fp8GemmConfig) -> float:
     """The share of the grid's SM time spent on MMA: the tiles' K-tiles over num_sms x the busiest
     program's (whose last wave, with whole tiles, counts whole)."""
@@ -241,11 +283,11 @@ def _gluon_tiles(granularity: Granularity, fast_accum: bool) -> tuple[tuple[Fp8G
 CONFIG_OVERRIDE_ENV = "FP8KERNELS_GEMM_CONFIG"
 
 
-def choose_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, num_sms: int,
+def choose_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, device: DeviceProperties,
                   gluon: bool = False) -> Fp8GemmConfig:
     """The heuristic's config, with the fields of FP8KERNELS_GEMM_CONFIG (if set) forced onto it. `gluon`:
     whether the Gluon kernel can run here (fp8kernels.gemm.gluon_runs_on)."""
-    config = _heuristic_config(M, N, K, granularity, fast_accum, num_sms, gluon)
+    config = _heuristic_config(M, N, K, granularity, fast_accum, device, gluon)
     override = os.environ.get(CONFIG_OVERRIDE_ENV)
     if not override:
         return config
@@ -259,27 +301,43 @@ def choose_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: 
 
 
 @functools.lru_cache(maxsize=1024)
-def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, num_sms: int,
+def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, device: DeviceProperties,
                       gluon: bool) -> Fp8GemmConfig:
-    """The heuristic: the regime's preset on a persistent grid of at most `num_sms` programs."""
-    if gluon:
+    """The heuristic: the regime's preset on a persistent grid of one program per SM, its ring cut to the
+    device's shared memory. On the Gluon kernel the preset is, of the regime's tiles whose ring of at least
+    two stages fits, the one with the highest speed x grid_efficiency x tile_fill: a narrower or shorter
+    tile wins where the wider one would leave the last wave mostly idle (few tiles: small M, skinny N) even
+    with its tiles split along K, or where M or N is far from a multiple of it."""
+    fitting = [(fitted, speed) for tile, speed in (_gluon_tiles(granularity, fast_accum) if gluon else ())
+               if (fitted := fit_shared_memory(tile.with_sms(device.multiprocessor_count), device)).shared_memory_bytes
+               <= device.shared_memory_budget]
+    if fitting:
         # max() keeps the first of equals: the faster tile where both fill their waves alike.
-        preset = max(_gluon_tiles(granularity, fast_accum),
-                     key=lambda tile: tile[1] * grid_efficiency(M, N, K, tile[0].with_sms(num_sms)))[0]
-    elif granularity is Granularity.BLOCKWISE:
-        preset = BLOCKWISE
-    else:
-        preset = FAST_ACCUM if fast_accum else PROMOTED
-    return preset.with_sms(num_sms)
+        return max(fitting, key=lambda tile: tile[1] * grid_efficiency(M, N, K, tile[0]) * tile_fill(M, N, tile[0]))[0]
+    preset = BLOCKWISE if granularity is Granularity.BLOCKWISE else FAST_ACCUM if fast_accum else PROMOTED
+    config = fit_shared_memory(preset.with_sms(device.multiprocessor_count), device)
+    if config.shared_memory_bytes > device.shared_memory_budget:
+        raise ValueError(f"no FP8 GEMM config fits {device.shared_memory_per_program} bytes of shared memory a program")
+    return config
 
 
-def candidate_configs(granularity: Granularity, fast_accum: bool, num_sms: int) -> list[Fp8GemmConfig]:
+def fit_shared_memory(config: Fp8GemmConfig, device: DeviceProperties) -> Fp8GemmConfig:
+    """`config` with as many of its ring's stages as the device's shared memory holds (at least 2)."""
+    stages = config.num_stages
+    while stages > 2 and dataclasses.replace(config, num_stages=stages).shared_memory_bytes > device.shared_memory_budget:
+        stages -= 1
+    return config if stages == config.num_stages else dataclasses.replace(config, num_stages=stages)
+
+
+def candidate_configs(granularity: Granularity, fast_accum: bool, device: DeviceProperties) -> list[Fp8GemmConfig]:
     """Configs worth timing against each other on a GPU for one regime (its fastest Gluon tile first)."""
-    preset = _gluon_tiles(granularity, fast_accum)[0][0].with_sms(num_sms)
+    preset = fit_shared_memory(_gluon_tiles(granularity, fast_accum)[0][0].with_sms(device.multiprocessor_count), device)
     gluon = [
         dict(block_m=bm, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=False, split_n=1,
              epilogue_subtile=False, gluon_ws=True)
-        for bm, bn, stages in ((128, 128, (4, 5)), (128, 256, (3, )), (GLUON_THREE_CONSUMER_ROWS, 128, (3, 4)))
+        # 128 x 64: half the 128-wide tile's columns, for products of few tiles (small M, narrow N).
+        for bm, bn, stages in ((128, 128, (4, 5)), (128, 256, (3, )), (GLUON_THREE_CONSUMER_ROWS, 128, (3, 4)),
+                               (128, 64, (4, 6)))
         for s in stages
     ]
     if is_promoted(granularity, fast_accum):

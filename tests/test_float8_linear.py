@@ -164,14 +164,18 @@ def test_the_reference_check_is_sensitive():
 
 # The quantize and GEMM calls each preset makes in one step: (tensor, granularity, block rows, fp8 dtype,
 # power-of-two scales, rowwise copy, columnwise copy) and (product, kernel, fast accumulation).
-E4 = "e4m3"
+E4, E5 = "e4m3", "e5m2"
 EXPECTED_CASTS = {
     "tensorwise": [("input", "tensorwise", 0, E4, False, True, True), ("weight", "tensorwise", 0, E4, False, True, True),
                    ("grad_output", "tensorwise", 0, E4, False, True, True)],
     "tensorwise-delayed": [("input", "delayed", 0, E4, False, True, True), ("weight", "delayed", 0, E4, False, True, True),
                            ("grad_output", "delayed", 0, E4, False, True, True)],
+    "tensorwise-hybrid": [("input", "tensorwise", 0, E4, False, True, True), ("weight", "tensorwise", 0, E4, False, True, True),
+                          ("grad_output", "tensorwise", 0, E5, False, True, True)],
     "rowwise": [("input", "axiswise", 0, E4, True, True, True), ("weight", "axiswise", 0, E4, True, True, True),
                 ("grad_output", "axiswise", 0, E4, True, True, True)],
+    "rowwise-hybrid": [("input", "axiswise", 0, E4, True, True, True), ("weight", "axiswise", 0, E4, True, True, True),
+                       ("grad_output", "axiswise", 0, E5, True, True, True)],
     "rowwise_with_gw_hp": [("input", "axiswise", 0, E4, True, True, False), ("weight", "axiswise", 0, E4, True, True, False),
                            ("weight", "tensorwise", 0, E4, True, False, True), ("grad_output", "axiswise", 0, E4, True, True, False)],
     "blockwise": [("input", "blockwise", 1, E4, False, True, True), ("weight", "blockwise", 128, E4, False, True, True),
@@ -180,7 +184,9 @@ EXPECTED_CASTS = {
 EXPECTED_GEMMS = {
     "tensorwise": [("output", "tensorwise", True), ("grad_input", "tensorwise", False), ("grad_weight", "tensorwise", False)],
     "tensorwise-delayed": [("output", "tensorwise", True), ("grad_input", "tensorwise", False), ("grad_weight", "tensorwise", False)],
+    "tensorwise-hybrid": [("output", "tensorwise", True), ("grad_input", "tensorwise", False), ("grad_weight", "tensorwise", False)],
     "rowwise": [("output", "axiswise", True), ("grad_input", "axiswise", False), ("grad_weight", "axiswise", False)],
+    "rowwise-hybrid": [("output", "axiswise", True), ("grad_input", "axiswise", False), ("grad_weight", "axiswise", False)],
     "rowwise_with_gw_hp": [("output", "axiswise", True), ("grad_input", "axiswise", False)],
     "blockwise": [("output", "blockwise", True), ("grad_input", "blockwise", False), ("grad_weight", "1x128 x 1x128", False)],
 }

@@ -25,9 +25,11 @@ from fp8bench.backends.triton import kernel_operands  # noqa: E402
 from fp8bench.config import BLOCK, Activation, FastAccum, GemmShape, Granularity  # noqa: E402
 from fp8kernels import reference as ref  # noqa: E402
 from fp8kernels.gemm import fp8_gemm, gemm_config  # noqa: E402
-from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config  # noqa: E402
+from fp8kernels.gemm_configs import DeviceProperties, Fp8GemmConfig, candidate_configs, choose_config  # noqa: E402
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
+# What the heuristic reads of an H100 SXM (and of an H200: the same SMs and shared memory).
+H100 = DeviceProperties(multiprocessor_count=132, shared_memory_per_program=227 * 1024)
 # Without fast accumulation the kernel's sum is FP32 (promoted every 128 of K): the only error left after
 # matching the output rounding is FP32 summation order.
 PROMOTED_TOLERANCE = 1e-3
@@ -261,12 +263,12 @@ def test_config_is_validated_once(fields, message):
 def test_heuristic_and_candidates_fit_their_regime(case):
     granularity, fast_accum = case
     for M, K, N in [(16, 16, 16), (8192, 8192, 8192), (16384, 1024, 8192), (16384, 8192, 57344)]:
-        config = choose_config(M, N, K, granularity, fast_accum, 132)
+        config = choose_config(M, N, K, granularity, fast_accum, H100)
         config.check_granularity(granularity, fast_accum)
         assert config.num_sms == 132
         assert json.loads(json.dumps(config.as_dict())) == config.as_dict()
-    candidates = candidate_configs(granularity, fast_accum, 132)
-    assert candidates[0] == choose_config(8192, 8192, 8192, granularity, fast_accum, 132, gluon=True)
+    candidates = candidate_configs(granularity, fast_accum, H100)
+    assert candidates[0] == choose_config(8192, 8192, 8192, granularity, fast_accum, H100, gluon=True)
     assert len(set(candidates)) == len(candidates) > 1
     for config in candidates:
         config.check_granularity(granularity, fast_accum)
@@ -309,7 +311,7 @@ def test_gpu_fast_accumulation_error_exceeds_promoted(granularity):
 
 
 # The Gluon kernel's candidates (kernels/_gemm_ws.py), each with the regimes it can run.
-GLUON_CASES = [(case, config) for case in CASES for config in candidate_configs(*case, 132) if config.gluon_ws]
+GLUON_CASES = [(case, config) for case in CASES for config in candidate_configs(*case, H100) if config.gluon_ws]
 # Ragged edges on every side, one row, an odd number of K-tiles and a last K-tile that is partial
 # (tensorwise / axiswise: K = 33 x 128 + 16).
 GLUON_SHAPES = [(1, 4112, 1040), (17, 4112, 1040), (5000, 1040, 2064), (4096, 4096, 4096)]
@@ -423,25 +425,25 @@ def test_the_heuristic_weighs_each_tile_by_how_well_it_fills_the_grid(monkeypatc
         if case[0] is Granularity.BLOCKWISE:
             continue
         for M, N in [(8192, 1280), (8192, 8192), (16384, 1280), (8192, 57344)]:
-            assert choose_config(M, N, 8192, *case, 132, gluon=True).block_n == 256
+            assert choose_config(M, N, 8192, *case, H100, gluon=True).block_n == 256
     unsplit = {regime: tuple((dataclasses.replace(config, split_last_wave=False), speed) for config, speed in tiles)
                for regime, tiles in gemm_configs.GLUON_TILES.items()}
     monkeypatch.setattr(gemm_configs, "GLUON_TILES", unsplit)
     gemm_configs._heuristic_config.cache_clear()
     try:
         fast = (Granularity.TENSORWISE, True)
-        assert choose_config(8192, 1280, 8192, *fast, 132, gluon=True).block_n == 128  # 0.93 x 640/660 > 320/396
-        assert choose_config(8192, 8192, 8192, *fast, 132, gluon=True).block_n == 256
+        assert choose_config(8192, 1280, 8192, *fast, H100, gluon=True).block_n == 128  # 0.93 x 640/660 > 320/396
+        assert choose_config(8192, 8192, 8192, *fast, H100, gluon=True).block_n == 256
     finally:
         gemm_configs._heuristic_config.cache_clear()
-    assert choose_config(8192, 1280, 8192, Granularity.TENSORWISE, True, 132, gluon=False).block_n == 256
+    assert choose_config(8192, 1280, 8192, Granularity.TENSORWISE, True, H100, gluon=False).block_n == 256
 
 
 def test_the_heuristic_takes_three_consumer_tiles_for_blockwise():
     from fp8kernels.gemm_configs import GLUON_THREE_CONSUMER_ROWS as TALL
 
     def tile(M, N, K, case):
-        config = choose_config(M, N, K, *case, 132, gluon=True)
+        config = choose_config(M, N, K, *case, H100, gluon=True)
         return config.block_m, config.block_n
 
     blockwise, promoted = (Granularity.BLOCKWISE, False), (Granularity.TENSORWISE, False)
@@ -455,8 +457,8 @@ def test_the_heuristic_takes_the_gluon_kernel_only_where_it_runs(monkeypatch):
     from fp8kernels import gemm
 
     for case in CASES:
-        assert choose_config(4096, 4096, 4096, *case, 132, gluon=True).gluon_ws
-        assert not choose_config(4096, 4096, 4096, *case, 132, gluon=False).gluon_ws
+        assert choose_config(4096, 4096, 4096, *case, H100, gluon=True).gluon_ws
+        assert not choose_config(4096, 4096, 4096, *case, H100, gluon=False).gluon_ws
     assert not gemm.gluon_runs_on(torch.device("cpu"))
     monkeypatch.setattr(gemm.triton, "__version__", "3.6.0")
     assert gemm.gluon_runs_on(torch.device("cuda"))
@@ -547,13 +549,13 @@ def test_gpu_gluon_blockwise_with_scales_tma_cannot_read(sa_layout):
 def test_config_override_forces_fields_and_rejects_bad_json(monkeypatch):
     from fp8kernels.gemm_configs import CONFIG_OVERRIDE_ENV
 
-    chosen = choose_config(4096, 4096, 4096, Granularity.TENSORWISE, True, 132)
+    chosen = choose_config(4096, 4096, 4096, Granularity.TENSORWISE, True, H100)
     monkeypatch.setenv(CONFIG_OVERRIDE_ENV, '{"block_n": 64, "num_stages": 2}')
-    forced = choose_config(4096, 4096, 4096, Granularity.TENSORWISE, True, 132)
+    forced = choose_config(4096, 4096, 4096, Granularity.TENSORWISE, True, H100)
     assert (forced.block_n, forced.num_stages) == (64, 2) and forced.block_m == chosen.block_m
     monkeypatch.setenv(CONFIG_OVERRIDE_ENV, '{"no_such_field": 1}')
     with pytest.raises(ValueError, match=CONFIG_OVERRIDE_ENV):
-        choose_config(4096, 4096, 4096, Granularity.TENSORWISE, True, 132)
+        choose_config(4096, 4096, 4096, Granularity.TENSORWISE, True, H100)
 
 
 def test_compare_refuses_shapes_it_does_not_know(tmp_path):

@@ -39,7 +39,7 @@ from fp8bench.harness.results import RunWriter
 from fp8bench.harness.runner import measured_row
 from fp8bench.benchmarks.shapes import llama, square
 from fp8bench.harness.timing import TimerChoice
-from fp8kernels.gemm import fp8_gemm, gemm_config, launch_kernel
+from fp8kernels.gemm import device_properties, fp8_gemm, gemm_config, launch_kernel
 from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config, last_wave_split
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
@@ -278,11 +278,11 @@ def tune(out: Path = typer.Option(..., help="folder for results.csv and metadata
     import torch
 
     timer = _timer(timer)
-    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    device = device_properties(torch.device("cuda"))
     shapes = [s for s in target_shapes() if s.name in TUNING_SHAPE_NAMES]
     regimes = [(g, f) for g, f in TUNED_REGIMES
                if not (promoted_only and f) and not (blockwise_only and g is not Granularity.BLOCKWISE)]
-    candidates = {(g, f): candidate_configs(g, f, num_sms) for g, f in regimes}
+    candidates = {(g, f): candidate_configs(g, f, device) for g, f in regimes}
     with _open_run(out, "tune") as writer:
         bench = SideBySide(writer, QUICK, timer)
         _tune_round(bench, shapes, candidates)
@@ -313,11 +313,11 @@ def gluon(out: Path = typer.Option(..., help="folder for results.csv, summary.cs
     import torch
 
     timer = _timer(timer)
-    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    device = device_properties(torch.device("cuda"))
     shapes = [s for s in target_shapes() if s.name in GLUON_SHAPE_NAMES]
     candidates = {
-        (g, fast_accum): [choose_config(BLOCK, BLOCK, BLOCK, g, fast_accum, num_sms, gluon=False)]
-        + [c for c in candidate_configs(g, fast_accum, num_sms) if c.gluon_ws]
+        (g, fast_accum): [choose_config(BLOCK, BLOCK, BLOCK, g, fast_accum, device, gluon=False)]
+        + [c for c in candidate_configs(g, fast_accum, device) if c.gluon_ws]
         for g in granularity
         if not (fast_accum and g is Granularity.BLOCKWISE)  # blockwise always promotes
     }

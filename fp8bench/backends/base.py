@@ -43,6 +43,13 @@ class Operands:
 
     a: Any
     b: Any
+    fp8_dtypes: tuple[str, str] = ("e4m3", "e4m3")  # what quantize_operands casts a and b to
+
+    @property
+    def dtype_name(self) -> str:
+        """The FP8 dtypes in a word: e4m3 where both are, else a's x b's (fp8bench.config.OperandDtypes)."""
+        a, b = self.fp8_dtypes
+        return a if a == b else f"{a}x{b}"
 
 
 class Backend(ABC):
@@ -145,10 +152,11 @@ def quantize_operands(operands: Operands, granularity: Granularity) -> tuple[Any
     from fp8kernels import reference as ref
 
     a, b_t = operands.a, operands.b
+    da, db = ({"e4m3": ref.E4M3, "e5m2": ref.E5M2}[d] for d in operands.fp8_dtypes)
     if granularity is Granularity.TENSORWISE:
-        (qa, sa), (qb_t, sb) = ref.quantize_tensorwise(a), ref.quantize_tensorwise(b_t)
+        (qa, sa), (qb_t, sb) = ref.quantize_tensorwise(a, da), ref.quantize_tensorwise(b_t, db)
     elif granularity is Granularity.AXISWISE:
-        (qa, sa), (qb_t, sb) = ref.quantize_axiswise(a), ref.quantize_axiswise(b_t)
+        (qa, sa), (qb_t, sb) = ref.quantize_axiswise(a, da), ref.quantize_axiswise(b_t, db)
     else:
-        (qa, sa), (qb_t, sb) = ref.quantize_blockwise(a, 1, BLOCK), ref.quantize_blockwise(b_t, BLOCK, BLOCK)
+        (qa, sa), (qb_t, sb) = ref.quantize_blockwise(a, 1, BLOCK, da), ref.quantize_blockwise(b_t, BLOCK, BLOCK, db)
     return qa, qb_t, sa, sb

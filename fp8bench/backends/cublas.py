@@ -56,4 +56,4 @@ class CublasBackend(Backend):
         def run():
             return torch._scaled_mm(qa, qb, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=use_fast_accum)
 
-        return PreparedGemm(run, {"op": "torch._scaled_mm", "dtype": "e4m3"})
+        return PreparedGemm(run, {"op": "torch._scaled_mm", "dtype": operands.dtype_name})

@@ -66,7 +66,7 @@ class TritonBackend(Backend):
         def run():
             return fp8_gemm(qa, qb_t, sa, sb, granularity=granularity, fast_accum=use_fast_accum, config=config)
 
-        return PreparedGemm(run, {"op": "fp8kernels.gemm.fp8_gemm", "dtype": "e4m3", **config.options_for(M, N, K)})
+        return PreparedGemm(run, {"op": "fp8kernels.gemm.fp8_gemm", "dtype": operands.dtype_name, **config.options_for(M, N, K)})
 
     def quantizer(self, recipe: CastRecipe, spec: Any, history_amax: Any) -> Quantizer:
         import torch

@@ -7,18 +7,20 @@ BF16 product measured in the same run on the same inputs (fp8bench.harness.runne
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from fp8bench.backends import Operands, PreparedGemm, Unsupported, get_backend
-from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase, MatmulConfig
+from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase, MatmulConfig, OperandDtypes
 from fp8bench.harness.case import Built, Failed, Peak, Work
 from fp8bench.model.hardware import GpuSpec
 
 BENCHMARK = "matmul"
 # e4m3 keeps 3 mantissa bits: on normal random operands an FP8 product lands ~4% (relative Frobenius)
-# from the bf16 product, whatever the scaling. Far beyond that, the kernel computed something else.
+# from the bf16 product, whatever the scaling; with an e5m2 operand (2 bits) ~6%. Far beyond that, the
+# kernel computed something else.
 WRONG_RESULT_REL_ERR = 0.1
 
 
@@ -32,9 +34,20 @@ def random_operands(shape: GemmShape, seed: int = 0, device: str = "cuda") -> Op
     return Operands(a, b_t)
 
 
-def recipe_name(granularity: Granularity) -> str:
-    """The `recipe` column of a GEMM: its operand dtypes."""
-    return "bf16" if granularity is Granularity.NONE else f"e4m3-{granularity.value}"
+def recipe_name(granularity: Granularity, dtypes: OperandDtypes = OperandDtypes.E4M3) -> str:
+    """The `recipe` column of a GEMM: its operand dtypes and scaling (e4m3-tensorwise, e5m2xe4m3-axiswise)."""
+    return "bf16" if granularity is Granularity.NONE else f"{dtypes.value}-{granularity.value}"
+
+
+def parse_recipe_name(recipe: str) -> tuple[Granularity, OperandDtypes]:
+    """recipe_name's inverse; ValueError for a name it does not make."""
+    if recipe == "bf16":
+        return Granularity.NONE, OperandDtypes.E4M3
+    dtypes, _, granularity = recipe.rpartition("-")
+    parsed = Granularity(granularity), OperandDtypes(dtypes)
+    if parsed[0] is Granularity.NONE:
+        raise ValueError(f"{recipe!r} is no FP8 GEMM's recipe")
+    return parsed
 
 
 @dataclass
@@ -60,7 +73,8 @@ def prepare(case: MatmulCase, operands: Operands) -> PreparedGemm:
     reason = backend.unavailable_reason() or backend.unsupported_reason(case.shape, case.granularity, case.fast_accum)
     if reason:
         raise Unsupported(reason)
-    return backend.prepare_gemm(operands, case.granularity, case.fast_accum)
+    return backend.prepare_gemm(dataclasses.replace(operands, fp8_dtypes=case.dtypes.pair), case.granularity,
+                                case.fast_accum)
 
 
 @dataclass(frozen=True)
@@ -75,7 +89,7 @@ class GemmCase:
         shape = self.case.shape
         return {"benchmark": BENCHMARK, "case": shape.name, "M": shape.M, "K": shape.K, "N": shape.N,
                 "granularity": self.case.granularity.value, "backend": self.case.backend,
-                "recipe": recipe_name(self.case.granularity), "fast_accum": self.case.fast_accum.value}  # fmt: skip
+                "recipe": recipe_name(self.case.granularity, self.case.dtypes), "fast_accum": self.case.fast_accum.value}  # fmt: skip
 
     @property
     def work(self) -> Work:
@@ -127,7 +141,12 @@ class MatmulBenchmark:
     def case_from_identity(self, identity: Mapping[str, Any]) -> GemmCase:
         try:
             shape = GemmShape(int(identity["M"]), int(identity["K"]), int(identity["N"]), str(identity["case"]))
-            case = MatmulCase(shape, str(identity["backend"]), Granularity(identity["granularity"]), FastAccum(identity["fast_accum"]))
+            granularity = Granularity(identity["granularity"])
+            # An identity that names no recipe is of e4m3 operands (recipe_name's default).
+            recipe_granularity, dtypes = parse_recipe_name(str(identity.get("recipe", recipe_name(granularity))))
+            if recipe_granularity is not granularity:
+                raise ValueError(f"recipe {identity['recipe']!r} is not of granularity {granularity.value!r}")
+            case = MatmulCase(shape, str(identity["backend"]), granularity, FastAccum(identity["fast_accum"]), dtypes)
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"no matmul case has the identity {dict(identity)}: {err}") from None
         get_backend(case.backend)  # ValueError for a backend this build does not know

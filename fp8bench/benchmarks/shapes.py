@@ -51,7 +51,101 @@ _DSV3_M = (128, 4096, 16384)
 
 
 def dsv3() -> list[GemmShape]:
+    """DeepSeek-V3's projections (_DSV3_NK) at 128, 4096 and 16384 tokens."""
     return [GemmShape(m, k, n, f"dsv3.{n}x{k}.M{m}") for m in _DSV3_M for n, k in _DSV3_NK]
+
+
+# Awkward shapes: where a heuristic tuned on square and LLaMa products may leave tiles part-filled or SMs
+# idle. Each family's shapes are named <family>.<source>.<linear>.M<tokens>.
+
+# Mixture-of-experts expert FFNs: (model, (linear, K, N)), gate and up fused (w13), then down (w2). Each
+# expert sees a few hundred to a few thousand tokens of a batch.
+_MOE_EXPERTS: dict[str, tuple[tuple[str, int, int], ...]] = {
+    # DeepSeek-V3: hidden 7168, expert intermediate 2048 (256 routed experts, 8 per token).
+    "dsv3": (("w13", 7168, 4096), ("w2", 2048, 7168)),
+    # Mixtral 8x7B: hidden 4096, expert intermediate 14336 (8 experts, 2 per token).
+    "mixtral-8x7b": (("w13", 4096, 28672), ("w2", 14336, 4096)),
+}
+MOE_TOKENS_PER_EXPERT = (256, 512, 1024, 2048)
+
+# Tensor-parallel shards of LLaMa-3's linears: (model, (linear, K, N, sharded dimension)). Column-parallel
+# linears (fused QKV, fused gate+up) split N over the tp GPUs, row-parallel ones (wo, w2) split K.
+_TP_LINEARS: dict[str, tuple[tuple[str, int, int, str], ...]] = {
+    # hidden 8192, 64 query heads and 8 KV heads of 128, FFN 28672.
+    "llama3-70b": (("wqkv", 8192, 10240, "N"), ("wo", 8192, 8192, "K"), ("w13", 8192, 57344, "N"),
+                   ("w2", 28672, 8192, "K")),
+    # hidden 16384, 128 query heads and 8 KV heads of 128, FFN 53248.
+    "llama3-405b": (("wqkv", 16384, 18432, "N"), ("wo", 16384, 16384, "K"), ("w13", 16384, 106496, "N"),
+                    ("w2", 53248, 16384, "K")),
+}
+TP_DEGREES = (2, 4, 8)
+TP_TOKENS = 8192
+
+# K and N that are multiples of 16 (what FP8 tensor cores need) but not of 128: 1376 is LLaMa-2 7B's FFN
+# (11008, itself 43 x 256) over 8 GPUs of tensor parallelism, 7008 the nearest multiple of 16 to 7000, 1040
+# and 2000 sizes a user picks. Each is paired with 4096 on the other dimension, at 4096 tokens, plus three
+# products with both dimensions off the tile.
+UNALIGNED_SIZES = (1040, 1376, 2000, 7008)
+_UNALIGNED_BOTH = ((7008, 2000), (2000, 7008), (7008, 1376))  # (K, N)
+UNALIGNED_TOKENS = 4096
+
+# Fewer tokens than a 1024-row wave of tiles: LLaMa-3 8B's linears (_LLAMA_LINEARS) at small batches, 1000
+# being no multiple of any tile.
+SMALL_TOKENS = (128, 512, 1000)
+
+# Few tiles per SM with N off the tile: DeepSeek-V3's fused q_a / kv_a down-projection (hidden 7168 to
+# q_lora 1536 + kv_lora 512 + rope 64 = 2112) at 4096 tokens.
+_SKINNY = (GemmShape(4096, 7168, 2112, "skinny.dsv3.wq_a_kv_a.M4096"),)
+
+
+def moe() -> list[GemmShape]:
+    """DeepSeek-V3's and Mixtral 8x7B's expert FFNs at 256 to 2048 tokens per expert."""
+    return [
+        GemmShape(m, k, n, f"moe.{model}.{linear}.M{m}")
+        for model, linears in _MOE_EXPERTS.items()
+        for m in MOE_TOKENS_PER_EXPERT
+        for linear, k, n in linears
+    ]
+
+
+def tp_shards() -> list[GemmShape]:
+    """LLaMa-3 70B's and 405B's linears sharded over 2, 4 and 8 GPUs of tensor parallelism, 8192 tokens."""
+    out = []
+    for model, linears in _TP_LINEARS.items():
+        for tp in TP_DEGREES:
+            for linear, k, n, split in linears:
+                k, n = (k // tp, n) if split == "K" else (k, n // tp)
+                out.append(GemmShape(TP_TOKENS, k, n, f"tp.{model}-tp{tp}.{linear}.M{TP_TOKENS}"))
+    return out
+
+
+def unaligned() -> list[GemmShape]:
+    """K or N (or both) multiples of 16 but not of the tile (UNALIGNED_SIZES), at 4096 tokens."""
+    m = UNALIGNED_TOKENS
+    return (
+        [GemmShape(m, 4096, n, f"unaligned.N{n}.M{m}") for n in UNALIGNED_SIZES]
+        + [GemmShape(m, k, 4096, f"unaligned.K{k}.M{m}") for k in UNALIGNED_SIZES]
+        + [GemmShape(m, k, n, f"unaligned.K{k}.N{n}.M{m}") for k, n in _UNALIGNED_BOTH]
+    )
+
+
+def small_m() -> list[GemmShape]:
+    """LLaMa-3 8B's linears at 128, 512 and 1000 tokens: fewer row tiles than a wave needs."""
+    return [
+        GemmShape(m, k, n, f"small-m.llama3-8b.{linear}.M{m}")
+        for m in SMALL_TOKENS
+        for linear, k, n in _LLAMA_LINEARS["llama3-8b"]
+    ]
+
+
+def awkward() -> list[GemmShape]:
+    """Every awkward family: MoE experts, tensor-parallel shards, unaligned K/N, small M, the skinny product;
+    a product two families share (Mixtral's experts are LLaMa-3 8B's FFN) is measured once, under its
+    first name."""
+    products: dict[tuple[int, int, int], GemmShape] = {}
+    for shape in (*moe(), *tp_shards(), *unaligned(), *small_m(), *_SKINNY):
+        products.setdefault((shape.M, shape.K, shape.N), shape)
+    return list(products.values())
 
 
 SHAPE_GENERATORS: dict[str, Callable[[], list[GemmShape]]] = {
@@ -60,6 +154,11 @@ SHAPE_GENERATORS: dict[str, Callable[[], list[GemmShape]]] = {
     "llama": llama,
     "sweep": sweep,
     "dsv3": dsv3,
+    "awkward": awkward,
+    "moe": moe,
+    "tp-shards": tp_shards,
+    "unaligned": unaligned,
+    "small-m": small_m,
 }
 SHAPE_GEN_CHOICES = (*SHAPE_GENERATORS, "custom")
 

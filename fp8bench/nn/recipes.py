@@ -191,9 +191,9 @@ class Recipe:
     name: str
     input: CastConfig = CastConfig()
     weight: CastConfig = CastConfig()
-    # e4m3 gradients: dynamic or delayed scales already fit their range to the tensor, and e5m2's two
-    # mantissa bits cap a product's SQNR near 24.6 dB (measured, TE and torchao alike), below the 25 dB
-    # fp8bench holds its recipes to; e5m2 stays available per cast.
+    # e4m3 gradients by default: dynamic or delayed scales already fit their range to the tensor, and
+    # e5m2's two mantissa bits cap a product's SQNR near 24.6 dB (measured, TE and torchao alike). The
+    # `-hybrid` presets cast gradients to e5m2 (TE's HYBRID format), whose products run e5m2 x e4m3.
     grad_output: CastConfig = CastConfig()
     input_for_grad_weight: CastConfig | None = None
     weight_for_grad_input: CastConfig | None = None
@@ -271,10 +271,14 @@ def _axiswise(dtype: Fp8Dtype = Fp8Dtype.E4M3, power_of_two: bool = True) -> Cas
 
 _BLOCKS_1X128 = CastConfig(granularity=Granularity.BLOCKWISE, block=(1, BLOCK))
 _DELAYED = CastConfig(scaling_type=ScalingType.DELAYED)
+_E5M2 = CastConfig(dtype=Fp8Dtype.E5M2)
 
 # Named presets. tensorwise, rowwise and rowwise_with_gw_hp are torchao's Float8LinearRecipeName
 # presets; tensorwise-delayed is torchao's former delayed scaling (TransformerEngine's DelayedScaling);
-# blockwise is DeepSeek-V3's 1x128 activations/gradients with 128x128 weights.
+# blockwise is DeepSeek-V3's 1x128 activations/gradients with 128x128 weights. The -hybrid presets are
+# their e5m2-gradient variants (TE's HYBRID format: e4m3 forward, e5m2 grad_output), so both backward
+# products multiply an e5m2 operand (always the first, a) by an e4m3 one, as torch._scaled_mm's rowwise
+# kernels require (their second operand must be e4m3).
 RECIPES: dict[str, Recipe] = {
     recipe.name: recipe
     for recipe in (
@@ -312,6 +316,18 @@ RECIPES: dict[str, Recipe] = {
             weight=CastConfig(granularity=Granularity.BLOCKWISE, block=(BLOCK, BLOCK)),
             grad_output=_BLOCKS_1X128,
             description=f"1x{BLOCK} activations and gradients, {BLOCK}x{BLOCK} weights (DeepSeek-V3)",
+        ),
+        Recipe(
+            "tensorwise-hybrid",
+            grad_output=_E5M2,
+            description="tensorwise with e5m2 gradients (TE's Float8CurrentScaling with the HYBRID format); the backward products run e5m2 x e4m3",
+        ),
+        Recipe(
+            "rowwise-hybrid",
+            input=_axiswise(),
+            weight=_axiswise(),
+            grad_output=_axiswise(Fp8Dtype.E5M2),
+            description="rowwise with e5m2 gradients; the backward products run e5m2 x e4m3",
         ),
     )
 }

@@ -1,0 +1,193 @@
+"""The GEMM heuristic on awkward shapes (few tiles, M below 1024, N or K off the tile), decided from a
+DeviceProperties with no GPU, and the kernels' numerics on small versions of those shapes (under
+TRITON_INTERPRET=1 on the CPU; at full size on a GPU, `gpu` tests)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported: Triton reads it then
+
+from fp8bench.backends import Operands  # noqa: E402
+from fp8bench.backends.triton import kernel_operands  # noqa: E402
+from fp8bench.benchmarks import shapes  # noqa: E402
+from fp8bench.config import Granularity  # noqa: E402
+from fp8kernels import gemm_configs  # noqa: E402
+from fp8kernels import reference as ref  # noqa: E402
+from fp8kernels.gemm import device_properties, fp8_gemm, gemm_config  # noqa: E402
+from fp8kernels.gemm_configs import (  # noqa: E402
+    GLUON_THREE_CONSUMER_ROWS,
+    SHARED_MEMORY_BYTES,
+    DeviceProperties,
+    choose_config,
+    fit_shared_memory,
+    grid_efficiency,
+    tile_fill,
+)
+
+# An H100's (and an H200's: the same SMs and shared memory; its faster HBM the heuristic does not read).
+H100 = DeviceProperties(multiprocessor_count=132, shared_memory_per_program=227 * 1024)
+# A smaller Hopper part: fewer SMs, and shared memory below what the presets' rings take.
+SMALL_GPU = DeviceProperties(multiprocessor_count=66, shared_memory_per_program=160 * 1024)
+FAST, PROMOTED, BLOCKWISE = (Granularity.TENSORWISE, True), (Granularity.TENSORWISE, False), (Granularity.BLOCKWISE, False)
+REGIMES = [FAST, PROMOTED, (Granularity.AXISWISE, True), (Granularity.AXISWISE, False), BLOCKWISE]
+
+
+def tile(M: int, N: int, K: int, regime, device=H100) -> tuple[int, int]:
+    config = choose_config(M, N, K, *regime, device, gluon=True)
+    return config.block_m, config.block_n
+
+
+def test_device_properties_are_validated():
+    with pytest.raises(ValueError, match="multiprocessor_count"):
+        DeviceProperties(0, 227 * 1024)
+    with pytest.raises(ValueError, match="shared_memory_per_program"):
+        DeviceProperties(132, 1024)
+    assert H100.shared_memory_budget == SHARED_MEMORY_BYTES
+    assert SMALL_GPU.shared_memory_budget == 160 * 1024 - 4096
+
+
+def test_the_cpu_interpreter_has_a_few_programs_and_sm90_shared_memory():
+    cpu = device_properties(torch.device("cpu"))
+    assert cpu.multiprocessor_count == gemm_configs.INTERPRETER_PROGRAMS
+    assert cpu.shared_memory_budget == SHARED_MEMORY_BYTES
+
+
+def test_tile_fill_counts_the_ragged_edge():
+    wide = gemm_configs.WIDE_GLUON
+    assert tile_fill(4096, 4096, wide) == 1.0
+    assert tile_fill(4096, 1040, wide) == pytest.approx(1040 / 1280)
+    assert tile_fill(4096, 1040, gemm_configs.NARROW_GLUON) == pytest.approx(1040 / 1152)
+    assert tile_fill(128, 4096, gemm_configs.TALL_GLUON) == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("regime", REGIMES, ids=str)
+def test_few_tiles_take_a_narrower_tile_split_along_k(regime):
+    """M 128 at N 4096: 16 tiles of 128 x 256 or 32 of 128 x 128 leave most of 132 SMs idle even split
+    along K; 64 tiles of 128 x 64 in two K pieces fill 128 of them."""
+    assert tile(128, 4096, 4096, regime) == (128, 64)
+    config = choose_config(128, 4096, 4096, *regime, H100, gluon=True)
+    assert gemm_configs.last_wave_split(128, 4096, 4096, config) == (64, 2)
+    assert grid_efficiency(128, 4096, 4096, config) > 0.75
+    # The wide tile would have filled under half the grid's SM time.
+    assert grid_efficiency(128, 4096, 4096, gemm_configs.WIDE_GLUON.with_sms(132)) < 0.5
+
+
+@pytest.mark.parametrize("regime", REGIMES, ids=str)
+def test_small_m_never_takes_the_192_row_tile(regime):
+    for shape in shapes.small_m():
+        block_m, _ = tile(shape.M, shape.N, shape.K, regime)
+        assert block_m == 128, shape.name
+
+
+def test_n_off_the_tile_takes_the_tile_that_wastes_less():
+    # N 1040 at 128 x 256: 5 column tiles of which the last holds 16 columns (0.81 of the work lands);
+    # 128 x 128 wastes 0.10 and fills 288 tiles into 2.2 waves, split.
+    assert tile(4096, 1040, 4096, FAST) == (128, 128)
+    # N 2000 loses 2% in either tile: the wide tile's speed decides.
+    assert tile(4096, 2000, 4096, FAST) == (128, 256)
+
+
+@pytest.mark.parametrize("regime", REGIMES, ids=str)
+def test_the_tuned_shapes_keep_their_tiles(regime):
+    """Square and LLaMa products of many tiles keep the tiles the sweeps chose."""
+    expected = (GLUON_THREE_CONSUMER_ROWS, 128) if regime is BLOCKWISE else (128, 256)
+    for M, N, K in [(8192, 8192, 8192), (16384, 16384, 16384), (8192, 28672, 4096), (16384, 4096, 14336)]:
+        assert tile(M, N, K, regime) == expected
+
+
+@pytest.mark.parametrize("gluon", [True, False])
+@pytest.mark.parametrize("regime", REGIMES, ids=str)
+def test_fewer_sms_and_less_shared_memory_shape_the_config(regime, gluon):
+    config = choose_config(8192, 8192, 8192, *regime, SMALL_GPU, gluon=gluon)
+    assert config.num_sms == 66
+    assert config.shared_memory_bytes <= SMALL_GPU.shared_memory_budget
+    full = choose_config(8192, 8192, 8192, *regime, H100, gluon=gluon)
+    assert config.num_stages <= full.num_stages
+
+
+def test_fit_shared_memory_drops_stages_only_while_over_budget():
+    wide = gemm_configs.WIDE_GLUON.with_sms(132)
+    assert fit_shared_memory(wide, H100) is wide
+    narrow = dataclasses.replace(gemm_configs.NARROW_GLUON, num_sms=132)
+    fitted = fit_shared_memory(narrow, SMALL_GPU)
+    assert (narrow.num_stages, fitted.num_stages) == (4, 2)  # the most that fit: 132352 bytes; 3 take 165760
+    assert fitted.shared_memory_bytes <= SMALL_GPU.shared_memory_budget
+    assert dataclasses.replace(fitted, num_stages=3).shared_memory_bytes > SMALL_GPU.shared_memory_budget
+    # Two stages of 128 x 256 still need 165120 bytes: the heuristic takes a tile that fits instead.
+    assert fit_shared_memory(wide, SMALL_GPU).shared_memory_bytes > SMALL_GPU.shared_memory_budget
+    assert tile(8192, 8192, 8192, FAST, SMALL_GPU) == (128, 128)
+    with pytest.raises(ValueError, match="fits 20480 bytes"):
+        choose_config(8192, 8192, 8192, *FAST, DeviceProperties(132, 20 * 1024), gluon=False)
+
+
+def test_every_awkward_shape_gets_a_config_of_its_regime():
+    for shape in shapes.awkward():
+        for granularity, fast_accum in REGIMES:
+            for gluon in (True, False):
+                config = choose_config(shape.M, shape.N, shape.K, granularity, fast_accum, H100, gluon=gluon)
+                config.check_granularity(granularity, fast_accum)
+                assert config.num_sms == 132
+
+
+# --- numerics on awkward shapes ---
+
+PROMOTED_TOLERANCE = 1e-3
+FAST_ACCUM_TOLERANCE = 1e-2
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+def _operands(M: int, K: int, N: int, granularity: Granularity, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    a = torch.randn(M, K, generator=generator).to(device=DEVICE, dtype=torch.bfloat16)
+    b_t = torch.randn(N, K, generator=generator).to(device=DEVICE, dtype=torch.bfloat16)
+    return kernel_operands(Operands(a, b_t), granularity)
+
+
+def _error(qa, qb_t, sa, sb, granularity, fast_accum) -> float:
+    """Frobenius error of the heuristic's kernel against the fp32 product of the same FP8 operands."""
+    out = fp8_gemm(qa, qb_t, sa, sb, granularity=granularity, fast_accum=fast_accum)
+    expected = ref.dequantize(qa, sa) @ ref.dequantize(qb_t, sb).t()
+    return ((out.float() - expected).norm() / expected.norm()).item()
+
+
+# Small versions of the awkward families (M, K, N): fewer rows than a tile, N and K multiples of 16 but
+# not of 128 (odd K-tile counts, a partial last K-tile), and one column tile with a 16-column tail.
+# Blockwise: multiples of 128 (its scaling), fewer rows than a tile.
+INTERPRETED_SHAPES = [(100, 208, 272), (130, 400, 144)]
+INTERPRETED_BLOCKWISE_SHAPES = [(100, 384, 256), (130, 256, 384)]
+# bf16 rounding of the output dominates: a tenth of a bf16 ulp over the promoted sum, more unpromoted.
+INTERPRETED_TOLERANCE = 4e-3
+
+
+@pytest.mark.parametrize("regime", REGIMES, ids=str)
+def test_heuristic_kernel_on_small_awkward_shapes(regime):
+    granularity, fast_accum = regime
+    cases = INTERPRETED_BLOCKWISE_SHAPES if granularity is Granularity.BLOCKWISE else INTERPRETED_SHAPES
+    for M, K, N in cases:
+        rel = _error(*_operands(M, K, N, granularity, seed=M + K + N), granularity, fast_accum)
+        assert rel <= INTERPRETED_TOLERANCE, f"{regime} {M}x{K}x{N}: relative error {rel:.2e}"
+
+
+# Full-size awkward shapes on the GPU, where the heuristic takes the Gluon kernel: 128 x 64 tiles split in
+# two (M 128), the 128-wide tile on N 1040, M 1000, the skinny product.
+GPU_AWKWARD = [(128, 4096, 4096), (4096, 4096, 1040), (1000, 4096, 6144), (4096, 7168, 2112), (4096, 1040, 4096)]
+GPU_AWKWARD_BLOCKWISE = [(128, 4096, 4096), (1000, 4096, 6144), (256, 7168, 4096)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("regime", REGIMES, ids=str)
+def test_gpu_heuristic_kernel_on_awkward_shapes(regime):
+    granularity, fast_accum = regime
+    limit = FAST_ACCUM_TOLERANCE if fast_accum else PROMOTED_TOLERANCE
+    cases = GPU_AWKWARD_BLOCKWISE if granularity is Granularity.BLOCKWISE else GPU_AWKWARD
+    for M, K, N in cases:
+        rel = _error(*_operands(M, K, N, granularity, seed=M + K + N), granularity, fast_accum)
+        config = gemm_config(M, N, K, granularity, fast_accum, torch.device("cuda"))
+        assert rel <= limit, f"{regime} {M}x{K}x{N} ({config}): relative error {rel:.2e}"

@@ -1,0 +1,166 @@
+"""Candidate tiles of our FP8 GEMM against cuBLAS (torch._scaled_mm) on awkward shapes, one GPU: the data
+that sets the GEMM heuristic's tile speeds (fp8kernels.gemm_configs.GLUON_TILES).
+
+    python tools/gemm_awkward_probe.py --out DIR                          # every awkward shape, every regime
+    python tools/gemm_awkward_probe.py --out DIR --shape-gen small-m --regime tensorwise/fast_accum=on
+    python tools/gemm_awkward_probe.py --out DIR --only moe.dsv3 --only skinny
+
+For each shape (a generator of fp8bench.benchmarks.shapes, `--only` keeping the names that contain any of
+its words) and regime, cuBLAS and each candidate config run on the same operands with CUPTI kernel time
+(tools/gemm_sweep.py's SideBySide: outputs checked against cuBLAS's first, the order alternating from
+shape to shape). The candidates: the heuristic's choice, every tile of the regime's GLUON_TILES (each with
+the split of its last wave that last_wave_split decides for the shape), and the Gluon candidates of
+candidate_configs; where the Gluon kernel cannot run (a Triton other than the one it is written for), the
+Triton kernel's heuristic config only.
+
+Writes DIR/results.csv (the result schema, the config in `options`), DIR/metadata.json and DIR/probe.csv:
+shape, M, K, N, regime, config, chosen (the heuristic's pick), ms, tflops, ratio (cuBLAS time / ours),
+best_ratio (the shape and regime's best candidate's) and the GPU's name and SM count. Prints, per regime,
+how far the heuristic's pick is from the best candidate (geometric mean and worst shape), and the speed
+of each tile relative to the fastest on the shapes whose waves it fills (grid_efficiency x tile_fill >=
+0.95): the numbers GLUON_TILES holds. The 600 s limit of one device command fits about 10 shapes x 5
+regimes: split the set with --only or --shape-gen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pandas as pd
+import typer
+from scipy.stats import gmean
+
+from fp8bench.benchmarks import shapes as shape_sets
+from fp8bench.config import GemmShape, Granularity, TimingConfig
+from fp8kernels.gemm import device_properties, gemm_config, gluon_runs_on
+from fp8kernels.gemm_configs import (
+    Fp8GemmConfig,
+    _gluon_tiles,
+    candidate_configs,
+    fit_shared_memory,
+    grid_efficiency,
+    tile_fill,
+)
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gemm_sweep import (  # noqa: E402  (a sibling script, not a package)
+    REGIMES,
+    SideBySide,
+    _config_label,
+    _open_run,
+    _print_frame,
+    _regime_name,
+    _timer,
+    console,
+    precompile,
+)
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+# Short repeats: a probe compares candidates on the same operands one right after the other, and covers
+# many shapes x regimes x configs within a device command's limit.
+PROBE_TIMING = TimingConfig(repeats=2, settle_ms=50, warmup_ms=10, samples_ms=30, throttled_samples_ms=200,
+                            max_dropped_repeats=1)
+# A tile "fills the grid" on a shape where grid_efficiency x tile_fill reaches this: there, its time over
+# the fastest tile's is its speed alone.
+FILLED = 0.95
+
+
+def candidates(shape: GemmShape, granularity: Granularity, fast_accum: bool) -> list[Fp8GemmConfig]:
+    """The heuristic's config first, then the regime's tiles and the Gluon candidates (no repeats)."""
+    import torch
+
+    device = torch.device("cuda")
+    chosen = gemm_config(shape.M, shape.N, shape.K, granularity, fast_accum, device)
+    if not gluon_runs_on(device):
+        return [chosen]
+    properties = device_properties(device)
+    tiles = [fit_shared_memory(tile.with_sms(properties.multiprocessor_count), properties)
+             for tile, _ in _gluon_tiles(granularity, fast_accum)]
+    gluon = [c for c in candidate_configs(granularity, fast_accum, properties) if c.gluon_ws]
+    return list(dict.fromkeys([chosen, *tiles, *gluon]))
+
+
+def _regime(name: str) -> tuple[Granularity, bool]:
+    for granularity, fast_accum in REGIMES:
+        if _regime_name(granularity, fast_accum) == name:
+            return granularity, fast_accum
+    raise typer.BadParameter(f"unknown regime {name!r}; choose from: {', '.join(_regime_name(*r) for r in REGIMES)}",
+                             param_hint="--regime")
+
+
+@app.command()
+def probe(out: Path = typer.Option(..., help="folder for results.csv, probe.csv and metadata.json"),
+          shape_gen: str = typer.Option("awkward", help=f"a shape generator: {', '.join(shape_sets.SHAPE_GENERATORS)}"),
+          only: list[str] = typer.Option([], help="keep the shapes whose name contains this (repeatable)"),
+          regime: list[str] = typer.Option([], help="e.g. tensorwise/fast_accum=on (repeatable; default: all five)"),
+          timer: str = typer.Option("cupti", help="cupti (kernel durations) | cuda-events")) -> None:
+    """Time each candidate config against cuBLAS on each shape and regime; write probe.csv."""
+    import torch
+
+    timer = _timer(timer)
+    try:
+        shapes = shape_sets.generate(shape_gen)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--shape-gen") from None
+    shapes = [s for s in shapes if not only or any(word in s.name for word in only)]
+    if not shapes:
+        raise typer.BadParameter(f"no {shape_gen} shape has a name containing any of {only}", param_hint="--only")
+    regimes = [_regime(name) for name in regime] or list(REGIMES)
+    configs = {(s, g, f): candidates(s, g, f) for s in shapes for g, f in regimes}
+    failed = precompile(sorted({(g, f, c) for (_, g, f), cs in configs.items() for c in cs}, key=str))
+    with _open_run(out, "probe") as writer:
+        bench = SideBySide(writer, PROBE_TIMING, timer)
+        for index, shape in enumerate(shapes):
+            bench.measure_shape(shape, regimes, lambda g, f, s=shape: [c for c in configs[(s, g, f)]
+                                                                       if (g, f, c) not in failed],
+                                ours_first=index % 2 == 1)
+            console.print(f"{shape.name} done", highlight=False)
+    frame = probe_frame(bench.frame(), shapes, configs, torch.cuda.get_device_name(),
+                        device_properties(torch.device("cuda")).multiprocessor_count)
+    frame.to_csv(out / "probe.csv", index=False)
+    summarize(frame)
+
+
+def probe_frame(measured: pd.DataFrame, shapes: list[GemmShape], configs: dict, gpu: str, sms: int) -> pd.DataFrame:
+    """Our rows of the run with the shape's dimensions, the heuristic's pick marked, each config's grid
+    fill (grid_efficiency x tile_fill) and the best ratio of its shape and regime."""
+    by_name = {s.name: s for s in shapes}
+    fill, chosen = {}, set()
+    for (shape, granularity, fast_accum), candidates_of in configs.items():
+        regime = _regime_name(granularity, fast_accum)
+        for position, config in enumerate(candidates_of):
+            label = _config_label(config.options_for(shape.M, shape.N, shape.K))
+            fill[(shape.name, regime, label)] = (grid_efficiency(shape.M, shape.N, shape.K, config)
+                                                  * tile_fill(shape.M, shape.N, config))
+            if position == 0:
+                chosen.add((shape.name, regime, label))
+    ours = measured[measured.backend == "triton"].copy()
+    keys = list(zip(ours["shape"], ours["regime"], ours["config"]))
+    ours["M"], ours["K"], ours["N"] = ([getattr(by_name[name], dim) for name in ours["shape"]] for dim in "MKN")
+    ours["grid_fill"] = [fill[key] for key in keys]
+    ours["chosen"] = [key in chosen for key in keys]
+    ours["best_ratio"] = ours.groupby(["shape", "regime"])["ratio"].transform("max")
+    ours["gpu"], ours["sms"] = gpu, sms
+    return ours[["gpu", "sms", "shape", "M", "K", "N", "regime", "config", "chosen", "grid_fill", "ms", "tflops",
+                 "ratio", "best_ratio", "rel_diff_vs_cublas", "sm_clock_mhz"]]
+
+
+def summarize(frame: pd.DataFrame) -> None:
+    """The heuristic's pick against the best candidate per regime, and each tile's speed where it fills."""
+    picked = frame[frame.chosen].assign(loss=lambda f: f.ratio / f.best_ratio)
+    _print_frame(picked.groupby("regime").agg(chosen_vs_cublas=("ratio", gmean), best_vs_cublas=("best_ratio", gmean),
+                                              chosen_vs_best=("loss", gmean), worst_vs_best=("loss", "min"),
+                                              shapes=("loss", "size")).reset_index(),
+                 "the heuristic's pick: geometric mean of cuBLAS time / ours, and of its speed over the best candidate's")
+    worst = picked.sort_values("loss").groupby("regime").head(3)[["regime", "shape", "config", "ratio", "best_ratio"]]
+    _print_frame(worst, "the shapes where the pick is furthest from the best candidate")
+    filled = frame[frame.grid_fill >= FILLED].assign(tile=lambda f: f.config.str.split(" ").str[:2].str.join(" "))
+    speed = filled.assign(speed=lambda f: f.ratio / f.best_ratio).groupby(["regime", "tile"]).agg(
+        speed=("speed", gmean), shapes=("speed", "size"))
+    _print_frame(speed.reset_index(), f"each tile's speed over the best, on the shapes it fills (grid fill >= {FILLED})")
+
+
+if __name__ == "__main__":
+    app()
