@@ -132,11 +132,12 @@ class TritonBackend(Backend):
         # those modules as they are. Under FP8 all-gather w2 stays a Float8Linear, whose weight fp8bench.nn.fsdp
         # all-gathers in FP8.
         fusion = fuse_norm_linears(model, recipe)
-        swiglu = fuse_swiglu_linears(model, recipe) if not fp8_all_gather else None
+        swiglu_fused = 0 if fp8_all_gather else len(fuse_swiglu_linears(model, recipe).fused)
         done = convert_to_float8(model, recipe, lambda module, name: keep(name))
         options: dict[str, Any] = {
-            "converted_linears": len(done.converted), "norm_fused_linears": len(fusion.fused),
-            "swiglu_fused_linears": len(swiglu.fused) if swiglu else 0, "summary": recipe.summary(),
+            # every linear now FP8: those convert_to_float8 swapped and those fused with their producer
+            "converted_linears": len(done.converted) + len(fusion.fused) + swiglu_fused, "norm_fused_linears": len(fusion.fused),
+            "swiglu_fused_linears": swiglu_fused, "summary": recipe.summary(),
         }
         if done.left_in_bf16:
             options["left_in_bf16"] = done.left_in_bf16
