@@ -25,7 +25,7 @@ if not torch.cuda.is_available():
 from fp8bench.backends.triton import TritonBackend  # noqa: E402
 from fp8bench.benchmarks.layer import sqnr_db  # noqa: E402
 from fp8bench.nn.float8_linear import Float8Linear, convert_to_float8  # noqa: E402
-from fp8bench.nn.llama import FeedForward, Llama, LlamaConfig, SwiGLU  # noqa: E402
+from fp8bench.nn.llama import FeedForward, Llama, LlamaConfig, SwiGLU, loss_fn  # noqa: E402
 from fp8bench.nn.recipes import RECIPES, TensorRole  # noqa: E402
 from fp8bench.nn.swiglu_fusion import Float8SwiGLULinear, fuse_swiglu_linears, swiglu_backward  # noqa: E402
 
@@ -152,3 +152,30 @@ def test_the_triton_backend_fuses_every_feed_forward():
     assert again.fused == () and set(again.unfused.values()) == {"already fused"}
     unfused = TritonBackend().convert_model(Llama(SMALL, device=DEVICE, dtype=torch.bfloat16), RECIPES["rowwise_with_gw_hp"], lambda name: name != "output", False, None)
     assert unfused.options["swiglu_fused_linears"] == 0 and unfused.options["converted_linears"] == 4 * SMALL.layers
+
+
+@pytest.mark.parametrize("name", ["tensorwise", "blockwise"])
+def test_compiled_blocks_trace_the_fused_ffn_in_one_graph(name):
+    """The triton backend's conversion of a LLaMa, each block compiled in one graph (fullgraph, as e2e compiles
+    blocks; aot_eager: the same kernels), trains as the same model run eagerly: equal losses and gradients
+    (these recipes' casts are our kernels either way)."""
+    torch._dynamo.reset()
+    models = []
+    for compiled in (False, True):
+        model = Llama(SMALL, device=DEVICE, dtype=torch.bfloat16)
+        model.init_weights(seed=1)
+        TritonBackend().convert_model(model, RECIPES[name], lambda name: name != "output", False, None)
+        if compiled:
+            for index, block in enumerate(model.layers):
+                model.layers[index] = torch.compile(block, backend="aot_eager", fullgraph=True)
+        models.append(model)
+    tokens = torch.randint(0, SMALL.vocab, (1, 129), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    results = []
+    for model in models:
+        loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
+        loss.backward()
+        results.append((loss.detach(), {n.replace("._orig_mod", ""): p.grad for n, p in model.named_parameters()}))
+    (eager_loss, eager_grads), (loss, grads) = results
+    assert torch.equal(loss, eager_loss) and grads.keys() == eager_grads.keys()
+    for key in grads:
+        assert torch.equal(grads[key], eager_grads[key]), key

@@ -37,7 +37,13 @@ rank, from the parameters' sizes and all-gather dtypes (fp8bench.nn.fsdp.all_gat
 The model-level roofline (`ideal_speedup`, `GemmRates`): the group's BF16 reference step with the GEMM time
 of every converted linear (its share of the profiled gemm_ms by FLOPs; attention's products are not
 converted) run at the FP8 rate of the recipe's products, casts free. Rates are those of the GPU's
-calibration profile (fp8bench.model.calibration) where one exists, else the dense peaks.
+calibration profile (fp8bench.model.calibration) where one exists, else the dense peaks. The roofline
+model's prediction (`predicted_speedup`, `predicted_step_ms`) adds each converted linear's casts as the layer
+roofline (fp8bench.model.roofline) plans them for the implementation, at the profile's copy bandwidth: the
+layer's plan gives every linear a producer that fuses what the layer's LayerNorm fuses (ours compiled: the
+activations' amax, delayed and 1x128 casts), which is what ours does for the RMSNorm and SwiGLU fusions
+(fp8bench.nn.norm_fusion, fp8bench.nn.swiglu_fusion) and approximates attention's output (no producer
+fusion) and the gradients' producers.
 """
 
 from __future__ import annotations
