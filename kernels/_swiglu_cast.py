@@ -35,14 +35,14 @@ BLOCKWISE = tl.constexpr(3)
 
 
 @triton.jit
-def _rounded(x, dtype: tl.constexpr):
-    """float32 x rounded to nearest even in `dtype`, back in float32. bfloat16 by its bits (ties to even,
-    NaN aside): Triton's interpreter truncates a float32 -> bfloat16 conversion, a GPU rounds it."""
-    if dtype == tl.bfloat16:
+def _rounded(x, like):
+    """float32 x rounded to nearest even in the dtype of `like`, back in float32. bfloat16 by its bits (ties
+    to even, NaN aside): Triton's interpreter truncates a float32 -> bfloat16 conversion, a GPU rounds it."""
+    if like.dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
         return bits.to(tl.float32, bitcast=True)
-    return x.to(dtype).to(tl.float32)
+    return x.to(like.dtype).to(tl.float32)
 
 
 @triton.jit
@@ -51,8 +51,8 @@ def _swiglu_tile(gu_ptr, r, c, rows, ffn, mask):
     gate = tl.load(gu_ptr + r[:, None] * (2 * ffn) + c[None, :], mask=mask, other=0.0)
     up = tl.load(gu_ptr + r[:, None] * (2 * ffn) + ffn + c[None, :], mask=mask, other=0.0)
     g = gate.to(tl.float32)
-    silu = _rounded(g / (1.0 + tl.exp(-g)), gate.dtype)
-    return _rounded(silu * up.to(tl.float32), gate.dtype)
+    silu = _rounded(g / (1.0 + tl.exp(-g)), gate)
+    return _rounded(silu * up.to(tl.float32), gate)
 
 
 @triton.jit

@@ -37,9 +37,9 @@ SPECS = [QuantizeSpec(E4M3, False, True, True), QuantizeSpec(E5M2, True, True, T
 AWKWARD = [(200, 48), (129, 144), (16, 272)]  # rows, ffn: partial tiles both ways
 
 
-def gate_up(rows: int, ffn: int, seed: int = 0) -> torch.Tensor:
+def gate_up(rows: int, ffn: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
-    return (3 * torch.randn(rows, 2 * ffn, generator=generator)).to(torch.bfloat16).to(DEVICE)
+    return (3 * torch.randn(rows, 2 * ffn, generator=generator)).to(dtype).to(DEVICE)
 
 
 REFERENCES = {
@@ -86,10 +86,11 @@ def test_tensorwise(rows, ffn, spec):
     assert_same(swiglu_cast_tensorwise(gu, amax, spec), quantize_tensorwise(h, spec), h, spec, "tensorwise")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("spec", SPECS, ids=["e4m3", "e5m2-pow2"])
 @pytest.mark.parametrize("rows,ffn", AWKWARD)
-def test_axiswise(rows, ffn, spec):
-    gu = gate_up(rows, ffn, 2)
+def test_axiswise(rows, ffn, spec, dtype):
+    gu = gate_up(rows, ffn, 2, dtype)
     h = swiglu_reference(gu)
     assert_same(swiglu_cast_axiswise(gu, spec), quantize_axiswise(h, spec), h, spec, "axiswise")
 
