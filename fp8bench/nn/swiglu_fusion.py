@@ -103,10 +103,13 @@ def swiglu_quantize_delayed(
     from fp8kernels.swiglu_cast import swiglu_amax, swiglu_cast_tensorwise
 
     spec = _spec(fp8_dtype, power_of_two)
-    recorded = amax_history.max()
-    empty_history_amax = torch.tensor(spec.fp8_max, device=gate_up.device) if history_filled else swiglu_amax(gate_up)[0].max()
+    if history_filled:
+        amax = ops.history_amax(amax_history, spec.fp8_max)
+    else:
+        recorded = amax_history.max()
+        amax = torch.where(recorded > 0, recorded, swiglu_amax(gate_up)[0].max())
     current = torch.zeros((), dtype=torch.float32, device=gate_up.device)  # atomic max needs a zero start
-    out = swiglu_cast_tensorwise(gate_up, torch.where(recorded > 0, recorded, empty_history_amax), spec, record_amax=current)
+    out = swiglu_cast_tensorwise(gate_up, amax, spec, record_amax=current)
     ops.record_amax(amax_history, current)
     return ops._outputs(out, gate_up, spec)
 
