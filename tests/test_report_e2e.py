@@ -229,3 +229,24 @@ def test_compare_passes_the_run_against_itself_and_compares_every_ok_case(tmp_pa
     assert {c["slowdown_pct"] for c in compared.values()} == {0.0}
     not_ok = rows[rows["status"] != "ok"]
     assert len(comparison["not_compared"]) == len(not_ok)
+
+
+def test_the_roofline_models_prediction_is_in_the_headline_the_table_and_the_speedup_chart(tmp_path):
+    """Rows with predicted_speedup (made up here: 0.97 of the ideal) and measured_vs_predicted: the headline
+    shows both for each implementation's best row, the speedup chart a predicted bar per row."""
+    run_dir = copy_fixture(tmp_path / "run")
+    frame = pd.read_csv(run_dir / "results.csv")
+    fp8 = frame["ideal_speedup"].notna()
+    frame.loc[fp8, "predicted_speedup"] = 0.97 * frame.loc[fp8, "ideal_speedup"]
+    frame.loc[fp8, "measured_vs_predicted"] = frame.loc[fp8, "speedup_vs_bf16"] / frame.loc[fp8, "predicted_speedup"]
+    frame.to_csv(run_dir / "results.csv", index=False)
+    write_reports(run_dir)
+    rows = load_results(run_dir)
+    ok = rows[(rows["granularity"] == Granularity.TENSORWISE.value) & (rows["status"] == "ok")]
+    best = ok.loc[ok.groupby("backend", sort=False)["speedup_vs_bf16"].idxmax()]
+    shown = table_cells(section(run_dir, Granularity.TENSORWISE, "e2e-headline"))
+    assert [r["predicted speedup"] for r in shown] == [f"{v:.3f}" for v in best["predicted_speedup"]]
+    assert [r["measured / predicted"] for r in shown] == [f"{v:.3f}" for v in best["measured_vs_predicted"]]
+    (speedup,) = report_e2e.speedup_chart(page_rows(rows, Granularity.TENSORWISE), GPU)
+    predicted = [v for t in speedup.figure.data if t.type == "bar" and report_e2e.PREDICTED in t.name for v in t.y]
+    assert sorted(predicted) == sorted(ok["predicted_speedup"])

@@ -1,6 +1,7 @@
 """`triton`: ours. The persistent TMA FP8 GEMM (fp8kernels.gemm) for all three granularities, the quantize
 kernels (fp8kernels.quantize_*) for every cast recipe, Float8LayerNormLinear for the measured layer, and
-convert_to_float8 (Float8Linear) for the model level.
+convert_to_float8 (Float8Linear) for the model level, after fusing each LLaMa block's RMSNorm and SwiGLU
+into the linears they feed (fp8bench.nn.norm_fusion, fp8bench.nn.swiglu_fusion).
 
 Operands are quantized untimed with fp8kernels.reference; the timed call is the GEMM alone. The chosen
 kernel config (kernels/gemm_configs.py) is recorded in the row's options. Blockwise always promotes the
@@ -120,16 +121,23 @@ class TritonBackend(Backend):
         the weights are all-gathered in FP8 (fp8bench.nn.fsdp)."""
         from fp8bench.nn.float8_linear import convert_to_float8, recipe_problem
         from fp8bench.nn.norm_fusion import fuse_norm_linears
+        from fp8bench.nn.swiglu_fusion import fuse_swiglu_linears
 
         problem = recipe_problem(recipe)
         if problem:
             raise Unsupported(problem)
         # RMSNorm -> linear pairs become one module whose norm writes the FP8 input (where the recipe's input
-        # cast can be fused: delayed and blockwise scaling); convert_to_float8 leaves those modules as they are.
+        # cast can be fused: delayed and blockwise scaling), and SwiGLU -> w2 pairs one module whose SwiGLU
+        # writes w2's FP8 input (every recipe that casts h once for both uses); convert_to_float8 leaves
+        # those modules as they are. Under FP8 all-gather w2 stays a Float8Linear, whose weight fp8bench.nn.fsdp
+        # all-gathers in FP8.
         fusion = fuse_norm_linears(model, recipe)
+        swiglu_fused = 0 if fp8_all_gather else len(fuse_swiglu_linears(model, recipe).fused)
         done = convert_to_float8(model, recipe, lambda module, name: keep(name))
         options: dict[str, Any] = {
-            "converted_linears": len(done.converted), "norm_fused_linears": len(fusion.fused), "summary": recipe.summary()
+            # every linear now FP8: those convert_to_float8 swapped and those fused with their producer
+            "converted_linears": len(done.converted) + len(fusion.fused) + swiglu_fused, "norm_fused_linears": len(fusion.fused),
+            "swiglu_fused_linears": swiglu_fused, "summary": recipe.summary(),
         }
         if done.left_in_bf16:
             options["left_in_bf16"] = done.left_in_bf16

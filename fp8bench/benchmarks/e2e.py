@@ -37,7 +37,13 @@ rank, from the parameters' sizes and all-gather dtypes (fp8bench.nn.fsdp.all_gat
 The model-level roofline (`ideal_speedup`, `GemmRates`): the group's BF16 reference step with the GEMM time
 of every converted linear (its share of the profiled gemm_ms by FLOPs; attention's products are not
 converted) run at the FP8 rate of the recipe's products, casts free. Rates are those of the GPU's
-calibration profile (fp8bench.model.calibration) where one exists, else the dense peaks.
+calibration profile (fp8bench.model.calibration) where one exists, else the dense peaks. The roofline
+model's prediction (`predicted_speedup`, `predicted_step_ms`) adds each converted linear's casts as the layer
+roofline (fp8bench.model.roofline) plans them for the implementation, at the profile's copy bandwidth: the
+layer's plan gives every linear a producer that fuses what the layer's LayerNorm fuses (ours compiled: the
+activations' amax, delayed and 1x128 casts), which is what ours does for the RMSNorm and SwiGLU fusions
+(fp8bench.nn.norm_fusion, fp8bench.nn.swiglu_fusion) and approximates attention's output (no producer
+fusion) and the gradients' producers.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ import pandas as pd
 from fp8bench.backends import Level, backend_names, convert
 from fp8bench.backends.te import te_unavailable_reason
 from fp8bench.benchmarks.layer import KERNEL_KINDS, first_matching_kind
-from fp8bench.config import FastAccum, Granularity, Status, TimingConfig
+from fp8bench.config import FastAccum, GemmShape, Granularity, Status, TimingConfig
 from fp8bench.harness.case import Built, Failed, Unsupported, Work
 from fp8bench.harness.results import Row, RunWriter
 from fp8bench.harness.runner import Discard, run_cases
@@ -323,6 +329,9 @@ class E2EBenchmark:
             columns.update(mfu_bf16_pct=100 * values["tflops"] / self.spec.bf16_tflops, mfu_fp8_pct=100 * values["tflops"] / self.spec.fp8_tflops)
         if reference is not None and case.recipe is not None and self.rates is not None and reference.get("gemm_ms"):
             columns["ideal_speedup"] = ideal_speedup(case, reference["median_ms"], reference["gemm_ms"], self.rates)
+            predicted = predicted_step_ms(case, reference["median_ms"], reference["gemm_ms"], self.rates)
+            if predicted is not None:
+                columns["predicted_speedup"] = reference["median_ms"] / predicted
         columns.update(dict.fromkeys(CLASS_COLUMNS.values(), 0.0))
         for name, ms in kernels.items():
             columns[CLASS_COLUMNS[kernel_class(name)]] += ms
@@ -568,29 +577,39 @@ class GpuStepClock:
 @dataclass(frozen=True)
 class GemmRates:
     """GEMM throughput, TFLOPS: BF16's and each FP8 configuration's (fp8bench.model.calibration's keys, e.g.
-    `tensorwise/on`), with a fallback for configurations not measured, and where the numbers come from."""
+    `tensorwise/on`), with a fallback for configurations not measured, and where the numbers come from;
+    with the memory bandwidth (TB/s) and kernel launch floor (us) the cast kernels are predicted at, where
+    known (no bandwidth: no predicted_speedup)."""
 
     bf16_tflops: float
     fp8_tflops: Mapping[str, float]
     fp8_fallback_tflops: float
     source: str
+    mem_tbps: float | None = None
+    launch_us: float = 0.0
 
     @classmethod
     def of_gpu(cls, spec: GpuSpec) -> "GemmRates":
-        """The calibration profile of the GPU if there is one, else its dense peaks."""
+        """The calibration profile of the GPU if there is one, else its dense peaks (and peak bandwidth)."""
         from fp8bench.model.calibration import REQUIRED_FP8, default_profile_path, load_profile
+        from fp8bench.model.roofline import TORCHAO_LAUNCH_US
 
         path = default_profile_path(spec.key)
         if path.exists():
             profile = load_profile(path)
-            return cls(profile.bf16_tflops, dict(profile.fp8_tflops), profile.fp8_tflops[REQUIRED_FP8], f"calibrated ({path})")
-        return cls(spec.bf16_tflops, {}, spec.fp8_tflops, f"dense peaks of {spec.key}")
+            return cls(profile.bf16_tflops, dict(profile.fp8_tflops), profile.fp8_tflops[REQUIRED_FP8], f"calibrated ({path})",
+                       profile.copy_tbps, profile.launch_us)  # fmt: skip
+        return cls(spec.bf16_tflops, {}, spec.fp8_tflops, f"dense peaks of {spec.key}", spec.mem_bw_tbps, TORCHAO_LAUNCH_US)
+
+    def fp8_rate(self, granularity: Granularity, accum: FastAccum) -> float:
+        """TFLOPS of one FP8 configuration: measured, else the other accumulation setting's, else the fallback."""
+        from fp8bench.model.calibration import fp8_key
+
+        return self.fp8_tflops.get(fp8_key(granularity, accum)) or self.fp8_tflops.get(fp8_key(granularity, FastAccum.OFF)) or self.fp8_fallback_tflops
 
     def relative_time(self, recipe: Recipe) -> float:
         """FP8 GEMM time over BF16's for the same FLOPs, over the three products of a linear's step (equal
         FLOPs each): 1 for a product the recipe keeps in BF16."""
-        from fp8bench.model.calibration import fp8_key
-
         total = 0.0
         for gemm in GemmRole:
             granularity = recipe.gemm_granularity(gemm)
@@ -598,20 +617,79 @@ class GemmRates:
                 total += 1.0
                 continue
             accum = FastAccum.ON if recipe.gemms[gemm].use_fast_accum else FastAccum.OFF
-            rate = self.fp8_tflops.get(fp8_key(granularity, accum)) or self.fp8_tflops.get(fp8_key(granularity, FastAccum.OFF))
-            total += self.bf16_tflops / (rate or self.fp8_fallback_tflops)
+            total += self.bf16_tflops / self.fp8_rate(granularity, accum)
         return total / len(GemmRole)
 
+    def ceilings(self):
+        """These rates as the roofline model's ceilings (fp8bench.model.roofline.Ceilings); None without a bandwidth."""
+        from fp8bench.model.roofline import FP8_GEMM_RELATIVE, Ceilings
 
-def ideal_speedup(case: E2ECase, reference_ms: float, reference_gemm_ms: float, rates: GemmRates) -> float:
-    """The model-level roofline of an FP8 case (module docstring) from its BF16 reference's step time and
-    GEMM kernel time."""
+        if self.mem_tbps is None:
+            return None
+        fp8 = {(granularity, accum): self.fp8_rate(granularity, accum) for granularity, accum in FP8_GEMM_RELATIVE}
+        return Ceilings("e2e", self.source, self.bf16_tflops, fp8, self.mem_tbps, self.launch_us)
+
+
+def _converted_linears(case: E2ECase) -> list[tuple[int, int, int]]:
+    """(in features, out features, how many) of each kind of linear FP8 conversion converts."""
+    model = case.model
+    kv_dim = model.kv_heads * model.head_dim
+    blocks = [(model.dim, model.dim + 2 * kv_dim), (model.dim, model.dim), (model.dim, 2 * model.ffn_dim), (model.ffn_dim, model.dim)]
+    head = [(model.dim, model.vocab, 1)] if case.lm_head == "fp8" else []
+    return [(k, n, model.layers) for k, n in blocks] + head
+
+
+def _gemm_saving_ms(case: E2ECase, reference_gemm_ms: float, rates: GemmRates) -> float:
+    """What the converted linears' GEMMs save on the reference's GEMM time at the recipe's FP8 rates: their
+    share of it by FLOPs (attention's products are not converted), times 1 - relative_time."""
     model = case.model
     linears = model.layers * model.block_linear_parameters()
     head = model.vocab * model.dim
     converted = linears + (head if case.lm_head == "fp8" else 0)
     converted_ms = reference_gemm_ms * converted / (linears + head)
-    return reference_ms / (reference_ms - converted_ms * (1.0 - rates.relative_time(case.recipe)))
+    return converted_ms * (1.0 - rates.relative_time(case.recipe))
+
+
+def ideal_speedup(case: E2ECase, reference_ms: float, reference_gemm_ms: float, rates: GemmRates) -> float:
+    """The model-level roofline of an FP8 case (module docstring) from its BF16 reference's step time and
+    GEMM kernel time, casts free."""
+    return reference_ms / (reference_ms - _gemm_saving_ms(case, reference_gemm_ms, rates))
+
+
+# The roofline model's implementation of each FP8 backend's casts (fp8bench.model.roofline.IMPLEMENTATIONS);
+# ours by whether it is compiled.
+ROOFLINE_IMPLEMENTATIONS = {("triton", False): "triton", ("triton", True): "triton-compile", ("torchao", False): "torchao",
+                            ("torchao", True): "torchao", ("te", False): "te", ("te", True): "te"}  # fmt: skip
+
+
+def cast_ms(case: E2ECase, rates: GemmRates) -> float | None:
+    """The predicted time of the converted linears' casts in one step: for each linear, the cast kernels the
+    layer roofline plans for the recipe and the implementation (fp8bench.model.roofline.predict at M = the
+    step's tokens), plus what its producer writes besides (FP8 forms it makes) less what it no longer writes
+    (a BF16 output nothing reads), at the rates' bandwidth and launch floor. The layer's own sigmoid is not
+    the model's: no epilogue saving is counted. None where there is no bandwidth, or the roofline has no such
+implementation or not this recipe of it."""
+    from fp8bench.model.roofline import IMPLEMENTATIONS as ROOFLINE, predict
+
+    ceilings = rates.ceilings()
+    name = ROOFLINE_IMPLEMENTATIONS.get((case.implementation, case.compile != "none"))
+    if ceilings is None or name is None or ROOFLINE[name].unsupported_reason(case.recipe):
+        return None
+    impl = dataclasses.replace(ROOFLINE[name], activation_in_epilogue=False)
+    total_s = 0.0
+    for k, n, count in _converted_linears(case):
+        p = predict(GemmShape(case.tokens, k, n), case.recipe, impl, ceilings)
+        producers_s = sum(p.term_s(term) - p.term_s(term, fp8=False) for term in ("layernorm", "sigmoid"))
+        total_s += count * (p.term_s("cast") + producers_s)
+    return total_s * 1e3
+
+
+def predicted_step_ms(case: E2ECase, reference_ms: float, reference_gemm_ms: float, rates: GemmRates) -> float | None:
+    """The roofline model's step time of an FP8 case: the BF16 reference's step, the converted GEMMs at the
+    FP8 rates (ideal_speedup's), plus the predicted casts (cast_ms); every other kernel as measured in
+    the reference's profiled step. None where cast_ms is."""
+    casts = cast_ms(case, rates)
+    return None if casts is None else reference_ms - _gemm_saving_ms(case, reference_gemm_ms, rates) + casts
 
 
 def loss_problem(loss: float, reference_loss: float | None) -> str | None:

@@ -134,17 +134,26 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
+class SwiGLU(nn.Module):
+    """silu(gate) * up of the gate+up product [..., 2 * ffn_dim] (gate first). A module of its own so that
+    a converter can fuse it into the down projection (fp8bench.nn.swiglu_fusion)."""
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
 class FeedForward(nn.Module):
     """SwiGLU: w2(silu(x w1) * (x w3)), with w1 and w3 as one product `w13`."""
 
     def __init__(self, config: LlamaConfig, device=None, dtype=None):
         super().__init__()
         self.w13 = nn.Linear(config.dim, 2 * config.ffn_dim, bias=False, device=device, dtype=dtype)
+        self.swiglu = SwiGLU()
         self.w2 = nn.Linear(config.ffn_dim, config.dim, bias=False, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w13(x).chunk(2, dim=-1)
-        return self.w2(F.silu(gate) * up)
+        return self.w2(self.swiglu(self.w13(x)))
 
 
 class Block(nn.Module):

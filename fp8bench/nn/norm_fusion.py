@@ -32,15 +32,16 @@ NORM_LINEAR_PAIRS = (("attention_norm", "attention.wqkv"), ("ffn_norm", "feed_fo
 
 
 @dataclass(frozen=True)
-class NormFusion:
-    """What fuse_norm_linears did: the names of the linears now fused with their norm, and of those left
-    as they were with why."""
+class Fusion:
+    """What a fusion of producers into the linears they feed did (fuse_norm_linears, and
+    fp8bench.nn.swiglu_fusion's): the names of the linears now fused with their producer, and of those
+    left as they were with why."""
 
     fused: tuple[str, ...]
     unfused: dict[str, str]
 
 
-def fuse_norm_linears(model: nn.Module, recipe: Recipe) -> NormFusion:
+def fuse_norm_linears(model: nn.Module, recipe: Recipe) -> Fusion:
     """Swap, in place, the norm -> linear pairs of every llama Block in `model` for Float8LayerNormLinear
     modules running `recipe` (module docstring); returns which linears were fused. A linear the recipe
     cannot run (shape_problem), one already converted to something other than Float8Linear, and every
@@ -67,7 +68,7 @@ def fuse_norm_linears(model: nn.Module, recipe: Recipe) -> NormFusion:
             setattr(block.get_submodule(parent_path), child, Float8LayerNormLinear.from_modules(norm, linear, recipe))
             setattr(block, norm_path, nn.Identity())
             fused.append(name)
-    return NormFusion(tuple(fused), unfused)
+    return Fusion(tuple(fused), unfused)
 
 
 def _why_not(norm: nn.Module, linear: nn.Module, recipe: Recipe, fuses: bool) -> str | None:

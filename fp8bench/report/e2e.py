@@ -7,7 +7,8 @@ speedup_vs_bf16 is over the BF16 step of its configuration (the compiled one whe
 repeat_ms holds every measured step, so the whiskers span the fastest to the slowest step.
 
 The page opens with the headline (each implementation's best speedup, ours against the best reference),
-then charts of tokens/s/GPU, speedup beside the model-level roofline (`ideal_speedup`), measured / ideal,
+then charts of tokens/s/GPU, speedup beside the model-level roofline (`ideal_speedup`: casts free;
+`predicted_speedup`: the roofline model's casts added), measured / ideal,
 MFU, peak memory and the step time by kernel class, a table of where ours differs from the best reference
 per kernel class, FSDP2's all-gather and scaling efficiency for runs on several GPUs, and the rows that did
 not run with their reasons. Only `ok` rows are plotted; the page's table lists every row.
@@ -47,7 +48,7 @@ MFU_COLUMNS = {"mfu_bf16_pct": "MFU against the BF16 dense peak, %", "mfu_fp8_pc
 MEMORY_COLUMNS = {"mem_alloc_gb": "peak allocated, GB", "mem_reserved_gb": "peak reserved, GB"}
 TABLE_COLUMNS = (
     "case", "world_size", "compile", "activation_checkpointing", "lm_head", "backend", "recipe", "status",
-    "tokens_per_s", "speedup_vs_bf16", "ideal_speedup", "tflops", "mfu_bf16_pct", "mfu_fp8_pct", "mem_alloc_gb",
+    "tokens_per_s", "speedup_vs_bf16", "ideal_speedup", "predicted_speedup", "measured_vs_predicted", "tflops", "mfu_bf16_pct", "mfu_fp8_pct", "mem_alloc_gb",
     "mem_reserved_gb", "final_loss", *CLASS_COLUMNS, "allgather_gb", "wall_ms", "repeats", "timer", "options",
 )
 _TEXT = ("case", "configuration", "implementation", "recipe", "status", "kernel class")
@@ -57,7 +58,7 @@ _LABELS = {
     "value": "", "measure": "", "kernels": "kernel class", "ms": "ms per step",
 }
 _HOVER = {"median_ms": ":.4g", "spread_pct": ":.1f", "tokens_per_s": ":.0f"}
-MEASURED, IDEAL = "measured", "ideal (model-level roofline)"
+MEASURED, IDEAL, PREDICTED = "measured", "ideal (model-level roofline)", "predicted (roofline with casts)"
 STEP_WHISKERS = "Bars: the median over the measured steps; whiskers span the fastest to the slowest step."
 
 
@@ -149,6 +150,8 @@ def headline(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Section]:
             f"speedup over {reference_label}": best["speedup_vs_bf16"].map(_fmt),
             "ideal speedup": best["ideal_speedup"].map(_fmt),
             "measured / ideal": (best["speedup_vs_bf16"] / best["ideal_speedup"]).map(_fmt),
+            "predicted speedup": best["predicted_speedup"].map(_fmt),
+            "measured / predicted": best["measured_vs_predicted"].map(_fmt),
             "tokens/s per GPU": best["tokens_per_s"].map(lambda v: _fmt(v, ",.0f")),
         })  # fmt: skip
         title = f"{configuration(group)}, LM head {group['lm_head']}"
@@ -204,26 +207,30 @@ def speedup_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:
         return []
     measured = ratio_whiskers(fp8, ok[ok["backend"] == BF16], GROUP_KEYS, "speedup_vs_bf16")
     ideal = fp8[fp8["ideal_speedup"].notna()]
+    predicted = fp8[fp8["predicted_speedup"].notna()]
     bars = pd.concat(
         [measured.assign(speedup=measured["speedup_vs_bf16"], what=MEASURED),
-         ideal.assign(speedup=ideal["ideal_speedup"], what=IDEAL)],
+         ideal.assign(speedup=ideal["ideal_speedup"], what=IDEAL),
+         predicted.assign(speedup=predicted["predicted_speedup"], what=PREDICTED)],
         ignore_index=True,
     )  # fmt: skip
     figure = px.bar(
         bars, x="step", y="speedup", color="implementation_label", pattern_shape="what", facet_row="panel",
         barmode="group", error_y="whisker_up", error_y_minus="whisker_down", color_discrete_map=_colours(bars),
-        category_orders={**run_order(bars, "step", "panel", "implementation_label"), "what": [MEASURED, IDEAL]},
+        category_orders={**run_order(bars, "step", "panel", "implementation_label"), "what": [MEASURED, IDEAL, PREDICTED]},
         hover_data={"median_ms": ":.4g", "spread_pct": ":.1f"}, labels=_LABELS,
     )
     figure.add_hline(y=1.0, line_dash="dot", annotation_text="BF16", annotation_position="top left")
     figure.update_layout(height=_panel_height(bars))
     note = (
         "Solid: measured, the BF16 step's median time over the FP8 step's (BF16 compiled as the FP8 steps are, "
-        "same configuration, same run). Hatched: the model-level roofline, the profiled BF16 step with every "
-        "converted linear's GEMMs at the recipe's FP8 rate and casts free (ideal_speedup). Whiskers pair the "
+        "same configuration, same run). Hatched /: the model-level roofline, the profiled BF16 step with every "
+        "converted linear's GEMMs at the recipe's FP8 rate and casts free (ideal_speedup). Hatched \\: the roofline "
+        "model's prediction, the same with each converted linear's casts as the layer roofline plans them for the "
+        "implementation, at the memory bandwidth (predicted_speedup). Whiskers pair the "
         "FP8 row's fastest step with the BF16 step's slowest and the other way round."
     )
-    return [Chart("e2e-speedup", "Speedup over BF16: measured and ideal", figure, note)]
+    return [Chart("e2e-speedup", "Speedup over BF16: measured, ideal and predicted", figure, note)]
 
 
 def measured_vs_ideal_chart(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Chart]:

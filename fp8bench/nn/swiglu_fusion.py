@@ -1,0 +1,215 @@
+"""The LLaMa feed-forward's SwiGLU fused into the down projection `w2`, so that the SwiGLU writes w2's FP8
+input itself (fp8kernels.swiglu_cast): the bf16 h = silu(gate) * up is neither written nor read back.
+
+In each fp8bench.nn.llama.FeedForward, `swiglu` turns w13's gate+up product into h and only `w2` reads h:
+fuse_swiglu_linears swaps `w2` for a Float8SwiGLULinear (sharing its weight, no copy), which takes the
+gate+up product, and `swiglu` for nn.Identity. Parameter names do not change.
+
+Where the recipe casts h in one config for both of its uses (the output product reads h, grad_weight
+reads h.T), one kernel writes both copies:
+- tensorwise, dynamic: an amax pass over the gate+up product, then the cast pass (both copies, one
+  scale). Unfused, h is written in bf16, its amax read (fused into the SwiGLU under torch.compile), then
+  read again by the cast;
+- tensorwise-delayed: one pass, scaled by the history's amax, h's amax recorded for the history (the
+  first training step scales by h's own amax after an amax pass, as quantize_delayed does);
+- rowwise (axiswise both ways): an amax pass (per row and per column of h), then the cast pass;
+- blockwise (1 x 128 groups both ways): one pass; a 128 x 128 tile of h holds whole groups of both copies.
+rowwise_with_gw_hp keeps h in bf16 for grad_weight: w2 stays a plain Float8Linear there (unfused).
+
+The copies equal those Float8Linear casts from the unfused h (the kernel rounds silu and the product to
+bf16 as the torch ops do), so a fused FFN computes what the unfused one does, bit for bit, eagerly. The
+backward is Float8Linear's (float8_linear.backward_products) for w2, then d(silu(gate) * up) in torch
+ops from the saved gate+up product, the ops autograd runs for the plain formula (inductor fuses them
+into one kernel under torch.compile).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fp8bench.config import BLOCK, Granularity
+from fp8bench.nn import _float8_ops as ops
+from fp8bench.nn.float8_linear import (
+    Float8Linear,
+    Forms,
+    _Plan,
+    backward_products,
+    forward_products,
+    in_input_dtype,
+    plan,
+    recipe_problem,
+    shape_problem,
+)
+from fp8bench.nn.llama import FeedForward, SwiGLU
+from fp8bench.nn.norm_fusion import Fusion
+from fp8bench.nn.recipes import Recipe
+
+_FUSED_GRANULARITIES = (Granularity.TENSORWISE.value, Granularity.AXISWISE.value, Granularity.BLOCKWISE.value)
+
+
+def swiglu_fusion(how: _Plan) -> str | None:
+    """Why w2's input cast does not fuse into the SwiGLU under this plan, or None where it does: one
+    cast makes both copies of h (module docstring)."""
+    calls = how.quantize.input
+    if len(calls) != 1 or not (calls[0].rowwise and calls[0].columnwise):
+        return "the recipe casts h in two configs or keeps it in bf16 for grad_weight; its casts stay after the SwiGLU"
+    call = calls[0]
+    if call.granularity not in _FUSED_GRANULARITIES or (call.granularity == Granularity.BLOCKWISE.value and call.block_rows != 1):
+        return f"h is cast in {call.granularity} {call.block_rows}x{BLOCK} groups; the SwiGLU kernel writes 1x{BLOCK}"
+    return None
+
+
+def _h_like(gate_up: torch.Tensor) -> torch.Tensor:
+    """A tensor of h's shape and dtype, for the fake implementations' layouts."""
+    return gate_up.new_empty((gate_up.shape[0], gate_up.shape[1] // 2))
+
+
+def _spec(fp8_dtype: str, power_of_two: bool):
+    from fp8kernels.quantize import QuantizeSpec
+
+    return QuantizeSpec(ops.FP8_DTYPES[fp8_dtype], power_of_two, rowwise=True, columnwise=True)
+
+
+@torch.library.custom_op("fp8bench::swiglu_quantize", mutates_args=())
+def swiglu_quantize(gate_up: torch.Tensor, granularity: str, fp8_dtype: str, power_of_two: bool) -> ops.Quantized:
+    """Both copies of h = silu(gate) * up, dynamically scaled (fp8kernels.swiglu_cast), returned as
+    fp8bench::quantize returns them."""
+    from fp8kernels.swiglu_cast import swiglu_amax, swiglu_cast_axiswise, swiglu_cast_blockwise, swiglu_cast_tensorwise
+
+    spec = _spec(fp8_dtype, power_of_two)
+    if granularity == Granularity.TENSORWISE.value:
+        out = swiglu_cast_tensorwise(gate_up, swiglu_amax(gate_up)[0].max(), spec)
+    elif granularity == Granularity.AXISWISE.value:
+        out = swiglu_cast_axiswise(gate_up, spec)
+    else:
+        out = swiglu_cast_blockwise(gate_up, spec)
+    return ops._outputs(out, gate_up, spec)
+
+
+@swiglu_quantize.register_fake
+def _swiglu_quantize_fake(gate_up, granularity, fp8_dtype, power_of_two):
+    return ops._quantize_fake(_h_like(gate_up), granularity, 1, fp8_dtype, power_of_two, True, True)
+
+
+@torch.library.custom_op("fp8bench::swiglu_quantize_delayed", mutates_args=("amax_history",))
+def swiglu_quantize_delayed(
+    gate_up: torch.Tensor, amax_history: torch.Tensor, fp8_dtype: str, power_of_two: bool, history_filled: bool
+) -> ops.Quantized:
+    """Both copies of h, tensorwise with the history's largest amax, in one pass; h's amax then goes to the
+    front of the history. Until `history_filled`, an empty history scales by h's own amax (an amax pass
+    first), as fp8bench::quantize_delayed does; after, by 1 (ops.history_amax)."""
+    from fp8kernels.swiglu_cast import swiglu_amax, swiglu_cast_tensorwise
+
+    spec = _spec(fp8_dtype, power_of_two)
+    if history_filled:
+        amax = ops.history_amax(amax_history, spec.fp8_max)
+    else:
+        recorded = amax_history.max()
+        amax = torch.where(recorded > 0, recorded, swiglu_amax(gate_up)[0].max())
+    current = torch.zeros((), dtype=torch.float32, device=gate_up.device)  # atomic max needs a zero start
+    out = swiglu_cast_tensorwise(gate_up, amax, spec, record_amax=current)
+    ops.record_amax(amax_history, current)
+    return ops._outputs(out, gate_up, spec)
+
+
+@swiglu_quantize_delayed.register_fake
+def _swiglu_quantize_delayed_fake(gate_up, amax_history, fp8_dtype, power_of_two, history_filled):
+    return ops._quantize_fake(_h_like(gate_up), Granularity.TENSORWISE.value, 0, fp8_dtype, power_of_two, True, True)
+
+
+def swiglu_backward(grad_h: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    """The gradient of gate_up[..., 2F] from that of h = silu(gate) * up: autograd's ops for the plain
+    formula (mul's backward, then silu's), so the same values."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    grad_gate = torch.ops.aten.silu_backward(grad_h * up, gate)
+    return torch.cat((grad_gate, grad_h * F.silu(gate)), dim=-1)
+
+
+class _Float8SwiGLULinearFunction(torch.autograd.Function):
+    """silu(gate) * up of gate_up[M, 2K], @ weight[N, K].T, the SwiGLU fused with the input's casts."""
+
+    @staticmethod
+    def forward(ctx, gate_up, weight, input_history, weight_history, grad_output_history, how: _Plan, histories_filled: bool):
+        (call,) = how.quantize.input  # one call makes both copies (swiglu_fusion)
+        if call.delayed:
+            data, scale, data_t, scale_t = swiglu_quantize_delayed(gate_up, input_history, call.fp8_dtype, call.power_of_two, histories_filled)
+        else:
+            data, scale, data_t, scale_t = swiglu_quantize(gate_up, call.granularity, call.fp8_dtype, call.power_of_two)
+        forms = Forms((data, scale), (data_t, scale if call.shared_scale else scale_t))
+        out, saved, ctx.weight_tensors = forward_products(None, forms, weight, weight_history, how, histories_filled)
+        ctx.save_for_backward(*saved, grad_output_history, gate_up)
+        ctx.plan, ctx.histories_filled = how, histories_filled
+        return in_input_dtype(out, gate_up)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        *saved, grad_output_history, gate_up = ctx.saved_tensors
+        needs_gate_up, needs_weight = ctx.needs_input_grad[:2]
+        grad_h, grad_weight = backward_products(
+            ctx.plan, saved, ctx.weight_tensors, grad_output, grad_output_history, ctx.histories_filled, needs_gate_up, needs_weight
+        )
+        grad_gate_up = swiglu_backward(grad_h, gate_up) if needs_gate_up else None
+        return grad_gate_up, grad_weight, None, None, None, None, None
+
+
+class Float8SwiGLULinear(Float8Linear):
+    """The down projection with the SwiGLU before it: takes the gate+up product [..., 2 * in_features]
+    (gate first) and returns w2(silu(gate) * up) with `recipe`'s products (module docstring). Build it
+    with Float8SwiGLULinear.from_linear(w2, recipe), for a recipe swiglu_fusion accepts."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        problem = swiglu_fusion(self._plan)
+        if problem:
+            raise ValueError(f"Float8SwiGLULinear cannot run recipe {self.recipe.name!r}: {problem}")
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if gate_up.shape[-1] != 2 * self.in_features:
+            raise ValueError(f"Float8SwiGLULinear({self.in_features} -> {self.out_features}) takes the gate+up product of "
+                             f"{2 * self.in_features} features, got {gate_up.shape[-1]}")  # fmt: skip
+        gate_up2d = gate_up.reshape(-1, gate_up.shape[-1])
+        if gate_up2d.shape[0] % self._rows_multiple:
+            problem = shape_problem(gate_up2d.shape[0], self.in_features, self.out_features, self.recipe)
+            raise ValueError(f"Float8SwiGLULinear with recipe {self.recipe.name!r} cannot take {gate_up2d.shape[0]} rows: {problem}")
+        histories, histories_filled = self.step_state()
+        out = _Float8SwiGLULinearFunction.apply(gate_up2d.contiguous(), self.weight, *histories, self._plan, histories_filled)
+        return self.finish(out, gate_up)
+
+
+def fuse_swiglu_linears(model: nn.Module, recipe: Recipe) -> Fusion:
+    """Swap, in place, the SwiGLU -> w2 pair of every llama FeedForward in `model` for a
+    Float8SwiGLULinear running `recipe` (module docstring); returns which w2 linears were fused. A w2 the
+    recipe cannot run (shape_problem), one already converted to something other than Float8Linear, and
+    every pair of a recipe whose cast of h does not fuse (swiglu_fusion) are left as they are, with the
+    reason. Call it before convert_to_float8, which then leaves the fused modules as they are.
+
+    ValueError for a recipe our kernels cannot run (recipe_problem)."""
+    problem = recipe_problem(recipe)
+    if problem:
+        raise ValueError(f"recipe {recipe.name!r} cannot run on our kernels: {problem}")
+    recipe_reason = swiglu_fusion(plan(recipe))
+    fused: list[str] = []
+    unfused: dict[str, str] = {}
+    for ffn_name, ffn in model.named_modules():
+        if not isinstance(ffn, FeedForward):
+            continue
+        name = f"{ffn_name}.w2" if ffn_name else "w2"
+        reason = recipe_reason or _why_not(ffn, recipe)
+        if reason:
+            unfused[name] = reason
+            continue
+        ffn.w2 = Float8SwiGLULinear.from_linear(ffn.w2, recipe)
+        ffn.swiglu = nn.Identity()
+        fused.append(name)
+    return Fusion(tuple(fused), unfused)
+
+
+def _why_not(ffn: FeedForward, recipe: Recipe) -> str | None:
+    """Why this FeedForward's SwiGLU -> w2 stays as it is, or None."""
+    if not isinstance(ffn.swiglu, SwiGLU) or isinstance(ffn.w2, Float8SwiGLULinear):
+        return "already fused"
+    if type(ffn.w2) not in (nn.Linear, Float8Linear):
+        return f"w2 is a {type(ffn.w2).__name__}, not an nn.Linear"
+    return shape_problem(BLOCK, ffn.w2.in_features, ffn.w2.out_features, recipe)

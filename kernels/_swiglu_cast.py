@@ -1,0 +1,103 @@
+"""SwiGLU, h = silu(gate) * up, with the FP8 cast of h in the same kernel: the bf16 h never exists.
+
+The input is the fused gate+up product gu[R, 2F] (gate in columns 0..F-1, up in F..2F-1, as
+`gu.chunk(2, dim=-1)` splits it). Each program owns one TILE x TILE tile of h (rows r, columns c), reads
+its gate and up tiles, and computes h in float32 rounded as the unfused torch ops round it: silu(gate)
+to gu's dtype, then the product to gu's dtype. So the cast sees the values a quantize kernel reading the
+unfused h would see, and casts them with the same formulas (fp8kernels._quantize_common).
+
+SCALING picks what the tile writes:
+- AMAX: no fp8 output; the amax of each row and each column of h folded into row_amax / col_amax by atomic
+  max (amaxes are >= 0, so float atomic max is exact): the first pass of dynamic tensorwise (the amax of h
+  is their max) and of axiswise scaling, which need amaxes over whole rows and columns before any cast;
+- TENSORWISE: one multiplier from the amax at amax_ptr, both copies (the transposed one written
+  transposed, as the blockwise quantize kernel writes it), h's own amax folded into record_amax_ptr
+  (delayed scaling's history);
+- AXISWISE: a multiplier per row (from row_amax) for the rowwise copy and per column (from col_amax) for
+  the transposed copy, the scales stored by the first column (row scales) and first row (column scales)
+  of programs;
+- BLOCKWISE: 1 x 128 groups in both copies. A 128 x 128 tile holds whole groups of both: a row's 128
+  columns for the rowwise copy and a column's 128 rows for the transposed one, so both are written from
+  one read of gu (scales outer-dimension-major, fp8kernels.quantize's layouts).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from fp8kernels._quantize_common import cast_to_fp8, dequantization_scale, multiplier_from_amax, store_transposed
+
+AMAX = tl.constexpr(0)
+TENSORWISE = tl.constexpr(1)
+AXISWISE = tl.constexpr(2)
+BLOCKWISE = tl.constexpr(3)
+
+
+@triton.jit
+def _rounded(x, like):
+    """float32 x rounded to nearest even in the dtype of `like`, back in float32. bfloat16 by its bits (ties
+    to even, NaN aside): Triton's interpreter truncates a float32 -> bfloat16 conversion, a GPU rounds it."""
+    if like.dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    return x.to(like.dtype).to(tl.float32)
+
+
+@triton.jit
+def _swiglu_tile(gu_ptr, r, c, rows, ffn, mask):
+    """h[r, c] in float32, rounded as torch's silu then mul round in gu's dtype; 0 outside `mask`."""
+    gate = tl.load(gu_ptr + r[:, None] * (2 * ffn) + c[None, :], mask=mask, other=0.0)
+    up = tl.load(gu_ptr + r[:, None] * (2 * ffn) + ffn + c[None, :], mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    silu = _rounded(g / (1.0 + tl.exp(-g)), gate)
+    return _rounded(silu * up.to(tl.float32), gate)
+
+
+@triton.jit
+def _swiglu_cast_kernel(
+    gu_ptr, q_ptr, scale_ptr, q_t_ptr, scale_t_ptr, amax_ptr, record_amax_ptr, row_amax_ptr, col_amax_ptr, rows, ffn,
+    SCALING: tl.constexpr, ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RECORD_AMAX: tl.constexpr,
+    FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr, POWER_OF_TWO: tl.constexpr, TILE: tl.constexpr,
+):  # fmt: skip
+    """h = silu(gu[:, :ffn]) * gu[:, ffn:] of a (rows, ffn) h, tile (program_id(0), program_id(1)); the
+    module docstring says what each SCALING writes. BLOCKWISE takes TILE = 128 and whole tiles (the
+    caller checks)."""
+    pid_r, pid_c = tl.program_id(0), tl.program_id(1)
+    r = pid_r * TILE + tl.arange(0, TILE)
+    c = pid_c * TILE + tl.arange(0, TILE)
+    row_mask, col_mask = r < rows, c < ffn
+    mask = row_mask[:, None] & col_mask[None, :]
+    h = _swiglu_tile(gu_ptr, r, c, rows, ffn, mask)
+    magnitude = tl.abs(h)  # 0 outside the mask
+    if SCALING == AMAX:
+        tl.atomic_max(row_amax_ptr + r, tl.max(magnitude, axis=1), mask=row_mask)
+        tl.atomic_max(col_amax_ptr + c, tl.max(magnitude, axis=0), mask=col_mask)
+    else:
+        if SCALING == TENSORWISE:
+            multiplier = multiplier_from_amax(tl.load(amax_ptr), FP8_MAX, POWER_OF_TWO)
+            tl.store(scale_ptr, dequantization_scale(multiplier), mask=(pid_r == 0) & (pid_c == 0))
+            row_multiplier = tl.full([TILE], 1.0, tl.float32) * multiplier
+            col_multiplier = row_multiplier
+            if RECORD_AMAX:
+                tl.atomic_max(record_amax_ptr, tl.max(tl.max(magnitude, axis=1), axis=0))
+        elif SCALING == AXISWISE:
+            row_multiplier = multiplier_from_amax(tl.load(row_amax_ptr + r, mask=row_mask, other=1.0), FP8_MAX, POWER_OF_TWO)
+            col_multiplier = multiplier_from_amax(tl.load(col_amax_ptr + c, mask=col_mask, other=1.0), FP8_MAX, POWER_OF_TWO)
+            if pid_c == 0:
+                tl.store(scale_ptr + r, dequantization_scale(row_multiplier), mask=row_mask)
+            if pid_r == 0:
+                tl.store(scale_t_ptr + c, dequantization_scale(col_multiplier), mask=col_mask)
+        else:  # BLOCKWISE: this tile's row groups are group pid_c of rows r; its column groups, group pid_r of columns c
+            row_multiplier = multiplier_from_amax(tl.max(magnitude, axis=1), FP8_MAX, POWER_OF_TWO)
+            col_multiplier = multiplier_from_amax(tl.max(magnitude, axis=0), FP8_MAX, POWER_OF_TWO)
+            if ROWWISE:  # scale[r, g] at g * rows + r
+                tl.store(scale_ptr + pid_c * rows + r, dequantization_scale(row_multiplier))
+            if COLUMNWISE:  # scale_t[c, g] at g * ffn + c
+                tl.store(scale_t_ptr + pid_r * ffn + c, dequantization_scale(col_multiplier))
+        if ROWWISE:
+            q = cast_to_fp8(h, row_multiplier[:, None], FP8_MAX, FP8_DTYPE)
+            tl.store(q_ptr + r[:, None] * ffn + c[None, :], q, mask=mask)
+        if COLUMNWISE:
+            store_transposed(q_t_ptr, cast_to_fp8(h, col_multiplier[None, :], FP8_MAX, FP8_DTYPE), r, c, rows, ffn)

@@ -1,0 +1,95 @@
+"""SwiGLU fused with the FP8 cast of its output (kernel in _swiglu_cast.py): the down projection's input
+h = silu(gate) * up written in FP8 straight from the gate+up product gu[R, 2F], both copies a linear's
+training step reads (h for the output product, h.T for grad_weight), tensorwise, axiswise or in 1 x 128
+groups. Outputs and scale layouts are fp8kernels.quantize's, exactly what quantize_<granularity> of the
+unfused h returns (`swiglu_reference` is that h)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from fp8kernels._quantize_common import check_input, empty_fp8, empty_scales, fp8_constants
+from fp8kernels._swiglu_cast import AMAX, AXISWISE, BLOCKWISE, TENSORWISE, _swiglu_cast_kernel
+from fp8kernels.quantize import QuantizedTensor, QuantizeSpec
+from fp8kernels.scaling import BLOCK
+
+# One tile edge for every mode: blockwise needs whole 128-wide groups both ways; 8 warps hold a
+# 128 x 128 float32 tile without spilling (untuned: no GPU sweep has picked it).
+TILE = BLOCK
+NUM_WARPS = 8
+
+
+def swiglu_reference(gu: torch.Tensor) -> torch.Tensor:
+    """h = silu(gate) * up of gu[..., 2F] in plain PyTorch, in gu's dtype: what the kernel casts."""
+    gate, up = gu.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _ffn(gu: torch.Tensor) -> int:
+    check_input(gu)
+    if gu.shape[1] % 2:
+        raise ValueError(f"the gate+up product has an even number of columns (gate, then up), got {gu.shape[1]}")
+    return gu.shape[1] // 2
+
+
+def _launch(gu, scaling, spec: QuantizeSpec, q, scale, q_t, scale_t, amax=None, record_amax=None, row_amax=None, col_amax=None):
+    rows, ffn = gu.shape[0], gu.shape[1] // 2
+    unused = gu  # a pointer for arguments the mode does not read
+    _swiglu_cast_kernel[(triton.cdiv(rows, TILE), triton.cdiv(ffn, TILE))](
+        gu, *(unused if t is None else t for t in (q, scale, q_t, scale_t, amax, record_amax, row_amax, col_amax)),
+        rows, ffn, SCALING=scaling, ROWWISE=spec.rowwise, COLUMNWISE=spec.columnwise, RECORD_AMAX=record_amax is not None,
+        **fp8_constants(spec), TILE=TILE, num_warps=NUM_WARPS,
+    )  # fmt: skip
+
+
+def swiglu_amax(gu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the amax of each row of h, of each column of h), float32 (R,) and (F,): one read of gu, no output h."""
+    ffn = _ffn(gu)
+    row_amax = torch.zeros(gu.shape[0], dtype=torch.float32, device=gu.device)  # atomic max needs a zero start
+    col_amax = torch.zeros(ffn, dtype=torch.float32, device=gu.device)
+    _launch(gu, AMAX, QuantizeSpec(), None, None, None, None, row_amax=row_amax, col_amax=col_amax)
+    return row_amax, col_amax
+
+
+def swiglu_cast_tensorwise(
+    gu: torch.Tensor, amax: torch.Tensor, spec: QuantizeSpec, record_amax: Optional[torch.Tensor] = None
+) -> QuantizedTensor:
+    """h of gu[R, 2F] (bf16/fp16/fp32, contiguous) cast tensorwise with the scale of `amax` (0-d float32: h's
+    own, swiglu_amax's row amaxes' max, or a delayed-scaling history's); both copies share the scale.
+    Where `record_amax` (0-d float32, zeroed by the caller) is given, h's amax is folded into it."""
+    ffn = _ffn(gu)
+    rows = gu.shape[0]
+    q, q_t = empty_fp8((rows, ffn), spec, gu, spec.rowwise), empty_fp8((ffn, rows), spec, gu, spec.columnwise)
+    scale = empty_scales((), gu, True)
+    _launch(gu, TENSORWISE, spec, q, scale, q_t, None, amax=amax, record_amax=record_amax)
+    return QuantizedTensor(q, scale if spec.rowwise else None, q_t, scale if spec.columnwise else None)
+
+
+def swiglu_cast_axiswise(gu: torch.Tensor, spec: QuantizeSpec) -> QuantizedTensor:
+    """h of gu[R, 2F] cast with one scale per row (`data`, scale (R, 1)) and, for the transposed copy, one
+    per column of h (`data_t`, scale_t (F, 1)): two reads of gu, the first for the amaxes (swiglu_amax)."""
+    row_amax, col_amax = swiglu_amax(gu)
+    rows, ffn = gu.shape[0], gu.shape[1] // 2
+    q, q_t = empty_fp8((rows, ffn), spec, gu, spec.rowwise), empty_fp8((ffn, rows), spec, gu, spec.columnwise)
+    # The kernel stores both scale vectors; those not asked for go to scratch.
+    scale, scale_t = empty_scales((rows, 1), gu, True), empty_scales((ffn, 1), gu, True)
+    _launch(gu, AXISWISE, spec, q, scale, q_t, scale_t, row_amax=row_amax, col_amax=col_amax)
+    return QuantizedTensor(q, scale if spec.rowwise else None, q_t, scale_t if spec.columnwise else None)
+
+
+def swiglu_cast_blockwise(gu: torch.Tensor, spec: QuantizeSpec) -> QuantizedTensor:
+    """h of gu[R, 2F] cast in 1 x 128 groups, the transposed copy in 1 x 128 groups of h.T, both from one
+    read of gu. R and F must be multiples of 128. Scale layouts as quantize_blockwise's (outer-dimension-major)."""
+    ffn = _ffn(gu)
+    rows = gu.shape[0]
+    if rows % BLOCK or ffn % BLOCK:
+        raise ValueError(f"1x{BLOCK} groups of h and h.T need both sides of h to be multiples of {BLOCK}, got {rows}x{ffn}")
+    q, q_t = empty_fp8((rows, ffn), spec, gu, spec.rowwise), empty_fp8((ffn, rows), spec, gu, spec.columnwise)
+    scale = empty_scales((ffn // BLOCK, rows), gu, spec.rowwise)
+    scale_t = empty_scales((rows // BLOCK, ffn), gu, spec.columnwise)
+    _launch(gu, BLOCKWISE, spec, q, scale, q_t, scale_t)
+    return QuantizedTensor(q, scale.t() if spec.rowwise else None, q_t, scale_t.t() if spec.columnwise else None)

@@ -1,0 +1,181 @@
+"""fuse_swiglu_linears (fp8bench.nn.swiglu_fusion): a LLaMa feed-forward whose SwiGLU writes w2's FP8
+input computes what the unfused converted one computes (SwiGLU in torch, then Float8Linear's casts),
+bit for bit: forward output, every gradient and the delayed-scaling histories, step after step. The
+fused w2 compiled (aot_eager: the same kernels, the custom ops' fake implementations traced) computes
+what it computes eagerly, bit for bit. (Compiled, Float8Linear's delayed casts are torch ops fused into
+their producers, which round to fp8 as a GPU does, not as Triton's interpreter does (test_kernels_quantize);
+so the compiled module is w2 alone, the reference the fused FFN run eagerly, and under tensorwise-delayed,
+whose grad_output cast is such a torch op, the gradients and the amax histories they feed are compared
+by their SQNR.)
+Without a GPU the kernels run under TRITON_INTERPRET=1."""
+
+from __future__ import annotations
+
+import collections
+import copy
+import os
+
+import pytest
+import torch
+from torch import nn
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from fp8bench.backends.triton import TritonBackend  # noqa: E402
+from fp8bench.benchmarks.layer import sqnr_db  # noqa: E402
+from fp8bench.nn.float8_linear import Float8Linear, convert_to_float8  # noqa: E402
+from fp8bench.nn.llama import FeedForward, Llama, LlamaConfig, SwiGLU, loss_fn  # noqa: E402
+from fp8bench.nn.recipes import RECIPES, TensorRole  # noqa: E402
+from fp8bench.nn.swiglu_fusion import Float8SwiGLULinear, fuse_swiglu_linears, swiglu_backward  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SMALL = LlamaConfig("small", dim=128, ffn_dim=256, heads=2, kv_heads=1, vocab=128, layers=2)
+FUSED = ("tensorwise", "tensorwise-delayed", "rowwise", "blockwise")
+
+
+def feed_forwards(recipe):
+    """(unfused: convert_to_float8, fused: fuse_swiglu_linears then convert_to_float8, what the fusion did)
+    of one seeded FeedForward."""
+    torch.manual_seed(0)
+    plain = FeedForward(SMALL, device=DEVICE, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for parameter in plain.parameters():
+            parameter.normal_(0.0, 0.05)
+    model = nn.Sequential(plain)  # convert_to_float8 swaps the linears inside a model
+    unfused, fused = copy.deepcopy(model), copy.deepcopy(model)
+    convert_to_float8(unfused, recipe)
+    fusion = fuse_swiglu_linears(fused, recipe)
+    convert_to_float8(fused, recipe)
+    return unfused, fused, fusion
+
+
+def kernel_calls(monkeypatch) -> collections.Counter:
+    from fp8kernels import swiglu_cast
+
+    calls = collections.Counter()
+    for name in ("swiglu_amax", "swiglu_cast_tensorwise", "swiglu_cast_axiswise", "swiglu_cast_blockwise"):
+        real = getattr(swiglu_cast, name)
+
+        def counted(*args, real=real, name=name, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(swiglu_cast, name, counted)
+    return calls
+
+
+def step(model: nn.Module, x: torch.Tensor):
+    """One forward and backward: the output, x's gradient, each parameter's, each buffer (amax histories)."""
+    model.zero_grad(set_to_none=True)
+    x = x.detach().requires_grad_()
+    out = model(x)
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).to(out))
+    unwrapped = lambda name: name.replace("._orig_mod", "")  # noqa: E731 (a compiled module's)
+    grads = {unwrapped(name): p.grad for name, p in model.named_parameters()}
+    return out.detach(), x.grad, grads, {unwrapped(name): b.clone() for name, b in model.named_buffers()}
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("name", FUSED)
+def test_fused_ffn_is_the_unfused_ffn_bit_for_bit(monkeypatch, name, compiled):
+    torch._dynamo.reset()
+    unfused, fused, fusion = feed_forwards(RECIPES[name])
+    assert fusion.fused == ("0.w2",) and fusion.unfused == {}
+    assert type(fused[0].w2) is Float8SwiGLULinear and isinstance(fused[0].swiglu, nn.Identity)
+    assert type(unfused[0].w2) is Float8Linear and isinstance(unfused[0].swiglu, SwiGLU)
+    if compiled:  # against the fused FFN run eagerly (module docstring)
+        unfused = copy.deepcopy(fused)
+        fused[0].w2 = torch.compile(fused[0].w2, backend="aot_eager", fullgraph=True)
+    calls = kernel_calls(monkeypatch)
+    generator = torch.Generator().manual_seed(2)
+    for index in range(3):  # delayed scaling: the first step by h's own amax, then by the history's
+        x = torch.randn(1, 128, SMALL.dim, generator=generator).to(DEVICE, torch.bfloat16)
+        calls.clear()
+        out, grad_x, grads, buffers = step(fused, x)
+        fused_calls = calls.copy()
+        ref_out, ref_grad_x, ref_grads, ref_buffers = step(unfused, x)
+        assert torch.equal(out, ref_out), index
+        same = torch.equal
+        if compiled and RECIPES[name].delayed_roles():
+            same = lambda ours, theirs: sqnr_db(theirs.double(), ours.double()) > 15  # noqa: E731 (measured: 18 to 23 dB)
+        assert same(grad_x, ref_grad_x), index
+        for ours, theirs in ((grads, ref_grads), (buffers, ref_buffers)):
+            assert ours.keys() == theirs.keys()
+            for key in ours:
+                assert same(ours[key], theirs[key]), (index, key)
+        granularity = RECIPES[name].cast(TensorRole.INPUT, False).granularity.value
+        assert fused_calls[f"swiglu_cast_{granularity}"] == 1, (index, fused_calls)
+
+
+def test_the_comparison_is_sensitive():
+    """A fused FFN whose w2 reads silu(up) * gate (the halves swapped) is not the unfused one."""
+    unfused, fused, _ = feed_forwards(RECIPES["blockwise"])
+    x = torch.randn(1, 128, SMALL.dim, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.bfloat16)
+    with torch.no_grad():
+        w13 = fused[0].w13.weight
+        w13.copy_(torch.cat(w13.chunk(2, dim=0)[::-1]))
+    assert not torch.equal(step(fused, x)[0], step(unfused, x)[0])
+
+
+def test_swiglu_backward_is_autograds():
+    gate_up = torch.randn(64, 96, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).requires_grad_()
+    grad_h = torch.randn(64, 48, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    SwiGLU()(gate_up).backward(grad_h)
+    assert torch.equal(swiglu_backward(grad_h, gate_up.detach()), gate_up.grad)
+
+
+def test_a_recipe_that_keeps_h_in_bf16_is_left_unfused():
+    unfused, fused, fusion = feed_forwards(RECIPES["rowwise_with_gw_hp"])
+    assert fusion.fused == () and "keeps it in bf16 for grad_weight" in fusion.unfused["0.w2"]
+    assert type(fused[0].w2) is Float8Linear and isinstance(fused[0].swiglu, SwiGLU)
+    with pytest.raises(ValueError, match="cannot run recipe 'rowwise_with_gw_hp'"):
+        Float8SwiGLULinear.from_linear(nn.Linear(256, 128, bias=False), RECIPES["rowwise_with_gw_hp"])
+
+
+def test_wrong_inputs_say_what_is_wrong():
+    w2 = Float8SwiGLULinear.from_linear(nn.Linear(256, 128, bias=False, dtype=torch.bfloat16), RECIPES["blockwise"])
+    with pytest.raises(ValueError, match="takes the gate\\+up product of 512 features, got 256"):
+        w2(torch.zeros(128, 256, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="cannot take 100 rows"):
+        w2(torch.zeros(100, 512, dtype=torch.bfloat16))
+
+
+def test_the_triton_backend_fuses_every_feed_forward():
+    """convert_model fuses each block's SwiGLU into w2 and says how many in the row's options; fusing
+    again finds them fused."""
+    model = Llama(SMALL, device=DEVICE, dtype=torch.bfloat16)
+    converted = TritonBackend().convert_model(model, RECIPES["tensorwise"], lambda name: name != "output", False, None)
+    assert converted.options["swiglu_fused_linears"] == SMALL.layers
+    assert converted.options["converted_linears"] == 4 * SMALL.layers  # wqkv, wo, w13, and w2 fused
+    again = fuse_swiglu_linears(model, RECIPES["tensorwise"])
+    assert again.fused == () and set(again.unfused.values()) == {"already fused"}
+    unfused = TritonBackend().convert_model(Llama(SMALL, device=DEVICE, dtype=torch.bfloat16), RECIPES["rowwise_with_gw_hp"], lambda name: name != "output", False, None)
+    assert unfused.options["swiglu_fused_linears"] == 0 and unfused.options["converted_linears"] == 4 * SMALL.layers
+
+
+@pytest.mark.parametrize("name", ["tensorwise", "blockwise"])
+def test_compiled_blocks_trace_the_fused_ffn_in_one_graph(name):
+    """The triton backend's conversion of a LLaMa, each block compiled in one graph (fullgraph, as e2e compiles
+    blocks; aot_eager: the same kernels), trains as the same model run eagerly: equal losses and gradients
+    (these recipes' casts are our kernels either way)."""
+    torch._dynamo.reset()
+    models = []
+    for compiled in (False, True):
+        model = Llama(SMALL, device=DEVICE, dtype=torch.bfloat16)
+        model.init_weights(seed=1)
+        TritonBackend().convert_model(model, RECIPES[name], lambda name: name != "output", False, None)
+        if compiled:
+            for index, block in enumerate(model.layers):
+                model.layers[index] = torch.compile(block, backend="aot_eager", fullgraph=True)
+        models.append(model)
+    tokens = torch.randint(0, SMALL.vocab, (1, 129), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    results = []
+    for model in models:
+        loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
+        loss.backward()
+        results.append((loss.detach(), {n.replace("._orig_mod", ""): p.grad for n, p in model.named_parameters()}))
+    (eager_loss, eager_grads), (loss, grads) = results
+    assert torch.equal(loss, eager_loss) and grads.keys() == eager_grads.keys()
+    for key in grads:
+        assert torch.equal(grads[key], eager_grads[key]), key
