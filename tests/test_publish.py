@@ -31,6 +31,7 @@ from fp8bench.publish.tree import COMPARE_HTML, GATE_JSON, HISTORY_HTML, latest,
 from fp8bench.model.hardware import GPUS
 from fp8bench.report.write import INDEX_HTML, VIEWS, own_pages, page_name
 from fp8bench.report.html import PLOTLY_JS, Chart
+from fp8bench.report.matmul import heatmap_id, is_grid
 from fp8bench.harness.results import RunWriter, load_results, read_metadata, status_text
 from test_report import GPU, case_row, measured_row, synthetic_measurement
 
@@ -158,6 +159,9 @@ def expected_graphs(root: Path, site: Path, only: set[Path] | None = None) -> di
                             speedups = len(ok_fp8(shown))  # runs without BF16 rows (kernel sweeps) draw no speedup chart
                             graphs.update({"matmul-speedup": speedups} if speedups else {})
                             graphs["matmul-tflops"] = int(shown["tflops"].notna().sum())
+                            if is_grid(shown):  # a grid of shapes also draws a heatmap per backend and accumulation
+                                series = ok_fp8(shown).groupby(["backend", "fast_accum"], sort=False).groups
+                                graphs.update({heatmap_id(backend, accum): None for backend, accum in series})
                         elif only is None:
                             graphs = {SOME_GRAPHS: None}
                         else:
