@@ -855,10 +855,14 @@ def _print_curve(result) -> None:
     console.print(f"  {result.curve.name:28} {result.status:10} {last}")
 
 
+ESTIMATE_AFTER_STEPS = 20  # a curve's time is estimated (and printed, for logs) once this many steps ran
+
+
 @contextlib.contextmanager
 def _curve_progress(steps: int):
     """A progress bar per curve with its elapsed time and the time its remaining steps will take at the
-    rate so far; yields the step callback of the numerics runs."""
+    rate so far, and one printed line per curve with its estimated total (a log has no live bar); yields
+    the step callback of the numerics runs."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     columns = (TextColumn("  {task.description:28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("left about"), TimeRemainingColumn())
@@ -869,6 +873,9 @@ def _curve_progress(steps: int):
             if curve.name not in tasks:
                 tasks[curve.name] = progress.add_task(curve.name, total=steps)
             progress.update(tasks[curve.name], completed=step)
+            if step == min(ESTIMATE_AFTER_STEPS, steps):
+                elapsed = next(task.elapsed for task in progress.tasks if task.id == tasks[curve.name]) or 0.0
+                progress.console.print(f"  {curve.name:28} about {elapsed / step * steps:.0f} s for {steps} steps at the rate of its first {step}")
 
         yield on_step
 

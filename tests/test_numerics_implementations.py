@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from types import SimpleNamespace
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
@@ -214,6 +215,7 @@ def test_cli_implementation_option(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "3 curves of 2 steps" in result.output and "left about" in result.output  # the per-curve progress with its estimate
+    assert re.search(r"triton-tensorwise-seed0 +about \d+ s for 2 steps at the rate of its first 2", result.output), result.output
     assert list(load_results(out)["status"]) == ["ok", "ok", "unsupported: transformer_engine is not installed"]
     result = CliRunner().invoke(app, ["numerics", "loss", "--implementation", "cublas", "--out", str(tmp_path / "x")])
     assert result.exit_code == 2 and "unknown implementation 'cublas'" in result.output, result.output

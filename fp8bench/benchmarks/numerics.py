@@ -614,7 +614,7 @@ def run_startup(factory: ModelFactory, model_name: str, config: TrainConfig, cor
     to the first. TE's pair is two unsupported rows where TransformerEngine cannot run."""
     results = _train_all(factory, startup_curves(recipe, seed), config, corpus, writer.run_dir, True, on_curve, on_step)
     for first, second in zip(results[0::2], results[1::2]):
-        case = f"startup.{second.curve.start}" if second.curve.implementation == "triton" else f"startup.{second.curve.implementation}-{second.curve.start}"
+        case = "startup." + second.curve.name.rsplit("-seed", 1)[0]  # startup.scale-1, startup.te-master-from-fp8, ...
         _write_gaps([first, second], first, case, config, model_name, writer)
     return results
 

@@ -36,7 +36,6 @@ from fp8bench.nn.recipes import CastConfig, ScalingType, TensorRole
 from fp8kernels import reference
 
 OUTPUT_ROLE = "output"
-STAT_COLUMNS = ("step", "layer", "role", "recipe", "underflow_pct", "saturate_pct", "amax", "history_amax", "scale", "sqnr_db")
 
 
 def _history_amax(history: torch.Tensor | None) -> float | None:
