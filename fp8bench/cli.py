@@ -3,6 +3,7 @@ once, then hands them to the module that does the work."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import os
@@ -813,9 +814,23 @@ def calibrate(
 
 
 # ---- numerics: loss curves, tensor statistics, start-up, FP8 optimizer states (fp8bench.benchmarks.numerics) ----
-numerics_app = typer.Typer(help="What FP8 costs in training quality: loss curves on real text against BF16, tensor statistics, delayed-scaling start-up, FP8 optimizer states.", **_HELP)
+class _NumericsGroup(_HelpGroup):
+    """The numerics commands, whose --model help lists fp8bench.benchmarks.numerics.MODELS: read when a
+    command is resolved (its help or its run), so that the rest of the CLI starts without torch."""
+
+    def get_command(self, ctx, name):
+        command = super().get_command(ctx, name)
+        for param in getattr(command, "params", ()):
+            if param.name == "model":
+                from fp8bench.benchmarks.numerics import MODELS
+
+                param.help = f"the model to train: {' | '.join(MODELS)}"
+        return command
+
+
+numerics_app = typer.Typer(help="What FP8 costs in training quality: loss curves on real text against BF16, tensor statistics, delayed-scaling start-up, FP8 optimizer states.",
+                           **{**_HELP, "cls": _NumericsGroup})  # fmt: skip
 app.add_typer(numerics_app, name="numerics")
-_NUMERICS_MODEL_HELP = "the model to train: tiny | tiny-2l (fp8bench.benchmarks.numerics.MODELS)"
 
 
 def _numerics_setup(command: str, model: str, steps: int, batch_size: int, seq_len: int, lr: float, eval_every: int,
@@ -850,20 +865,50 @@ def _print_curve(result) -> None:
     console.print(f"  {result.curve.name:28} {result.status:10} {last}")
 
 
+ESTIMATE_AFTER_STEPS = 20  # a curve's time is estimated (and printed, for logs) once this many steps ran
+
+
+@contextlib.contextmanager
+def _curve_progress(steps: int):
+    """A progress bar per curve with its elapsed time and the time its remaining steps will take at the
+    rate so far, and one printed line per curve with its estimated total (a log has no live bar); yields
+    the step callback of the numerics runs."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    columns = (TextColumn("  {task.description:28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("left about"), TimeRemainingColumn())
+    tasks: dict[str, object] = {}
+    with Progress(*columns, console=console) as progress:
+
+        def on_step(curve, step: int, loss: float) -> None:
+            if curve.name not in tasks:
+                tasks[curve.name] = progress.add_task(curve.name, total=steps)
+            progress.update(tasks[curve.name], completed=step)
+            if step == min(ESTIMATE_AFTER_STEPS, steps):
+                elapsed = next(task.elapsed for task in progress.tasks if task.id == tasks[curve.name]) or 0.0
+                progress.console.print(f"  {curve.name:28} about {elapsed / step * steps:.0f} s for {steps} steps at the rate of its first {step}")
+
+        yield on_step
+
+
 def _numerics_recipes(recipe: Optional[list[str]]):
     from fp8bench.nn.recipes import RECIPE_CHOICES
 
     return tuple(dict.fromkeys(r for name in recipe or ["all"] for r in choice(name, RECIPE_CHOICES, "recipe")))
 
 
-def _numerics_loss(command: str, model, recipe, steps, batch_size, seq_len, lr, eval_every, bf16_seeds, corpus_bytes, out, stats) -> None:
+def _numerics_loss(command: str, model, recipe, implementation, steps, batch_size, seq_len, lr, eval_every, bf16_seeds, corpus_bytes, out,
+                   stats) -> None:  # fmt: skip
     from fp8bench.benchmarks import numerics
 
     recipes = _numerics_recipes(recipe)
-    factory, config, corpus, writer = _numerics_setup(command, model, steps, batch_size, seq_len, lr, eval_every, corpus_bytes, out, {})
-    with writer:
-        results = numerics.run_loss(factory, model, numerics.loss_curves(recipes, tuple(range(bf16_seeds))), config, corpus, writer,
-                                    collect_stats=stats, on_curve=_print_curve)  # fmt: skip
+    implementations = tuple(dict.fromkeys(choice(name, {i: (i,) for i in numerics.IMPLEMENTATIONS}, "implementation")[0]
+                                          for name in implementation or ["triton"]))  # fmt: skip
+    curves = numerics.loss_curves(recipes, tuple(range(bf16_seeds)), implementations)
+    factory, config, corpus, writer = _numerics_setup(command, model, steps, batch_size, seq_len, lr, eval_every, corpus_bytes, out,
+                                                      {"implementations": list(implementations)})  # fmt: skip
+    console.print(f"  {len(curves)} curves of {steps} steps")
+    with writer, _curve_progress(steps) as on_step:
+        results = numerics.run_loss(factory, model, curves, config, corpus, writer, collect_stats=stats, on_curve=_print_curve, on_step=on_step)
     reference = results[0].losses
     for result in results[1:]:
         if result.losses and reference:
@@ -871,8 +916,10 @@ def _numerics_loss(command: str, model, recipe, steps, batch_size, seq_len, lr, 
 
 
 _RECIPE_HELP = "repeatable; tensorwise | tensorwise-delayed | rowwise | rowwise_with_gw_hp | blockwise | all (default)"
+_IMPLEMENTATION_HELP = ("repeatable; converts the model for each FP8 recipe: triton (ours, default) | torchao | te; a recipe an "
+                        "implementation lacks is an unsupported row")  # fmt: skip
 # Options every numerics command takes, declared once.
-_MODEL_OPTION = typer.Option("tiny", help=_NUMERICS_MODEL_HELP)
+_MODEL_OPTION = typer.Option("llama-25m", help="the model to train")  # the choices: _NumericsGroup
 _BATCH_SIZE_OPTION = typer.Option(16, min=1, help="sequences per step")
 _SEQ_LEN_OPTION = typer.Option(256, min=1, help="tokens (bytes) per sequence")
 _LR_OPTION = typer.Option(1e-3, help="peak learning rate (linear warm-up, then constant)")
@@ -884,6 +931,7 @@ _OUT_OPTION = typer.Option(None, help="run folder (default runs/<time>-numerics-
 def numerics_loss(
     model: str = _MODEL_OPTION,
     recipe: Optional[list[str]] = typer.Option(None, help=_RECIPE_HELP),
+    implementation: Optional[list[str]] = typer.Option(None, help=_IMPLEMENTATION_HELP),
     steps: int = typer.Option(1000, min=1),
     batch_size: int = _BATCH_SIZE_OPTION,
     seq_len: int = _SEQ_LEN_OPTION,
@@ -893,14 +941,15 @@ def numerics_loss(
     corpus_bytes: Optional[int] = _CORPUS_BYTES_OPTION,
     out: Optional[Path] = _OUT_OPTION,
 ) -> None:
-    """Loss curves on the standard library's sources: BF16 (several seeds) and each FP8 recipe, the gap over the last 10% of steps."""
-    _numerics_loss("loss", model, recipe, steps, batch_size, seq_len, lr, eval_every, bf16_seeds, corpus_bytes, out, stats=False)
+    """Loss curves on the standard library's sources: BF16 (several seeds) and each FP8 recipe per implementation, the gap over the last 10% of steps."""
+    _numerics_loss("loss", model, recipe, implementation, steps, batch_size, seq_len, lr, eval_every, bf16_seeds, corpus_bytes, out, stats=False)
 
 
 @numerics_app.command("stats")
 def numerics_stats(
     model: str = _MODEL_OPTION,
     recipe: Optional[list[str]] = typer.Option(None, help=_RECIPE_HELP),
+    implementation: Optional[list[str]] = typer.Option(None, help=_IMPLEMENTATION_HELP + "; statistics are taken of ours"),
     steps: int = typer.Option(200, min=1),
     batch_size: int = _BATCH_SIZE_OPTION,
     seq_len: int = _SEQ_LEN_OPTION,
@@ -910,7 +959,7 @@ def numerics_stats(
     out: Optional[Path] = _OUT_OPTION,
 ) -> None:
     """Loss curves with tensor statistics per layer and role: underflow, saturation, amax, scale, SQNR of each output."""
-    _numerics_loss("stats", model, recipe, steps, batch_size, seq_len, lr, eval_every, 1, corpus_bytes, out, stats=True)
+    _numerics_loss("stats", model, recipe, implementation, steps, batch_size, seq_len, lr, eval_every, 1, corpus_bytes, out, stats=True)
 
 
 @numerics_app.command("startup")
@@ -924,7 +973,7 @@ def numerics_startup(
     corpus_bytes: Optional[int] = _CORPUS_BYTES_OPTION,
     out: Optional[Path] = _OUT_OPTION,
 ) -> None:
-    """Delayed scaling's first scale (1 against calibrated) and master weights from FP8 against high-precision values."""
+    """Delayed scaling's first scale (1 against calibrated) and master weights from FP8 against high-precision values: ours, and TransformerEngine's fp8_model_init(preserve_high_precision_init_val=True) where installed."""
     from fp8bench.benchmarks import numerics
     from fp8bench.nn.recipes import get_recipe
 
@@ -934,8 +983,8 @@ def numerics_startup(
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     factory, config, corpus, writer = _numerics_setup("startup", model, steps, batch_size, seq_len, lr, steps, corpus_bytes, out, {})
-    with writer:
-        numerics.run_startup(factory, model, config, corpus, writer, chosen, on_curve=_print_curve)
+    with writer, _curve_progress(steps) as on_step:
+        numerics.run_startup(factory, model, config, corpus, writer, chosen, on_curve=_print_curve, on_step=on_step)
 
 
 @numerics_app.command("optimizer")

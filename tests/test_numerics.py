@@ -36,7 +36,11 @@ def corpus():
 
 
 def curves_of(run_dir) -> pd.DataFrame:
-    return pd.read_csv(run_dir / numerics.CURVES_CSV, keep_default_na=False)
+    """curves.csv and, where the run took tensor statistics, tensor_stats.csv.gz: every value of the run."""
+    frames = [pd.read_csv(run_dir / numerics.CURVES_CSV, keep_default_na=False)]
+    if (run_dir / numerics.TENSOR_STATS_CSV).exists():
+        frames.append(pd.read_csv(run_dir / numerics.TENSOR_STATS_CSV, keep_default_na=False))
+    return pd.concat(frames, ignore_index=True)
 
 
 def test_gap_over_the_last_tenth_known_answer():
@@ -58,8 +62,8 @@ def test_loss_curves_rows_and_determinism(corpus, tmp_path):
     assert json.loads(rows["options"].iloc[1])["seed"] == 1
     values = curves_of(tmp_path)
     per_curve = values.groupby(["curve", "metric"]).size()
-    assert per_curve[("tensorwise-seed0", "loss")] == 2 and per_curve[("bf16-seed1", "val_loss")] == 2
-    gaps = values[(values.metric == "loss_gap") & (values.curve == "tensorwise-seed0")].set_index("step")["value"]
+    assert per_curve[("triton-tensorwise-seed0", "loss")] == 2 and per_curve[("bf16-seed1", "val_loss")] == 2
+    gaps = values[(values.metric == "loss_gap") & (values.curve == "triton-tensorwise-seed0")].set_index("step")["value"]
     assert list(gaps.index) == [1, 2]  # checkpoints at 25-100% of two steps
     assert float(gaps[1]) == pytest.approx(results[2].losses[0] / results[0].losses[0] - 1, rel=1e-6)
     assert float(gaps[2]) == pytest.approx(rows["rel_err"].iloc[2], rel=1e-5)
@@ -84,7 +88,9 @@ def test_fp8_curves_on_a_cpu_without_the_interpreter_are_unsupported_rows(corpus
 def test_startup_scales_and_master_weights(corpus, tmp_path):
     with RunWriter(tmp_path, {}) as writer:
         results = numerics.run_startup(micro, "micro", CONFIG, corpus, writer, RECIPES["tensorwise-delayed"])
-    assert [r.curve.start for r in results] == ["calibrated", "scale-1", "master-from-hp", "master-from-fp8"]
+    assert [r.curve.start for r in results] == ["calibrated", "scale-1", "master-from-hp", "master-from-fp8"] + ["master-from-hp", "master-from-fp8"]
+    assert [r.curve.implementation for r in results] == ["triton"] * 4 + ["te"] * 2
+    assert [r.status for r in results[4:]] == ["unsupported: transformer_engine is not installed"] * 2  # no TE on this CPU
     values = curves_of(tmp_path)
     history = values[(values.metric == "history_amax") & (values.layer == "blocks.0.qkv") & (values.role == "input")]
     amax = values[(values.metric == "amax") & (values.layer == "blocks.0.qkv") & (values.role == "input")]
@@ -96,20 +102,21 @@ def test_startup_scales_and_master_weights(corpus, tmp_path):
     calibrated = history[history.curve == "calibrated-seed0"].set_index("step")["value"]
     assert float(calibrated[1]) == pytest.approx(float(amax[(amax.curve == "calibrated-seed0") & (amax.step == 1)]["value"].iloc[0]))
     rows = load_results(tmp_path)
-    assert list(rows["case"]) == ["startup.scale-1"] * 2 + ["startup.master-from-fp8"] * 2
+    assert list(rows["case"]) == ["startup.scale-1"] * 2 + ["startup.master-from-fp8"] * 2 + ["startup.te-master-from-fp8"] * 2
+    assert list(rows["backend"][4:]) == ["te", "te"]
 
 
 def test_master_weights_from_fp8_are_the_cast_weights():
     recipe = RECIPES["tensorwise-delayed"]
-    hp = numerics.build_model(micro, numerics.Curve("hp", recipe, start="master-from-hp"), "cpu")
-    fp8 = numerics.build_model(micro, numerics.Curve("fp8", recipe, start="master-from-fp8"), "cpu")
+    hp = numerics.build_model(micro, numerics.Curve("hp", recipe, start="master-from-hp"), "cpu").model
+    fp8 = numerics.build_model(micro, numerics.Curve("fp8", recipe, start="master-from-fp8"), "cpu").model
     pairs = [(a, b) for a, b in zip(hp.modules(), fp8.modules()) if isinstance(a, Float8Linear)]
     assert pairs
     for a, b in pairs:
         q, scale = reference.quantize_tensorwise(a.weight.detach(), reference.E4M3)
         assert torch.equal(b.weight.detach(), reference.dequantize(q, scale))
         assert not torch.equal(a.weight, b.weight)
-    assert torch.equal(hp.head.weight, fp8.head.weight)  # the head stays in high precision
+    assert type(hp.output) is torch.nn.Linear and torch.equal(hp.output.weight, fp8.output.weight)  # the LM head stays in high precision
 
 
 def test_optimizer_memory_and_update_error(corpus, tmp_path):
@@ -163,18 +170,41 @@ def test_cli_bad_options_exit_2_with_the_reason(tmp_path):
     assert result.exit_code == 2 and "unknown recipe 'nope'" in result.output
 
 
-def test_the_numerics_suite_runs_each_command_into_its_folder(tmp_path):
+def _suite_entries():
     from pathlib import Path
 
     from fp8bench.harness.suite import load_suite
 
-    suite = load_suite(Path(__file__).resolve().parent.parent / "suites" / "numerics.toml")
-    argvs = {entry.name: entry.argv(tmp_path) for entry in suite.entries}
+    return load_suite(Path(__file__).resolve().parent.parent / "suites" / "numerics.toml").entries
+
+
+def test_the_numerics_suite_runs_each_command_into_its_folder(tmp_path):
+    argvs = {entry.name: entry.argv(tmp_path) for entry in _suite_entries()}
+    assert list(argvs) == ["loss-libraries", "startup", "loss", "stats", "optimizer"]  # TE before anything loads cuDNN
     assert argvs["loss"][:2] == ["numerics", "loss"] and argvs["loss"][-2:] == ["--out", str(tmp_path / "loss")]
+    assert argvs["loss-libraries"].count("--implementation") == 2
     assert argvs["optimizer"][:4] == ["numerics", "optimizer", "--model", "llama-25m"]
-    for argv in argvs.values():  # every option is one the command takes
-        result = CliRunner().invoke(app, [*argv[:2], *argv[2:-2], "--help"])
-        assert result.exit_code == 0, result.output
+
+
+# Each entry's own options, then a micro model and a few steps (a later value of an option wins in click).
+SMOKE = {"--model": "micro", "--batch-size": "1", "--seq-len": "16", "--corpus-bytes": "1000000"}
+SMOKE_STEPS = {"numerics loss": ("--steps", "2"), "numerics stats": ("--steps", "2"), "numerics startup": ("--steps", "2"),
+               "numerics optimizer": ("--loss-steps", "1")}  # fmt: skip
+
+
+@pytest.mark.parametrize("entry", _suite_entries(), ids=lambda entry: entry.name)
+def test_every_suite_entry_runs_on_a_micro_model(entry, tmp_path, monkeypatch):
+    """A smoke run of each entry as the suite gives it, on a micro model for two steps: every option is one
+    the command takes and every curve ends ok or as an unsupported row (torchao and TE are not here)."""
+    monkeypatch.setitem(numerics.MODELS, "micro", micro)
+    argv = entry.argv(tmp_path)
+    command = " ".join(argv[:2])
+    extra = [item for pair in SMOKE.items() for item in pair] + list(SMOKE_STEPS[command])
+    result = CliRunner().invoke(app, [*argv, *extra])
+    assert result.exit_code == 0, result.output
+    statuses = set(load_results(tmp_path / entry.name)["status"])
+    assert statuses <= {"ok", "unsupported: torchao is not installed", "unsupported: transformer_engine is not installed"}, statuses
+    assert "ok" in statuses
 
 
 @pytest.mark.gpu

@@ -100,7 +100,7 @@ def test_loss_page_opens_with_the_headline_computed_from_curves(runs):
     curves = pd.read_csv(run / numerics.CURVES_CSV)
     noise = abs(pandas_gap(curves, "bf16-seed1"))
     rows = {cells[0]: cells for cells in headline_rows(page)}
-    assert list(rows) == ["bf16-seed1", "tensorwise-seed0", "rowwise-seed0"]
+    assert list(rows) == ["bf16-seed1", "triton-tensorwise-seed0", "triton-rowwise-seed0"]
     for curve, cells in rows.items():
         gap = pandas_gap(curves, curve)
         assert cells[4] == f"{100 * gap:+.2f}%" and cells[5] == f"±{100 * noise:.2f}%"
@@ -116,12 +116,12 @@ def test_loss_page_opens_with_the_headline_computed_from_curves(runs):
 def test_gap_over_steps_ends_at_the_headline_gap_and_matches_the_checkpoints(runs):
     curves = report_numerics.read_curves(runs / "loss")
     loss = report_numerics.values_by_curve(curves)
-    gaps = report_numerics.gap_over_steps(loss["tensorwise-seed0"], loss["bf16-seed0"])
-    checkpoints = curves[(curves.metric == "loss_gap") & (curves.curve == "tensorwise-seed0")].set_index("step")["value"]
+    gaps = report_numerics.gap_over_steps(loss["triton-tensorwise-seed0"], loss["bf16-seed0"])
+    checkpoints = curves[(curves.metric == "loss_gap") & (curves.curve == "triton-tensorwise-seed0")].set_index("step")["value"]
     assert len(checkpoints) == 4
     for step, value in checkpoints.items():
         assert gaps[step] == pytest.approx(value, abs=1e-6)  # curves.csv holds 8 digits
-    assert gaps.iloc[-1] == pytest.approx(pandas_gap(pd.read_csv(runs / "loss" / numerics.CURVES_CSV), "tensorwise-seed0"), rel=1e-9)
+    assert gaps.iloc[-1] == pytest.approx(pandas_gap(pd.read_csv(runs / "loss" / numerics.CURVES_CSV), "triton-tensorwise-seed0"), rel=1e-9)
 
 
 def test_stats_page_charts_every_statistic(runs):
@@ -132,7 +132,7 @@ def test_stats_page_charts_every_statistic(runs):
     ]  # fmt: skip
     assert "blocks.0.qkv" in page and "grad_output" in page
     ((curve, recipe, _, _, gap, noise, verdict),) = headline_rows(page)
-    assert (curve, recipe, noise) == ("tensorwise-delayed-seed0", "tensorwise-delayed", "n/a (one BF16 seed)")
+    assert (curve, recipe, noise) == ("triton-tensorwise-delayed-seed0", "tensorwise-delayed", "n/a (one BF16 seed)")
     assert verdict in ("within 1%", "OUTSIDE 1%")
 
 
@@ -142,7 +142,7 @@ def test_startup_page_overlays_both_arms_and_concludes_from_the_data(runs):
     assert chart_ids(page) == [
         "startup-scale-1-loss", "startup-scale-1-underflow", "startup-master-from-fp8-loss", "startup-master-from-fp8-underflow",
     ]  # fmt: skip
-    curves = pd.read_csv(run / numerics.CURVES_CSV)
+    curves = pd.concat([pd.read_csv(run / numerics.CURVES_CSV), pd.read_csv(run / numerics.TENSOR_STATS_CSV)], ignore_index=True)
     loss = curves[curves.metric == "loss"].pivot(index="step", columns="curve", values="value")
     for a, b in (("calibrated-seed0", "scale-1-seed0"), ("master-from-hp-seed0", "master-from-fp8-seed0")):
         first = loss[b].iloc[0] / loss[a].iloc[0] - 1
@@ -197,7 +197,7 @@ def test_strings_from_the_files_are_escaped(tmp_path, runs):
     run = tmp_path / "run"
     run.mkdir()
     for name in ("results.csv", "metadata.json", numerics.CURVES_CSV):
-        (run / name).write_text((runs / "loss" / name).read_text().replace("rowwise-seed0", "<b>x</b>-seed0"))
+        (run / name).write_text((runs / "loss" / name).read_text().replace("triton-rowwise-seed0", "<b>x</b>-seed0"))
     write_reports(run)
     page = (run / "numerics.html").read_text()
     assert "<b>x</b>" not in page and "&lt;b&gt;x&lt;/b&gt;-seed0" in page
@@ -234,5 +234,5 @@ def test_curves_that_did_not_run_are_headline_rows_with_their_status(tmp_path, m
     assert CliRunner().invoke(app, argv).exit_code == 0
     assert CliRunner().invoke(app, ["report", str(tmp_path)]).exit_code == 0
     ((curve, _, _, status, gap, noise, verdict),) = headline_rows((tmp_path / "numerics.html").read_text())
-    assert (curve, gap, noise, verdict) == ("tensorwise-seed0", "n/a", "n/a (one BF16 seed)", "not measured")
+    assert (curve, gap, noise, verdict) == ("triton-tensorwise-seed0", "n/a", "n/a (one BF16 seed)", "not measured")
     assert status.startswith("unsupported: our FP8 kernels run on a CUDA GPU")

@@ -4,28 +4,36 @@ Every experiment trains a language model from a factory (`MODELS`; any nn.Module
 to logits[B, S, 256]) on the byte-level standard-library corpus (fp8bench.nn.text_data), with fixed
 seeds, the same batches in the same order for every curve, and deterministic algorithms where PyTorch
 has them. The master weights are float32; the forward runs under BF16 autocast; an FP8 curve converts
-the model's linears (all but the output head) to our Float8Linear with a recipe.
+the model's linears (all but the LM head) through the backend registry's MODEL level
+(fp8bench.backends.convert), as the e2e benchmark does: ours (`triton`, Float8Linear), torchao
+(convert_to_float8_training: tensorwise, rowwise, rowwise_with_gw_hp) or TransformerEngine (te.Linear
+under its autocast: tensorwise-delayed, tensorwise, blockwise). A recipe an implementation lacks, or an
+implementation that cannot run here, is an `unsupported: <reason>` row and the run goes on.
 
-- `run_loss`: BF16 (two seeds: the run-to-run noise) and each FP8 recipe; per-step loss and gradient
-  norm, validation loss every `eval_every` steps; per curve the relative gap to BF16 of the mean loss
-  over the last 10% of steps. With `collect_stats`, the tensor statistics of every Float8Linear
-  (fp8bench.nn.tensor_stats) per step too.
+- `run_loss`: BF16 (two seeds: the run-to-run noise) and each implementation's FP8 recipes; per-step
+  loss and gradient norm, validation loss every `eval_every` steps; per curve the relative gap to BF16
+  of the mean loss over the last 10% of steps. With `collect_stats`, the tensor statistics of our
+  Float8Linear layers (fp8bench.nn.tensor_stats) on a thinning schedule of steps too.
 - `run_startup`: tensorwise delayed scaling started with a scale of 1 against scales calibrated from one
   amax pass (loss and underflow over the first steps), and master weights initialised from the
-  FP8-cast weights against from the original high-precision ones.
+  FP8-cast weights against from the original high-precision ones: ours, and TransformerEngine's FP8
+  primary weights (`fp8_model_init(preserve_high_precision_init_val=True)`) where it is installed.
 - `run_optimizer`: FP8AdamW's state formats against torch's AdamW: state memory (bytes per
   parameter, measured), the update's error against the FP32-state update, the loss curve, and on a
   GPU the fused update's time, GB/s and % of the copy bandwidth against torch's fused AdamW.
 
 Summary rows go to the run's results.csv (the result schema; `rel_err` holds the relative loss gap);
 the step-wise values go to `curves.csv` beside it, one value per row (curve, step, metric, layer, role),
-written and flushed as they are measured.
+written and flushed as they are measured; the per-layer statistics to the gzip-compressed
+`tensor_stats.csv.gz` (fp8bench.harness.curves).
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import gzip
+import inspect
 import json
 import math
 import os
@@ -39,7 +47,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from fp8bench.config import Granularity, Status
-from fp8bench.harness.curves import CURVE_COLUMNS, CURVES_CSV, checkpoint_steps, relative_gap
+from fp8bench.harness.case import Unsupported
+from fp8bench.harness.curves import (
+    CURVE_COLUMNS, CURVES_CSV, STAT_METRICS, TENSOR_STATS_CSV, checkpoint_steps, relative_gap, stats_recorded_at,
+)
 from fp8bench.harness.results import Row, RunWriter, measurement_values, status_text
 from fp8bench.nn import text_data
 from fp8bench.nn.fp8_adamw import FP8AdamW, StateFormat, state_bytes
@@ -49,7 +60,8 @@ from fp8bench.nn.tensor_stats import TensorStats
 
 BENCHMARK = "numerics"
 BF16 = "bf16"
-HEAD = "head"  # the output projection stays in high precision, as torchao and TE leave it
+# The implementations an FP8 curve converts the model with (the MODEL level of fp8bench.backends): ours first.
+IMPLEMENTATIONS = ("triton", "torchao", "te")
 
 
 # ---- models -----------------------------------------------------------------------------------------
@@ -93,13 +105,13 @@ class TinyLM(nn.Module):
         self.embed = nn.Embedding(c.vocab, c.dim)
         self.blocks = nn.ModuleList(_Block(c) for _ in range(c.layers))
         self.norm = nn.LayerNorm(c.dim)
-        self.head = nn.Linear(c.dim, c.vocab, bias=False)
+        self.output = nn.Linear(c.dim, c.vocab, bias=False)  # the LM head, named as llama's: conversions leave it in BF16
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x))
+        return self.output(self.norm(x))
 
 
 # The e2e benchmark's LLaMa-3 (RMSNorm, RoPE, grouped-query attention, SwiGLU) at 25M parameters over bytes:
@@ -153,20 +165,33 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class Curve:
-    """One training run: its name in curves.csv, the FP8 recipe (None: BF16), the model's seed, the
-    optimizer (torch's AdamW, or FP8AdamW in a state format), and the start-up variant."""
+    """One training run: its name in curves.csv, the FP8 recipe (None: BF16) and the implementation that
+    converts the model for it (IMPLEMENTATIONS), the model's seed, the optimizer (torch's AdamW, or
+    FP8AdamW in a state format), and the start-up variant."""
 
     name: str
     recipe: Recipe | None = None
     seed: int = 0
     state_format: StateFormat | None = None
     start: str = "default"  # STARTS
+    implementation: str = "triton"  # IMPLEMENTATIONS; a BF16 curve's is `bf16`
 
     def __post_init__(self) -> None:
         if self.start not in STARTS:
             raise ValueError(f"unknown start {self.start!r}; choose one of: {', '.join(STARTS)}")
         if self.start != "default" and self.recipe is None:
             raise ValueError(f"start {self.start!r} is about FP8 scaling; it needs a recipe")
+        if self.recipe is None:
+            object.__setattr__(self, "implementation", BF16)
+        elif self.implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"unknown implementation {self.implementation!r}; choose one of: {', '.join(IMPLEMENTATIONS)}")
+        if self.start in ("scale-1", "calibrated") and self.implementation != "triton":
+            raise ValueError(f"start {self.start!r} sets our delayed histories; it runs on implementation triton only")
+
+    @property
+    def uses_kernels(self) -> bool:
+        """Whether the curve runs FP8 kernels: an FP8 recipe, or FP8AdamW."""
+        return self.recipe is not None or self.state_format is not None
 
 
 # How a curve's first step is prepared (run_startup): delayed scaling's first scale, or where the
@@ -180,25 +205,50 @@ STARTS = {
 }
 
 
+def fp8_curve_name(implementation: str, recipe: Recipe, seed: int) -> str:
+    return f"{implementation}-{recipe.name}-seed{seed}"
+
+
 class CurveWriter:
-    """curves.csv: one measured value per row, flushed as it is written."""
+    """curves.csv: one measured value per row, flushed as it is written; the per-layer tensor statistics
+    to the gzip-compressed TENSOR_STATS_CSV beside it (same columns), flushed at `flush_stats`."""
 
     def __init__(self, run_dir: Path):
-        path = Path(run_dir) / CURVES_CSV
+        self._run_dir = Path(run_dir)
+        self._file, self._csv = self._open(self._run_dir / CURVES_CSV, open)
+        self._stats_file = self._stats_csv = None
+
+    @staticmethod
+    def _open(path: Path, opener):
         fresh = not path.exists() or path.stat().st_size == 0
-        self._file = path.open("a", newline="")
-        self._csv = csv.writer(self._file)
+        handle = opener(path, "at", newline="")  # a gzip file appended to gains a member; readers read them all
+        writer = csv.writer(handle)
         if fresh:
-            self._csv.writerow(CURVE_COLUMNS)
+            writer.writerow(CURVE_COLUMNS)
+        return handle, writer
 
     def write(self, curve: str, step: int, metric: str, value: float | None, layer: str = "", role: str = "") -> None:
         self._csv.writerow([curve, step, metric, layer, role, "" if value is None else f"{value:.8g}"])
 
+    def write_stat(self, curve: str, step: int, metric: str, value: float | None, layer: str, role: str) -> None:
+        """A tensor statistic, to TENSOR_STATS_CSV (six digits: statistics, not losses); none where it has no value."""
+        if value is None:
+            return
+        if self._stats_csv is None:
+            self._stats_file, self._stats_csv = self._open(self._run_dir / TENSOR_STATS_CSV, gzip.open)
+        self._stats_csv.writerow([curve, step, metric, layer, role, f"{value:.6g}"])
+
     def flush(self) -> None:
         self._file.flush()
 
+    def flush_stats(self) -> None:
+        if self._stats_file is not None:
+            self._stats_file.flush()
+
     def close(self) -> None:
         self._file.close()
+        if self._stats_file is not None:
+            self._stats_file.close()
 
 
 @contextlib.contextmanager
@@ -222,36 +272,134 @@ def fp8_problem(device: str) -> str | None:
     return "our FP8 kernels run on a CUDA GPU, or on the CPU under TRITON_INTERPRET=1"
 
 
-def build_model(factory: ModelFactory, curve: Curve, device: str) -> nn.Module:
-    """The factory's model with the curve's seed, float32 master weights on `device`, its linears but the
-    head converted to Float8Linear for an FP8 curve, and the curve's master-weight start applied."""
-    from fp8bench.nn.float8_linear import Float8Linear, convert_to_float8
-    from fp8kernels import reference
+def implementation_problem(curve: Curve, device: str) -> str | None:
+    """Why `curve` cannot run on `device` here (checked before its model is built), or None: our kernels
+    need a GPU or the interpreter; torchao and TE need to be installed and a GPU with FP8 tensor cores."""
+    if not curve.uses_kernels:
+        return None
+    if curve.implementation == "triton" or curve.recipe is None:
+        return fp8_problem(device)
+    from fp8bench.backends import Level, get_backend
+    from fp8bench.backends.base import fp8_device_problem
+
+    reason = get_backend(curve.implementation, Level.MODEL).unavailable_reason(Level.MODEL)
+    if reason is None and not device.startswith("cuda"):
+        reason = f"{curve.implementation} trains in FP8 on a CUDA GPU only"
+    return reason or (fp8_device_problem() if device.startswith("cuda") else None)
+
+
+@dataclass
+class Trainable:
+    """A curve's model ready to train: the context each forward runs under (TE's autocast; none for the
+    others), the tensors the optimizer updates, what to call before each optimizer step (after the
+    backward) and after it, and what the conversion records."""
+
+    model: nn.Module
+    parameters: list[torch.Tensor]
+    step_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    before_optimizer_step: Callable[[], None] = lambda: None
+    after_optimizer_step: Callable[[], None] = lambda: None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def build_model(factory: ModelFactory, curve: Curve, device: str) -> Trainable:
+    """The factory's model with the curve's seed and float32 master weights on `device`, converted by the
+    curve's implementation through the backend registry (fp8bench.backends.convert: every linear but the
+    LM head), and the curve's master-weight start applied. Unsupported where the implementation lacks the
+    recipe."""
+    from fp8bench.backends import convert
 
     torch.manual_seed(curve.seed)
     model = factory().to(device=device, dtype=torch.float32)
-    if curve.recipe is None:
-        return model
-    convert_to_float8(model, curve.recipe, module_filter=lambda module, name: name.rpartition(".")[2] != HEAD)
+    if curve.implementation == "te" and curve.start in ("master-from-fp8", "master-from-hp"):
+        return te_fp8_primary_weights(model, curve)
+    converted = convert(model, curve.implementation, curve.recipe)
     if curve.start == "master-from-fp8":
-        with torch.no_grad():
-            for module in model.modules():
-                if isinstance(module, Float8Linear):
-                    q, scale = reference.quantize_tensorwise(module.weight, reference.E4M3)
-                    module.weight.copy_(reference.dequantize(q, scale))
-    return model
+        _masters_through_fp8(model)
+    return Trainable(model, list(model.parameters()), converted.step_context, after_optimizer_step=converted.after_optimizer_step,
+                     options=converted.options)  # fmt: skip
 
 
-def make_optimizer(model: nn.Module, curve: Curve, config: TrainConfig) -> torch.optim.Optimizer:
+def _masters_through_fp8(model: nn.Module) -> None:
+    """Each of our Float8Linear weights replaced by itself cast to FP8 (tensorwise e4m3) and back."""
+    from fp8bench.nn.float8_linear import Float8Linear
+    from fp8kernels import reference
+
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, Float8Linear):
+                q, scale = reference.quantize_tensorwise(module.weight, reference.E4M3)
+                module.weight.copy_(reference.dequantize(q, scale))
+
+
+def te_model_init(te) -> Callable[..., contextlib.AbstractContextManager]:
+    """TE's context that creates modules with FP8 primary weights (`quantized_model_init`, earlier
+    `fp8_model_init`); Unsupported where it cannot keep the high-precision init values."""
+    init = getattr(te, "quantized_model_init", None) or getattr(te, "fp8_model_init", None)
+    if init is None or "preserve_high_precision_init_val" not in inspect.signature(init).parameters:
+        raise Unsupported(f"transformer_engine {getattr(te, '__version__', '?')} has no fp8_model_init(preserve_high_precision_init_val=...)")
+    return init
+
+
+def te_fp8_primary_weights(model: nn.Module, curve: Curve) -> Trainable:
+    """TE's FP8 primary weights: every linear but the LM head swapped for a te.Linear created under TE's
+    model init with FP8 weights (`preserve_high_precision_init_val=True`, TE's own initialisation under the
+    curve's seed); FP32 master weights beside them, initialised from the FP8 values (`master-from-fp8`) or
+    from `get_high_precision_init_val()` (`master-from-hp`). The FP8 weights' gradients train the masters,
+    and after each optimizer step the FP8 weights are cast again from them (as Megatron's optimizer does)."""
+    from fp8bench.backends import Level, get_backend
+    from fp8bench.backends.base import linear_filter
+    from fp8bench.backends.te import te_module, te_recipe
+
+    # The registry's conversion of no linear checks the recipe, TE's load and the GPU's FP8, and gives the autocast.
+    converted = get_backend("te", Level.MODEL).convert_model(model, curve.recipe, lambda name: False, False, None)
+    te = te_module()
+    init = te_model_init(te)
+    keep = linear_filter(lm_head_fp8=False)
+    arguments = {"enabled": True, "preserve_high_precision_init_val": True}
+    if "recipe" in inspect.signature(init).parameters:
+        arguments["recipe"] = te_recipe(curve.recipe.name)
+    pairs = []
+    with init(**arguments):
+        for name, module in list(model.named_modules()):
+            if type(module) is not nn.Linear or not keep(name):
+                continue
+            linear = te.Linear(module.in_features, module.out_features, bias=False, params_dtype=torch.float32, device=module.weight.device)
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, linear)
+            weight = linear.weight
+            source = weight.get_high_precision_init_val() if curve.start == "master-from-hp" else weight.dequantize()
+            if source is None:
+                raise Unsupported("transformer_engine kept no high-precision init value of an FP8 weight")
+            pairs.append((weight, nn.Parameter(source.detach().to(torch.float32).clone())))
+            weight.clear_high_precision_init_val()
+    fp8_weights = {id(weight) for weight, _ in pairs}
+    parameters = [p for p in model.parameters() if id(p) not in fp8_weights] + [master for _, master in pairs]
+
+    def before_optimizer_step() -> None:  # the FP8 weights' gradients are their masters'
+        for weight, master in pairs:
+            master.grad = None if weight.grad is None else weight.grad.detach().float()
+            weight.grad = None
+
+    @torch.no_grad()
+    def after_optimizer_step() -> None:
+        for weight, master in pairs:
+            weight.copy_(master)
+
+    options = {**converted.options, "te_linears": len(pairs), "fp8_primary_weights": True}
+    return Trainable(model, parameters, converted.step_context, before_optimizer_step, after_optimizer_step, options)
+
+
+def make_optimizer(parameters: list[torch.Tensor], curve: Curve, config: TrainConfig) -> torch.optim.Optimizer:
     kwargs = dict(lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
     if curve.state_format is not None:
-        return FP8AdamW(model.parameters(), state_format=curve.state_format, **kwargs)
-    return torch.optim.AdamW(model.parameters(), **kwargs, **({"fused": True} if config.device.startswith("cuda") else {}))
+        return FP8AdamW(parameters, state_format=curve.state_format, **kwargs)
+    return torch.optim.AdamW(parameters, **kwargs, **({"fused": True} if config.device.startswith("cuda") else {}))
 
 
-def _loss(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor, device: str) -> torch.Tensor:
-    with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16):
-        logits = model(tokens.to(device))
+def _loss(trainable: Trainable, tokens: torch.Tensor, targets: torch.Tensor, device: str) -> torch.Tensor:
+    with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16), trainable.step_context():
+        logits = trainable.model(tokens.to(device))
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.to(device).reshape(-1))
 
 
@@ -261,16 +409,22 @@ def _delayed_histories(model: nn.Module) -> list[torch.Tensor]:
     return [h for m in model.modules() if isinstance(m, Float8Linear) for role in TensorRole if (h := m.amax_history(role)) is not None]
 
 
-def _prepare_start(model: nn.Module, curve: Curve, first_batch, device: str) -> None:
+def _has_float8_linear(model: nn.Module) -> bool:
+    from fp8bench.nn.float8_linear import Float8Linear
+
+    return any(isinstance(m, Float8Linear) for m in model.modules())
+
+
+def _prepare_start(trainable: Trainable, curve: Curve, first_batch, device: str) -> None:
     """Delayed scaling's first scale for the `scale-1` and `calibrated` starts (STARTS)."""
     if curve.start not in ("scale-1", "calibrated"):
         return
-    histories = _delayed_histories(model)
+    histories = _delayed_histories(trainable.model)
     if not histories:
         raise ValueError(f"start {curve.start!r} needs a recipe with delayed scaling; {curve.recipe.name!r} has none")
     if curve.start == "calibrated":
-        _loss(model, *first_batch, device).backward()
-        model.zero_grad(set_to_none=True)
+        _loss(trainable, *first_batch, device).backward()
+        trainable.model.zero_grad(set_to_none=True)
         return
     from fp8kernels import reference
 
@@ -279,20 +433,24 @@ def _prepare_start(model: nn.Module, curve: Curve, first_batch, device: str) -> 
         history[0] = reference.fp8_max(reference.E4M3)
 
 
+StepCallback = Callable[[Curve, int, float], None]
+
+
 def train_curve(factory: ModelFactory, curve: Curve, config: TrainConfig, corpus: text_data.TextCorpus, curves: CurveWriter,
-                collect_stats: bool = False, on_step: Callable[[int, float], None] | None = None) -> list[float]:  # fmt: skip
+                collect_stats: bool = False, on_step: StepCallback | None = None) -> list[float]:  # fmt: skip
     """Train one curve for config.steps steps, writing loss, grad_norm and (every eval_every steps
-    and at the end) val_loss to `curves`, and with `collect_stats` the tensor statistics. Returns the
-    per-step training losses."""
+    and at the end) val_loss to `curves`, and with `collect_stats` the tensor statistics of our
+    Float8Linear layers (other implementations' layers have none to take). Returns the per-step
+    training losses."""
     device = config.device
     with deterministic():
-        model = build_model(factory, curve, device)
-        optimizer = make_optimizer(model, curve, config)
+        trainable = build_model(factory, curve, device)
+        optimizer = make_optimizer(trainable.parameters, curve, config)
         stream = text_data.batches(corpus.train, config.batch_size, config.seq_len, config.data_seed)
         validation = text_data.fixed_batches(corpus.validation, config.batch_size, config.seq_len, config.eval_batches, config.data_seed + 1)
         first = next(text_data.batches(corpus.train, config.batch_size, config.seq_len, config.data_seed))
-        _prepare_start(model, curve, first, device)
-        stats = TensorStats(model) if collect_stats and curve.recipe is not None else None
+        _prepare_start(trainable, curve, first, device)
+        stats = TensorStats(trainable.model) if collect_stats and _has_float8_linear(trainable.model) else None
         losses = []
         try:
             for step in range(1, config.steps + 1):
@@ -300,28 +458,31 @@ def train_curve(factory: ModelFactory, curve: Curve, config: TrainConfig, corpus
                     group["lr"] = config.lr_at(step)
                 if stats is not None:
                     stats.step = step
-                loss = _loss(model, *next(stream), device)
+                loss = _loss(trainable, *next(stream), device)
                 loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+                trainable.before_optimizer_step()
+                grad_norm = torch.nn.utils.clip_grad_norm_(trainable.parameters, config.grad_clip)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+                trainable.after_optimizer_step()
                 if curve.start == "scale-1" and step == 1:
-                    for history in _delayed_histories(model):  # the FP8 maximum was the start, not an amax
+                    for history in _delayed_histories(trainable.model):  # the FP8 maximum was the start, not an amax
                         history[1:].zero_()
                 losses.append(loss.item())
                 curves.write(curve.name, step, "loss", losses[-1])
                 curves.write(curve.name, step, "grad_norm", float(grad_norm))
                 if step % config.eval_every == 0 or step == config.steps:
-                    curves.write(curve.name, step, "val_loss", validation_loss(model, validation, device))
+                    curves.write(curve.name, step, "val_loss", validation_loss(trainable, validation, device))
                 if stats is not None:
-                    for row in stats.rows:
-                        for metric in ("underflow_pct", "saturate_pct", "amax", "history_amax", "scale", "sqnr_db"):
-                            if metric in row:
-                                curves.write(curve.name, step, metric, row[metric], row["layer"], row["role"])
+                    if stats_recorded_at(step, config.steps):
+                        for row in stats.rows:
+                            for metric in STAT_METRICS:
+                                if metric in row:
+                                    curves.write_stat(curve.name, step, metric, row[metric], row["layer"], row["role"])
                     stats.rows.clear()
                 curves.flush()
                 if on_step is not None:
-                    on_step(step, losses[-1])
+                    on_step(curve, step, losses[-1])
         finally:
             if stats is not None:
                 stats.close()
@@ -329,8 +490,8 @@ def train_curve(factory: ModelFactory, curve: Curve, config: TrainConfig, corpus
 
 
 @torch.no_grad()
-def validation_loss(model: nn.Module, batches, device: str) -> float:
-    return sum(_loss(model, tokens, targets, device).item() for tokens, targets in batches) / len(batches)
+def validation_loss(trainable: Trainable, batches, device: str) -> float:
+    return sum(_loss(trainable, tokens, targets, device).item() for tokens, targets in batches) / len(batches)
 
 
 # ---- result rows ------------------------------------------------------------------------------------
@@ -338,14 +499,18 @@ def validation_loss(model: nn.Module, batches, device: str) -> float:
 
 def _row(case: str, curve: Curve, config: TrainConfig, model_name: str, status: str, values: dict[str, Any]) -> Row:
     """A summary row: M is the tokens per step, K the sequence length, N the vocabulary; the curve's
-    model, seed, optimizer and start are in `options`. `recipe` names what is compared: the FP8 recipe,
-    in optimizer cases the optimizer (adamw-fp32 or adamw-<state format>), else bf16; `backend` is
-    triton where our kernels run, torch for torch's AdamW in optimizer cases, else bf16."""
+    model, seed, optimizer and start are in `options`. `recipe` names what is compared: the
+    FP8 recipe, in optimizer cases the optimizer (adamw-fp32 or adamw-<state format>), else bf16;
+    `backend` is the curve's implementation (triton: ours), triton for FP8AdamW, torch for torch's AdamW
+    in optimizer cases, else bf16."""
     recipe = curve.recipe
     optimizer = f"adamw-{curve.state_format.value}" if curve.state_format else "adamw-fp32"
     compares_optimizers = case.startswith("optimizer")
     options = {"model": model_name, "seed": curve.seed, "steps": config.steps, "optimizer": optimizer, "start": curve.start, "curve": curve.name}
-    backend = "triton" if recipe or curve.state_format else ("torch" if compares_optimizers else BF16)
+    if recipe:
+        backend = curve.implementation
+    else:
+        backend = "triton" if curve.state_format else ("torch" if compares_optimizers else BF16)
     return Row({
         "benchmark": BENCHMARK, "case": case, "M": config.batch_size * config.seq_len, "K": config.seq_len, "N": text_data.VOCAB_SIZE,
         "granularity": recipe.granularity.value if recipe else Granularity.NONE.value, "backend": backend,
@@ -361,23 +526,32 @@ class CurveResult:
     status: str = Status.OK.value
 
 
-def _train_all(factory, curves_to_run: list[Curve], config, corpus, run_dir: Path, collect_stats: bool, on_curve) -> list[CurveResult]:
-    """Each curve in turn; an FP8 curve that cannot run here, or runs out of memory, is a status, not a crash."""
+def _train_all(factory, curves_to_run: list[Curve], config, corpus, run_dir: Path, collect_stats: bool, on_curve,
+               on_step: StepCallback | None = None) -> list[CurveResult]:  # fmt: skip
+    """Each curve in turn; a curve that cannot run here (the implementation missing, no GPU, a recipe the
+    implementation lacks), or runs out of memory, is a status, not a crash. TransformerEngine is loaded
+    before the first curve trains: after torch's attention has loaded cuDNN its import fails on a GPU host."""
+    if any(curve.implementation == "te" for curve in curves_to_run):
+        from fp8bench.backends.te import te_unavailable_reason
+
+        te_unavailable_reason()
     writer = CurveWriter(run_dir)
     results = []
     try:
         for curve in curves_to_run:
-            uses_kernels = curve.recipe is not None or curve.state_format is not None
-            problem = fp8_problem(config.device) if uses_kernels else None
+            problem = implementation_problem(curve, config.device)
             result = CurveResult(curve)
             if problem:
                 result.status = status_text(Status.UNSUPPORTED, problem)
             else:
                 try:
-                    result.losses = train_curve(factory, curve, config, corpus, writer, collect_stats)
+                    result.losses = train_curve(factory, curve, config, corpus, writer, collect_stats, on_step)
+                except Unsupported as err:
+                    result.status = status_text(Status.UNSUPPORTED, str(err))
                 except torch.OutOfMemoryError:
                     result.status = status_text(Status.FAILED, "out of memory")
                     torch.cuda.empty_cache()
+                writer.flush_stats()
             results.append(result)
             if on_curve is not None:
                 on_curve(result)
@@ -399,35 +573,49 @@ def _write_gaps(results: list[CurveResult], reference: CurveResult, case: str, c
     curves.close()
 
 
-def loss_curves(recipes: tuple[Recipe, ...], bf16_seeds: tuple[int, ...] = (0, 1)) -> list[Curve]:
-    """BF16 with each seed (the first is every gap's reference), then each FP8 recipe with the first seed."""
-    bf16 = [Curve(f"bf16-seed{seed}", None, seed) for seed in bf16_seeds]
-    return [*bf16, *(Curve(f"{recipe.name}-seed{bf16_seeds[0]}", recipe, bf16_seeds[0]) for recipe in recipes)]
+def loss_curves(recipes: tuple[Recipe, ...], bf16_seeds: tuple[int, ...] = (0, 1), implementations: tuple[str, ...] = ("triton",)) -> list[Curve]:
+    """BF16 with each seed (the first is every gap's reference), then per implementation each FP8 recipe
+    with the first seed (a recipe the implementation lacks becomes its unsupported row)."""
+    seed = bf16_seeds[0]
+    bf16 = [Curve(f"bf16-seed{s}", None, s) for s in bf16_seeds]
+    fp8 = [Curve(fp8_curve_name(impl, recipe, seed), recipe, seed, implementation=impl) for impl in implementations for recipe in recipes]
+    return [*bf16, *fp8]
 
 
 def run_loss(factory: ModelFactory, model_name: str, curves_to_run: list[Curve], config: TrainConfig, corpus, writer: RunWriter,
-             collect_stats: bool = False, on_curve=None) -> list[CurveResult]:  # fmt: skip
+             collect_stats: bool = False, on_curve=None, on_step: StepCallback | None = None) -> list[CurveResult]:  # fmt: skip
     """Loss curves; results.csv gets one row per curve with its gap to the first curve (BF16, seed 0)."""
-    results = _train_all(factory, curves_to_run, config, corpus, writer.run_dir, collect_stats, on_curve)
+    results = _train_all(factory, curves_to_run, config, corpus, writer.run_dir, collect_stats, on_curve, on_step)
     _write_gaps(results, results[0], "loss", config, model_name, writer)
     return results
 
 
+# The start-up experiments' pairs (reference arm, compared arm): our delayed scaling's first scale, our master
+# weights, and TransformerEngine's FP8 primary weights with their FP32 masters.
+STARTUP_ARMS = (("triton", "calibrated", "scale-1"), ("triton", "master-from-hp", "master-from-fp8"), ("te", "master-from-hp", "master-from-fp8"))
+
+
+def startup_curve_name(implementation: str, start: str, seed: int) -> str:
+    return f"{start}-seed{seed}" if implementation == "triton" else f"{implementation}-{start}-seed{seed}"
+
+
 def startup_curves(recipe: Recipe = RECIPES["tensorwise-delayed"], seed: int = 0) -> list[Curve]:
-    """The start-up experiments: delayed scaling's first scale (needs a delayed recipe), and where the
-    master weights come from."""
+    """The start-up experiments (STARTUP_ARMS), each pair's reference arm first: delayed scaling's first
+    scale (needs a delayed recipe), and where the master weights come from."""
     if not any(c.scaling_type is ScalingType.DELAYED for role in TensorRole for c in recipe.casts(role)):
         raise ValueError(f"the start-up experiment needs a recipe with delayed scaling; {recipe.name!r} has none")
-    return [Curve(f"{start}-seed{seed}", recipe, seed, start=start) for start in ("calibrated", "scale-1", "master-from-hp", "master-from-fp8")]
+    return [Curve(startup_curve_name(impl, start, seed), recipe, seed, start=start, implementation=impl)
+            for impl, *starts in STARTUP_ARMS for start in starts]  # fmt: skip
 
 
 def run_startup(factory: ModelFactory, model_name: str, config: TrainConfig, corpus, writer: RunWriter, recipe: Recipe, seed: int = 0,
-                on_curve=None) -> list[CurveResult]:  # fmt: skip
-    """Each pair (calibrated vs scale-1, master-from-hp vs master-from-fp8) with tensor statistics; the
-    gap of the second of a pair is to the first."""
-    results = _train_all(factory, startup_curves(recipe, seed), config, corpus, writer.run_dir, True, on_curve)
-    for first, second in (results[0:2], results[2:4]):
-        _write_gaps([first, second], first, f"startup.{second.curve.start}", config, model_name, writer)
+                on_curve=None, on_step: StepCallback | None = None) -> list[CurveResult]:  # fmt: skip
+    """Each pair of STARTUP_ARMS with tensor statistics (of our layers); the gap of the second of a pair is
+    to the first. TE's pair is two unsupported rows where TransformerEngine cannot run."""
+    results = _train_all(factory, startup_curves(recipe, seed), config, corpus, writer.run_dir, True, on_curve, on_step)
+    for first, second in zip(results[0::2], results[1::2]):
+        case = "startup." + second.curve.name.rsplit("-seed", 1)[0]  # startup.scale-1, startup.te-master-from-fp8, ...
+        _write_gaps([first, second], first, case, config, model_name, writer)
     return results
 
 
@@ -481,8 +669,7 @@ def run_optimizer(factory: ModelFactory, model_name: str, config: TrainConfig, c
             curve = Curve(f"adamw-{state_format.value}", None, 0, state_format)
             writer.append(_row("optimizer.update", curve, config, model_name, status_text(Status.UNSUPPORTED, problem), {}))
         return {}
-    model = build_model(factory, Curve("params"), config.device)
-    params = [p for p in model.parameters()]
+    params = build_model(factory, Curve("params"), config.device).parameters
     numel = sum(p.numel() for p in params)
     curves = CurveWriter(writer.run_dir)
     summary: dict[str, Any] = {"parameters": numel, "tensors": len(params)}

@@ -1,6 +1,11 @@
 """curves.csv, the numerics benchmark's step-wise values: its columns, the loss gap, a strict reader of its
 loss curves, and the comparison of two runs' curves that gates a `fp8bench numerics loss` run in CI.
 
+Per-layer tensor statistics go to a second file, TENSOR_STATS_CSV (gzip-compressed, the same columns), at
+the steps `stats_recorded_at` names: every step of the start, where scales settle, then a thinning
+schedule, and the last step; curves.csv keeps every step's loss and gradient norm. A 1000-step run of
+llama-25m with every recipe's statistics stays under 2 MiB this way.
+
 The loss gap of a curve to a reference curve at a step is the mean loss over the last 10% of the steps
 up to it, relative to the reference's over the same steps (positive where worse); at the last step it is
 the gap over the last 10% of the run. The numerics benchmark writes it at CHECKPOINTS; `compare_loss`
@@ -21,7 +26,12 @@ from pathlib import Path
 from fp8bench.harness.validate import MalformedFile, UsageError, read_text, shown
 
 CURVES_CSV = "curves.csv"
+TENSOR_STATS_CSV = "tensor_stats.csv.gz"
 CURVE_COLUMNS = ("curve", "step", "metric", "layer", "role", "value")
+# Per layer and tensor role (fp8bench.nn.tensor_stats): what TENSOR_STATS_CSV holds.
+STAT_METRICS = ("underflow_pct", "saturate_pct", "amax", "history_amax", "scale", "sqnr_db")
+# (up to this step, record every n-th step): every step while delayed scaling's histories fill, then thinner.
+STATS_SCHEDULE = ((50, 1), (200, 10), (None, 50))
 LAST_FRACTION = 0.1  # the loss gap is over the last 10% of steps
 CHECKPOINTS = (0.25, 0.5, 0.75, 1.0)  # fractions of the run at which a gap is written and compared
 
@@ -41,6 +51,16 @@ def relative_gap(losses: Sequence[float], reference_losses: Sequence[float]) -> 
 def checkpoint_steps(steps: int) -> dict[int, float]:
     """The steps of a run of `steps` steps at CHECKPOINTS, each with its fraction (the larger where two meet)."""
     return dict(sorted({max(1, round(fraction * steps)): fraction for fraction in CHECKPOINTS}.items()))
+
+
+def stats_recorded_at(step: int, steps: int) -> bool:
+    """Whether a run of `steps` steps records the tensor statistics of `step` (STATS_SCHEDULE, and the last step)."""
+    if step == steps:
+        return True
+    for until, every in STATS_SCHEDULE:
+        if until is None or step <= until:
+            return step % every == 0
+    return False
 
 
 def curves_path(run: Path) -> Path:

@@ -2,7 +2,8 @@
 
 `TensorStats(model)` registers hooks on every Float8Linear of a model (a forward pre-hook for the input
 and weight, a forward hook for the output, a backward pre-hook for grad_output) and removes them on
-`close()`: with no TensorStats open a model runs exactly as without (no hook, no check). Each hook casts
+`close()`: with no TensorStats open a model runs exactly as without (no hook, no check). A layer whose
+norm is fused with it (Float8LayerNormLinear) is seen with its normalized input. Each hook casts
 its tensor as the layer's recipe casts its first use (fp8kernels.reference's formulas, the kernels'
 values) and records per layer and tensor role:
 
@@ -29,12 +30,12 @@ from torch import nn
 
 from fp8bench.config import Granularity
 from fp8bench.nn._float8_ops import FP8_DTYPES
+from fp8bench.nn.float8_layernorm_linear import Float8LayerNormLinear, Normalization
 from fp8bench.nn.float8_linear import Float8Linear
 from fp8bench.nn.recipes import CastConfig, ScalingType, TensorRole
 from fp8kernels import reference
 
 OUTPUT_ROLE = "output"
-STAT_COLUMNS = ("step", "layer", "role", "recipe", "underflow_pct", "saturate_pct", "amax", "history_amax", "scale", "sqnr_db")
 
 
 def _history_amax(history: torch.Tensor | None) -> float | None:
@@ -84,6 +85,16 @@ def sqnr_db(signal: torch.Tensor, approximation: torch.Tensor) -> float | None:
     return 10 * math.log10(signal.pow(2).sum().item() / noise)
 
 
+def linear_input(module: Float8Linear, x: torch.Tensor) -> torch.Tensor:
+    """What the layer's GEMM takes as input: x, or for a Float8LayerNormLinear (a norm fused with its
+    linear, fp8bench.nn.norm_fusion) x normalized by its norm."""
+    if not isinstance(module, Float8LayerNormLinear):
+        return x
+    if module.normalization is Normalization.RMS_NORM:
+        return F.rms_norm(x, (module.in_features,), module.layer_norm_weight, module.eps)
+    return F.layer_norm(x, (module.in_features,), module.layer_norm_weight, module.layer_norm_bias, module.eps)
+
+
 class TensorStats:
     """Hooks on every Float8Linear of `model` that record cast statistics per step (module docstring).
     Use as a context manager, or call close(); set `step` before each training step."""
@@ -115,7 +126,8 @@ class TensorStats:
     def _pre_forward(self, name: str):
         def hook(module: Float8Linear, args) -> None:
             if torch.is_grad_enabled():  # training steps only, not validation
-                self._role(name, module, TensorRole.INPUT, args[0])
+                with torch.no_grad():
+                    self._role(name, module, TensorRole.INPUT, linear_input(module, args[0]))
                 self._role(name, module, TensorRole.WEIGHT, module.weight)
 
         return hook
@@ -125,7 +137,7 @@ class TensorStats:
             if torch.is_grad_enabled():
                 with torch.no_grad():
                     bias = None if module.bias is None else module.bias.to(torch.bfloat16)
-                    bf16 = F.linear(args[0].to(torch.bfloat16), module.weight.to(torch.bfloat16), bias)
+                    bf16 = F.linear(linear_input(module, args[0]).to(torch.bfloat16), module.weight.to(torch.bfloat16), bias)
                     if module.activation.value != "none":
                         bf16 = getattr(torch, module.activation.value)(bf16)
                 self._record(name, module, OUTPUT_ROLE, {"sqnr_db": sqnr_db(bf16, output)})

@@ -1,19 +1,24 @@
 """The numerics benchmark's page: what FP8 training costs in quality, from a run folder's files only.
 
 A numerics run folder holds summary rows in results.csv (one per curve; `rel_err` is the relative loss
-gap over the last 10% of steps, `options` names the curve) and the step-wise values in `curves.csv`
-(one value per row: curve, step, metric, layer, role). Its loss curves span granularities (BF16 and every
-recipe are compared on one chart), so the run gets one page of its own rather than charts on the
-granularity pages. The page shows what the folder holds, in this order:
+gap over the last 10% of steps, `options` names the curve), the step-wise values in `curves.csv` (one
+value per row: curve, step, metric, layer, role) and the per-layer tensor statistics in
+`tensor_stats.csv.gz` (the same columns, gzip-compressed, on a thinning schedule of steps). Its loss
+curves span granularities (BF16 and every recipe of every implementation on one chart), so the run gets
+one page of its own rather than charts on the granularity pages. Each experiment opens with a paragraph of
+conclusions written from the numbers of the files. The page shows what the folder holds, in this order:
 
 - headline: per curve of the `loss` case its final relative gap to BF16 (seed 0) over the last 10% of
-  steps, beside the BF16 seed-to-seed gap (the run-to-run noise the FP8 gaps compare with);
+  steps, beside the BF16 seed-to-seed gap (the run-to-run noise the FP8 gaps compare with); the
+  conclusion: how many curves are within 1%, the largest gap, from which step each gap stays within 1%;
 - loss curves overlaid, the gap against steps with the noise band, validation loss, gradient norm;
-- tensor statistics (runs with them): underflow %, saturation %, amax and scale per role and layer over
-  steps, SQNR of each GEMM's output against BF16;
-- delayed-scaling start-up and master-weight init (`startup.*` cases): loss and underflow of both arms
-  over the steps, and a conclusion computed from them;
-- FP8 optimizer states (`optimizer.*` cases): memory, update error, loss gap, GB/s per optimizer.
+- tensor statistics (runs with them): the conclusion (the most underflowing role per recipe, saturation,
+  SQNR), underflow %, saturation %, amax and scale per role and layer over steps, SQNR of each GEMM's
+  output against BF16;
+- delayed-scaling start-up and master-weight init (`startup.*` cases; ours, and TransformerEngine's FP8
+  primary weights): per pair of arms its conclusion, loss and underflow of both arms over the steps;
+- FP8 optimizer states (`optimizer.*` cases): the conclusion, memory, update error, loss gap, GB/s per
+  optimizer.
 
 Every gap is computed here from curves.csv as the benchmark defines it: the mean loss over the last 10%
 of the steps up to a step, relative to the reference curve's over the same steps. Labels that come from
@@ -25,6 +30,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -33,24 +39,35 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from fp8bench.config import Status
-from fp8bench.harness.curves import CURVE_COLUMNS, CURVES_CSV, LAST_FRACTION
+from fp8bench.harness.curves import CURVE_COLUMNS, CURVES_CSV, LAST_FRACTION, TENSOR_STATS_CSV
 from fp8bench.report.html import Chart, chart_id, colour_map, rows_table
 
 BENCHMARK = "numerics"
+DATA_FILES = (CURVES_CSV, TENSOR_STATS_CSV)  # what the page reads beside results.csv
 REFERENCE_CURVE = "bf16-seed0"  # every loss curve's gap is to it; bf16 with another seed is the noise
 GAP_TARGET = 0.01  # an FP8 recipe should stay within 1% of BF16's loss
-STARTUP_PAIRS = (("calibrated", "scale-1"), ("master-from-hp", "master-from-fp8"))
+# (curve-name prefix of the implementation, reference arm, compared arm): fp8bench.benchmarks.numerics.STARTUP_ARMS
+STARTUP_PAIRS = (("", "calibrated", "scale-1"), ("", "master-from-hp", "master-from-fp8"), ("te-", "master-from-hp", "master-from-fp8"))
+STARTUP_TITLES = {"": "", "te-": "TransformerEngine's FP8 primary weights (fp8_model_init, preserve_high_precision_init_val): "}
 STAT_METRICS = {"underflow_pct": "underflow, % of nonzero values", "saturate_pct": "saturated, % of values", "amax": "amax", "scale": "scale"}
 TABLE_TEXT = ("curve", "recipe", "backend", "optimizer", "status", "verdict", "layer")
 
 
 def read_curves(run_dir: Path) -> pd.DataFrame:
-    """curves.csv of the run, typed; an empty frame where the run has none. Raises ValueError naming the
-    file when it is not a curves file."""
-    path = Path(run_dir) / CURVES_CSV
-    if not path.exists():
+    """curves.csv of the run and its tensor statistics (TENSOR_STATS_CSV, where the run took them) in one
+    typed frame; an empty frame where the run has neither. Raises ValueError naming the file when one is
+    not a curves file (or not gzip where it should be)."""
+    frames = [_read_values(path) for path in (Path(run_dir) / CURVES_CSV, Path(run_dir) / TENSOR_STATS_CSV) if path.exists()]
+    if not frames:
         return pd.DataFrame({c: pd.Series(dtype=float if c in ("step", "value") else str) for c in CURVE_COLUMNS})
-    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _read_values(path: Path) -> pd.DataFrame:
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False, compression="infer")
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError) as err:
+        raise ValueError(f"{path} cannot be read as a curves file: {err}") from None
     if tuple(frame.columns) != CURVE_COLUMNS:
         raise ValueError(f"{path} is not a curves file: its columns are {list(frame.columns)}, not {list(CURVE_COLUMNS)}")
     for column in ("step", "value"):
@@ -145,6 +162,35 @@ def headline(rows: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(table, columns=["curve", "recipe", "backend", "status", "gap vs BF16, last 10%", "BF16 noise", "verdict"])
 
 
+def loss_conclusion(table: pd.DataFrame, curves: pd.DataFrame) -> str:
+    """One paragraph from the headline table and the curves: how many FP8 curves are within 1% (and within
+    the BF16 noise), the largest gap, from which step each gap stays within 1%, and what did not run."""
+    loss = values_by_curve(curves)
+    reference = loss.get(REFERENCE_CURVE)
+    fp8 = table[table["recipe"] != "bf16"]
+    measured = fp8[fp8["gap vs BF16, last 10%"] != "n/a"]
+    text = []
+    if len(measured) and reference is not None:
+        gaps = {name: final_gap(loss[name], reference) for name in measured["curve"]}
+        within = [name for name, gap in gaps.items() if abs(gap) <= GAP_TARGET]
+        worst = max(gaps, key=lambda name: abs(gaps[name]))
+        noise = table.loc[table["recipe"] == "bf16", "BF16 noise"]
+        text.append(f"{len(within)} of the {len(gaps)} FP8 curves that ran end within {GAP_TARGET:.0%} of {REFERENCE_CURVE}'s loss over "
+                    f"the last 10% of steps (BF16 noise {noise.iloc[0] if len(noise) else 'n/a (one BF16 seed)'}); the largest gap is "
+                    f"{worst}'s, {_pct(gaps[worst])}.")  # fmt: skip
+        settled = {name: settles_at(trailing_means(loss[name]), trailing_means(reference)) for name in gaps}
+        late = [f"{name} from step {step}" for name, step in settled.items() if step is not None and step > 1]
+        never = [name for name, step in settled.items() if step is None]
+        if late:
+            text.append(f"The trailing-mean gap stays within {GAP_TARGET:.0%} for good: {', '.join(late)}.")
+        if never:
+            text.append(f"Still outside {GAP_TARGET:.0%} at the last step: {', '.join(never)}.")
+    not_run = fp8[fp8["status"] != Status.OK.value]
+    if len(not_run):
+        text.append("Not run: " + "; ".join(f"{row.curve} ({row.status})" for row in not_run.itertuples()) + ".")
+    return " ".join(text)
+
+
 # ---- charts ----------------------------------------------------------------------------------------
 
 
@@ -233,6 +279,31 @@ def stats_charts(curves: pd.DataFrame, recipes: dict[str, str]) -> list[Chart]:
     return charts
 
 
+def stats_conclusion(curves: pd.DataFrame, recipes: dict[str, str]) -> str:
+    """One paragraph from the statistics: per recipe the most underflowing role (mean over layers and
+    steps) and its worst layer and step, the largest saturation, and the mean SQNR of the GEMM outputs."""
+    stats = curves[curves["curve"].isin(recipes)].dropna(subset=["value"])
+    text = []
+    for curve, recipe in recipes.items():
+        own = stats[stats["curve"] == curve]
+        underflow = own[own["metric"] == "underflow_pct"]
+        if underflow.empty:
+            continue
+        role = underflow.groupby("role")["value"].mean().idxmax()
+        worst = underflow.loc[underflow["value"].idxmax()]
+        sentence = (f"{recipe}: the {role} casts underflow most, {underflow[underflow['role'] == role]['value'].mean():.2f}% of nonzero "
+                    f"values on average; at worst {worst['value']:.2f}% ({worst['role']} of {worst['layer']}, step {int(worst['step'])})")  # fmt: skip
+        saturated = own[own["metric"] == "saturate_pct"]
+        if len(saturated) and saturated["value"].max() > 0:
+            peak = saturated.loc[saturated["value"].idxmax()]
+            sentence += f"; {peak['value']:.3f}% saturate at step {int(peak['step'])} ({peak['role']} of {peak['layer']})"
+        sqnr = own[own["metric"] == "sqnr_db"]["value"]
+        if len(sqnr):
+            sentence += f"; GEMM outputs {sqnr.mean():.1f} dB SQNR against BF16 on average (lowest {sqnr.min():.1f} dB)"
+        text.append(sentence + ".")
+    return " ".join(text)
+
+
 # ---- start-up --------------------------------------------------------------------------------------
 
 
@@ -241,16 +312,17 @@ def startup_section(curves: pd.DataFrame) -> list[str]:
     both arms overlaid, and the conclusion the numbers give."""
     loss = values_by_curve(curves)
     parts = []
-    for first, second in STARTUP_PAIRS:
-        names = [next((n for n in loss if n.startswith(f"{start}-seed")), None) for start in (first, second)]
+    for prefix, first, second in STARTUP_PAIRS:
+        names = [next((n for n in loss if n.startswith(f"{prefix}{start}-seed")), None) for start in (first, second)]
         if None in names:
             continue
         a, b = names
         conclusion = startup_conclusion(loss[a], loss[b], curves, a, b)
-        parts.append(f"<h3>{html.escape(first)} against {html.escape(second)}</h3><p>{html.escape(conclusion)}</p>")
+        parts.append(f"<h3>{html.escape(STARTUP_TITLES[prefix])}{html.escape(first)} against {html.escape(second)}</h3>"
+                     f'<p class="conclusion">{html.escape(conclusion)}</p>')  # fmt: skip
         colours = colour_map(names)
         title = f"Loss over the first steps: {a} and {b}"
-        parts.append(_line_chart({a: loss[a], b: loss[b]}, chart_id("startup", second, "loss"), title, "loss", colours).to_html())
+        parts.append(_line_chart({a: loss[a], b: loss[b]}, chart_id("startup", f"{prefix}{second}", "loss"), title, "loss", colours).to_html())
         underflow = mean_underflow(curves, names)
         if not underflow.empty:
             shown = underflow.assign(curve=underflow["curve"].map(html.escape), role=underflow["role"].map(html.escape))
@@ -258,7 +330,7 @@ def startup_section(curves: pd.DataFrame) -> list[str]:
                              color_discrete_map={html.escape(n): c for n, c in colours.items()},
                              labels={"value": "underflow, % of nonzero values (mean over layers)"})  # fmt: skip
             figure.for_each_annotation(lambda ann: ann.update(text=ann.text.split("=")[-1]))
-            parts.append(Chart(chart_id("startup", second, "underflow"), f"Underflow over the first steps: {a} and {b}", figure).to_html())
+            parts.append(Chart(chart_id("startup", f"{prefix}{second}", "underflow"), f"Underflow over the first steps: {a} and {b}", figure).to_html())
     return parts
 
 
@@ -328,11 +400,23 @@ def _first(rows: pd.DataFrame, column: str) -> float:
     return float(rows[column].iloc[0]) if len(rows) and pd.notna(rows[column].iloc[0]) else math.nan
 
 
+def optimizer_conclusion(table: pd.DataFrame) -> str:
+    """One paragraph from the optimizer table: per FP8 state format its memory, loss gap and update speed."""
+    text = []
+    for row in table[table["optimizer"] != "adamw-fp32"].to_dict("records"):
+        sentence = f"{row['optimizer']}: states {row['state memory vs FP32']} of FP32's, loss gap {row['loss gap vs FP32, last 10%']}"
+        if not math.isnan(row["GB/s"]):
+            sentence += (f", the fused update at {row['% of copy bandwidth']:.1f}% of copy bandwidth and "
+                         f"{row['speedup vs torch fused']:.2f}x torch's fused AdamW")  # fmt: skip
+        text.append(sentence + ".")
+    return " ".join(text)
+
+
 def optimizer_section(rows: pd.DataFrame, curves: pd.DataFrame) -> list[str]:
     table = optimizer_table(rows, curves)
     if table.empty:
         return []
-    parts = ["<h3>Optimizer states</h3>", rows_table(table, TABLE_TEXT),
+    parts = ["<h3>Optimizer states</h3>", f'<p class="conclusion">{html.escape(optimizer_conclusion(table))}</p>', rows_table(table, TABLE_TEXT),
              '<p class="note">Update error: ||p - p_FP32|| / ||p_FP32 - p_0|| after the last compared step, on the same '
              "seeded gradients. GB/s on the bytes the update must move; the speedup is against torch's fused AdamW (FP32 states).</p>"]  # fmt: skip
     names = list(table["optimizer"])
@@ -358,14 +442,16 @@ def sections(run_dir: Path, rows: pd.DataFrame) -> list[str]:
                      "the rows below are all there is.</p>")  # fmt: skip
     loss_rows = curve_options(rows[rows["case"] == "loss"])
     if not loss_rows.empty:
-        parts.append(f"<h3>Loss gap to BF16 over the last 10% of steps</h3>{rows_table(headline(rows, curves), TABLE_TEXT)}")
+        table = headline(rows, curves)
+        parts.append(f"<h3>Loss gap to BF16 over the last 10% of steps</h3>{rows_table(table, TABLE_TEXT)}")
+        parts.append(f'<p class="conclusion">{html.escape(loss_conclusion(table, curves))}</p>')
         parts.append(f'<p class="note">Gaps are relative to {REFERENCE_CURVE}: positive where worse. The BF16 noise is the gap '
                      "between BF16 with two seeds; an FP8 gap within it cannot be told from run-to-run noise.</p>")  # fmt: skip
         parts.extend(chart.to_html() for chart in loss_charts(curves, list(loss_rows["curve"]), "loss"))
     recipes = dict(zip(loss_rows["curve"], loss_rows["recipe"]))
     stats = stats_charts(curves[curves["curve"].isin(recipes)], recipes)
     if stats:
-        parts.append("<h3>Tensor statistics</h3>")
+        parts.append(f'<h3>Tensor statistics</h3><p class="conclusion">{html.escape(stats_conclusion(curves, recipes))}</p>')
         parts.extend(chart.to_html() for chart in stats)
     startup = startup_section(curves)
     if startup:

@@ -89,8 +89,8 @@ def own_pages(rows: pd.DataFrame) -> list[str]:
     return [b for b in dict.fromkeys(rows["benchmark"]) if b in VIEWS and VIEWS[b].sections is not None]
 
 
-# Files beside results.csv and metadata.json that pages are built from (numerics' step-wise curves).
-DATA_FILES: tuple[str, ...] = (report_numerics.CURVES_CSV,)
+# Files beside results.csv and metadata.json that pages are built from (numerics' step-wise curves and statistics).
+DATA_FILES: tuple[str, ...] = report_numerics.DATA_FILES
 
 
 def page_names(rows: pd.DataFrame) -> list[str]:
