@@ -91,3 +91,26 @@ def test_hooks_record_every_role_of_every_layer_per_step(recipe_name):
 def test_a_model_without_float8_layers_is_an_error():
     with pytest.raises(ValueError, match="no Float8Linear"):
         TensorStats(_two_layer_model())
+
+
+def test_hooks_on_a_converted_llama_see_what_each_fused_gemm_reads():
+    """Our backend fuses the RMSNorm into wqkv/w13 and the SwiGLU into w2 (fp8bench.backends.triton): the
+    statistics of each GEMM's input are those of what it reads (normalized x, silu(gate) * up)."""
+    from fp8bench.backends import convert
+    from fp8bench.nn.llama import Llama, LlamaConfig
+    from fp8bench.nn.swiglu_fusion import Float8SwiGLULinear
+
+    config = LlamaConfig(name="micro", dim=128, ffn_dim=256, heads=2, kv_heads=1, vocab=256, layers=1)
+    torch.manual_seed(0)
+    model = Llama(config).to(torch.bfloat16)
+    model.init_weights(seed=0)
+    converted = convert(model, "triton", RECIPES["rowwise"])
+    assert any(isinstance(m, Float8SwiGLULinear) for m in converted.model.modules())
+    tokens = torch.randint(0, 256, (1, 16))
+    with TensorStats(converted.model) as stats:
+        stats.step = 1
+        converted.model(tokens).float().logsumexp(-1).mean().backward()
+    w2 = [r for r in stats.rows if r["layer"].endswith("feed_forward.w2")]
+    assert {r["role"] for r in w2} == {*(t.value for t in TensorRole), OUTPUT_ROLE}
+    # against the BF16 product of h: rowwise e4m3 measured about 19 dB here; a wrong input reads about 0
+    assert all(r["sqnr_db"] > 12 for r in w2 if r["role"] == OUTPUT_ROLE)

@@ -32,7 +32,9 @@ from fp8bench.config import Granularity
 from fp8bench.nn._float8_ops import FP8_DTYPES
 from fp8bench.nn.float8_layernorm_linear import Float8LayerNormLinear, Normalization
 from fp8bench.nn.float8_linear import Float8Linear
+from fp8bench.nn.llama import SwiGLU
 from fp8bench.nn.recipes import CastConfig, ScalingType, TensorRole
+from fp8bench.nn.swiglu_fusion import Float8SwiGLULinear
 from fp8kernels import reference
 
 OUTPUT_ROLE = "output"
@@ -86,8 +88,11 @@ def sqnr_db(signal: torch.Tensor, approximation: torch.Tensor) -> float | None:
 
 
 def linear_input(module: Float8Linear, x: torch.Tensor) -> torch.Tensor:
-    """What the layer's GEMM takes as input: x, or for a Float8LayerNormLinear (a norm fused with its
-    linear, fp8bench.nn.norm_fusion) x normalized by its norm."""
+    """What the layer's GEMM takes as input: x; for a Float8LayerNormLinear (a norm fused with its
+    linear, fp8bench.nn.norm_fusion) x normalized by its norm; for a Float8SwiGLULinear (the SwiGLU
+    fused into the down projection, fp8bench.nn.swiglu_fusion) silu(gate) * up of the gate+up x."""
+    if isinstance(module, Float8SwiGLULinear):
+        return SwiGLU()(x)
     if not isinstance(module, Float8LayerNormLinear):
         return x
     if module.normalization is Normalization.RMS_NORM:
