@@ -21,8 +21,8 @@ updates it in place) and tells FSDP2 what to all-gather:
 - `fsdp_post_all_gather`: the gathered FP8 data and the scale as a `GatheredFloat8Weight`, the unsharded
   parameter the module sees in its forward and backward.
 `Float8AllGatherLinear` takes such a gathered weight as it is (no cast of the weight; its transpose for
-the grad_input product is our FP8 transpose, half the bytes of a cast) and otherwise runs Float8Linear's
-products. The FP8 data and scale equal those of casting the full weight with its own amax.
+the grad_input product is our FP8 transpose in the backward, half the bytes of a cast) and otherwise runs
+Float8Linear's products. The FP8 data and scale equal those of casting the full weight with its own amax.
 """
 
 from __future__ import annotations
@@ -246,7 +246,13 @@ def precompute_float8_scales(model: nn.Module) -> int:
 
 class _GatheredWeightFunction(torch.autograd.Function):
     """x[M, K] @ weight.T where the weight came FP8 from the all-gather: Float8Linear's products without
-    the weight's cast (the recipe is tensorwise, dynamic, one cast call per tensor)."""
+    the weight's cast (the recipe is tensorwise, dynamic, one cast call per tensor).
+
+    It saves the gathered FP8 data itself, as a BF16 linear saves its gathered weight: FSDP2 frees that
+    storage after the block's forward and gathers into it again before the block's backward, so nothing
+    of the unsharded weight stays alive between the two. The FP8 transpose for grad_input is made in the
+    backward (saved from the forward, it would hold a byte per weight element of every block from the
+    forward to the backward)."""
 
     @staticmethod
     def forward(ctx, x, weight: GatheredFloat8Weight, how):
@@ -254,13 +260,15 @@ class _GatheredWeightFunction(torch.autograd.Function):
         data, scale = weight._data, weight._scale
         out = run_gemm(how.gemms.output, x_forms.first, (data, scale), how.activation)
         activated = (out,) if how.activation != Activation.NONE.value else ()
-        ctx.save_for_backward(*activated, ops.transpose_fp8(data), scale, *x_forms.second)
-        ctx.plan = how
+        ctx.save_for_backward(*activated, data, scale, *x_forms.second)
+        ctx.plan, ctx.data_index = how, len(activated)
         return in_input_dtype(out, x)
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad_input, grad_weight = backward_products(ctx.plan, ctx.saved_tensors, 2, grad_output, None, True, *ctx.needs_input_grad[:2])
+        saved = list(ctx.saved_tensors)
+        saved[ctx.data_index] = ops.transpose_fp8(saved[ctx.data_index])
+        grad_input, grad_weight = backward_products(ctx.plan, saved, 2, grad_output, None, True, *ctx.needs_input_grad[:2])
         return grad_input, grad_weight, None
 
 
