@@ -36,13 +36,18 @@ def tensor_amax(x: torch.Tensor, config: QuantizeConfig, unless_positive: Option
 
 
 def cast_tensorwise(
-    x: torch.Tensor, amax: torch.Tensor, spec: QuantizeSpec, config: QuantizeConfig, record_amax: Optional[torch.Tensor] = None
+    x: torch.Tensor, amax: torch.Tensor, spec: QuantizeSpec, config: QuantizeConfig, record_amax: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
 ) -> QuantizedTensor:
     """The cast pass alone, scaled from `amax` (a 0-d float32 tensor on x's device): the tensor's own
     amax, or, for delayed scaling, one from its history. `record_amax` (0-d float32): the pass also folds
-    max |x| into it by atomic max, so the amax costs no pass of its own."""
+    max |x| into it by atomic max, so the amax costs no pass of its own. `out`: a contiguous (R, C) fp8
+    tensor of spec's dtype the row-major copy is written into (e.g. the first rows of a padded buffer)."""
     rows, cols = x.shape
-    q, q_t = empty_fp8((rows, cols), spec, x, spec.rowwise), empty_fp8((cols, rows), spec, x, spec.columnwise)
+    if out is not None and (out.shape != x.shape or out.dtype != spec.dtype or not out.is_contiguous() or not spec.rowwise):
+        raise ValueError(f"out must be a contiguous {tuple(x.shape)} {spec.dtype} tensor for the row-major copy")
+    q = out if out is not None else empty_fp8((rows, cols), spec, x, spec.rowwise)
+    q_t = empty_fp8((cols, rows), spec, x, spec.columnwise)
     scale = empty_scales((), x, True)
     grid = (triton.cdiv(rows, config.block_rows) * triton.cdiv(cols, config.block_cols),)
     record = record_amax is not None

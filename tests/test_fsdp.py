@@ -1,5 +1,6 @@
 """FSDP2 on the CPU with two gloo processes: the BF16 path of the e2e benchmark trains as one process does,
-and our FP8 all-gather gives every rank the FP8 data and scale of the full weight cast with its own amax."""
+and our FP8 all-gather gives every rank the FP8 data and scale of the full weight cast with its own amax,
+whether the amaxes were precomputed after the optimizer step (one all-reduce for all weights) or not."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ if not torch.cuda.is_available():  # our kernels on the CPU, before any kernel m
 
 from fp8bench.benchmarks import e2e  # noqa: E402
 from fp8bench.nn.float8_linear import Float8Linear  # noqa: E402
+from fp8bench.nn import fsdp  # noqa: E402
 from fp8bench.nn.fsdp import (  # noqa: E402
     Float8AllGatherLinear, Float8AllGatherWeight, GatheredFloat8Weight, all_gather_bytes, enable_float8_all_gather,
+    precompute_float8_scales,
 )
 from fp8bench.nn.llama import Llama, LlamaConfig  # noqa: E402
 from fp8bench.nn.recipes import RECIPES  # noqa: E402
@@ -56,29 +59,35 @@ def _same_tokens(case, inputs):
     return e2e.SyntheticTokens(case.model.vocab, case.batch, case.seq_len, e2e.SEED, inputs.device)
 
 
-def _train(world_size: int, group) -> list[float]:
-    case = e2e.E2ECase(TINY, 32, 2, world_size, "none", "none", "bf16", None)
+def _train(world_size: int, group, implementation: str, steps: int) -> list[float]:
+    recipe = None if implementation == "bf16" else RECIPES["tensorwise"]
+    case = e2e.E2ECase(TINY, 32, 2, world_size, "none", "none", implementation, recipe)
     built = case.build(e2e.E2EInputs("cpu", group, _same_tokens))
     losses = []
-    for _ in range(STEPS):
+    for _ in range(steps):
         built.run()
         losses.append(built.check()["final_loss"])
     return losses
 
 
-def _fsdp_training(rank: int, out_path: str) -> None:
-    losses = _train(WORLD, dist.group.WORLD)
+def _fsdp_training(rank: int, implementation: str, steps: int, out_path: str) -> None:
+    losses = _train(WORLD, dist.group.WORLD, implementation, steps)
     if rank == 0:
         torch.save(losses, out_path)
 
 
-def test_bf16_fsdp2_training_matches_one_process():
+# BF16 (it trains: its loss falls over the steps); and ours tensorwise, whose weights FSDP2 all-gathers in
+# FP8 with amaxes precomputed after each step and whose backward transposes the re-gathered FP8 weight (a few
+# steps, too few for the loss to fall: the Triton interpreter is slow).
+@pytest.mark.parametrize(("implementation", "steps"), [("bf16", STEPS), ("triton", 4)])
+def test_fsdp2_training_matches_one_process(implementation, steps):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "losses.pt")
-        _spawn(_fsdp_training, path)
+        _spawn(_fsdp_training, implementation, steps, path)
         sharded = torch.load(path)
-    single = _train(1, None)
-    assert sharded[-1] < sharded[0]  # it trains
+    single = _train(1, None, implementation, steps)
+    if implementation == "bf16":
+        assert sharded[-1] < sharded[0]
     assert sharded == pytest.approx(single, rel=2e-3)
 
 
@@ -121,6 +130,137 @@ def test_fp8_all_gather_equals_the_full_weight_cast_with_the_global_amax(rows):
         assert torch.equal(gathered, data.view(torch.uint8))
         assert torch.equal(gathered_scale, scale)
         torch.testing.assert_close(dequantized, reference.dequantize(data, scale).to(torch.bfloat16))
+
+
+def _full_weights(rows: int) -> list[torch.Tensor]:
+    """Two BF16 weights, [rows, 64] and [64, rows]; the first one's amax on the last rank's rows only."""
+    generator = torch.Generator().manual_seed(2)
+    weights = [torch.randn(rows, 64, generator=generator).to(torch.bfloat16), torch.randn(64, rows, generator=generator).to(torch.bfloat16)]
+    weights[0][rows - 1, 3] = 40.0
+    return weights
+
+
+def _gathered(module: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """unshard(), then (FP8 bytes, scale) of every gathered weight, then reshard()."""
+    module.unshard()
+    out = [(linear.weight._data.view(torch.uint8).clone(), linear.weight._scale.clone()) for linear in module]
+    module.reshard()
+    return out
+
+
+def _precomputed_scales(rank: int, rows: int, out_path: str) -> None:
+    """FP8-all-gathered weights under fully_shard through two optimizer steps, gathered with precomputed amaxes,
+    with stale ones (the fallback) and again precomputed; how many all-reduces each phase made."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    full = _full_weights(rows)
+    # The BF16 bias beside the FP8 weights makes FSDP2 all-gather bytes: gloo has no float8.
+    model = nn.Sequential(nn.Linear(64, rows, bias=True, dtype=torch.bfloat16), nn.Linear(rows, 64, bias=False))
+    for linear, weight in zip(model, full):
+        linear.weight = nn.Parameter(Float8AllGatherWeight(weight.clone(), torch.float8_e4m3fn, False))
+    fully_shard(model, mesh=DeviceMesh.from_group(dist.group.WORLD, "cpu"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    all_reduces, original = [], dist.all_reduce
+
+    def counting_all_reduce(*args, **kwargs):
+        all_reduces.append(1)
+        return original(*args, **kwargs)
+
+    dist.all_reduce = counting_all_reduce
+    phases = {}
+    try:
+        fresh = _gathered(model)  # the first gather (FSDP2's lazy initialisation) has no precomputed amax
+        phases["fresh"] = (len(all_reduces), fresh)
+        for step in range(2):
+            before = len(all_reduces)
+            precomputed = precompute_float8_scales(model)
+            after_precompute = len(all_reduces)
+            forward, backward = _gathered(model), _gathered(model)  # the forward's gather and the backward's re-gather
+            phases[step] = (precomputed, after_precompute - before, len(all_reduces) - after_precompute, forward, backward)
+            for parameter in model.parameters():
+                parameter.grad = torch.ones_like(parameter)
+            optimizer.step()
+        stale = len(all_reduces)
+        gathered = _gathered(model)
+        phases["stale"] = (len(all_reduces) - stale, gathered, fsdp._fallback_logged)
+    finally:
+        dist.all_reduce = original
+    torch.save(phases, f"{out_path}.{rank}")
+
+
+def _expected(weights: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    casts = [reference.quantize_tensorwise(weight, torch.float8_e4m3fn) for weight in weights]
+    return [(data.view(torch.uint8), scale) for data, scale in casts]
+
+
+def _assert_gathered(got, want, what: str) -> None:
+    for index, ((data, scale), (want_data, want_scale)) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(data, want_data), f"{what}: FP8 data of weight {index}"
+        assert torch.equal(scale, want_scale), f"{what}: scale of weight {index}"
+
+
+@pytest.mark.parametrize("rows", [96, 95])  # even shards, and shards FSDP2 pads (the last rank has a row less)
+def test_precomputed_scales_gather_the_full_weight_cast_with_one_all_reduce(rows):
+    """precompute_float8_scales: one all-reduce for all weights and none at the gathers; the forward's gather
+    and the backward's re-gather give the FP8 data and scale of the full weight cast with its own amax, before
+    and after an optimizer step. A gather without a precompute (the first, or one after a step without one)
+    all-reduces the amax itself, and says so once in the log."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "phases")
+        _spawn(_precomputed_scales, rows, path)
+        results = [torch.load(f"{path}.{rank}") for rank in range(WORLD)]
+    weights = _full_weights(rows)
+    per_step = []
+    for _ in range(2):
+        per_step.append(_expected(weights))
+        weights = [weight.add(torch.ones_like(weight), alpha=-0.5) for weight in weights]  # SGD's update, in BF16
+    for rank, phases in enumerate(results):
+        fresh_all_reduces, fresh = phases["fresh"]
+        assert fresh_all_reduces == 2  # one amax all-reduce per weight
+        _assert_gathered(fresh, per_step[0], f"rank {rank} first gather")
+        for step in range(2):
+            precomputed, precompute_all_reduces, gather_all_reduces, forward, backward = phases[step]
+            assert (precomputed, precompute_all_reduces, gather_all_reduces) == (2, 1, 0), (rank, step)
+            _assert_gathered(forward, per_step[step], f"rank {rank} step {step} forward")
+            _assert_gathered(backward, per_step[step], f"rank {rank} step {step} backward re-gather")
+        stale_all_reduces, stale, logged = phases["stale"]
+        assert stale_all_reduces == 2 and logged  # one amax all-reduce per weight, said once in the log
+        _assert_gathered(stale, _expected(weights), f"rank {rank} without a precompute after the step")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_padded_cast_writes_the_shard_then_zero_rows(device):
+    """What fsdp_pre_all_gather hands FSDP2: the cast shard in the first rows of a buffer of the padded shard
+    size and zeros after it (our Triton cast with out= on a GPU, the reference formula on the CPU)."""
+    values = _on_fp8_grid(47, 128, 3)
+    amax = values.abs().amax().float()
+    data, scale = fsdp._cast_padded(values.to(device), amax.to(device), 48, torch.float8_e4m3fn, False)
+    want_data, want_scale = reference.quantize_with_amax(values, amax, torch.float8_e4m3fn)
+    assert data.shape == (48, 128) and data.dtype == torch.float8_e4m3fn
+    assert torch.equal(data[:47].cpu().view(torch.uint8), want_data.view(torch.uint8))
+    assert torch.equal(data[47:].cpu().view(torch.uint8), torch.zeros(1, 128, dtype=torch.uint8))
+    assert torch.equal(scale.cpu(), want_scale)
+
+
+def test_our_tensorwise_cast_writes_into_the_rows_it_is_given():
+    """cast_tensorwise(out=...), the GPU path of the padded cast, under the Triton interpreter (grid values)."""
+    from fp8kernels.quantize import QuantizeSpec
+    from fp8kernels.quantize_tensorwise import cast_tensorwise
+
+    values = _on_fp8_grid(47, 128, 4)
+    amax = values.abs().amax().float()
+    buffer = torch.full((48, 128), 7.0).to(torch.float8_e4m3fn)
+    spec = QuantizeSpec(torch.float8_e4m3fn)
+    _, config = fsdp.ops._tensorwise_launch(values, "e4m3", False, True, False)
+    out = cast_tensorwise(values, amax, spec, config, out=buffer[:47])
+    want_data, want_scale = reference.quantize_with_amax(values, amax, torch.float8_e4m3fn)
+    assert out.data.data_ptr() == buffer.data_ptr()
+    assert torch.equal(buffer[:47].view(torch.uint8), want_data.view(torch.uint8))
+    assert torch.equal(buffer[47:].float(), torch.full((1, 128), 7.0))  # the rows after it untouched
+    assert torch.equal(out.scale, want_scale)
+    with pytest.raises(ValueError, match="out must be a contiguous"):
+        cast_tensorwise(values, amax, spec, config, out=buffer)
 
 
 def _fully_shard_float8_weight(rank: int, out_path: str) -> None:

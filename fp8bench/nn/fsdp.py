@@ -9,20 +9,27 @@ FP8 all-gather (torchao's `enable_fsdp_float8_all_gather`, through the same FSDP
 Float8Linear whose weight is scaled tensorwise and dynamically in both its uses gets its weight wrapped in
 `Float8AllGatherWeight`, a tensor subclass that behaves as the BF16 shard for every op (the optimizer
 updates it in place) and tells FSDP2 what to all-gather:
-- `fsdp_pre_all_gather`: the amax of the local shard, all-reduced (MAX) across the mesh, so every rank
-  scales its shard by the amax of the whole weight; the shard cast to FP8 with that scale is what is
-  all-gathered (1 byte per element instead of BF16's 2), the scale goes as metadata;
+- `precompute_float8_scales(model)`, called once after each optimizer step (torchao's
+  `precompute_float8_dynamic_scale_for_fsdp`): the amax of every such shard in one multi-tensor kernel and
+  ONE all-reduce (MAX over the mesh) of them all, stored on each shard, so every rank scales its shard by
+  the amax of the whole weight; the forward's gather and the backward's re-gather both use it;
+- `fsdp_pre_all_gather`: the shard cast to FP8 with that amax (our Triton cast on a GPU) straight into a
+  buffer of FSDP2's padded shard size: what is all-gathered (1 byte per element instead of BF16's 2), the
+  scale goes as metadata. An in-place op on the shard (the optimizer's update) drops its stored amax; a
+  gather without one computes and all-reduces the amax of its shard alone (one collective per weight and
+  gather), logged once;
 - `fsdp_post_all_gather`: the gathered FP8 data and the scale as a `GatheredFloat8Weight`, the unsharded
   parameter the module sees in its forward and backward.
 `Float8AllGatherLinear` takes such a gathered weight as it is (no cast of the weight; its transpose for
-the grad_input product is our FP8 transpose, half the bytes of a cast) and otherwise runs Float8Linear's
-products. The FP8 data and scale equal those of casting the full weight with its own amax.
+the grad_input product is our FP8 transpose in the backward, half the bytes of a cast) and otherwise runs
+Float8Linear's products. The FP8 data and scale equal those of casting the full weight with its own amax.
 """
 
 from __future__ import annotations
 
+import logging
 import math
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 import torch.distributed as dist
@@ -100,8 +107,18 @@ class GatheredFloat8Weight(torch.Tensor):
         return GatheredFloat8Weight(inner_tensors["_data"], inner_tensors["_scale"], dtype)
 
 
+def _written_arguments(func, args, kwargs) -> list:
+    """The values of the arguments that the op `func` writes in place (its schema's `Tensor(a!)`)."""
+    written = []
+    for index, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            written.append(args[index] if index < len(args) else kwargs.get(argument.name))
+    return written
+
+
 class Float8AllGatherWeight(torch.Tensor):
-    """A weight shard that FSDP2 all-gathers in FP8 (module docstring); for every other op, the BF16 shard."""
+    """A weight shard that FSDP2 all-gathers in FP8 (module docstring); for every other op, the BF16 shard.
+    `_amax`: the whole weight's amax from precompute_float8_scales, None once the shard changed since."""
 
     @staticmethod
     def __new__(cls, tensor: torch.Tensor, fp8_dtype: torch.dtype, power_of_two: bool):
@@ -109,16 +126,22 @@ class Float8AllGatherWeight(torch.Tensor):
 
     def __init__(self, tensor: torch.Tensor, fp8_dtype: torch.dtype, power_of_two: bool):
         self._tensor, self._fp8_dtype, self._power_of_two = tensor, fp8_dtype, power_of_two
+        self._amax: torch.Tensor | None = None
 
     def __repr__(self) -> str:
         return f"Float8AllGatherWeight({self._tensor!r}, fp8={self._fp8_dtype})"
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args, kwargs=None):
+        kwargs = kwargs or {}
         settings = next(t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, cls))
         if func is torch.ops.aten.detach.default:
             return cls(args[0]._tensor, settings._fp8_dtype, settings._power_of_two)
-        args, kwargs = pytree.tree_map_only(cls, lambda t: t._tensor, (args, kwargs or {}))
+        if func._schema.is_mutable:  # the shard changes: a precomputed amax no longer describes it
+            for written in pytree.tree_leaves(_written_arguments(func, args, kwargs)):
+                if isinstance(written, cls):
+                    written._amax = None
+        args, kwargs = pytree.tree_map_only(cls, lambda t: t._tensor, (args, kwargs))
         out = func(*args, **kwargs)
         if func not in _PRESERVING_OPS:
             return out
@@ -132,15 +155,14 @@ class Float8AllGatherWeight(torch.Tensor):
         return Float8AllGatherWeight(inner_tensors["_tensor"], *settings)
 
     def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
-        """The shard in FP8, scaled by the amax of the whole weight (MAX over the mesh), padded to FSDP2's
-        padded shard size; the scale as metadata."""
-        shard = self._tensor
-        amax = shard.abs().amax().float() if shard.numel() else torch.zeros((), dtype=torch.float32, device=shard.device)
-        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=mesh.get_group())
-        data, scale = reference.quantize_with_amax(shard, amax, self._fp8_dtype, self._power_of_two)
+        """The shard in FP8, scaled by the amax of the whole weight (precomputed, else MAX over the mesh
+        now), in a buffer of FSDP2's padded shard size; the scale as metadata."""
+        amax = self._amax
+        if amax is None:
+            _log_fallback_once()
+            (amax,) = _global_amaxes([self._tensor], mesh.get_group())
         padded_rows = math.ceil(outer_size[0] / mesh.size())
-        if data.shape[0] < padded_rows:
-            data = torch.cat([data, data.new_zeros((padded_rows - data.shape[0], *data.shape[1:]))])
+        data, scale = _cast_padded(self._tensor, amax, padded_rows, self._fp8_dtype, self._power_of_two)
         return (data,), (scale,)
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
@@ -152,9 +174,85 @@ class Float8AllGatherWeight(torch.Tensor):
         return GatheredFloat8Weight(data, scale, param_dtype), (data,)
 
 
+_log = logging.getLogger(__name__)
+_fallback_logged = False
+
+
+def _log_fallback_once() -> None:
+    global _fallback_logged
+    if not _fallback_logged:
+        _fallback_logged = True
+        _log.warning(
+            "FP8 all-gather: a weight gathered without a precomputed amax (the first step, or no "
+            "precompute_float8_scales after the optimizer step) all-reduces its own amax at each gather"
+        )
+
+
+def _global_amaxes(shards: list[torch.Tensor], group) -> list[torch.Tensor]:
+    """max |shard| over the whole weight of each shard: the local amaxes in one multi-tensor kernel, then one
+    all-reduce (MAX over `group`) of them all. 0-d float32 views of one tensor."""
+    amaxes = torch.zeros(len(shards), dtype=torch.float32, device=shards[0].device)
+    filled = [index for index, shard in enumerate(shards) if shard.numel()]  # an empty shard's amax is 0
+    if filled:
+        local = torch._foreach_norm([shards[index] for index in filled], math.inf)
+        amaxes[filled] = torch.stack(local).float()
+    dist.all_reduce(amaxes, op=dist.ReduceOp.MAX, group=group)
+    return list(amaxes.unbind())
+
+
+def _cast_padded(shard: torch.Tensor, amax: torch.Tensor, padded_rows: int, fp8_dtype: torch.dtype, power_of_two: bool):
+    """`shard` [R, K] cast tensorwise from `amax`, written into rows [0, R) of a zero-padded
+    [padded_rows, K] FP8 buffer; (buffer, dequantization scale). Our Triton cast on a GPU; on the CPU the
+    plain-PyTorch reference formula (the Triton interpreter rounds some values differently)."""
+    rows = shard.shape[0]
+    data = torch.empty((padded_rows, *shard.shape[1:]), dtype=fp8_dtype, device=shard.device)
+    if rows < padded_rows:
+        data[rows:].zero_()
+    if shard.is_cuda and shard.numel():
+        from fp8kernels.quantize_tensorwise import cast_tensorwise
+
+        fp8_name = next(name for name, dtype in ops.FP8_DTYPES.items() if dtype is fp8_dtype)
+        spec, config = ops._tensorwise_launch(shard, fp8_name, power_of_two, True, False)
+        return data, cast_tensorwise(shard, amax, spec, config, out=data[:rows]).scale
+    cast, scale = reference.quantize_with_amax(shard, amax, fp8_dtype, power_of_two)
+    data[:rows].copy_(cast)
+    return data, scale
+
+
+def _all_gather_shards(model: nn.Module) -> Iterable[tuple[Any, Float8AllGatherWeight]]:
+    """(mesh, local shard) of every sharded parameter of `model` that FSDP2 all-gathers in FP8."""
+    from torch.distributed.tensor import DTensor
+
+    for parameter in model.parameters():
+        if isinstance(parameter, DTensor) and isinstance(parameter._local_tensor, Float8AllGatherWeight):
+            yield parameter.device_mesh, parameter._local_tensor
+
+
+def precompute_float8_scales(model: nn.Module) -> int:
+    """Store on every FP8-all-gathered weight shard of the sharded `model` the amax of its whole weight:
+    one multi-tensor amax and one all-reduce per mesh for all of them (module docstring). Call it on every
+    rank after each optimizer step, not before the first forward: FSDP2's lazy initialisation there
+    re-pads unevenly sharded tensor subclasses into new tensors, which would drop the stored amax on some
+    ranks only, and ranks that disagree on whether to all-reduce at a gather wait for each other forever.
+    Returns how many weights."""
+    by_mesh: dict[Any, list[Float8AllGatherWeight]] = {}
+    for mesh, shard in _all_gather_shards(model):
+        by_mesh.setdefault(mesh, []).append(shard)
+    for mesh, shards in by_mesh.items():
+        for shard, amax in zip(shards, _global_amaxes([shard._tensor for shard in shards], mesh.get_group())):
+            shard._amax = amax
+    return sum(map(len, by_mesh.values()))
+
+
 class _GatheredWeightFunction(torch.autograd.Function):
     """x[M, K] @ weight.T where the weight came FP8 from the all-gather: Float8Linear's products without
-    the weight's cast (the recipe is tensorwise, dynamic, one cast call per tensor)."""
+    the weight's cast (the recipe is tensorwise, dynamic, one cast call per tensor).
+
+    It saves the gathered FP8 data itself, as a BF16 linear saves its gathered weight: FSDP2 frees that
+    storage after the block's forward and gathers into it again before the block's backward, so nothing
+    of the unsharded weight stays alive between the two. The FP8 transpose for grad_input is made in the
+    backward (saved from the forward, it would hold a byte per weight element of every block from the
+    forward to the backward)."""
 
     @staticmethod
     def forward(ctx, x, weight: GatheredFloat8Weight, how):
@@ -162,13 +260,15 @@ class _GatheredWeightFunction(torch.autograd.Function):
         data, scale = weight._data, weight._scale
         out = run_gemm(how.gemms.output, x_forms.first, (data, scale), how.activation)
         activated = (out,) if how.activation != Activation.NONE.value else ()
-        ctx.save_for_backward(*activated, ops.transpose_fp8(data), scale, *x_forms.second)
-        ctx.plan = how
+        ctx.save_for_backward(*activated, data, scale, *x_forms.second)
+        ctx.plan, ctx.data_index = how, len(activated)
         return in_input_dtype(out, x)
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad_input, grad_weight = backward_products(ctx.plan, ctx.saved_tensors, 2, grad_output, None, True, *ctx.needs_input_grad[:2])
+        saved = list(ctx.saved_tensors)
+        saved[ctx.data_index] = ops.transpose_fp8(saved[ctx.data_index])
+        grad_input, grad_weight = backward_products(ctx.plan, saved, 2, grad_output, None, True, *ctx.needs_input_grad[:2])
         return grad_input, grad_weight, None
 
 
