@@ -31,7 +31,7 @@ from fp8bench.nn.swiglu_fusion import Float8SwiGLULinear, fuse_swiglu_linears, s
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = LlamaConfig("small", dim=128, ffn_dim=256, heads=2, kv_heads=1, vocab=128, layers=2)
-FUSED = ("tensorwise", "tensorwise-delayed", "rowwise", "blockwise")
+FUSED = ("rowwise", "blockwise")
 
 
 def feed_forwards(recipe):
@@ -145,16 +145,16 @@ def test_the_triton_backend_fuses_every_feed_forward():
     """convert_model fuses each block's SwiGLU into w2 and says how many in the row's options; fusing
     again finds them fused."""
     model = Llama(SMALL, device=DEVICE, dtype=torch.bfloat16)
-    converted = TritonBackend().convert_model(model, RECIPES["tensorwise"], lambda name: name != "output", False, None)
+    converted = TritonBackend().convert_model(model, RECIPES["rowwise"], lambda name: name != "output", False, None)
     assert converted.options["swiglu_fused_linears"] == SMALL.layers
     assert converted.options["converted_linears"] == 4 * SMALL.layers  # wqkv, wo, w13, and w2 fused
-    again = fuse_swiglu_linears(model, RECIPES["tensorwise"])
+    again = fuse_swiglu_linears(model, RECIPES["rowwise"])
     assert again.fused == () and set(again.unfused.values()) == {"already fused"}
     unfused = TritonBackend().convert_model(Llama(SMALL, device=DEVICE, dtype=torch.bfloat16), RECIPES["rowwise_with_gw_hp"], lambda name: name != "output", False, None)
     assert unfused.options["swiglu_fused_linears"] == 0 and unfused.options["converted_linears"] == 4 * SMALL.layers
 
 
-@pytest.mark.parametrize("name", ["tensorwise", "blockwise"])
+@pytest.mark.parametrize("name", ["rowwise", "blockwise"])
 def test_compiled_blocks_trace_the_fused_ffn_in_one_graph(name):
     """The triton backend's conversion of a LLaMa, each block compiled in one graph (fullgraph, as e2e compiles
     blocks; aot_eager: the same kernels), trains as the same model run eagerly: equal losses and gradients

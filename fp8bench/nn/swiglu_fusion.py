@@ -7,14 +7,10 @@ gate+up product, and `swiglu` for nn.Identity. Parameter names do not change.
 
 Where the recipe casts h in one config for both of its uses (the output product reads h, grad_weight
 reads h.T), one kernel writes both copies:
-- tensorwise, dynamic: an amax pass over the gate+up product, then the cast pass (both copies, one
-  scale). Unfused, h is written in bf16, its amax read (fused into the SwiGLU under torch.compile), then
-  read again by the cast;
-- tensorwise-delayed: one pass, scaled by the history's amax, h's amax recorded for the history (the
-  first training step scales by h's own amax after an amax pass, as quantize_delayed does);
 - rowwise (axiswise both ways): an amax pass (per row and per column of h), then the cast pass;
 - blockwise (1 x 128 groups both ways): one pass; a 128 x 128 tile of h holds whole groups of both copies.
-rowwise_with_gw_hp keeps h in bf16 for grad_weight: w2 stays a plain Float8Linear there (unfused).
+rowwise_with_gw_hp keeps h in bf16 for grad_weight, and tensorwise recipes cast h after the SwiGLU (the
+kernel's tensorwise modes are not used: swiglu_fusion says why): w2 stays a plain Float8Linear there.
 
 The copies equal those Float8Linear casts from the unfused h (the kernel rounds silu and the product to
 bf16 as the torch ops do), so a fused FFN computes what the unfused one does, bit for bit, eagerly. The
@@ -46,7 +42,7 @@ from fp8bench.nn.llama import FeedForward, SwiGLU
 from fp8bench.nn.norm_fusion import Fusion
 from fp8bench.nn.recipes import Recipe
 
-_FUSED_GRANULARITIES = (Granularity.TENSORWISE.value, Granularity.AXISWISE.value, Granularity.BLOCKWISE.value)
+_FUSED_GRANULARITIES = (Granularity.AXISWISE.value, Granularity.BLOCKWISE.value)
 
 
 def swiglu_fusion(how: _Plan) -> str | None:
@@ -56,6 +52,11 @@ def swiglu_fusion(how: _Plan) -> str | None:
     if len(calls) != 1 or not (calls[0].rowwise and calls[0].columnwise):
         return "the recipe casts h in two configs or keeps it in bf16 for grad_weight; its casts stay after the SwiGLU"
     call = calls[0]
+    if call.granularity == Granularity.TENSORWISE.value:
+        # The kernel's tensorwise modes made non-finite grad_weight of w2 on an H100/H200 when gate+up came in
+        # float32 (the numerics benchmark's float32 masters under autocast), not under the CPU interpreter;
+        # they gained nothing measurable in the e2e proxy either. Tensorwise h is cast after the SwiGLU.
+        return "tensorwise: h is cast after the SwiGLU (the fused tensorwise cast is not used)"
     if call.granularity not in _FUSED_GRANULARITIES or (call.granularity == Granularity.BLOCKWISE.value and call.block_rows != 1):
         return f"h is cast in {call.granularity} {call.block_rows}x{BLOCK} groups; the SwiGLU kernel writes 1x{BLOCK}"
     return None
@@ -76,12 +77,10 @@ def _spec(fp8_dtype: str, power_of_two: bool):
 def swiglu_quantize(gate_up: torch.Tensor, granularity: str, fp8_dtype: str, power_of_two: bool) -> ops.Quantized:
     """Both copies of h = silu(gate) * up, dynamically scaled (fp8kernels.swiglu_cast), returned as
     fp8bench::quantize returns them."""
-    from fp8kernels.swiglu_cast import swiglu_amax, swiglu_cast_axiswise, swiglu_cast_blockwise, swiglu_cast_tensorwise
+    from fp8kernels.swiglu_cast import swiglu_cast_axiswise, swiglu_cast_blockwise
 
     spec = _spec(fp8_dtype, power_of_two)
-    if granularity == Granularity.TENSORWISE.value:
-        out = swiglu_cast_tensorwise(gate_up, swiglu_amax(gate_up)[0].max(), spec)
-    elif granularity == Granularity.AXISWISE.value:
+    if granularity == Granularity.AXISWISE.value:
         out = swiglu_cast_axiswise(gate_up, spec)
     else:
         out = swiglu_cast_blockwise(gate_up, spec)
@@ -91,32 +90,6 @@ def swiglu_quantize(gate_up: torch.Tensor, granularity: str, fp8_dtype: str, pow
 @swiglu_quantize.register_fake
 def _swiglu_quantize_fake(gate_up, granularity, fp8_dtype, power_of_two):
     return ops._quantize_fake(_h_like(gate_up), granularity, 1, fp8_dtype, power_of_two, True, True)
-
-
-@torch.library.custom_op("fp8bench::swiglu_quantize_delayed", mutates_args=("amax_history",))
-def swiglu_quantize_delayed(
-    gate_up: torch.Tensor, amax_history: torch.Tensor, fp8_dtype: str, power_of_two: bool, history_filled: bool
-) -> ops.Quantized:
-    """Both copies of h, tensorwise with the history's largest amax, in one pass; h's amax then goes to the
-    front of the history. Until `history_filled`, an empty history scales by h's own amax (an amax pass
-    first), as fp8bench::quantize_delayed does; after, by 1 (ops.history_amax)."""
-    from fp8kernels.swiglu_cast import swiglu_amax, swiglu_cast_tensorwise
-
-    spec = _spec(fp8_dtype, power_of_two)
-    if history_filled:
-        amax = ops.history_amax(amax_history, spec.fp8_max)
-    else:
-        recorded = amax_history.max()
-        amax = torch.where(recorded > 0, recorded, swiglu_amax(gate_up)[0].max())
-    current = torch.zeros((), dtype=torch.float32, device=gate_up.device)  # atomic max needs a zero start
-    out = swiglu_cast_tensorwise(gate_up, amax, spec, record_amax=current)
-    ops.record_amax(amax_history, current)
-    return ops._outputs(out, gate_up, spec)
-
-
-@swiglu_quantize_delayed.register_fake
-def _swiglu_quantize_delayed_fake(gate_up, amax_history, fp8_dtype, power_of_two, history_filled):
-    return ops._quantize_fake(_h_like(gate_up), Granularity.TENSORWISE.value, 0, fp8_dtype, power_of_two, True, True)
 
 
 def swiglu_backward(grad_h: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
@@ -133,10 +106,7 @@ class _Float8SwiGLULinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate_up, weight, input_history, weight_history, grad_output_history, how: _Plan, histories_filled: bool):
         (call,) = how.quantize.input  # one call makes both copies (swiglu_fusion)
-        if call.delayed:
-            data, scale, data_t, scale_t = swiglu_quantize_delayed(gate_up, input_history, call.fp8_dtype, call.power_of_two, histories_filled)
-        else:
-            data, scale, data_t, scale_t = swiglu_quantize(gate_up, call.granularity, call.fp8_dtype, call.power_of_two)
+        data, scale, data_t, scale_t = swiglu_quantize(gate_up, call.granularity, call.fp8_dtype, call.power_of_two)
         forms = Forms((data, scale), (data_t, scale if call.shared_scale else scale_t))
         out, saved, ctx.weight_tensors = forward_products(None, forms, weight, weight_history, how, histories_filled)
         ctx.save_for_backward(*saved, grad_output_history, gate_up)
