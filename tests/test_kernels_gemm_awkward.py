@@ -19,7 +19,6 @@ from fp8bench.backends.triton import kernel_operands  # noqa: E402
 from fp8bench.benchmarks import shapes  # noqa: E402
 from fp8bench.config import Granularity  # noqa: E402
 from fp8kernels import gemm_configs  # noqa: E402
-from fp8kernels import reference as ref  # noqa: E402
 from fp8kernels.gemm import device_properties, fp8_gemm, gemm_config  # noqa: E402
 from test_kernels_gemm import _relative_error  # noqa: E402
 from fp8kernels.gemm_configs import (  # noqa: E402
