@@ -371,7 +371,8 @@ def te_fp8_primary_weights(model: nn.Module, curve: Curve) -> Trainable:
             source = weight.get_high_precision_init_val() if curve.start == "master-from-hp" else weight.dequantize()
             if source is None:
                 raise Unsupported("transformer_engine kept no high-precision init value of an FP8 weight")
-            pairs.append((weight, nn.Parameter(source.detach().to(torch.float32).clone())))
+            # TE keeps the high-precision value in host memory: the master goes where the weight is
+            pairs.append((weight, nn.Parameter(source.detach().to(device=weight.device, dtype=torch.float32).clone())))
             weight.clear_high_precision_init_val()
     fp8_weights = {id(weight) for weight, _ in pairs}
     parameters = [p for p in model.parameters() if id(p) not in fp8_weights] + [master for _, master in pairs]
