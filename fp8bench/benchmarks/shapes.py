@@ -29,14 +29,19 @@ _LLAMA_LINEARS: dict[str, tuple[tuple[str, int, int], ...]] = {
 LLAMA_TOKENS = (8192, 16384)
 
 
-def llama() -> list[GemmShape]:
-    """The forward linears of LLaMa-3 8B and 70B (whole and 8-way sharded) at 8192 and 16384 tokens."""
+def _linears_at(prefix: str, models: dict, tokens) -> list[GemmShape]:
+    """Each model's linears (name, K, N) at each token count M, named `<prefix><model>.<linear>.M<m>`."""
     return [
-        GemmShape(m, k, n, f"{model}.{linear}.M{m}")
-        for model, linears in _LLAMA_LINEARS.items()
-        for m in LLAMA_TOKENS
+        GemmShape(m, k, n, f"{prefix}{model}.{linear}.M{m}")
+        for model, linears in models.items()
+        for m in tokens
         for linear, k, n in linears
     ]
+
+
+def llama() -> list[GemmShape]:
+    """The forward linears of LLaMa-3 8B and 70B (whole and 8-way sharded) at 8192 and 16384 tokens."""
+    return _linears_at("", _LLAMA_LINEARS, LLAMA_TOKENS)
 
 
 def sweep() -> list[GemmShape]:
@@ -100,12 +105,7 @@ _SKINNY = (GemmShape(4096, 7168, 2112, "skinny.dsv3.wq_a_kv_a.M4096"),)
 
 def moe() -> list[GemmShape]:
     """DeepSeek-V3's and Mixtral 8x7B's expert FFNs at 256 to 2048 tokens per expert."""
-    return [
-        GemmShape(m, k, n, f"moe.{model}.{linear}.M{m}")
-        for model, linears in _MOE_EXPERTS.items()
-        for m in MOE_TOKENS_PER_EXPERT
-        for linear, k, n in linears
-    ]
+    return _linears_at("moe.", _MOE_EXPERTS, MOE_TOKENS_PER_EXPERT)
 
 
 def tp_shards() -> list[GemmShape]:
