@@ -11,7 +11,7 @@ from torch import nn
 
 from fp8bench.benchmarks import numerics
 from fp8bench.harness.curves import STAT_METRICS, stats_recorded_at
-from fp8bench.nn.recipes import RECIPES
+from fp8bench.nn.recipes import RECIPE_CHOICES
 from fp8bench.nn.tensor_stats import OUTPUT_ROLE
 
 
@@ -35,7 +35,7 @@ def test_a_1000_step_llama_25m_stats_run_writes_under_2_mib(tmp_path):
     rng = random.Random(0)
     writer = numerics.CurveWriter(tmp_path)
     steps = 1000
-    for curve in ["bf16-seed0", *(f"triton-{name}-seed0" for name in RECIPES)]:
+    for curve in ["bf16-seed0", *(f"triton-{recipe.name}-seed0" for recipe in RECIPE_CHOICES["all"])]:
         delayed = "delayed" in curve
         for step in range(1, steps + 1):
             writer.write(curve, step, "loss", rng.uniform(1, 5))

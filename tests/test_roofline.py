@@ -26,6 +26,7 @@ from fp8bench.cli import app
 from fp8bench.config import FastAccum, GemmShape, Granularity
 from fp8bench.model.hardware import GPUS
 from fp8bench.nn.recipes import (
+    RECIPE_CHOICES,
     RECIPES,
     CastConfig,
     GemmRole,
@@ -358,13 +359,13 @@ def test_roofline_cli_writes_predictions_not_measurements(tmp_path, calibration_
     ok = rows[rows["status"] == "ok"]
     assert (ok["predicted_ms"] > 0).all() and set(ok["bound"]) <= {"compute", "memory", "launch"}
     # bf16 per model; per recipe the public model where defined; per recipe and implementation the refined one.
-    expected = 2 + len(rl.PUBLIC_CAST_BYTES) + len(RECIPES) * len(rl.IMPLEMENTATIONS)
+    recipes = RECIPE_CHOICES["all"]  # the default: the e4m3 presets
+    expected = 2 + len(rl.PUBLIC_CAST_BYTES) + len(recipes) * len(rl.IMPLEMENTATIONS)
     assert len(rows) == expected
     unsupported = rows[rows["status"].str.startswith("unsupported")]
-    assert set(unsupported["recipe"]) == {"tensorwise-delayed", "blockwise", "rowwise", "rowwise_with_gw_hp", "tensorwise-hybrid",
-                                          "rowwise-hybrid"}
+    assert set(unsupported["recipe"]) == {"tensorwise-delayed", "blockwise", "rowwise", "rowwise_with_gw_hp"}
     refined = ok[ok["options"].map(lambda o: json.loads(o)["model"]) == "refined"].dropna(subset=["predicted_speedup"])
-    assert len(refined) == len(RECIPES) * len(rl.IMPLEMENTATIONS) - len(unsupported)
+    assert len(refined) == len(recipes) * len(rl.IMPLEMENTATIONS) - len(unsupported)
     kernels = pd.read_csv(tmp_path / "run" / predicted.KERNELS_CSV)
     assert {"term", "kernel", "time_us", "bound"} <= set(kernels.columns) and len(kernels) > len(rows)
     metadata = json.loads((tmp_path / "run" / "metadata.json").read_text())
@@ -375,7 +376,7 @@ def test_roofline_cli_filters_recipes_and_implementations(tmp_path, calibration_
     result = _roofline(tmp_path, "--gpu", "h200", "--shape-gen", "llama", "--granularity", "rowwise", "--implementation", "triton")
     assert result.exit_code == 0, result.output
     rows = load_results(tmp_path / "run")
-    assert set(rows["recipe"]) == {"bf16", "rowwise", "rowwise_with_gw_hp", "rowwise-hybrid"}
+    assert set(rows["recipe"]) == {"bf16", "rowwise", "rowwise_with_gw_hp"}
     assert set(rows["case"]) == {s.name for s in shapes.llama()}
     # Ours is measured eager and compiled: `triton` predicts both.
     assert {json.loads(o).get("implementation", "-") for o in rows["options"]} == {"-", "triton", "triton-compile"}

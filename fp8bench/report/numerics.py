@@ -256,22 +256,29 @@ def stats_charts(curves: pd.DataFrame, recipes: dict[str, str]) -> list[Chart]:
     if stats.empty:
         return []
     charts = []
-    hover = {"layer": True, "curve": True}
     for metric, label in STAT_METRICS.items():
         shown = stats[stats["metric"].isin([metric, "history_amax"] if metric == "amax" else [metric])].dropna(subset=["value"])
         if shown.empty:
             continue
-        figure = px.line(shown, x="step", y="value", color="recipe", line_group="layer", line_dash="metric" if metric == "amax" else None,
-                         color_discrete_map=colour_map(shown["recipe"]),
-                         facet_col="role", hover_data=hover, log_y=metric in ("amax", "scale"), labels={"value": label}, height=450)  # fmt: skip
+        # Over the layers, per recipe, role and step: the mean and the worst layer (a line per layer made pages
+        # of megabytes; the table and the conclusion name the layers).
+        keys = ["recipe", "curve", "role", "metric", "step"]
+        spread = shown.groupby(keys, sort=False)["value"].agg(mean="mean", largest="max").reset_index()
+        spread = spread.melt(id_vars=keys, value_vars=["mean", "largest"], var_name="over layers", value_name="value")
+        figure = px.line(spread, x="step", y="value", color="recipe", line_dash="over layers", symbol="metric" if metric == "amax" else None,
+                         line_group="metric", color_discrete_map=colour_map(spread["recipe"]), facet_col="role",
+                         hover_data={"curve": True}, log_y=metric in ("amax", "scale"), labels={"value": label}, height=450)  # fmt: skip
         figure.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
-        note = "Dashed: the history amax delayed scaling scales by." if metric == "amax" else ""
-        charts.append(Chart(chart_id("stats", metric), f"{label} per role and layer over steps", figure, note))
+        note = "Solid: the mean over layers; dashed: the largest layer's value."
+        if metric == "amax":
+            note += " Marker: the history amax delayed scaling scales by, or the current amax."
+        charts.append(Chart(chart_id("stats", metric), f"{label} per role over steps, over the layers", figure, note))
     sqnr = stats[(stats["metric"] == "sqnr_db")].dropna(subset=["value"])
     if not sqnr.empty:
-        figure = px.line(sqnr, x="step", y="value", color="recipe", line_group="layer", hover_data=hover, labels={"value": "SQNR, dB"}, height=450,
-                         color_discrete_map=colour_map(sqnr["recipe"]))
-        charts.append(Chart(chart_id("stats", "sqnr-steps"), "SQNR of each GEMM's output against BF16 over steps", figure))
+        lowest = sqnr.groupby(["recipe", "curve", "step"], sort=False)["value"].min().reset_index()
+        figure = px.line(lowest, x="step", y="value", color="recipe", hover_data={"curve": True}, labels={"value": "lowest SQNR over the GEMMs, dB"},
+                         height=450, color_discrete_map=colour_map(lowest["recipe"]))  # fmt: skip
+        charts.append(Chart(chart_id("stats", "sqnr-steps"), "The lowest SQNR of the GEMM outputs against BF16 over steps", figure))
         mean = sqnr.groupby(["recipe", "layer"], sort=False)["value"].mean().reset_index()
         figure = px.bar(mean, x="layer", y="value", color="recipe", barmode="group", labels={"value": "mean SQNR, dB"}, height=450,
                         color_discrete_map=colour_map(mean["recipe"]))
