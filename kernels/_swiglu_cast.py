@@ -8,11 +8,8 @@ unfused h would see, and casts them with the same formulas (fp8kernels._quantize
 
 SCALING picks what the tile writes:
 - AMAX: no fp8 output; the amax of each row and each column of h folded into row_amax / col_amax by atomic
-  max (amaxes are >= 0, so float atomic max is exact): the first pass of dynamic tensorwise (the amax of h
-  is their max) and of axiswise scaling, which need amaxes over whole rows and columns before any cast;
-- TENSORWISE: one multiplier from the amax at amax_ptr, both copies (the transposed one written
-  transposed, as the blockwise quantize kernel writes it), h's own amax folded into record_amax_ptr
-  (delayed scaling's history);
+  max (amaxes are >= 0, so float atomic max is exact): the first pass of axiswise scaling, which needs
+  amaxes over whole rows and columns before any cast;
 - AXISWISE: a multiplier per row (from row_amax) for the rowwise copy and per column (from col_amax) for
   the transposed copy, the scales stored by the first column (row scales) and first row (column scales)
   of programs;
@@ -29,9 +26,8 @@ import triton.language as tl
 from fp8kernels._quantize_common import cast_to_fp8, dequantization_scale, multiplier_from_amax, store_transposed
 
 AMAX = tl.constexpr(0)
-TENSORWISE = tl.constexpr(1)
-AXISWISE = tl.constexpr(2)
-BLOCKWISE = tl.constexpr(3)
+AXISWISE = tl.constexpr(1)
+BLOCKWISE = tl.constexpr(2)
 
 
 @triton.jit
@@ -57,8 +53,8 @@ def _swiglu_tile(gu_ptr, r, c, rows, ffn, mask):
 
 @triton.jit
 def _swiglu_cast_kernel(
-    gu_ptr, q_ptr, scale_ptr, q_t_ptr, scale_t_ptr, amax_ptr, record_amax_ptr, row_amax_ptr, col_amax_ptr, rows, ffn,
-    SCALING: tl.constexpr, ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, RECORD_AMAX: tl.constexpr,
+    gu_ptr, q_ptr, scale_ptr, q_t_ptr, scale_t_ptr, row_amax_ptr, col_amax_ptr, rows, ffn,
+    SCALING: tl.constexpr, ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr,
     FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr, POWER_OF_TWO: tl.constexpr, TILE: tl.constexpr,
 ):  # fmt: skip
     """h = silu(gu[:, :ffn]) * gu[:, ffn:] of a (rows, ffn) h, tile (program_id(0), program_id(1)); the
@@ -75,14 +71,7 @@ def _swiglu_cast_kernel(
         tl.atomic_max(row_amax_ptr + r, tl.max(magnitude, axis=1), mask=row_mask)
         tl.atomic_max(col_amax_ptr + c, tl.max(magnitude, axis=0), mask=col_mask)
     else:
-        if SCALING == TENSORWISE:
-            multiplier = multiplier_from_amax(tl.load(amax_ptr), FP8_MAX, POWER_OF_TWO)
-            tl.store(scale_ptr, dequantization_scale(multiplier), mask=(pid_r == 0) & (pid_c == 0))
-            row_multiplier = tl.full([TILE], 1.0, tl.float32) * multiplier
-            col_multiplier = row_multiplier
-            if RECORD_AMAX:
-                tl.atomic_max(record_amax_ptr, tl.max(tl.max(magnitude, axis=1), axis=0))
-        elif SCALING == AXISWISE:
+        if SCALING == AXISWISE:
             row_multiplier = multiplier_from_amax(tl.load(row_amax_ptr + r, mask=row_mask, other=1.0), FP8_MAX, POWER_OF_TWO)
             col_multiplier = multiplier_from_amax(tl.load(col_amax_ptr + c, mask=col_mask, other=1.0), FP8_MAX, POWER_OF_TWO)
             if pid_c == 0:

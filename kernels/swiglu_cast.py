@@ -1,19 +1,16 @@
 """SwiGLU fused with the FP8 cast of its output (kernel in _swiglu_cast.py): the down projection's input
 h = silu(gate) * up written in FP8 straight from the gate+up product gu[R, 2F], both copies a linear's
-training step reads (h for the output product, h.T for grad_weight), tensorwise, axiswise or in 1 x 128
-groups. Outputs and scale layouts are fp8kernels.quantize's, exactly what quantize_<granularity> of the
+training step reads (h for the output product, h.T for grad_weight), axiswise or in 1 x 128 groups. Outputs and scale layouts are fp8kernels.quantize's, exactly what quantize_<granularity> of the
 unfused h returns (`swiglu_reference` is that h)."""
 
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 import triton
 
 from fp8kernels._quantize_common import check_input, empty_fp8, empty_scales, fp8_constants
-from fp8kernels._swiglu_cast import AMAX, AXISWISE, BLOCKWISE, TENSORWISE, _swiglu_cast_kernel
+from fp8kernels._swiglu_cast import AMAX, AXISWISE, BLOCKWISE, _swiglu_cast_kernel
 from fp8kernels.quantize import QuantizedTensor, QuantizeSpec
 from fp8kernels.scaling import BLOCK
 
@@ -36,12 +33,12 @@ def _ffn(gu: torch.Tensor) -> int:
     return gu.shape[1] // 2
 
 
-def _launch(gu, scaling, spec: QuantizeSpec, q, scale, q_t, scale_t, amax=None, record_amax=None, row_amax=None, col_amax=None):
+def _launch(gu, scaling, spec: QuantizeSpec, q, scale, q_t, scale_t, row_amax=None, col_amax=None):
     rows, ffn = gu.shape[0], gu.shape[1] // 2
     unused = gu  # a pointer for arguments the mode does not read
     _swiglu_cast_kernel[(triton.cdiv(rows, TILE), triton.cdiv(ffn, TILE))](
-        gu, *(unused if t is None else t for t in (q, scale, q_t, scale_t, amax, record_amax, row_amax, col_amax)),
-        rows, ffn, SCALING=scaling, ROWWISE=spec.rowwise, COLUMNWISE=spec.columnwise, RECORD_AMAX=record_amax is not None,
+        gu, *(unused if t is None else t for t in (q, scale, q_t, scale_t, row_amax, col_amax)),
+        rows, ffn, SCALING=scaling, ROWWISE=spec.rowwise, COLUMNWISE=spec.columnwise,
         **fp8_constants(spec), TILE=TILE, num_warps=NUM_WARPS,
     )  # fmt: skip
 
@@ -53,20 +50,6 @@ def swiglu_amax(gu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     col_amax = torch.zeros(ffn, dtype=torch.float32, device=gu.device)
     _launch(gu, AMAX, QuantizeSpec(), None, None, None, None, row_amax=row_amax, col_amax=col_amax)
     return row_amax, col_amax
-
-
-def swiglu_cast_tensorwise(
-    gu: torch.Tensor, amax: torch.Tensor, spec: QuantizeSpec, record_amax: Optional[torch.Tensor] = None
-) -> QuantizedTensor:
-    """h of gu[R, 2F] (bf16/fp16/fp32, contiguous) cast tensorwise with the scale of `amax` (0-d float32: h's
-    own, swiglu_amax's row amaxes' max, or a delayed-scaling history's); both copies share the scale.
-    Where `record_amax` (0-d float32, zeroed by the caller) is given, h's amax is folded into it."""
-    ffn = _ffn(gu)
-    rows = gu.shape[0]
-    q, q_t = empty_fp8((rows, ffn), spec, gu, spec.rowwise), empty_fp8((ffn, rows), spec, gu, spec.columnwise)
-    scale = empty_scales((), gu, True)
-    _launch(gu, TENSORWISE, spec, q, scale, q_t, None, amax=amax, record_amax=record_amax)
-    return QuantizedTensor(q, scale if spec.rowwise else None, q_t, scale if spec.columnwise else None)
 
 
 def swiglu_cast_axiswise(gu: torch.Tensor, spec: QuantizeSpec) -> QuantizedTensor:

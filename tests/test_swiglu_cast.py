@@ -16,19 +16,15 @@ from test_kernels_quantize import assert_fp8_matches
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from fp8kernels._quantize_common import launch_config  # noqa: E402
 from fp8kernels.quantize import QuantizeSpec  # noqa: E402
-from fp8kernels.quantize_configs import QuantizeKernel  # noqa: E402
 from fp8kernels.quantize_axiswise import quantize_axiswise  # noqa: E402
 from fp8kernels.quantize_blockwise import quantize_blockwise  # noqa: E402
-from fp8kernels.quantize_tensorwise import cast_tensorwise, quantize_tensorwise  # noqa: E402
 from fp8kernels import reference as ref  # noqa: E402
 from fp8kernels.reference import E4M3, E5M2  # noqa: E402
 from fp8kernels.swiglu_cast import (  # noqa: E402
     swiglu_amax,
     swiglu_cast_axiswise,
     swiglu_cast_blockwise,
-    swiglu_cast_tensorwise,
     swiglu_reference,
 )
 
@@ -43,7 +39,6 @@ def gate_up(rows: int, ffn: int, seed: int = 0, dtype: torch.dtype = torch.bfloa
 
 
 REFERENCES = {
-    "tensorwise": lambda x, spec: ref.quantize_tensorwise(x, spec.dtype, spec.power_of_two),
     "axiswise": lambda x, spec: ref.quantize_axiswise(x, spec.dtype, spec.power_of_two),
     "blockwise": lambda x, spec: ref.quantize_blockwise(x, 1, 128, spec.dtype, spec.power_of_two),
 }
@@ -67,23 +62,6 @@ def test_amax_is_h_per_row_and_column(rows, ffn):
     h = swiglu_reference(gu).float().abs()
     row_amax, col_amax = swiglu_amax(gu)
     assert torch.equal(row_amax, h.amax(dim=1)) and torch.equal(col_amax, h.amax(dim=0))
-
-
-@pytest.mark.parametrize("spec", SPECS, ids=["e4m3", "e5m2-pow2"])
-@pytest.mark.parametrize("rows,ffn", AWKWARD)
-def test_tensorwise(rows, ffn, spec):
-    """Scaled from half of h's amax (some values saturate); the recorded amax is h's own."""
-    gu = gate_up(rows, ffn, 1)
-    h = swiglu_reference(gu)
-    amax = h.float().abs().amax()
-    recorded = torch.zeros((), dtype=torch.float32, device=DEVICE)
-    got = swiglu_cast_tensorwise(gu, amax / 2, spec, record_amax=recorded)
-    assert torch.equal(recorded, amax)
-    expected = cast_tensorwise(h, amax / 2, spec, launch_config(h, QuantizeKernel.TENSORWISE, True, None))
-    for name in ("data", "data_t"):
-        assert torch.equal(getattr(got, name).view(torch.uint8), getattr(expected, name).view(torch.uint8)), name
-    assert torch.equal(got.scale, expected.scale) and got.scale is got.scale_t
-    assert_same(swiglu_cast_tensorwise(gu, amax, spec), quantize_tensorwise(h, spec), h, spec, "tensorwise")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
