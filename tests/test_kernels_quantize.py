@@ -397,13 +397,19 @@ def check_layernorm_cast_blockwise(x: torch.Tensor, affine: bool, spec: Quantize
     expected = case.expected
     out = layernorm_cast_blockwise(x, case.weight, case.bias, LAYER_NORM_EPS, spec, config)
     case.assert_statistics(out)
-    quantized = out.quantized
+    assert_1x128_copies_match(out.quantized, spec, expected)
+
+
+def assert_1x128_copies_match(quantized, spec: QuantizeSpec, expected: torch.Tensor) -> None:
+    """A fused norm + 1 x 128 cast's copies against the float32 `expected` values: each copy's scales
+    against fp8kernels.reference's (to the statistics' last bits: rtol 1e-5), its fp8 values against the
+    reference cast of `expected` by the kernel's own scales; a copy not asked for is None."""
     for wanted, q, scale, values in ((spec.rowwise, quantized.data, quantized.scale, expected),
                                      (spec.columnwise, quantized.data_t, quantized.scale_t, expected.t())):  # fmt: skip
         if not wanted:
             assert q is None and scale is None
             continue
-        reference_q, reference_scale = ref.quantize_blockwise(values.contiguous(), 1, BLOCK, spec.dtype, spec.power_of_two)
+        _, reference_scale = ref.quantize_blockwise(values.contiguous(), 1, BLOCK, spec.dtype, spec.power_of_two)
         assert scale.shape == reference_scale.shape and scale.stride() == (1, values.shape[0])
         torch.testing.assert_close(scale, reference_scale, rtol=1e-5, atol=0)
 

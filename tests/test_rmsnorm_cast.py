@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels_quantize import BOTH_COPIES, DEVICE, assert_fp8_matches, poisoned, random_input, seed_of  # noqa: F401
+from test_kernels_quantize import BOTH_COPIES, DEVICE, assert_1x128_copies_match, assert_fp8_matches, poisoned, random_input, seed_of  # noqa: F401
 
-from fp8bench.config import BLOCK
 from fp8kernels import reference as ref
 from fp8kernels.layernorm_cast import layernorm_cast_blockwise, layernorm_cast_tensorwise
 from fp8kernels.quantize import QuantizeSpec
@@ -74,21 +73,7 @@ def check_blockwise(x: torch.Tensor, affine: bool, spec: QuantizeSpec, config=No
     against the reference cast of the float32 values by the kernel's own scales."""
     weight = rms_weight(x, affine)
     out = layernorm_cast_blockwise(x, weight, None, EPS, spec, config, rms_norm=True)
-    expected = check_statistics(out, x, weight)
-    q = out.quantized
-    for wanted, data, scale, values in ((spec.rowwise, q.data, q.scale, expected), (spec.columnwise, q.data_t, q.scale_t, expected.t())):
-        if not wanted:
-            assert data is None and scale is None
-            continue
-        _, reference_scale = ref.quantize_blockwise(values.contiguous(), 1, BLOCK, spec.dtype, spec.power_of_two)
-        assert scale.shape == reference_scale.shape and scale.stride() == (1, values.shape[0])
-        torch.testing.assert_close(scale, reference_scale, rtol=1e-5, atol=0)
-
-        def by_own_scales(v, spec, scale=scale):
-            multiplier = (1.0 / scale).repeat_interleave(BLOCK, dim=1)
-            return (v.float() * multiplier).clamp(-spec.fp8_max, spec.fp8_max).to(spec.dtype), scale
-
-        assert_fp8_matches(data, scale, values, spec, by_own_scales, neighbours_on_gpu=True)
+    assert_1x128_copies_match(out.quantized, spec, check_statistics(out, x, weight))
 
 
 @pytest.mark.parametrize("affine", [False, True], ids=["plain", "weighted"])
