@@ -129,7 +129,7 @@ class TritonBackend(Backend):
             raise Unsupported(problem)
         # RMSNorm -> linear pairs become one module whose norm writes the FP8 input (where the recipe's input
         # cast can be fused: delayed and blockwise scaling), and SwiGLU -> w2 pairs one module whose SwiGLU
-        # writes w2's FP8 input (every recipe that casts h once for both uses); convert_to_float8 leaves
+        # writes w2's FP8 input (rowwise and blockwise: fp8bench.nn.swiglu_fusion); convert_to_float8 leaves
         # those modules as they are. Under FP8 all-gather w2 stays a Float8Linear, whose weight fp8bench.nn.fsdp
         # all-gathers in FP8.
         fusion = fuse_norm_linears(model, recipe)

@@ -633,10 +633,8 @@ class GemmRates:
 def _converted_linears(case: E2ECase) -> list[tuple[int, int, int]]:
     """(in features, out features, how many) of each kind of linear FP8 conversion converts."""
     model = case.model
-    kv_dim = model.kv_heads * model.head_dim
-    blocks = [(model.dim, model.dim + 2 * kv_dim), (model.dim, model.dim), (model.dim, 2 * model.ffn_dim), (model.ffn_dim, model.dim)]
     head = [(model.dim, model.vocab, 1)] if case.lm_head == "fp8" else []
-    return [(k, n, model.layers) for k, n in blocks] + head
+    return [(k, n, model.layers) for k, n in model.block_linears()] + head
 
 
 def _gemm_saving_ms(case: E2ECase, reference_gemm_ms: float, rates: GemmRates) -> float:

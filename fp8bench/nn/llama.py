@@ -54,10 +54,14 @@ class LlamaConfig:
         """A proxy of this model: the same widths, `layers` blocks."""
         return replace(self, layers=layers)
 
-    def block_linear_parameters(self) -> int:
-        """Weights of one block's projections (wqkv, wo, w13, w2): what FP8 conversion converts."""
+    def block_linears(self) -> tuple[tuple[int, int], ...]:
+        """(in features, out features) of one block's projections, wqkv, wo, w13 and w2: what FP8 conversion converts."""
         kv_dim = self.kv_heads * self.head_dim
-        return self.dim * (self.dim + 2 * kv_dim) + self.dim * self.dim + 3 * self.dim * self.ffn_dim
+        return (self.dim, self.dim + 2 * kv_dim), (self.dim, self.dim), (self.dim, 2 * self.ffn_dim), (self.ffn_dim, self.dim)
+
+    def block_linear_parameters(self) -> int:
+        """Weights of one block's projections (block_linears)."""
+        return sum(k * n for k, n in self.block_linears())
 
     def parameter_count(self) -> int:
         """Every parameter of the model, from the config alone (no model built)."""
