@@ -26,6 +26,10 @@ from fp8bench.config import (
     TimingConfig,
     parse_choice,
 )
+from fp8bench.nn.recipes import RECIPE_CHOICES
+
+# Every preset by name, `all` (the e4m3 presets, the default) and `hybrid` (the e5m2-gradient ones).
+_RECIPE_HELP = f"repeatable; {' | '.join(name for name in RECIPE_CHOICES if name != 'all')} | all (default)"
 
 # Logs of runs on GPU hosts are not terminals: rich would wrap the result tables at 80 columns.
 _LOG_WIDTH = None if sys.stdout.isatty() else 180
@@ -566,7 +570,7 @@ def baseline_save(
 def roofline(
     shape_gen: str = typer.Option("square", help="square | pow2-extended | llama | sweep | dsv3 | awkward (moe, tp-shards, unaligned, small-m) | custom"),
     granularity: str = typer.Option("all", help="keep the recipes of: tensorwise | axiswise (alias rowwise) | blockwise | all"),
-    recipe: Optional[list[str]] = typer.Option(None, help="repeatable; tensorwise | tensorwise-delayed | rowwise | rowwise_with_gw_hp | blockwise | all (default)"),
+    recipe: Optional[list[str]] = typer.Option(None, help=_RECIPE_HELP),
     implementation: Optional[list[str]] = typer.Option(None, help="repeatable; triton | torchao | te | unfused | all (default)"),
     M: Optional[int] = typer.Option(None, "--M", help="with --shape-gen custom"),
     K: Optional[int] = typer.Option(None, "--K", help="with --shape-gen custom"),
@@ -707,7 +711,7 @@ def e2e(
     batch: int = typer.Option(1, min=1, help="sequences per step per GPU"),
     steps: int = typer.Option(10, min=2, help="measured training steps"),
     warmup: int = typer.Option(3, min=1, help="training steps before the measured ones (compilation, autotuning)"),
-    recipe: Optional[list[str]] = typer.Option(None, help="repeatable; tensorwise | tensorwise-delayed | rowwise | rowwise_with_gw_hp | blockwise | all (default)"),
+    recipe: Optional[list[str]] = typer.Option(None, help=_RECIPE_HELP),
     implementation: Optional[list[str]] = typer.Option(None, help="repeatable; bf16 | triton (ours) | torchao | te | all (default); BF16 always runs as the reference"),
     compile: str = typer.Option("block", "--compile", help="torch.compile: none | block | model (BF16 also runs eagerly)"),
     activation_checkpointing: str = typer.Option("none", help="none | selective | full, per block"),
@@ -915,7 +919,6 @@ def _numerics_loss(command: str, model, recipe, implementation, steps, batch_siz
             console.print(f"  {result.curve.name:28} loss gap to BF16 over the last 10%: {100 * numerics.relative_gap(result.losses, reference):+.2f}%")
 
 
-_RECIPE_HELP = "repeatable; tensorwise | tensorwise-delayed | rowwise | rowwise_with_gw_hp | blockwise | all (default)"
 _IMPLEMENTATION_HELP = ("repeatable; converts the model for each FP8 recipe: triton (ours, default) | torchao | te; a recipe an "
                         "implementation lacks is an unsupported row")  # fmt: skip
 # Options every numerics command takes, declared once.
