@@ -309,9 +309,9 @@ def history_chart(name: str, entries: list[EntryRun]) -> Chart | None:
     return Chart(f"{_history_id(name)}-chart", f"{name}: geomean speedup over BF16, run by run", figure, note)
 
 
-def _series_section(tree: Tree, model: str, name: str, here: str, previous: dict[int, EntryRun | None]) -> list[str]:
+def _series_section(tree: Tree, model: str, name: str, here: str, previous: dict[int, EntryRun | None]) -> tuple[list[str], bool]:
     """One series' heading (the anchor the index links to, there whether or not the series has a chart:
-    cast runs have none), its chart and its runs, newest first."""
+    cast runs have none), its chart and its runs, newest first; and whether it has a chart."""
     entries = tree.history(model)[name]
     parts = [f'<h2 id="{html.escape(_history_id(name))}">{html.escape(name)}</h2>']
     chart = history_chart(name, entries)
@@ -332,7 +332,7 @@ def _series_section(tree: Tree, model: str, name: str, here: str, previous: dict
         for e in reversed(entries)
     ]
     parts.append(_link_table(pd.DataFrame(rows)))
-    return parts
+    return parts, chart is not None
 
 
 def history_page(tree: Tree, model: str) -> str:
@@ -341,7 +341,7 @@ def history_page(tree: Tree, model: str) -> str:
     previous = _previous(tree, model)
     parts = [_nav(here, model)]
     for name in tree.history(model):
-        parts += _series_section(tree, model, name, here, previous)
+        parts += _series_section(tree, model, name, here, previous)[0]
     return page(f"{model}: history", "\n".join(parts), plotly=True, plotly_dir="../")
 
 
@@ -356,9 +356,8 @@ def series_history_path(model: str, series: str) -> str:
 def series_history_page(tree: Tree, model: str, series: str) -> str:
     """One series' history on a page of its own: what the model index links to."""
     here = series_history_path(model, series).rpartition("/")[0]
-    parts = [_nav(here, model), *_series_section(tree, model, series, here, _previous(tree, model))]
-    charted = history_chart(series, tree.history(model)[series]) is not None
-    return page(f"{model}: {series}, history", "\n".join(parts), plotly=charted, plotly_dir="../../")
+    section, charted = _series_section(tree, model, series, here, _previous(tree, model))
+    return page(f"{model}: {series}, history", "\n".join([_nav(here, model), *section]), plotly=charted, plotly_dir="../../")
 
 
 def suite_run_page(tree: Tree, run: Run) -> str:
