@@ -13,8 +13,8 @@ conclusions written from the numbers of the files. The page shows what the folde
   conclusion: how many curves are within 1%, the largest gap, from which step each gap stays within 1%;
 - loss curves overlaid, the gap against steps with the noise band, validation loss, gradient norm;
 - tensor statistics (runs with them): the conclusion (the most underflowing role per recipe, saturation,
-  SQNR), underflow %, saturation %, amax and scale per role and layer over steps, SQNR of each GEMM's
-  output against BF16;
+  SQNR), underflow %, saturation %, amax and scale per role over steps (the mean over layers and the
+  largest layer's), the lowest SQNR of the GEMM outputs against BF16 over steps and each GEMM's mean;
 - delayed-scaling start-up and master-weight init (`startup.*` cases; ours, and TransformerEngine's FP8
   primary weights): per pair of arms its conclusion, loss and underflow of both arms over the steps;
 - FP8 optimizer states (`optimizer.*` cases): the conclusion, memory, update error, loss gap, GB/s per
@@ -39,7 +39,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from fp8bench.config import Status
-from fp8bench.harness.curves import CURVE_COLUMNS, CURVES_CSV, LAST_FRACTION, TENSOR_STATS_CSV
+from fp8bench.harness.curves import CURVE_COLUMNS, CURVES_CSV, LAST_FRACTION, STAT_METRICS, TENSOR_STATS_CSV
 from fp8bench.report.html import Chart, chart_id, colour_map, rows_table
 
 BENCHMARK = "numerics"
@@ -49,7 +49,8 @@ GAP_TARGET = 0.01  # an FP8 recipe should stay within 1% of BF16's loss
 # (curve-name prefix of the implementation, reference arm, compared arm): fp8bench.benchmarks.numerics.STARTUP_ARMS
 STARTUP_PAIRS = (("", "calibrated", "scale-1"), ("", "master-from-hp", "master-from-fp8"), ("te-", "master-from-hp", "master-from-fp8"))
 STARTUP_TITLES = {"": "", "te-": "TransformerEngine's FP8 primary weights (fp8_model_init, preserve_high_precision_init_val): "}
-STAT_METRICS = {"underflow_pct": "underflow, % of nonzero values", "saturate_pct": "saturated, % of values", "amax": "amax", "scale": "scale"}
+# The statistics drawn one chart each, with their axis labels (the history amax joins amax's chart; SQNR has its own).
+STAT_LABELS = {"underflow_pct": "underflow, % of nonzero values", "saturate_pct": "saturated, % of values", "amax": "amax", "scale": "scale"}
 TABLE_TEXT = ("curve", "recipe", "backend", "optimizer", "status", "verdict", "layer")
 
 
@@ -242,7 +243,7 @@ def loss_charts(curves: pd.DataFrame, names: list[str], prefix: str) -> list[Cha
 
 
 def _stat_frame(curves: pd.DataFrame, recipes: dict[str, str]) -> pd.DataFrame:
-    stats = curves[curves["metric"].isin([*STAT_METRICS, "history_amax", "sqnr_db"])].copy()
+    stats = curves[curves["metric"].isin(STAT_METRICS)].copy()
     stats["recipe"] = stats["curve"].map(lambda c: html.escape(recipes.get(c, c)))
     for column in ("curve", "layer", "role"):
         stats[column] = stats[column].map(html.escape)
@@ -250,13 +251,14 @@ def _stat_frame(curves: pd.DataFrame, recipes: dict[str, str]) -> pd.DataFrame:
 
 
 def stats_charts(curves: pd.DataFrame, recipes: dict[str, str]) -> list[Chart]:
-    """Underflow, saturation, amax (with delayed scaling's history amax) and scale per role and layer
-    over steps, one line per recipe and layer; SQNR of every GEMM's output over steps and on average."""
+    """Underflow, saturation, amax (with delayed scaling's history amax) and scale per role over steps, per
+    recipe the mean over layers and the largest layer's; the lowest SQNR of the GEMM outputs over steps,
+    and each GEMM's mean SQNR."""
     stats = _stat_frame(curves, recipes)
     if stats.empty:
         return []
     charts = []
-    for metric, label in STAT_METRICS.items():
+    for metric, label in STAT_LABELS.items():
         shown = stats[stats["metric"].isin([metric, "history_amax"] if metric == "amax" else [metric])].dropna(subset=["value"])
         if shown.empty:
             continue
