@@ -358,8 +358,13 @@ def check_layernorm_cast(x: torch.Tensor, affine: bool, spec: QuantizeSpec, conf
     out = layernorm_cast_tensorwise(x, case.weight, case.bias, LAYER_NORM_EPS, history_amax, spec, recorded, config)
     case.assert_statistics(out)
     torch.testing.assert_close(recorded, expected.abs().max(), rtol=1e-5, atol=0)
-    reference_fn = lambda y, spec: ref.quantize_with_amax(y, history_amax, spec.dtype, spec.power_of_two)  # noqa: E731
-    quantized = out.quantized
+    assert_tensorwise_copies_match(out.quantized, spec, expected, history_amax)
+
+
+def assert_tensorwise_copies_match(quantized, spec: QuantizeSpec, expected: torch.Tensor, amax: torch.Tensor) -> None:
+    """A fused norm + tensorwise cast's copies against the reference cast of the float32 `expected` values
+    with `amax`; a copy not asked for is None."""
+    reference_fn = lambda y, spec: ref.quantize_with_amax(y, amax, spec.dtype, spec.power_of_two)  # noqa: E731
     if spec.rowwise:
         assert_fp8_matches(quantized.data, quantized.scale, expected, spec, reference_fn, neighbours_on_gpu=True)
     if spec.columnwise:

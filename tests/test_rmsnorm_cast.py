@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels_quantize import BOTH_COPIES, DEVICE, assert_1x128_copies_match, assert_fp8_matches, poisoned, random_input, seed_of  # noqa: F401
+from test_kernels_quantize import (  # noqa: F401
+    BOTH_COPIES,
+    DEVICE,
+    assert_1x128_copies_match,
+    assert_tensorwise_copies_match,
+    poisoned,
+    random_input,
+    seed_of,
+)
 
 from fp8kernels import reference as ref
 from fp8kernels.layernorm_cast import layernorm_cast_blockwise, layernorm_cast_tensorwise
@@ -42,13 +50,7 @@ def check_tensorwise(x: torch.Tensor, affine: bool, spec: QuantizeSpec, config=N
     out = layernorm_cast_tensorwise(x, weight, None, EPS, history_amax, spec, recorded, config, rms_norm=True)
     expected = check_statistics(out, x, weight)
     torch.testing.assert_close(recorded, expected.abs().max(), rtol=1e-5, atol=0)
-    reference_fn = lambda y, spec: ref.quantize_with_amax(y, history_amax, spec.dtype, spec.power_of_two)  # noqa: E731
-    q = out.quantized
-    if spec.rowwise:
-        assert_fp8_matches(q.data, q.scale, expected, spec, reference_fn, neighbours_on_gpu=True)
-    if spec.columnwise:
-        assert_fp8_matches(q.data_t, q.scale_t, expected.t(), spec, reference_fn, neighbours_on_gpu=True)
-    assert (q.data is None) == (not spec.rowwise) and (q.data_t is None) == (not spec.columnwise)
+    assert_tensorwise_copies_match(out.quantized, spec, expected, history_amax)
 
 
 @pytest.mark.parametrize("affine", [False, True], ids=["plain", "weighted"])
