@@ -306,9 +306,9 @@ def test_fsdp2_all_gathers_our_tensorwise_weights_in_fp8():
     block_linears = TINY.dim * (TINY.dim + 2 * TINY.kv_heads * TINY.head_dim) + TINY.dim * TINY.dim + 3 * TINY.dim * TINY.ffn_dim
     block = block_linears * 1 + 2 * TINY.dim * 2  # linears in FP8 (1 byte), norms in BF16 (2)
     embedding, head = TINY.vocab * TINY.dim * 2, (TINY.dim + TINY.vocab * TINY.dim) * 2
-    # The embedding and the first block gathered in the forward and again in the backward; the last block
-    # (of two), the final norm and the LM head once.
-    assert gathered == 2 * embedding + 2 * block + block + head
+    # The first block gathered in the forward and again in the backward; the embedding, the last block (of
+    # two), the final norm and the LM head once.
+    assert gathered == embedding + 2 * block + block + head
 
 
 def test_our_fp8_all_gather_is_only_for_dynamic_tensorwise_weights():
@@ -354,31 +354,34 @@ def _groups(schedule) -> list[tuple[tuple[str, ...], bool]]:
     return [(group.modules, group.reshard_after_forward) for group in schedule.order]
 
 
-def test_the_default_sharding_plan_is_torchtitans():
-    """The embedding, each block, and the final norm with the LM head are groups; the last block, the norm
-    and the head keep their weights from the forward to the backward; each group prefetches the next one's
-    all-gather in the forward and the previous one's in the backward; gradients reduce in float32."""
+def test_the_default_sharding_plan():
+    """torchtitan's groups (the embedding, each block, the final norm with the LM head); the embedding, the
+    last block, the norm and the head keep their weights from the forward to the backward; each group
+    prefetches the next one's all-gather in the forward and the previous one's in the backward; gradients
+    reduce in BF16."""
     schedule = sharding_schedule(Llama(TINY.with_layers(3)))
     assert _groups(schedule) == [
-        (("tok_embeddings",), True), (("layers.0",), True), (("layers.1",), True), (("layers.2",), False), (("norm", "output"), False),
+        (("tok_embeddings",), False), (("layers.0",), True), (("layers.1",), True), (("layers.2",), False), (("norm", "output"), False),
     ]  # fmt: skip
     assert schedule.root == ShardGroup(("",), False)
     assert schedule.forward_prefetch == ((1,), (2,), (3,), (4,), ())
     assert schedule.backward_prefetch == ((), (0,), (1,), (2,), (3,))
-    assert (schedule.mp_policy.param_dtype, schedule.mp_policy.reduce_dtype) == (torch.bfloat16, torch.float32)
-    assert schedule.plan.describe() == "ends apart, last block kept, prefetch 1, reduce float32"
+    assert (schedule.mp_policy.param_dtype, schedule.mp_policy.reduce_dtype) == (torch.bfloat16, torch.bfloat16)
+    assert schedule.plan.describe() == "ends apart, embedding kept, last block kept, prefetch 1, reduce bfloat16"
 
 
 def test_sharding_plans_change_one_thing_each():
     model = Llama(TINY.with_layers(3))
-    in_root = sharding_schedule(model, ShardingPlan(ends_apart=False, keep_last_block=False, prefetch=0))
+    in_root = sharding_schedule(model, ShardingPlan(ends_apart=False, keep_last_block=False, prefetch=0, reduce_dtype=torch.float32))
     assert _groups(in_root) == [((f"layers.{index}",), True) for index in range(3)]
+    assert in_root.mp_policy.reduce_dtype == torch.float32
+    assert in_root.plan.describe() == "ends in the root, last block resharded, prefetch 0, reduce float32"
     assert in_root.forward_prefetch == in_root.backward_prefetch == ((), (), ())  # FSDP2's implicit prefetch
     assert in_root.group_of("tok_embeddings.weight") == in_root.group_of("output.weight") == in_root.root
-    two_ahead = sharding_schedule(model, ShardingPlan(prefetch=2, reduce_dtype=torch.bfloat16))
+    two_ahead = sharding_schedule(model, ShardingPlan(prefetch=2, keep_embedding=False))
+    assert _groups(two_ahead)[0] == (("tok_embeddings",), True)
     assert two_ahead.forward_prefetch == ((1, 2), (2, 3), (3, 4), (4,), ())
     assert two_ahead.backward_prefetch == ((), (0,), (1, 0), (2, 1), (3, 2))
-    assert two_ahead.mp_policy.reduce_dtype == torch.bfloat16
     tied = sharding_schedule(Llama(dataclasses.replace(TINY, tie_embeddings=True)))
     assert _groups(tied) == [(("layers.0",), True), (("layers.1",), False)]  # one parameter cannot be in two groups
     with pytest.raises(ValueError, match="prefetch must be 0 or more"):
@@ -400,7 +403,7 @@ def _applied_schedule(rank: int, out_path: str) -> None:
     from torch.distributed.fsdp import FSDPModule
 
     model = Llama(TINY.with_layers(3))
-    schedule = shard_model(model, dist.group.WORLD, ShardingPlan(prefetch=2, reduce_dtype=torch.bfloat16))
+    schedule = shard_model(model, dist.group.WORLD, ShardingPlan(prefetch=2, keep_embedding=False, reduce_dtype=torch.float32))
     handles = [model.get_submodule(group.modules[0]) for group in schedule.order]
     state_index = {id(handle._get_fsdp_state()): index for index, handle in enumerate(handles)}
     applied = {
@@ -426,4 +429,4 @@ def test_shard_model_applies_the_schedule_to_fsdp2():
     assert applied["reshard"] == [group.reshard_after_forward for group in schedule.order] == [True, True, True, False, False]
     assert applied["forward"] == list(schedule.forward_prefetch) == [(1, 2), (2, 3), (3, 4), (4,), ()]
     assert applied["backward"] == list(schedule.backward_prefetch) == [(), (0,), (1, 0), (2, 1), (3, 2)]
-    assert applied["reduce"] == [torch.bfloat16] * 5
+    assert applied["reduce"] == [torch.float32] * 5

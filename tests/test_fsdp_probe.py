@@ -34,6 +34,8 @@ def test_exposed_communication_is_nccl_time_while_the_compute_stream_is_idle():
     assert us_per_step == pytest.approx({
         "nccl_ms": 21, "compute_busy_ms": 20, "compute_idle_ms": 10, "exposed_comm_ms": 10, "attention_ms": 10,
         "exposed_allgather_ms": 5, "exposed_reducescatter_ms": 5, "exposed_allreduce_ms": 0,
+        "compute_gemm_ms": 10, "compute_attention_ms": 10, "compute_cast_ms": 0, "compute_norm_act_ms": 0,
+        "compute_optimizer_ms": 0, "compute_comm_ms": 0, "compute_other_ms": 0,
     })  # fmt: skip
 
 

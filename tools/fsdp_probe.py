@@ -16,8 +16,9 @@ Per variant, after the warm-up steps: the step time (CUDA events, e2e's GpuStepC
 ranks), then `--steps` steps under torch.profiler, whose CUDA kernels (rank 0's) give per step: the NCCL
 kernel time, the time the compute stream (the stream with the most non-NCCL kernel time) is busy and
 idle, the NCCL time during which the compute stream is idle (`exposed`: communication nothing overlaps),
-split into all-gather, reduce-scatter and all-reduce, and the attention kernels' time (which SDPA backend
-ran shows there). With `--baseline`, the one-rank CSV of the same machine: scaling efficiency = one-GPU
+split into all-gather, reduce-scatter and all-reduce, the attention kernels' time (which SDPA backend ran
+shows there), and the compute stream's kernel time by class (e2e.kernel_class: kernels that run while
+collectives do are slower than on one GPU). With `--baseline`, the one-rank CSV of the same machine: scaling efficiency = one-GPU
 step time / this step time (the same tokens per GPU per step). Peak memory of the profiled steps
 (allocated and reserved, the largest over the ranks). Rank 0 prints a table and writes the CSV; with
 `--traces`, each variant's Chrome trace. The CSV is rewritten after each variant. Needs CUDA GPUs and NCCL.
@@ -45,14 +46,16 @@ from fp8bench.nn.fsdp import ShardingPlan, all_gather_bytes, shard_model
 from fp8bench.nn.llama import PRESETS, Llama, loss_fn
 from fp8bench.nn.recipes import RECIPES
 
-# From the plan with the embedding and LM head in the root group to torchtitan's, one change at a time.
+# From the plan with the embedding and LM head in the root group to torchtitan's, one change at a time;
+# `embedding-kept` is ShardingPlan's default.
 PLANS = {
-    "ends-in-root": ShardingPlan(ends_apart=False, keep_last_block=False, prefetch=0),
-    "ends-apart": ShardingPlan(ends_apart=True, keep_last_block=False, prefetch=0),
-    "last-block-kept": ShardingPlan(ends_apart=True, keep_last_block=True, prefetch=0),
-    "prefetch-1": ShardingPlan(prefetch=1),
-    "prefetch-2": ShardingPlan(prefetch=2),
-    "prefetch-1-bf16-reduce": ShardingPlan(prefetch=1, reduce_dtype=torch.bfloat16),
+    "ends-in-root": ShardingPlan(ends_apart=False, keep_last_block=False, prefetch=0, reduce_dtype=torch.float32),
+    "ends-apart": ShardingPlan(ends_apart=True, keep_last_block=False, keep_embedding=False, prefetch=0, reduce_dtype=torch.float32),
+    "last-block-kept": ShardingPlan(ends_apart=True, keep_last_block=True, keep_embedding=False, prefetch=0, reduce_dtype=torch.float32),
+    "prefetch-1": ShardingPlan(ends_apart=True, keep_last_block=True, keep_embedding=False, prefetch=1, reduce_dtype=torch.float32),
+    "prefetch-2": ShardingPlan(ends_apart=True, keep_last_block=True, keep_embedding=False, prefetch=2, reduce_dtype=torch.float32),
+    "prefetch-1-bf16-reduce": ShardingPlan(ends_apart=True, keep_last_block=True, keep_embedding=False, prefetch=1, reduce_dtype=torch.bfloat16),
+    "embedding-kept": ShardingPlan(ends_apart=True, keep_last_block=True, keep_embedding=True, prefetch=1, reduce_dtype=torch.bfloat16),
 }
 COLLECTIVES = ("AllGather", "ReduceScatter", "AllReduce")
 
@@ -136,6 +139,9 @@ def overlap_breakdown(trace: dict, steps: int) -> dict[str, float]:
         "exposed_comm_ms": _outside([interval(event) for event in nccl], busy) * ms,
         "attention_ms": sum(float(event["dur"]) for event in kernels if e2e.kernel_class(event["name"]) == "attention") * ms,
     }
+    on_compute = [event for event in others if event["args"]["stream"] == compute_stream]
+    for kind, column in e2e.CLASS_COLUMNS.items():  # the compute stream's kernel time by class: what overlap slows
+        row[f"compute_{column}"] = sum(float(event["dur"]) for event in on_compute if e2e.kernel_class(event["name"]) == kind) * ms
     for collective in COLLECTIVES:
         chosen = [interval(event) for event in nccl if collective.lower() in event["name"].lower()]
         row[f"exposed_{collective.lower()}_ms"] = _outside(chosen, busy) * ms

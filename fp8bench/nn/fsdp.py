@@ -1,12 +1,12 @@
 """FSDP2 for the e2e benchmark: sharding a model, and all-gathering our tensorwise weights in FP8.
 
 `shard_model` applies torch.distributed.fsdp.fully_shard to a LLaMa model in the groups of a `ShardingPlan`
-(by default torchtitan's parallelize_llama): the embedding, each transformer block, the final norm with the
-LM head, then the root, with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=the plan's): parameters
-are all-gathered in BF16 and gradients reduce-scattered in the plan's dtype. A block frees its gathered
-weights after the forward and gathers them again for the backward, except the last one, whose backward
-comes next; the norm and head keep theirs too. Each group's all-gather is prefetched explicitly as the
-previous group runs, in the forward and in the backward.
+(by default those of torchtitan's parallelize_llama): the embedding, each transformer block, the final norm with the
+LM head, then the root, with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=the plan's, by default
+bf16): parameters are all-gathered in BF16 and gradients reduce-scattered in BF16. A block frees its
+gathered weights after the forward and gathers them again for the backward, except the last one, whose
+backward comes next; the embedding, norm and head keep theirs. Each group's all-gather is prefetched
+explicitly as the previous group runs, in the forward and in the backward.
 
 FP8 all-gather (torchao's `enable_fsdp_float8_all_gather`, through the same FSDP2 extension points): a
 Float8Linear whose weight is scaled tensorwise and dynamically in both its uses gets its weight wrapped in
@@ -315,17 +315,25 @@ class ShardingPlan:
       embedding tied to the head stays with the root (one parameter cannot be in two groups).
     keep_last_block: the last block keeps its gathered weights from its forward to its backward, which
       comes right after (torchtitan): no gather at the start of the backward.
+    keep_embedding: the embedding (apart) keeps its gathered weight through the backward, as the root did:
+      its backward needs only the token ids, so a re-gather would move the largest weight for nothing.
     prefetch: how many groups ahead each group issues their all-gathers, the next ones in the forward and
       the previous ones in the backward (FSDP2's set_modules_to_forward_prefetch and
       set_modules_to_backward_prefetch); 0 leaves FSDP2's implicit prefetch of one group in the backward.
     reduce_dtype: the dtype gradients are reduce-scattered in: float32 (torchtitan's default) or bfloat16,
-      half the bytes, each rank's gradient rounded to BF16 before the sum.
+      half the bytes. The e2e model's parameters, and so the gradients each rank computes and the reduced
+      gradient the optimizer gets, are BF16 either way: on two ranks the reduced value is the same (one sum
+      of two BF16 values, rounded once to BF16); on more, NCCL's ring rounds each partial sum to BF16.
+
+    The default is torchtitan's grouping with the embedding kept and gradients reduced in BF16, the plan
+    that scaled best on two GPUs (reports/h200/fsdp-plans).
     """
 
     ends_apart: bool = True
     keep_last_block: bool = True
+    keep_embedding: bool = True
     prefetch: int = 1
-    reduce_dtype: torch.dtype = torch.float32
+    reduce_dtype: torch.dtype = torch.bfloat16
 
     def __post_init__(self) -> None:
         if self.prefetch < 0:
@@ -334,8 +342,8 @@ class ShardingPlan:
             raise ValueError(f"reduce_dtype must be torch.float32 or torch.bfloat16, got {self.reduce_dtype}")
 
     def describe(self) -> str:
-        """One line for a result row: `ends apart, last block kept, prefetch 1, reduce float32`."""
-        ends = "ends apart" if self.ends_apart else "ends in the root"
+        """One line for a result row: `ends apart, embedding kept, last block kept, prefetch 1, reduce bfloat16`."""
+        ends = ("ends apart, embedding " + ("kept" if self.keep_embedding else "resharded")) if self.ends_apart else "ends in the root"
         last = "last block kept" if self.keep_last_block else "last block resharded"
         return f"{ends}, {last}, prefetch {self.prefetch}, reduce {str(self.reduce_dtype).removeprefix('torch.')}"
 
@@ -370,7 +378,7 @@ class ShardSchedule:
         return self.root
 
 
-def mixed_precision_policy(reduce_dtype: torch.dtype = torch.float32):
+def mixed_precision_policy(reduce_dtype: torch.dtype):
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
@@ -382,7 +390,7 @@ def sharding_schedule(model: nn.Module, plan: ShardingPlan = ShardingPlan()) -> 
     blocks = len(model.layers)
     order = [ShardGroup((f"layers.{index}",), not (plan.keep_last_block and index == blocks - 1)) for index in range(blocks)]
     if plan.ends_apart and model.output.weight is not model.tok_embeddings.weight:
-        order = [ShardGroup(("tok_embeddings",), True), *order, ShardGroup(("norm", "output"), False)]
+        order = [ShardGroup(("tok_embeddings",), not plan.keep_embedding), *order, ShardGroup(("norm", "output"), False)]
     ahead = range(1, plan.prefetch + 1)
     forward = tuple(tuple(i + step for step in ahead if i + step < len(order)) for i in range(len(order)))
     backward = tuple(tuple(i - step for step in ahead if i - step >= 0) for i in range(len(order)))
