@@ -4,6 +4,7 @@ whether the amaxes were precomputed after the optimizer step (one all-reduce for
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import tempfile
@@ -21,8 +22,8 @@ from fp8bench.benchmarks import e2e  # noqa: E402
 from fp8bench.nn.float8_linear import Float8Linear  # noqa: E402
 from fp8bench.nn import fsdp  # noqa: E402
 from fp8bench.nn.fsdp import (  # noqa: E402
-    Float8AllGatherLinear, Float8AllGatherWeight, GatheredFloat8Weight, all_gather_bytes, enable_float8_all_gather,
-    precompute_float8_scales,
+    Float8AllGatherLinear, Float8AllGatherWeight, GatheredFloat8Weight, ShardGroup, ShardingPlan, all_gather_bytes,
+    enable_float8_all_gather, precompute_float8_scales, shard_model, sharding_schedule,
 )
 from fp8bench.nn.llama import Llama, LlamaConfig  # noqa: E402
 from fp8bench.nn.recipes import RECIPES  # noqa: E402
@@ -266,8 +267,6 @@ def test_our_tensorwise_cast_writes_into_the_rows_it_is_given():
 def _fully_shard_float8_weight(rank: int, out_path: str) -> None:
     """Our subclass through FSDP2 itself: sharded, all-gathered in FP8 by unshard(), updated in place as an
     optimizer does, and gathered again into the same storage."""
-    from fp8bench.nn.fsdp import shard_model
-
     torch.manual_seed(0)
     model = Llama(TINY)  # float32: the policy casts; the FP8 weights gather 1 byte per element regardless
     model.init_weights(0)
@@ -276,7 +275,7 @@ def _fully_shard_float8_weight(rank: int, out_path: str) -> None:
     convert_to_float8(model, RECIPES["tensorwise"], lambda module, name: name != "output")
     full = model.layers[0].attention.wqkv.weight.detach().clone()
     assert enable_float8_all_gather(model) == 4 * TINY.layers
-    shard_model(model, dist.group.WORLD)
+    schedule = shard_model(model, dist.group.WORLD)
     wqkv = model.layers[0].attention.wqkv
     assert isinstance(wqkv, Float8AllGatherLinear) and isinstance(wqkv.weight.to_local(), Float8AllGatherWeight)
     block = model.layers[0]
@@ -296,7 +295,7 @@ def _fully_shard_float8_weight(rank: int, out_path: str) -> None:
     assert torch.equal(second._scale, 2 * expected_scale)
     block.reshard()
     if rank == 0:
-        torch.save(all_gather_bytes(model), out_path)
+        torch.save(all_gather_bytes(model, schedule), out_path)
 
 
 def test_fsdp2_all_gathers_our_tensorwise_weights_in_fp8():
@@ -304,11 +303,12 @@ def test_fsdp2_all_gathers_our_tensorwise_weights_in_fp8():
         path = os.path.join(tmp, "bytes.pt")
         _spawn(_fully_shard_float8_weight, path)
         gathered = torch.load(path)
-    linear_elements = TINY.layers * (TINY.dim * (TINY.dim + 2 * TINY.kv_heads * TINY.head_dim) + TINY.dim * TINY.dim + 3 * TINY.dim * TINY.ffn_dim)
-    norms = TINY.layers * 2 * TINY.dim
-    root = 2 * TINY.vocab * TINY.dim + TINY.dim
-    # Block linears in FP8 (1 byte), block norms in BF16 (2), both gathered twice; the root's BF16 once.
-    assert gathered == 2 * (linear_elements * 1 + norms * 2) + root * 2
+    block_linears = TINY.dim * (TINY.dim + 2 * TINY.kv_heads * TINY.head_dim) + TINY.dim * TINY.dim + 3 * TINY.dim * TINY.ffn_dim
+    block = block_linears * 1 + 2 * TINY.dim * 2  # linears in FP8 (1 byte), norms in BF16 (2)
+    embedding, head = TINY.vocab * TINY.dim * 2, (TINY.dim + TINY.vocab * TINY.dim) * 2
+    # The first block gathered in the forward and again in the backward; the embedding, the last block (of
+    # two), the final norm and the LM head once.
+    assert gathered == embedding + 2 * block + block + head
 
 
 def test_our_fp8_all_gather_is_only_for_dynamic_tensorwise_weights():
@@ -348,3 +348,85 @@ def test_a_gathered_fp8_weight_trains_as_float8linear_on_the_full_weight():
     for name, want, got in zip(("output", "grad_input", "grad_weight"), *results):
         assert type(got) is torch.Tensor, name
         torch.testing.assert_close(got, want, rtol=2.0**-7, atol=0, msg=name)
+
+
+def _groups(schedule) -> list[tuple[tuple[str, ...], bool]]:
+    return [(group.modules, group.reshard_after_forward) for group in schedule.order]
+
+
+def test_the_default_sharding_plan():
+    """torchtitan's groups (the embedding, each block, the final norm with the LM head); the embedding, the
+    last block, the norm and the head keep their weights from the forward to the backward; each group
+    prefetches the next one's all-gather in the forward and the previous one's in the backward; gradients
+    reduce in BF16."""
+    schedule = sharding_schedule(Llama(TINY.with_layers(3)))
+    assert _groups(schedule) == [
+        (("tok_embeddings",), False), (("layers.0",), True), (("layers.1",), True), (("layers.2",), False), (("norm", "output"), False),
+    ]  # fmt: skip
+    assert schedule.root == ShardGroup(("",), False)
+    assert schedule.forward_prefetch == ((1,), (2,), (3,), (4,), ())
+    assert schedule.backward_prefetch == ((), (0,), (1,), (2,), (3,))
+    assert (schedule.mp_policy.param_dtype, schedule.mp_policy.reduce_dtype) == (torch.bfloat16, torch.bfloat16)
+    assert schedule.plan.describe() == "ends apart, embedding kept, last block kept, prefetch 1, reduce bfloat16"
+
+
+def test_sharding_plans_change_one_thing_each():
+    model = Llama(TINY.with_layers(3))
+    in_root = sharding_schedule(model, ShardingPlan(ends_apart=False, keep_last_block=False, prefetch=0, reduce_dtype=torch.float32))
+    assert _groups(in_root) == [((f"layers.{index}",), True) for index in range(3)]
+    assert in_root.mp_policy.reduce_dtype == torch.float32
+    assert in_root.plan.describe() == "ends in the root, last block resharded, prefetch 0, reduce float32"
+    assert in_root.forward_prefetch == in_root.backward_prefetch == ((), (), ())  # FSDP2's implicit prefetch
+    assert in_root.group_of("tok_embeddings.weight") == in_root.group_of("output.weight") == in_root.root
+    two_ahead = sharding_schedule(model, ShardingPlan(prefetch=2, keep_embedding=False))
+    assert _groups(two_ahead)[0] == (("tok_embeddings",), True)
+    assert two_ahead.forward_prefetch == ((1, 2), (2, 3), (3, 4), (4,), ())
+    assert two_ahead.backward_prefetch == ((), (0,), (1, 0), (2, 1), (3, 2))
+    tied = sharding_schedule(Llama(dataclasses.replace(TINY, tie_embeddings=True)))
+    assert _groups(tied) == [(("layers.0",), True), (("layers.1",), False)]  # one parameter cannot be in two groups
+    with pytest.raises(ValueError, match="prefetch must be 0 or more"):
+        ShardingPlan(prefetch=-1)
+    with pytest.raises(ValueError, match="reduce_dtype must be"):
+        ShardingPlan(reduce_dtype=torch.float16)
+
+
+def test_a_parameter_belongs_to_its_own_block_group():
+    schedule = sharding_schedule(Llama(TINY.with_layers(12)))
+    assert schedule.group_of("layers.1.attention.wqkv.weight").modules == ("layers.1",)
+    assert schedule.group_of("layers.10._orig_mod.attention.wqkv.weight").modules == ("layers.10",)  # compiled: not layers.1
+    assert schedule.group_of("norm.weight").modules == ("norm", "output")
+
+
+def _applied_schedule(rank: int, out_path: str) -> None:
+    """shard_model's groups as FSDP2 holds them: which modules are FSDP modules, whether each frees its
+    weights after the forward, whom it prefetches, its reduce dtype."""
+    from torch.distributed.fsdp import FSDPModule
+
+    model = Llama(TINY.with_layers(3))
+    schedule = shard_model(model, dist.group.WORLD, ShardingPlan(prefetch=2, keep_embedding=False, reduce_dtype=torch.float32))
+    handles = [model.get_submodule(group.modules[0]) for group in schedule.order]
+    state_index = {id(handle._get_fsdp_state()): index for index, handle in enumerate(handles)}
+    applied = {
+        "fsdp": [name for name, module in model.named_modules() if isinstance(module, FSDPModule)],
+        "same_state": model.norm._get_fsdp_state() is model.output._get_fsdp_state(),
+        # FSDP2 has no post-forward mesh for a group that keeps its gathered weights after the forward
+        "reshard": [handle._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info is not None for handle in handles],
+        "forward": [tuple(state_index[id(s)] for s in handle._get_fsdp_state()._states_to_forward_prefetch) for handle in handles],
+        "backward": [tuple(state_index[id(s)] for s in handle._get_fsdp_state()._states_to_backward_prefetch) for handle in handles],
+        "reduce": [handle._get_fsdp_state()._fsdp_param_group.mp_policy.reduce_dtype for handle in handles],
+    }
+    if rank == 0:
+        torch.save((applied, schedule), out_path)
+
+
+def test_shard_model_applies_the_schedule_to_fsdp2():
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "applied.pt")
+        _spawn(_applied_schedule, path)
+        applied, schedule = torch.load(path, weights_only=False)
+    assert applied["fsdp"] == ["", "tok_embeddings", "layers.0", "layers.1", "layers.2", "norm", "output"]
+    assert applied["same_state"]
+    assert applied["reshard"] == [group.reshard_after_forward for group in schedule.order] == [True, True, True, False, False]
+    assert applied["forward"] == list(schedule.forward_prefetch) == [(1, 2), (2, 3), (3, 4), (4,), ()]
+    assert applied["backward"] == list(schedule.backward_prefetch) == [(), (0,), (1, 0), (2, 1), (3, 2)]
+    assert applied["reduce"] == [torch.float32] * 5

@@ -1,27 +1,40 @@
-"""FSDP2's weight all-gather on several GPUs: BF16 against ours in FP8, with the weight scales precomputed
-after each optimizer step (fp8bench.nn.fsdp.precompute_float8_scales) and without (each gather all-reduces
-its own amax): communication kernel time per step and peak memory.
+"""FSDP2 sharding plans on several GPUs, and the same model on one: step time, scaling efficiency, and which
+communication the compute stream waits for.
 
-    torchrun --nproc-per-node 2 tools/fsdp_probe.py OUT.csv [--layers 2] [--seq-len 8192] [--steps 5]
-        [--warmup 3] [--checkpointing none|selective|full] [--compile none|block]
+    torchrun --nproc-per-node 1 tools/fsdp_probe.py ONE.csv
+    torchrun --nproc-per-node 2 tools/fsdp_probe.py TWO.csv --baseline ONE.csv [--traces DIR]
+        [--layers 4] [--seq-len 8192] [--steps 5] [--warmup 3] [--checkpointing none|selective|full]
+        [--compile none|block] [--implementation bf16 --implementation triton]
 
-The model is LLaMa-3 8B's width with `--layers` blocks (fp8bench.nn.llama), sharded as `fp8bench e2e`
-shards it (fp8bench.nn.fsdp.shard_model: BF16 parameters, FP32 gradient reduction), trained with fused
-AdamW on seeded synthetic tokens (each rank its own). Per variant, after the warm-up steps: the step time
-(CUDA events, fp8bench.harness.timing through e2e's GpuStepClock), then `--steps` steps under
-torch.profiler: per step the time of the NCCL kernels and of every kernel e2e counts as communication
-(fp8bench.benchmarks.e2e.kernel_class: NCCL plus FSDP2's copy-in/copy-out), and the peak memory of those
-measured steps (allocated and reserved, the largest over the ranks). Rank 0 prints a table and writes the
-CSV. Needs CUDA GPUs and NCCL.
+The model is LLaMa-3 8B's width with `--layers` blocks (fp8bench.nn.llama), converted as `fp8bench e2e`
+converts it (ours: tensorwise, weights all-gathered in FP8, scales precomputed after each optimizer step),
+trained with fused AdamW on seeded synthetic tokens (each rank its own), batch 1 per GPU. On one rank it
+runs unsharded, once per implementation; on several, once per implementation and sharding plan (PLANS,
+fp8bench.nn.fsdp.ShardingPlan, from the plan with the embedding and head in the root to torchtitan's).
+
+Per variant, after the warm-up steps: the step time (CUDA events, e2e's GpuStepClock; the largest over the
+ranks), then `--steps` steps under torch.profiler, whose CUDA kernels (rank 0's) give per step: the NCCL
+kernel time, the time the compute stream (the stream with the most non-NCCL kernel time) is busy and
+idle, the NCCL time during which the compute stream is idle (`exposed`: communication nothing overlaps),
+split into all-gather, reduce-scatter and all-reduce, the attention kernels' time (which SDPA backend ran
+shows there), and the compute stream's kernel time by class (e2e.kernel_class: kernels that run while
+collectives do are slower than on one GPU). With `--baseline`, the one-rank CSV of the same machine: scaling efficiency = one-GPU
+step time / this step time (the same tokens per GPU per step). Peak memory of the profiled steps
+(allocated and reserved, the largest over the ranks). Rank 0 prints a table and writes the CSV; with
+`--traces`, each variant's Chrome trace. The CSV is rewritten after each variant. Needs CUDA GPUs and NCCL.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import gc
+import json
 import os
 import statistics
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -29,49 +42,110 @@ import torch.distributed as dist
 
 from fp8bench.backends import convert
 from fp8bench.benchmarks import e2e
-from fp8bench.nn.fsdp import all_gather_bytes, shard_model
+from fp8bench.nn.fsdp import ShardingPlan, all_gather_bytes, shard_model
 from fp8bench.nn.llama import PRESETS, Llama, loss_fn
 from fp8bench.nn.recipes import RECIPES
+
+# From the plan with the embedding and LM head in the root group to torchtitan's, one change at a time;
+# `embedding-kept` is ShardingPlan's default.
+PLANS = {
+    "ends-in-root": ShardingPlan(ends_apart=False, keep_last_block=False, prefetch=0, reduce_dtype=torch.float32),
+    "ends-apart": ShardingPlan(ends_apart=True, keep_last_block=False, keep_embedding=False, prefetch=0, reduce_dtype=torch.float32),
+    "last-block-kept": ShardingPlan(ends_apart=True, keep_last_block=True, keep_embedding=False, prefetch=0, reduce_dtype=torch.float32),
+    "prefetch-1": ShardingPlan(ends_apart=True, keep_last_block=True, keep_embedding=False, prefetch=1, reduce_dtype=torch.float32),
+    "prefetch-2": ShardingPlan(ends_apart=True, keep_last_block=True, keep_embedding=False, prefetch=2, reduce_dtype=torch.float32),
+    "prefetch-1-bf16-reduce": ShardingPlan(ends_apart=True, keep_last_block=True, keep_embedding=False, prefetch=1, reduce_dtype=torch.bfloat16),
+    "embedding-kept": ShardingPlan(ends_apart=True, keep_last_block=True, keep_embedding=True, prefetch=1, reduce_dtype=torch.bfloat16),
+}
+COLLECTIVES = ("AllGather", "ReduceScatter", "AllReduce")
 
 
 @dataclass(frozen=True)
 class Variant:
-    name: str
-    implementation: str  # a MODEL-level backend: bf16 or triton (ours)
-    precompute: bool  # call the conversion's after_optimizer_step (ours: precompute_float8_scales)
+    implementation: str  # a MODEL-level backend: bf16 or triton (ours, tensorwise)
+    plan: str | None  # a key of PLANS; None: one rank, unsharded
 
-
-VARIANTS = (
-    Variant("bf16", "bf16", False),
-    Variant("ours-fp8-allgather-precomputed", "triton", True),
-    Variant("ours-fp8-allgather-no-precompute", "triton", False),
-)
+    @property
+    def name(self) -> str:
+        return f"{self.implementation} {self.plan or 'one-gpu'}"
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", help="CSV file to write (rank 0)")
-    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--baseline", help="the one-rank CSV of this script on the same machine: adds the scaling efficiency")
+    parser.add_argument("--traces", help="folder for each variant's Chrome trace (rank 0)")
+    parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=8192)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--checkpointing", choices=("none", "selective", "full"), default="none")
-    parser.add_argument("--compile", choices=("none", "block"), default="none")
+    parser.add_argument("--compile", choices=("none", "block"), default="block")
+    parser.add_argument("--implementation", action="append", choices=("bf16", "triton"), help="default: both")
+    parser.add_argument("--plan", action="append", choices=tuple(PLANS), help="default: every plan (several ranks)")
     return parser.parse_args()
 
 
-def kernel_ms_per_step(prof, steps: int) -> tuple[float, float]:
-    """(NCCL kernels, all communication kernels) in ms per step from a torch.profiler trace."""
-    nccl = comm = 0.0
-    for event in prof.events():
-        if event.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        ms = event.time_range.elapsed_us() / 1e3
-        if "nccl" in event.name.lower():
-            nccl += ms
-        if e2e.kernel_class(event.name) == "comm":
-            comm += ms
-    return nccl / steps, comm / steps
+def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def _outside(intervals: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
+    """Length of the union of `intervals` not covered by `cover` (merged and sorted)."""
+    starts = [start for start, _ in cover]
+    total = 0.0
+    for start, end in _merged(intervals):
+        covered = 0.0
+        for c_start, c_end in cover[max(0, bisect.bisect_right(starts, start) - 1) : bisect.bisect_left(starts, end)]:
+            covered += max(0.0, min(end, c_end) - max(start, c_start))
+        total += end - start - covered
+    return total
+
+
+def overlap_breakdown(trace: dict, steps: int) -> dict[str, float]:
+    """From a Chrome trace's GPU kernels (torch.profiler's export), in ms per step: NCCL kernel time, the
+    compute stream's busy and idle time over the traced span, the NCCL time while the compute stream is
+    idle (exposed), per collective, and the attention kernels' time."""
+    kernels = [event for event in trace["traceEvents"] if event.get("cat") == "kernel" and event.get("ph") == "X"]
+    if not kernels:
+        raise ValueError("the trace has no GPU kernels")
+
+    def interval(event) -> tuple[float, float]:
+        return (float(event["ts"]), float(event["ts"]) + float(event["dur"]))
+
+    nccl = [event for event in kernels if "nccl" in event["name"].lower()]
+    others = [event for event in kernels if "nccl" not in event["name"].lower()]
+    per_stream: dict[int, float] = {}
+    for event in others:
+        per_stream[event["args"]["stream"]] = per_stream.get(event["args"]["stream"], 0.0) + float(event["dur"])
+    compute_stream = max(per_stream, key=per_stream.get)
+    busy = _merged([interval(event) for event in others if event["args"]["stream"] == compute_stream])
+    span = max(end for _, end in map(interval, kernels)) - min(start for start, _ in map(interval, kernels))
+    ms = 1e-3 / steps
+    row = {
+        "nccl_ms": sum(float(event["dur"]) for event in nccl) * ms,
+        "compute_busy_ms": _length(busy) * ms,
+        "compute_idle_ms": (span - _length(busy)) * ms,
+        "exposed_comm_ms": _outside([interval(event) for event in nccl], busy) * ms,
+        "attention_ms": sum(float(event["dur"]) for event in kernels if e2e.kernel_class(event["name"]) == "attention") * ms,
+    }
+    on_compute = [event for event in others if event["args"]["stream"] == compute_stream]
+    for kind, column in e2e.CLASS_COLUMNS.items():  # the compute stream's kernel time by class: what overlap slows
+        row[f"compute_{column}"] = sum(float(event["dur"]) for event in on_compute if e2e.kernel_class(event["name"]) == kind) * ms
+    for collective in COLLECTIVES:
+        chosen = [interval(event) for event in nccl if collective.lower() in event["name"].lower()]
+        row[f"exposed_{collective.lower()}_ms"] = _outside(chosen, busy) * ms
+    return row
 
 
 def largest_over_ranks(value: float) -> float:
@@ -85,20 +159,25 @@ def measure(variant: Variant, args: argparse.Namespace, device: torch.device) ->
     model = Llama(config, device=device, dtype=torch.bfloat16)
     model.init_weights(e2e.SEED)
     recipe = None if variant.implementation == "bf16" else RECIPES["tensorwise"]
-    converted = convert(model, variant.implementation, recipe, fp8_all_gather=True, process_group=dist.group.WORLD)
+    sharded = variant.plan is not None
+    converted = convert(model, variant.implementation, recipe, fp8_all_gather=sharded, process_group=dist.group.WORLD if sharded else None)
     e2e.apply_checkpointing(model, args.checkpointing)
     e2e.apply_compile(model, args.compile)
-    shard_model(model, dist.group.WORLD)
-    after_step = converted.after_optimizer_step if variant.precompute else (lambda: None)
+    allgather_gb = 0.0
+    if sharded:
+        schedule = shard_model(model, dist.group.WORLD, PLANS[variant.plan])
+        allgather_gb = all_gather_bytes(model, schedule) / e2e.BYTES_PER_GB
     optimizer = torch.optim.AdamW(model.parameters(), lr=e2e.LEARNING_RATE, fused=True)
     batches = iter(e2e.SyntheticTokens(config.vocab, 1, args.seq_len, e2e.SEED + dist.get_rank(), device))
 
     def step():
         tokens, targets = next(batches)
-        loss_fn(model(tokens), targets).backward()
+        with converted.step_context():
+            logits = model(tokens)
+        loss_fn(logits, targets).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        after_step()
+        converted.after_optimizer_step()
 
     clock = e2e.GpuStepClock()
     clock.run(step, args.warmup)
@@ -109,16 +188,21 @@ def measure(variant: Variant, args: argparse.Namespace, device: torch.device) ->
         for _ in range(args.steps):
             step()
         torch.cuda.synchronize()
-    nccl_ms, comm_ms = kernel_ms_per_step(prof, args.steps)
-    row = {
-        "variant": variant.name, "layers": args.layers, "seq_len": args.seq_len, "world_size": dist.get_world_size(),
-        "checkpointing": args.checkpointing, "compile": args.compile, "step_ms": largest_over_ranks(step_ms),
-        "nccl_ms_per_step": largest_over_ranks(nccl_ms), "comm_ms_per_step": largest_over_ranks(comm_ms),
-        "allgather_gb_per_step": all_gather_bytes(model) / e2e.BYTES_PER_GB,
+    row = {"variant": variant.name, "implementation": variant.implementation, "plan": variant.plan or "one-gpu"}
+    if dist.get_rank() == 0:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(args.traces or tmp) / f"{variant.name.replace(' ', '_')}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(path))
+            row.update(overlap_breakdown(json.loads(path.read_text()), args.steps))
+    row.update({
+        "layers": args.layers, "seq_len": args.seq_len, "world_size": dist.get_world_size(), "checkpointing": args.checkpointing,
+        "compile": args.compile, "step_ms": largest_over_ranks(step_ms), "allgather_gb_per_step": allgather_gb,
         "peak_allocated_gb": largest_over_ranks(torch.cuda.max_memory_allocated(device) / e2e.BYTES_PER_GB),
         "peak_reserved_gb": largest_over_ranks(torch.cuda.max_memory_reserved(device) / e2e.BYTES_PER_GB),
+        "sharding": PLANS[variant.plan].describe() if sharded else "", "cudnn": torch.backends.cudnn.version(),
         "device": torch.cuda.get_device_name(device),
-    }  # fmt: skip
+    })  # fmt: skip
     del model, optimizer, converted, batches, prof
     gc.collect()
     torch._dynamo.reset()
@@ -126,18 +210,38 @@ def measure(variant: Variant, args: argparse.Namespace, device: torch.device) ->
     return row
 
 
+def with_efficiency(table: pd.DataFrame, baseline_csv: str) -> pd.DataFrame:
+    """`table` with efficiency_pct: the one-rank step time of the same implementation (and layers, seq,
+    compile, checkpointing) from `baseline_csv` over each row's step time."""
+    keys = ["implementation", "layers", "seq_len", "compile", "checkpointing"]
+    baseline = pd.read_csv(baseline_csv)
+    baseline = baseline[baseline["world_size"] == 1][[*keys, "step_ms"]].rename(columns={"step_ms": "one_gpu_step_ms"})
+    joined = table.merge(baseline, on=keys, how="left")
+    joined["efficiency_pct"] = 100 * joined["one_gpu_step_ms"] / joined["step_ms"]
+    return joined
+
+
 def main() -> None:
     args = parse_args()
     dist.init_process_group("nccl")
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     torch.cuda.set_device(device)
+    implementations = args.implementation or ["bf16", "triton"]
+    plans = [None] if dist.get_world_size() == 1 else (args.plan or list(PLANS))
     try:
-        rows = [measure(variant, args, device) for variant in VARIANTS]
+        rows = []
+        for implementation in implementations:
+            for plan in plans:
+                rows.append(measure(Variant(implementation, plan), args, device))
+                if dist.get_rank() == 0:  # after each variant: a run cut short keeps what it measured
+                    print(f"{rows[-1]['variant']}: {rows[-1]['step_ms']:.1f} ms/step, exposed NCCL {rows[-1]['exposed_comm_ms']:.1f} ms/step", flush=True)
+                    table = pd.DataFrame(rows)
+                    table = with_efficiency(table, args.baseline) if args.baseline else table
+                    table.to_csv(args.out, index=False)
         if dist.get_rank() == 0:
-            table = pd.DataFrame(rows)
-            print(table.drop(columns=["device"]).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-            print(f"device: {rows[0]['device']} x {rows[0]['world_size']}")
-            table.to_csv(args.out, index=False)
+            shown = table.drop(columns=["device", "sharding", "implementation", "plan", "layers", "seq_len", "checkpointing", "compile"])
+            print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+            print(f"device: {rows[0]['device']} x {rows[0]['world_size']}, cuDNN {rows[0]['cudnn']}")
     finally:
         dist.destroy_process_group()
 

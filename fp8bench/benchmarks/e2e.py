@@ -477,8 +477,9 @@ def build_training(case: E2ECase, inputs: E2EInputs) -> Built:
     if sharded:
         from fp8bench.nn.fsdp import all_gather_bytes, shard_model
 
-        shard_model(model, inputs.process_group)
-        options["allgather_bytes"] = all_gather_bytes(model)
+        schedule = shard_model(model, inputs.process_group)
+        options["allgather_bytes"] = all_gather_bytes(model, schedule)
+        options["sharding"] = schedule.plan.describe()
     # The step's closures reach the model through `held`, so that `release` frees it (and its compiled code).
     held: dict[str, Any] = {
         "model": model, "converted": converted, "batches": inputs.batches(case, inputs),

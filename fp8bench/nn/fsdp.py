@@ -1,9 +1,12 @@
 """FSDP2 for the e2e benchmark: sharding a model, and all-gathering our tensorwise weights in FP8.
 
-`shard_model` applies torch.distributed.fsdp.fully_shard to each transformer block and then to the root,
-with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): parameters are all-gathered in BF16 and
-gradients reduce-scattered in FP32. The blocks free their gathered weights after the forward and gather
-them again for the backward; the root (embedding, final norm, LM head) keeps them through the step.
+`shard_model` applies torch.distributed.fsdp.fully_shard to a LLaMa model in the groups of a `ShardingPlan`,
+by default torchtitan's (parallelize_llama): the embedding, each transformer block, the final norm with the
+LM head, then the root, with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=the plan's, by default
+bf16): parameters are all-gathered in BF16 and gradients reduce-scattered in BF16. A block frees its
+gathered weights after the forward and gathers them again for the backward, except the last one, whose
+backward comes next; the embedding, norm and head keep theirs. Each group's all-gather is prefetched
+explicitly as the previous group runs, in the forward and in the backward.
 
 FP8 all-gather (torchao's `enable_fsdp_float8_all_gather`, through the same FSDP2 extension points): a
 Float8Linear whose weight is scaled tensorwise and dynamically in both its uses gets its weight wrapped in
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
@@ -300,24 +304,122 @@ def enable_float8_all_gather(model: nn.Module) -> int:
     return swapped
 
 
-def mixed_precision_policy():
+@dataclass(frozen=True)
+class ShardingPlan:
+    """How shard_model groups a LLaMa model's parameters for FSDP2 and schedules the groups' collectives.
+
+    ends_apart: the embedding, and the final norm with the LM head, are groups of their own (torchtitan)
+      instead of the root's. Held by the root, both are all-gathered before the first block, where nothing
+      overlaps the gather, and both reduce-scatter their gradients after the whole backward, where nothing
+      overlaps that either; apart, only the embedding's gather and reduce-scatter are left at the ends. An
+      embedding tied to the head stays with the root (one parameter cannot be in two groups).
+    keep_last_block: the last block keeps its gathered weights from its forward to its backward, which
+      comes right after (torchtitan): no gather at the start of the backward.
+    keep_embedding: the embedding (apart) keeps its gathered weight through the backward: its backward
+      needs only the token ids, so a re-gather would move the largest weight for nothing.
+    prefetch: how many groups ahead each group issues their all-gathers, the next ones in the forward and
+      the previous ones in the backward (FSDP2's set_modules_to_forward_prefetch and
+      set_modules_to_backward_prefetch); 0 leaves FSDP2's implicit prefetch of one group in the backward.
+    reduce_dtype: the dtype gradients are reduce-scattered in: float32 (torchtitan's default) or bfloat16,
+      half the bytes. The e2e model's parameters, and so the gradients each rank computes and the reduced
+      gradient the optimizer gets, are BF16 either way: on two ranks the reduced value is the same (one sum
+      of two BF16 values, rounded once to BF16); on more, NCCL's ring rounds each partial sum to BF16.
+
+    The default is torchtitan's grouping with the embedding kept and gradients reduced in BF16. Measured on
+    2 x H200 (reports/h200/fsdp-plans): BF16 reduction saves 7 ms a step (BF16) to 12 ms (ours), the kept
+    embedding 1.7 ms (BF16; within the probe's spread for ours); the groups apart, the kept last block and
+    explicit prefetch move the step by under 2 ms each.
+    """
+
+    ends_apart: bool = True
+    keep_last_block: bool = True
+    keep_embedding: bool = True
+    prefetch: int = 1
+    reduce_dtype: torch.dtype = torch.bfloat16
+
+    def __post_init__(self) -> None:
+        if self.prefetch < 0:
+            raise ValueError(f"prefetch must be 0 or more groups, got {self.prefetch}")
+        if self.reduce_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"reduce_dtype must be torch.float32 or torch.bfloat16, got {self.reduce_dtype}")
+
+    def describe(self) -> str:
+        """One line for a result row: `ends apart, embedding kept, last block kept, prefetch 1, reduce bfloat16`."""
+        ends = ("ends apart, embedding " + ("kept" if self.keep_embedding else "resharded")) if self.ends_apart else "ends in the root"
+        last = "last block kept" if self.keep_last_block else "last block resharded"
+        return f"{ends}, {last}, prefetch {self.prefetch}, reduce {str(self.reduce_dtype).removeprefix('torch.')}"
+
+
+@dataclass(frozen=True)
+class ShardGroup:
+    """One fully_shard call: the modules (names in the model; "" is the root, which takes every parameter
+    no other group holds) and whether they free their gathered weights after the forward."""
+
+    modules: tuple[str, ...]
+    reshard_after_forward: bool
+
+
+@dataclass(frozen=True)
+class ShardSchedule:
+    """`plan` applied to one model: `order`, the non-root groups in forward order; `root`, the root group;
+    `forward_prefetch[i]` and `backward_prefetch[i]`, the indices into `order` whose all-gathers group i
+    issues (empty: FSDP2's implicit prefetch)."""
+
+    order: tuple[ShardGroup, ...]
+    root: ShardGroup
+    forward_prefetch: tuple[tuple[int, ...], ...]
+    backward_prefetch: tuple[tuple[int, ...], ...]
+    mp_policy: Any
+    plan: ShardingPlan
+
+    def group_of(self, parameter_name: str) -> ShardGroup:
+        """The group whose modules hold the parameter named `parameter_name` in the model, else the root."""
+        for group in self.order:
+            if any(parameter_name.startswith(f"{module}.") for module in group.modules):
+                return group
+        return self.root
+
+
+def mixed_precision_policy(reduce_dtype: torch.dtype):
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
 
 
-def shard_model(model: nn.Module, process_group=None, mp_policy=None) -> None:
-    """fully_shard each block of `model.layers`, then the root (module docstring), over `process_group`
-    (default: the world); `mp_policy` defaults to mixed_precision_policy()."""
+def sharding_schedule(model: nn.Module, plan: ShardingPlan = ShardingPlan()) -> ShardSchedule:
+    """The groups, their settings and prefetches that shard_model gives `model` (a fp8bench.nn.llama.Llama:
+    tok_embeddings, layers, norm, output) under `plan`. Needs no process group."""
+    blocks = len(model.layers)
+    order = [ShardGroup((f"layers.{index}",), not (plan.keep_last_block and index == blocks - 1)) for index in range(blocks)]
+    if plan.ends_apart and model.output.weight is not model.tok_embeddings.weight:
+        order = [ShardGroup(("tok_embeddings",), not plan.keep_embedding), *order, ShardGroup(("norm", "output"), False)]
+    ahead = range(1, plan.prefetch + 1)
+    forward = tuple(tuple(i + step for step in ahead if i + step < len(order)) for i in range(len(order)))
+    backward = tuple(tuple(i - step for step in ahead if i - step >= 0) for i in range(len(order)))
+    return ShardSchedule(tuple(order), ShardGroup(("",), False), forward, backward, mixed_precision_policy(plan.reduce_dtype), plan)
+
+
+def shard_model(model: nn.Module, process_group=None, plan: ShardingPlan = ShardingPlan()) -> ShardSchedule:
+    """fully_shard `model` over `process_group` (default: the world) as sharding_schedule(model, plan) says:
+    each group, then the root, then the explicit prefetches. Returns the schedule."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
+    schedule = sharding_schedule(model, plan)
     device_type = next(model.parameters()).device.type
     mesh = DeviceMesh.from_group(process_group or dist.group.WORLD, device_type)
-    policy = mp_policy or mixed_precision_policy()
-    for block in model.layers:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    handles = []  # the FSDPModule of each group in order: its first module (a group's modules share one state)
+    for group in schedule.order:
+        modules = [model.get_submodule(name) for name in group.modules]
+        fully_shard(modules if len(modules) > 1 else modules[0], mesh=mesh, mp_policy=schedule.mp_policy, reshard_after_forward=group.reshard_after_forward)
+        handles.append(modules[0])
+    fully_shard(model, mesh=mesh, mp_policy=schedule.mp_policy, reshard_after_forward=schedule.root.reshard_after_forward)
+    for handle, forward, backward in zip(handles, schedule.forward_prefetch, schedule.backward_prefetch):
+        if forward:
+            handle.set_modules_to_forward_prefetch([handles[index] for index in forward])
+        if backward:
+            handle.set_modules_to_backward_prefetch([handles[index] for index in backward])
+    return schedule
 
 
 def _all_gather_element_bytes(parameter: torch.Tensor, param_dtype: torch.dtype | None) -> int:
@@ -329,12 +431,12 @@ def _all_gather_element_bytes(parameter: torch.Tensor, param_dtype: torch.dtype 
     return (param_dtype or parameter.dtype).itemsize
 
 
-def all_gather_bytes(model: nn.Module, mp_policy: Any = None) -> int:
-    """Bytes all-gathered per training step on each rank by shard_model's layout: the unsharded size of
-    every parameter, twice for the blocks' (forward and backward), once for the root's."""
-    param_dtype = (mp_policy or mixed_precision_policy()).param_dtype
+def all_gather_bytes(model: nn.Module, schedule: ShardSchedule) -> int:
+    """Bytes all-gathered per training step on each rank by `schedule` (shard_model's): the unsharded size
+    of every parameter, twice for a group that reshards after the forward (forward and backward), once for
+    one that keeps its weights."""
     total = 0
     for name, parameter in model.named_parameters():
-        gathers = 2 if name.startswith("layers.") else 1
-        total += gathers * parameter.numel() * _all_gather_element_bytes(parameter, param_dtype)
+        gathers = 2 if schedule.group_of(name).reshard_after_forward else 1
+        total += gathers * parameter.numel() * _all_gather_element_bytes(parameter, schedule.mp_policy.param_dtype)
     return total
