@@ -16,13 +16,16 @@ launch reads; `amax_kernel_ms`, the gradient-amax launch's share of kernel_ms (a
 times every launch config of AdamWConfig.candidates for ours; --variants, edits of the update kernel
 that the product does not take, for what each costs or saves: approximate division and square root (the
 product's are correctly rounded), multiply-add contraction (the product turns it off), and evict-first
-hints on the update's loads and stores. Prints a table and writes OUT.csv.
+hints on the update's loads and stores. Prints a table and writes OUT.csv, and the run's metadata
+(GPU, driver, versions, git revision, command) as metadata.json beside it.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import statistics
+import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
@@ -298,6 +301,10 @@ def main(
     frame = pd.DataFrame.from_records(records)
     out.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out, index=False)
+    from fp8bench.harness.env import run_metadata
+
+    metadata = run_metadata(" ".join(["python tools/adamw_probe.py", *sys.argv[1:]]), {"steps": steps, "warmup": warmup})
+    (out.parent / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
     print_table(frame, f"one optimizer step on {torch.cuda.get_device_name()}, medians of {steps} steps; written to {out}")
 
 
