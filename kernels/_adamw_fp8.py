@@ -99,7 +99,7 @@ def _update(
 ):  # fmt: skip
     """AdamW on the chunk's elements under `mask`: the new parameters and moments
     stored; returns |stored m|, |stored second moment| as float32 (0 where masked off: masked-off
-    lanes load zeros, and the update of zeros stores zeros)."""
+    lanes load zeros, whose moments quantize to zeros)."""
     g = tl.load(grad_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     m = beta1 * (tl.load(m_ptr + offsets, mask=mask, other=0.0).to(tl.float32) * m_scale_old)
     m = m + one_minus_beta1 * g

@@ -41,9 +41,9 @@ class AdamWConfig:
     persistent grid of `programs_per_sm` programs per SM (fewer where there are fewer chunks).
 
     Both kernels are memory-bound streams. `DEFAULT_CONFIG` gives each thread 4 elements: one 16-byte
-    access to each float32 tensor, one layout for every tensor (with 16 a thread, the fp8 and float32
-    tensors took different ones, exchanged through shared memory) and 64 registers a thread (230 with
-    16), so that its 4 programs of 8 warps fit an H100 SM at once, one wave, with loads in flight all
+    access to each float32 tensor, one layout for every tensor (at 16 a thread the fp8 and float32
+    tensors would take different ones, exchanged through shared memory) and 64 registers a thread (230
+    at 16), so that its 4 programs of 8 warps fit an H100 SM at once, one wave, with loads in flight all
     the time. `candidates` lists what tools/adamw_probe.py --sweep times against it
     (reports/h100-sxm/adamw-probe-persistent/: the default is among the fastest, 91% of copy bandwidth)."""
 
