@@ -7,7 +7,7 @@ scales come from bounds on the new amaxes, from the gradients' amaxes (the first
 the previous step recorded, so the update (the second launch) stores the states in the pass that
 computes them.
 
-`AdamWFP8Tensors` holds what stays from step to step: the moments, the per-tensor scalars, the chunk
+`AdamWFP8Tensors` holds what stays from step to step: the moments, the per-tensor scalars, the span
 table, and the table of addresses, rebuilt (and copied to the device without synchronising) only when
 a parameter or gradient moves; the tensors are checked when the table is built, not at every step.
 """
@@ -37,77 +37,92 @@ ALIGNMENT = 16
 
 @dataclass(frozen=True)
 class AdamWConfig:
-    """Launch parameters of both kernels: a program takes `block` elements of one tensor.
+    """Launch parameters of both kernels: chunks of `block` elements, `num_warps` a program, and a
+    persistent grid of `programs_per_sm` programs per SM (fewer where there are fewer chunks).
 
-    Both kernels are memory-bound streams. `choose` gives each thread 16 elements (one 16-byte access
-    to each fp8 moment, four to each float32 tensor, several loads in flight per thread) with 8 warps,
-    and halves the block while the tensors would not give every SM `PROGRAMS_PER_SM` programs (small
-    parameter sets; the tests under the interpreter, whose 2 "SMs" make tensors span several chunks).
-    `candidates` lists what tools/adamw_probe.py times against it."""
+    Both kernels are memory-bound streams. `DEFAULT_CONFIG` gives each thread 4 elements: one 16-byte
+    access to each float32 tensor, one layout for every tensor (at 16 a thread the fp8 and float32
+    tensors would take different ones, exchanged through shared memory) and 64 registers a thread (230
+    at 16), so that its 4 programs of 8 warps fit an H100 SM at once, one wave, with loads in flight all
+    the time. `candidates` lists what tools/adamw_probe.py --sweep times against it
+    (reports/h100-sxm/adamw-probe-persistent/: the default is among the fastest, 91% of copy bandwidth)."""
 
     block: int
     num_warps: int
+    programs_per_sm: int
 
-    ELEMENTS_PER_THREAD = 16
-    MAX_WARPS = 8
     MIN_BLOCK = 128
     MAX_BLOCK = 16384
-    PROGRAMS_PER_SM = 4
 
     def __post_init__(self) -> None:
         if self.block & (self.block - 1) or not self.MIN_BLOCK <= self.block <= self.MAX_BLOCK:
             raise ValueError(f"block must be a power of two from {self.MIN_BLOCK} to {self.MAX_BLOCK}, got {self.block!r}")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"num_warps must be a power of two from 1 to 16, got {self.num_warps!r}")
+        if not 1 <= self.programs_per_sm <= 64:
+            raise ValueError(f"programs_per_sm must be from 1 to 64, got {self.programs_per_sm!r}")
 
     @classmethod
-    def choose(cls, numels: Sequence[int], sms: int) -> "AdamWConfig":
-        block = cls.ELEMENTS_PER_THREAD * 32 * cls.MAX_WARPS
-        while block > cls.MIN_BLOCK and _chunk_count(numels, block) < cls.PROGRAMS_PER_SM * sms:
-            block //= 2
-        return cls(block, max(1, min(cls.MAX_WARPS, block // (32 * cls.ELEMENTS_PER_THREAD))))
-
-    @classmethod
-    def candidates(cls, numels: Sequence[int], sms: int) -> list["AdamWConfig"]:
-        """The default first, then blocks of 1024 to 8192 elements at 4 to 32 elements a thread."""
-        default = cls.choose(numels, sms)
+    def candidates(cls) -> list["AdamWConfig"]:
+        """The default first, then 4 or 8 elements a thread at 4 to 16 warps and 2 to 16 programs per SM."""
         others = [
-            cls(block, warps)
-            for block in (1024, 2048, 4096, 8192)
-            for warps in (2, 4, 8, 16)
-            if 4 <= block // (32 * warps) <= 32 and (block, warps) != (default.block, default.num_warps)
+            cls(elements * 32 * warps, warps, programs)
+            for elements in (4, 8)
+            for warps in (4, 8, 16)
+            for programs in (2, 4, 8, 16)
+            if 16 <= warps * programs <= 64
         ]
-        return [default, *others]
+        return [DEFAULT_CONFIG, *(c for c in others if c != DEFAULT_CONFIG)]
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
 
-def _chunk_count(numels: Sequence[int], block: int) -> int:
-    return sum(-(-numel // block) for numel in numels)
+DEFAULT_CONFIG = AdamWConfig(block=1024, num_warps=8, programs_per_sm=4)
 
 
 @dataclass(frozen=True)
-class ChunkTable:
-    """Which tensor and which of its elements each program takes: int32 [chunks, 3] rows of (tensor index,
-    start, stop), `block` elements at most, in order."""
+class SpanTable:
+    """Which elements each program of the persistent grid takes. The tensors' elements, in order, are cut
+    into chunks of `block` (a tensor's last chunk may be short); program p takes the consecutive chunks
+    from p * chunks // programs on, cut into spans, one per tensor: `spans` is int32 [spans, 3] rows of
+    (tensor index, first element, stop), and program p's rows are `firsts[p]` to `firsts[p + 1]`."""
 
-    chunks: torch.Tensor
-    block: int
+    spans: torch.Tensor
+    firsts: torch.Tensor
 
     @classmethod
-    def build(cls, numels: Sequence[int], block: int, device: torch.device) -> "ChunkTable":
-        rows = []
+    def build(cls, numels: Sequence[int], block: int, programs: int, device: torch.device) -> "SpanTable":
         for index, numel in enumerate(numels):
             if not 0 <= numel <= MAX_NUMEL:
                 raise ValueError(f"tensor {index} has {numel} elements; the kernel takes up to {MAX_NUMEL}")
-            rows.extend((index, start, min(start + block, numel)) for start in range(0, numel, block))
-        table = torch.tensor(rows, dtype=torch.int32).reshape(len(rows), layout.CHUNK_COLUMNS.value)
-        return cls(table.to(device), block)
+        chunk_counts = [-(-numel // block) for numel in numels]
+        chunks = sum(chunk_counts)
+        programs = max(1, min(programs, chunks))
+        # Tensor t's chunks are chunk_starts[t] .. chunk_starts[t + 1] of all of them.
+        chunk_starts = [0]
+        for count in chunk_counts:
+            chunk_starts.append(chunk_starts[-1] + count)
+        rows, firsts, t = [], [], 0
+        for p in range(programs):
+            begin, end = p * chunks // programs, (p + 1) * chunks // programs
+            firsts.append(len(rows))
+            while t < len(numels) and chunk_starts[t + 1] <= begin:
+                t += 1
+            u = t
+            while u < len(numels) and chunk_starts[u] < end:
+                first_chunk, stop_chunk = max(begin, chunk_starts[u]), min(end, chunk_starts[u + 1])
+                if stop_chunk > first_chunk:
+                    start = (first_chunk - chunk_starts[u]) * block
+                    rows.append((u, start, min((stop_chunk - chunk_starts[u]) * block, numels[u])))
+                u += 1
+        firsts.append(len(rows))
+        spans = torch.tensor(rows, dtype=torch.int32).reshape(len(rows), layout.SPAN_COLUMNS.value)
+        return cls(spans.to(device), torch.tensor(firsts, dtype=torch.int32).to(device))
 
     @property
     def programs(self) -> int:
-        return self.chunks.shape[0]
+        return self.firsts.shape[0] - 1
 
 
 @dataclass(frozen=True)
@@ -163,8 +178,9 @@ class AdamWFP8Tensors:
         self.ms = tuple(torch.zeros_like(p, dtype=reference.E4M3) for p in self.params)
         self.vs = tuple(torch.zeros_like(p, dtype=second_moment_dtype) for p in self.params)
         numels = [p.numel() for p in self.params]
-        self.config = config or AdamWConfig.choose(numels, multiprocessors(self.params[0]))
-        self.table = ChunkTable.build(numels, self.config.block, device)
+        self.config = config or DEFAULT_CONFIG
+        programs = self.config.programs_per_sm * multiprocessors(self.params[0])
+        self.table = SpanTable.build(numels, self.config.block, programs, device)
         self.scalars = torch.zeros(2, layout.SCALAR_ROWS.value, len(self.params), dtype=torch.float32, device=device)
         self.scalars[:, layout.SCALE_M.value] = 1.0
         self.scalars[:, layout.SCALE_V.value] = 1.0
@@ -211,18 +227,16 @@ class AdamWFP8Tensors:
         """One AdamW step (`step` from 1: the bias corrections) of every tensor, in place: the parameters,
         the moments and their scalars. `grads[i]` is params[i]'s, float32, bf16 or fp16."""
         addresses = self._address_table(grads)
-        if self.table.programs == 0:
-            return
         grid = (self.table.programs,)
         tensors, new_half = len(self.params), self._new_half
         grad_dtype = GRAD_DTYPES[grads[0].dtype]
         common = dict(ALIGNED=self._aligned, BLOCK=self.config.block, num_warps=self.config.num_warps)
-        _grad_amax_kernel[grid](self.table.chunks, addresses, self.scalars, tensors, new_half, GRAD_DTYPE=grad_dtype, **common)
+        _grad_amax_kernel[grid](self.table.spans, self.table.firsts, addresses, self.scalars, tensors, new_half, GRAD_DTYPE=grad_dtype, **common)
         # enable_fp_fusion=False: no multiply-add contraction, so that on a GPU too the master weights and
         # scales are the reference's bit for bit (the update is memory-bound: separate roundings cost no time).
         constants = reference.adamw_constants(hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay, step)
         _adamw_fp8_kernel[grid](
-            self.table.chunks, addresses, self.scalars, tensors, new_half, **constants, GRAD_DTYPE=grad_dtype,
+            self.table.spans, self.table.firsts, addresses, self.scalars, tensors, new_half, **constants, GRAD_DTYPE=grad_dtype,
             V_DTYPE=self._v_dtype, V_MAX=self._v_max, SQRT_V=self._sqrt_v, M_MAX=reference.fp8_max(reference.E4M3),
             AMAX_FLOOR=reference.AMAX_FLOOR, enable_fp_fusion=False, **common,
         )  # fmt: skip

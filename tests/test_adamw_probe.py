@@ -33,7 +33,7 @@ class FakeTimers:
     def time(self, fn, steps, warmup):
         fn()
         self.calls.append((steps, warmup))
-        return probe.Timed(kernel_ms=float(len(self.calls)), event_ms=1.5 * len(self.calls), launches=2)
+        return probe.Timed(kernel_ms=float(len(self.calls)), event_ms=1.5 * len(self.calls), launches=2, amax_kernel_ms=0.25 * len(self.calls))
 
 
 def test_parameter_sets():
@@ -45,7 +45,7 @@ def test_parameter_sets():
 
 def test_records_count_bytes_and_derive_columns():
     timers = FakeTimers()
-    records = probe.probe_set("tiny", TINY, timers, steps=50, warmup=3, sweep=True, device="cpu")
+    records = probe.probe_set("tiny", TINY, timers, steps=50, warmup=3, sweep=True, variants=True, device="cpu")
     assert all(call == (50, 3) for call in timers.calls)
     frame = pd.DataFrame.from_records(records).set_index("implementation", drop=False)
     numel = 64 * 40 + 7 + 300
@@ -62,8 +62,12 @@ def test_records_count_bytes_and_derive_columns():
     ours = frame.loc["ours-e4m3-sqrt-e5m2"]
     assert ours.speedup_vs_torch_kernel == pytest.approx(fused.kernel_ms / ours.kernel_ms)
     assert ours.pct_copy_event == pytest.approx(100 * 20 * numel / (ours.event_ms * 1e6) / ours.copy_gbps)
+    assert ours.amax_kernel_ms == pytest.approx(0.25 * ours.kernel_ms) and pd.isna(fused.amax_kernel_ms)
     swept = frame[frame.implementation.str.endswith("-kernels")]
     assert swept.block.notna().all() and len(swept) > 2
+    # Each variant of the update kernel, in the first format, at the default config.
+    variants = {f"ours-e4m3-sqrt-e5m2-{name}" for name in probe.VARIANTS}
+    assert variants <= set(frame.implementation) and (frame.loc[list(variants)].block == ours.block).all()
 
 
 def test_cli_refuses_without_a_gpu_and_names_bad_sets(tmp_path):

@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
 
 from fp8bench.nn.fp8_adamw import FP8AdamW, StateFormat, state_bytes  # noqa: E402
 from fp8kernels import reference  # noqa: E402
-from fp8kernels.adamw_fp8 import AdamWConfig, AdamWFP8Tensors, AdamWHyperparameters  # noqa: E402
+from fp8kernels.adamw_fp8 import DEFAULT_CONFIG, AdamWConfig, AdamWFP8Tensors, AdamWHyperparameters, SpanTable  # noqa: E402
 
 # CPU tensors run the kernels only under the interpreter, which a GPU host leaves off (the CPU CI runs them).
 ON_CPU = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU kernels run under TRITON_INTERPRET=1, off on a GPU host")
@@ -80,14 +80,19 @@ def _grads(sizes, gen, dtype, device):
     return [(torch.randn(n, generator=gen) * 10.0 ** (-3 * (i % 4))).to(device, dtype) for i, n in enumerate(sizes)]
 
 
+# The default, and one program per SM taking many chunks of several tensors (and a tensor split between two).
+CONFIGS = [DEFAULT_CONFIG, AdamWConfig(block=128, num_warps=4, programs_per_sm=1)]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=["default", "long-runs"])
 @pytest.mark.parametrize("state_format", list(StateFormat))
 @pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("device,sizes", [pytest.param("cpu", SIZES, marks=ON_CPU), pytest.param("cuda", (*SIZES, 2**20 + 3), marks=pytest.mark.gpu)])
-def test_kernel_matches_reference_over_uneven_tensors(state_format, grad_dtype, device, sizes):
+def test_kernel_matches_reference_over_uneven_tensors(state_format, grad_dtype, device, sizes, config):
     """Three steps: the two launches over all tensors against the reference per tensor, from the state before each."""
     gen = torch.Generator().manual_seed(0)
-    tensors = AdamWFP8Tensors([torch.randn(n, generator=gen).to(device) for n in sizes], state_format.second_moment_dtype)
-    assert tensors.table.programs > len(sizes)  # some tensor spans several chunks
+    tensors = AdamWFP8Tensors([torch.randn(n, generator=gen).to(device) for n in sizes], state_format.second_moment_dtype, config)
+    assert tensors.table.spans.shape[0] > len(sizes)  # some tensor is split between programs
     for step in (1, 2, 3):
         grads = _grads(sizes, gen, grad_dtype, device)
         want, m_mult, v_mult = _reference_step(tensors, grads, step)
@@ -178,15 +183,37 @@ def test_gradients_are_checked_when_they_move():
         tensors.step([torch.zeros(4)], HYPER, 2)
 
 
-@pytest.mark.parametrize("numels,sms,block", [((2**24,) * 60, 132, 4096), ((1000,) * 3, 132, 128), ((1, 17, 1000, 4099), 2, 1024)])
-def test_config_fills_the_multiprocessors(numels, sms, block):
-    config = AdamWConfig.choose(numels, sms)
-    assert config.block == block
-    assert config.block // (32 * config.num_warps) <= AdamWConfig.ELEMENTS_PER_THREAD
-    candidates = AdamWConfig.candidates(numels, sms)
-    assert candidates[0] == config and len(set(candidates)) == len(candidates)
+@pytest.mark.parametrize(
+    "numels,block,programs", [((1, 17, 1000, 4099), 128, 2), ((0, 5, 0, 300, 7), 128, 64), ((2**20, 3, 2**20 + 1), 1024, 7)]
+)
+def test_span_table_gives_every_element_to_one_program(numels, block, programs):
+    """The spans cover each tensor once, in order, from multiples of the block; each program takes a
+    run of consecutive chunks, the runs within one chunk of each other in length."""
+    table = SpanTable.build(numels, block, programs, torch.device("cpu"))
+    chunks = sum(-(-n // block) for n in numels)
+    assert table.programs == min(programs, chunks)
+    firsts = table.firsts.tolist()
+    assert firsts[0] == 0 and firsts[-1] == table.spans.shape[0] and firsts == sorted(firsts)
+    covered = {t: [] for t in range(len(numels))}
+    run_chunks = []
+    for p in range(table.programs):
+        run_chunks.append(0)
+        for t, start, stop in table.spans[firsts[p] : firsts[p + 1]].tolist():
+            assert start % block == 0 and start < stop <= numels[t]
+            covered[t].append((start, stop))
+            run_chunks[-1] += -(-(stop - start) // block)
+    for t, numel in enumerate(numels):
+        bounds = [0, *(b for span in covered[t] for b in span), numel]
+        assert bounds == sorted(bounds) and all(bounds[i] == bounds[i + 1] for i in range(0, len(bounds), 2))
+    assert max(run_chunks) - min(run_chunks) <= 1
+
+
+def test_config_is_checked():
+    assert AdamWConfig.candidates()[0] == DEFAULT_CONFIG and len(set(AdamWConfig.candidates())) == len(AdamWConfig.candidates())
     with pytest.raises(ValueError, match="power of two"):
-        AdamWConfig(3000, 8)
+        AdamWConfig(3000, 8, 4)
+    with pytest.raises(ValueError, match="programs_per_sm"):
+        AdamWConfig(1024, 8, 0)
 
 
 def test_multiplier_bounds_never_below_the_true_amax():

@@ -3,7 +3,7 @@ device copy of as many bytes as each must move, on two parameter sets: llama-25m
 `fp8bench numerics`, 51 tensors) and llama-1b (LLaMa-3.2-1B's shapes, tied embedding: 98 tensors,
 1.24B parameters).
 
-    python tools/adamw_probe.py OUT.csv [--set llama-25m --set llama-1b] [--steps 100] [--warmup 20] [--sweep]
+    python tools/adamw_probe.py OUT.csv [--set llama-25m --set llama-1b] [--steps 100] [--warmup 20] [--sweep] [--variants]
 
 Per step, medians over --steps steps after --warmup untimed ones, each step after an L2 flush (the
 timers of fp8bench.harness.timing): `kernel_ms`, the durations of the step's kernels from torch.profiler
@@ -12,14 +12,23 @@ work and launch gaps whenever the GPU waits on them; `launches`, the device oper
 (kernels, copies, memsets). GB/s and % of the copy count the bytes each must move: torch's fused AdamW
 28 per parameter (float32 parameter, gradient and two moments); ours, in `update_bytes_per_param`, 16
 (e4m3 m, e5m2 sqrt(v)) or 18 (e4m3 m, fp16 v) and, in `amax_bytes_per_param`, the 4 its gradient-amax
-launch reads. --sweep also times every launch config of AdamWConfig.candidates for ours. Prints a table
-and writes OUT.csv.
+launch reads; `amax_kernel_ms`, the gradient-amax launch's share of kernel_ms (a mean). --sweep also
+times every launch config of AdamWConfig.candidates for ours; --variants, edits of the update kernel
+that the product does not take, for what each costs or saves: approximate division and square root (the
+product's are correctly rounded), multiply-add contraction (the product turns it off), and evict-first
+hints on the update's loads and stores. Prints a table and writes OUT.csv, and the run's metadata
+(GPU, driver, versions, git revision, command) as metadata.json beside it.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import statistics
+import sys
+import tempfile
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -34,6 +43,17 @@ console = Console(width=200)
 TORCH_FUSED = "torch-fused-adamw"
 COPY = "copy"
 GRAD_BYTES = 4  # float32 gradients: what the gradient-amax launch reads per parameter
+AMAX_KERNEL = "_grad_amax_kernel"
+# Edits of kernels/_adamw_fp8.py's source: (old text, new text, occurrences); the product keeps the old.
+SOURCE_VARIANTS: dict[str, list[tuple[str, str, int]]] = {
+    "approximate-div-sqrt": [("tl.math.div_rn(m, denom)", "m / denom", 1), ("tl.sqrt_rn(beta2 * (stored", "tl.sqrt(beta2 * (stored", 1)],
+    "evict-first": [
+        ("mask=mask, other=0.0)", 'mask=mask, other=0.0, eviction_policy="evict_first")', 4),
+        ("mask=mask)", 'mask=mask, eviction_policy="evict_first")', 3),
+    ],
+}
+FP_FUSION = "fp-fusion"
+VARIANTS = (*SOURCE_VARIANTS, FP_FUSION)
 
 
 def llama_25m_shapes() -> list[tuple[int, ...]]:
@@ -62,6 +82,7 @@ class Timed:
     kernel_ms: float
     event_ms: float
     launches: int
+    amax_kernel_ms: float
 
 
 class GpuTimers:
@@ -80,6 +101,7 @@ class GpuTimers:
             kernel_ms=statistics.median(self._cupti.samples(fn, steps)),
             event_ms=statistics.median(self._events.samples(fn, steps)),
             launches=self._launches(fn),
+            amax_kernel_ms=sum(ms for name, ms in self._cupti.kernel_ms(fn, steps).items() if AMAX_KERNEL in name),
         )
 
     @staticmethod
@@ -108,33 +130,87 @@ def _parameters(shapes: Iterable[tuple[int, ...]], device: str):
     return params
 
 
-def _implementations(params, sweep: bool):
+def _update_kernel_variant(name: str):
+    """The update kernel with SOURCE_VARIANTS[name]'s edits, from a copy of its module's source (Triton
+    reads a kernel's source from its file); FP_FUSION: the product's kernel, launched with contraction on."""
+    from fp8kernels import _adamw_fp8
+
+    if name == FP_FUSION:
+        return _ContractingLaunch(_adamw_fp8._adamw_fp8_kernel)
+    source = Path(_adamw_fp8.__file__).read_text()
+    for old, new, occurrences in SOURCE_VARIANTS[name]:
+        if source.count(old) != occurrences:
+            raise RuntimeError(f"variant {name}: {old!r} occurs {source.count(old)} times in {_adamw_fp8.__file__}, not {occurrences}")
+        source = source.replace(old, new)
+    path = Path(tempfile.mkdtemp()) / f"_adamw_fp8_{name.replace('-', '_')}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._adamw_fp8_kernel
+
+
+class _ContractingLaunch:
+    """A kernel whose launches pass enable_fp_fusion=True, whatever the caller passes."""
+
+    def __init__(self, kernel) -> None:
+        self._kernel = kernel
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self._kernel[grid](*args, **{**kwargs, "enable_fp_fusion": True})
+
+
+@contextmanager
+def _launching(kernel):
+    """fp8kernels.adamw_fp8 launches `kernel` as its update while inside."""
+    from fp8kernels import adamw_fp8
+
+    product = adamw_fp8._adamw_fp8_kernel
+    adamw_fp8._adamw_fp8_kernel = kernel
+    try:
+        yield
+    finally:
+        adamw_fp8._adamw_fp8_kernel = product
+
+
+def _implementations(params, sweep: bool, variants: bool):
     """(name, state format or None, launch config or None, a factory of the step to time)."""
     import torch
 
     from fp8bench.nn.fp8_adamw import FP8AdamW, StateFormat
-    from fp8kernels.adamw_fp8 import AdamWConfig, AdamWFP8Tensors, AdamWHyperparameters
-    from fp8kernels.quantize_configs import multiprocessors
+    from fp8kernels.adamw_fp8 import DEFAULT_CONFIG, AdamWConfig, AdamWFP8Tensors, AdamWHyperparameters
 
     def fused():
         return torch.optim.AdamW(params, fused=True).step
 
+    def kernels(state_format, config, kernel=None):
+        tensors = AdamWFP8Tensors(params, state_format.second_moment_dtype, config)
+        grads, hyper = [p.grad for p in params], AdamWHyperparameters()
+        if kernel is None:
+            return lambda: tensors.step(grads, hyper, 1)
+
+        def step():
+            with _launching(kernel):
+                tensors.step(grads, hyper, 1)
+
+        return step
+
     yield TORCH_FUSED, None, None, fused
     for state_format in StateFormat:
-        yield f"ours-{state_format.value}", state_format, None, lambda f=state_format: FP8AdamW(params, state_format=f).step
-        if sweep:
-            numels = [p.numel() for p in params]
-            for config in AdamWConfig.candidates(numels, multiprocessors(params[0])):
-
-                def launch(f=state_format, c=config):
-                    tensors = AdamWFP8Tensors(params, f.second_moment_dtype, c)
-                    grads, hyper, step = [p.grad for p in params], AdamWHyperparameters(), 1
-                    return lambda: tensors.step(grads, hyper, step)
-
-                yield f"ours-{state_format.value}-kernels", state_format, config, launch
+        yield f"ours-{state_format.value}", state_format, DEFAULT_CONFIG, lambda f=state_format: FP8AdamW(params, state_format=f).step
+    # The sweep and the variants in the first format: the formats differ by 2 B/param of one stream.
+    first = next(iter(StateFormat))
+    if variants:
+        for name in VARIANTS:
+            yield f"ours-{first.value}-{name}", first, DEFAULT_CONFIG, lambda k=_update_kernel_variant(name): kernels(first, None, k)
+    if sweep:
+        for config in AdamWConfig.candidates()[1:]:
+            yield f"ours-{first.value}-kernels", first, config, lambda c=config: kernels(first, c)
 
 
-def probe_set(name: str, shapes: list[tuple[int, ...]], timers, steps: int, warmup: int, sweep: bool, device: str) -> list[dict]:
+def probe_set(
+    name: str, shapes: list[tuple[int, ...]], timers, steps: int, warmup: int, sweep: bool, variants: bool, device: str
+) -> list[dict]:
     """One record per implementation on one parameter set, and one per copy of as many bytes."""
     import torch
 
@@ -144,7 +220,7 @@ def probe_set(name: str, shapes: list[tuple[int, ...]], timers, steps: int, warm
     numel = sum(p.numel() for p in params)
     copies: dict[int, Timed] = {}
     records = []
-    for implementation, state_format, config, make_step in _implementations(params, sweep):
+    for implementation, state_format, config, make_step in _implementations(params, sweep, variants):
         moved = optimizer_bytes(state_format, numel)
         amax_bytes = 0 if state_format is None else GRAD_BYTES * numel
         if moved not in copies:
@@ -174,8 +250,10 @@ def _record(set_name, tensors, numel, implementation, config, update_bytes, amax
     return {
         "set": set_name, "tensors": tensors, "params": numel, "implementation": implementation,
         "block": config.block if config else None, "num_warps": config.num_warps if config else None,
+        "programs_per_sm": config.programs_per_sm if config else None,
         "update_bytes_per_param": update_bytes / numel, "amax_bytes_per_param": amax_bytes / numel,
-        "launches": timed.launches, "kernel_ms": timed.kernel_ms, "event_ms": timed.event_ms,
+        "launches": timed.launches, "kernel_ms": timed.kernel_ms,
+        "amax_kernel_ms": timed.amax_kernel_ms if implementation.startswith("ours") else None, "event_ms": timed.event_ms,
         "kernel_gbps": kernel_gbps, "event_gbps": event_gbps, "copy_gbps": copy_gbps,
         "pct_copy_kernel": 100 * kernel_gbps / copy_gbps, "pct_copy_event": 100 * event_gbps / copy_gbps,
     }  # fmt: skip
@@ -183,7 +261,7 @@ def _record(set_name, tensors, numel, implementation, config, update_bytes, amax
 
 def print_table(frame: pd.DataFrame, title: str) -> None:
     table = Table(title=title, title_justify="left")
-    columns = ("set", "implementation", "block", "num_warps", "launches", "kernel_ms", "event_ms", "kernel_gbps",
+    columns = ("set", "implementation", "block", "num_warps", "programs_per_sm", "launches", "kernel_ms", "amax_kernel_ms", "event_ms", "kernel_gbps",
                "pct_copy_kernel", "pct_copy_event", "speedup_vs_torch_kernel", "speedup_vs_torch_event")  # fmt: skip
     for column in columns:
         table.add_column(column)
@@ -207,6 +285,7 @@ def main(
     steps: int = typer.Option(100, min=50, help="timed steps per implementation (the medians' samples)"),
     warmup: int = typer.Option(20, min=1, help="untimed steps first"),
     sweep: bool = typer.Option(False, help="also time every launch config of ours (AdamWConfig.candidates)"),
+    variants: bool = typer.Option(False, help="also time edits of the update kernel the product does not take"),
 ) -> None:
     import torch
 
@@ -218,10 +297,14 @@ def main(
         console.print("adamw_probe.py: needs a CUDA GPU (it times GPU kernels; a CPU gives no such numbers)")
         raise typer.Exit(2)
     timers = GpuTimers()
-    records = [r for n in names for r in probe_set(n, PARAMETER_SETS[n](), timers, steps, warmup, sweep, "cuda")]
+    records = [r for n in names for r in probe_set(n, PARAMETER_SETS[n](), timers, steps, warmup, sweep, variants, "cuda")]
     frame = pd.DataFrame.from_records(records)
     out.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out, index=False)
+    from fp8bench.harness.env import run_metadata
+
+    metadata = run_metadata(" ".join(["python tools/adamw_probe.py", *sys.argv[1:]]), {"steps": steps, "warmup": warmup})
+    (out.parent / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
     print_table(frame, f"one optimizer step on {torch.cuda.get_device_name()}, medians of {steps} steps; written to {out}")
 
 
