@@ -107,9 +107,14 @@ def plain_te(autocasts: list | None = None) -> SimpleNamespace:
                            is_fp8_block_scaling_available=lambda return_reason: (True, ""), __version__="plain")  # fmt: skip
 
 
-def _model() -> Llama:
-    model = Llama(TINY)
+def _model(device=None, dtype=None) -> Llama:
+    """The seeded model, its QKV weights ten times larger: attention scores of order 1, so that a query or key
+    rotated wrongly changes the output (at the seeded init's scale, attention is nearly uniform)."""
+    model = Llama(TINY, device=device, dtype=dtype)
     model.init_weights(0)
+    with torch.no_grad():
+        for block in model.layers:
+            block.attention.wqkv.weight.mul_(10.0)
     return model
 
 
@@ -148,6 +153,16 @@ def test_our_qkv_weight_unordered_would_not_compute_our_model():
     with torch.no_grad():
         for index, block in enumerate(model.layers):
             block.layer.self_attention.layernorm_qkv.weight.copy_(_model().layers[index].attention.wqkv.weight)
+    assert (model(tokens) - ours).abs().max() > 1e-2
+
+
+def test_without_reordering_the_rope_pairs_te_layers_would_not_compute_our_model(monkeypatch):
+    torch.manual_seed(0)
+    model = _model()
+    tokens = torch.randint(0, TINY.vocab, (2, 24))
+    ours = model(tokens)
+    monkeypatch.setattr(te_llama, "rope_pair_order", torch.arange)
+    te_llama.replace_blocks(model, plain_te())
     assert (model(tokens) - ours).abs().max() > 1e-2
 
 
@@ -219,8 +234,7 @@ def test_torch_compile_leaves_te_layers_to_run_eagerly():
 def test_te_layer_on_the_gpu_computes_our_block():
     te = pytest.importorskip("transformer_engine.pytorch")
     torch.manual_seed(0)
-    model = Llama(TINY, device="cuda", dtype=torch.bfloat16)
-    model.init_weights(0)
+    model = _model("cuda", torch.bfloat16)
     tokens = torch.randint(0, TINY.vocab, (2, 64), device="cuda")
     ours = model(tokens).float()
     te_llama.replace_blocks(model, te)
