@@ -104,7 +104,7 @@ def plain_te(autocasts: list | None = None) -> SimpleNamespace:
 
     return SimpleNamespace(TransformerLayer=PlainTransformerLayer, RotaryPositionEmbedding=PlainRotaryPositionEmbedding, Linear=PlainLinear,
                            autocast=autocast, is_fp8_available=lambda return_reason: (True, ""),
-                           is_fp8_block_scaling_available=lambda return_reason: (True, ""), __version__="plain")  # fmt: skip
+                           is_fp8_block_scaling_available=lambda return_reason: (True, ""))  # fmt: skip
 
 
 def _model(device=None, dtype=None) -> Llama:

@@ -118,7 +118,7 @@ class TeBackend(Backend):
         or Float8BlockScaling (blockwise), the amax reduced over the data-parallel group."""
         te = te_fp8(recipe)
         swapped = swap_linears(te, model, keep)
-        options = {"te_recipe": TE_RECIPES[recipe.name], "te_linears": swapped, "te_version": getattr(te, "__version__", "?")}
+        options = {"te_recipe": TE_RECIPES[recipe.name], "te_linears": swapped}  # TE's version: the run's metadata
         return Converted(model, step_context=autocast_context(te, te_recipe(recipe.name), process_group), options=options)
 
 
@@ -186,8 +186,7 @@ class TeLayerBackend(Backend):
         if process_group is not None:
             raise Unsupported(f"{TE_LAYER} runs on one GPU (its layers are not wired to FSDP2 here)")
         te = te_module() if recipe is None else te_fp8(recipe)
-        options: dict[str, Any] = {"te_layers": replace_blocks(model, te), "te_version": getattr(te, "__version__", "?"), "te_layer_compile": COMPILE_NOTE,
-                                   **MATH_DIFFERENCES}  # fmt: skip
+        options: dict[str, Any] = {"te_layers": replace_blocks(model, te), "te_layer_compile": COMPILE_NOTE, **MATH_DIFFERENCES}
         if recipe is None:
             return Converted(model, options={**options, "te_recipe": "none"})
         options.update(te_recipe=TE_RECIPES[recipe.name], te_linears=swap_linears(te, model, keep))
