@@ -63,17 +63,19 @@ def test_cases_put_each_groups_bf16_reference_first_and_name_their_identity():
     config = _config(model=PRESETS["llama3-8b"].with_layers(4), seq_len=8192, batch=1, compile="block",
                      recipes=(RECIPES["tensorwise"], RECIPES["blockwise"]))  # fmt: skip
     cases = config.cases()
-    assert [(c.implementation, c.compile) for c in cases[:2]] == [("bf16", "none"), ("bf16", "block")]
-    assert {(c.implementation, c.recipe_name) for c in cases[2:]} == {
-        (impl, recipe) for impl in ("triton", "torchao", "te") for recipe in ("tensorwise", "blockwise")
+    assert [(c.implementation, c.recipe_name, c.compile) for c in cases[:3]] == [("bf16", "bf16", "none"), ("bf16", "bf16", "block"),
+                                                                                   ("te-layer", "bf16", "block")]  # fmt: skip
+    assert {(c.implementation, c.recipe_name) for c in cases[3:]} == {
+        (impl, recipe) for impl in ("triton", "torchao", "te", "te-layer") for recipe in ("tensorwise", "blockwise")
     }
-    identity = cases[2].identity
+    assert cases[2].identity["granularity"] == "none" and not cases[2].is_reference
+    identity = cases[3].identity
     assert set(identity) == set(ID_COLUMNS) - {"options"}
     assert identity["case"] == "llama3-8b.L4.S8192.B1"
     assert (identity["M"], identity["K"], identity["world_size"], identity["compile"]) == (8192, 4096, "1", "block")
-    assert cases[2].group == cases[1].group != cases[0].group
-    assert cases[2].work.tokens == 8192
-    assert cases[2].work.flops == PRESETS["llama3-8b"].with_layers(4).flops_per_token(8192) * 8192
+    assert cases[3].group == cases[2].group == cases[1].group != cases[0].group
+    assert cases[3].work.tokens == 8192
+    assert cases[3].work.flops == PRESETS["llama3-8b"].with_layers(4).flops_per_token(8192) * 8192
 
 
 def test_case_from_identity_round_trips_presets_and_custom_models():
@@ -82,6 +84,8 @@ def test_case_from_identity_round_trips_presets_and_custom_models():
     for model in (PRESETS["llama3-70b"].with_layers(2), custom):
         case = e2e.E2ECase(model, 4096, 2, 2, "model", "selective", "torchao", RECIPES["rowwise"], "fp8")
         assert bench.case_from_identity(case.identity) == case
+    te_layer_bf16 = e2e.E2ECase(custom, 4096, 2, 1, "block", "none", "te-layer", None)
+    assert bench.case_from_identity(te_layer_bf16.identity) == te_layer_bf16
     with pytest.raises(ValueError, match="not an e2e case name"):
         bench.case_from_identity({**case.identity, "case": "4096x4096x4096"})
 
@@ -99,6 +103,13 @@ def test_case_from_identity_round_trips_presets_and_custom_models():
 def test_config_validates_once(kwargs, message):
     with pytest.raises(ValueError, match=message):
         _config(**kwargs)
+
+
+def test_a_bf16_case_has_a_bf16_lm_head_and_only_te_layer_of_the_fp8_implementations_runs_without_a_recipe():
+    with pytest.raises(ValueError, match="a BF16 model has a BF16 LM head"):
+        e2e.E2ECase(TINY, 32, 2, 1, "none", "none", "te-layer", None, "fp8")
+    with pytest.raises(ValueError, match="torchao is an FP8 implementation: it needs a recipe"):
+        e2e.E2ECase(TINY, 32, 2, 1, "none", "none", "torchao", None)
 
 
 def test_synthetic_tokens_are_seeded_and_targets_are_the_next_tokens():
@@ -131,7 +142,8 @@ def test_our_conversion_keeps_the_lm_head_in_bf16_unless_asked():
 
 @pytest.mark.parametrize(
     "implementation, recipe, message",
-    [("torchao", "blockwise", "torchao"), ("te", "rowwise", "TransformerEngine has no rowwise"), ("te", "tensorwise", "transformer_engine")],
+    [("torchao", "blockwise", "torchao"), ("te", "rowwise", "TransformerEngine has no rowwise"), ("te", "tensorwise", "transformer_engine"),
+     ("te-layer", "rowwise", "TransformerEngine has no rowwise"), ("te-layer", "tensorwise", "transformer_engine")],  # fmt: skip
 )
 def test_conversions_a_library_cannot_do_are_unsupported(implementation, recipe, message):
     with pytest.raises(Unsupported, match=message):
@@ -198,6 +210,18 @@ def test_run_writes_a_row_per_case_with_throughput_loss_and_breakdown(tmp_path):
     assert 0 < bf16["final_loss"] < math.log(TINY.vocab)
     assert (tmp_path / e2e.KERNELS_CSV).exists()
     assert "tok/s/GPU" in e2e.row_line(rows[0])
+
+
+def test_without_transformer_engine_te_layer_gives_unsupported_rows_in_bf16_and_fp8(tmp_path):
+    config = _config(implementations=("te-layer",), recipes=(RECIPES["tensorwise"], RECIPES["rowwise"]))
+    _run(config, FakeClock(), tmp_path)
+    frame = load_results(tmp_path)
+    assert list(zip(frame["backend"], frame["recipe"], frame["status"])) == [
+        ("bf16", "bf16", Status.OK.value),
+        ("te-layer", "bf16", "unsupported: transformer_engine is not installed"),
+        ("te-layer", "tensorwise", "unsupported: transformer_engine is not installed"),
+        ("te-layer", "rowwise", "unsupported: TransformerEngine has no rowwise recipe on Hopper (ours maps tensorwise-delayed, tensorwise, blockwise)"),
+    ]
 
 
 class Diverging:

@@ -10,7 +10,7 @@ from typing import Any
 
 from fp8bench.backends.base import Backend, Converted, LayerStep, Level, Operands, PreparedGemm, linear_filter
 from fp8bench.backends.cublas import CublasBackend
-from fp8bench.backends.te import TeBackend
+from fp8bench.backends.te import TeBackend, TeLayerBackend
 from fp8bench.backends.torch_bf16 import Bf16Backend
 from fp8bench.backends.torch_cast import TorchCompileBackend, TorchEagerBackend
 from fp8bench.backends.torchao import TorchaoBackend
@@ -20,7 +20,8 @@ from fp8bench.harness.case import Unsupported
 REGISTRY: dict[str, Backend] = {
     backend.name: backend
     for backend in (
-        Bf16Backend(), CublasBackend(), TritonBackend(), TorchEagerBackend(), TorchCompileBackend(), TorchaoBackend(), TeBackend()
+        Bf16Backend(), CublasBackend(), TritonBackend(), TorchEagerBackend(), TorchCompileBackend(), TorchaoBackend(), TeBackend(),
+        TeLayerBackend(),
     )
 }
 
@@ -42,15 +43,26 @@ def convert(
 ) -> Converted:
     """Convert `model` (fp8bench.nn.llama.Llama) in place for the MODEL-level backend `implementation` running
     `recipe` (None: BF16), each linear but the LM head unless `lm_head_fp8` (Backend.convert_model).
-    ValueError for an unknown implementation or a recipe given to bf16 / missing for FP8; Unsupported for
-    a conversion the backend cannot do."""
-    backend = get_backend(implementation, Level.MODEL)
-    if (implementation == "bf16") != (recipe is None):
-        raise ValueError("bf16 takes no recipe, and every FP8 implementation needs one")
-    return backend.convert_model(model, recipe, linear_filter(lm_head_fp8), fp8_all_gather, process_group)
+    ValueError for an unknown implementation or a recipe it cannot take (recipe_problem); Unsupported
+    for a conversion the backend cannot do."""
+    problem = recipe_problem(implementation, recipe)
+    if problem:
+        raise ValueError(problem)
+    return get_backend(implementation, Level.MODEL).convert_model(model, recipe, linear_filter(lm_head_fp8), fp8_all_gather, process_group)
+
+
+def recipe_problem(implementation: str, recipe: Any) -> str | None:
+    """Why the MODEL-level backend `implementation` cannot take `recipe` (None: no FP8), or None: bf16 takes
+    no recipe, an FP8 implementation needs one unless it also runs in BF16 (Backend.runs_bf16).
+    ValueError for an unknown implementation."""
+    if implementation == "bf16":
+        return None if recipe is None else "bf16 takes no recipe"
+    if recipe is None and not get_backend(implementation, Level.MODEL).runs_bf16:
+        return f"{implementation} is an FP8 implementation: it needs a recipe"
+    return None
 
 
 __all__ = [
     "REGISTRY", "Backend", "Converted", "LayerStep", "Level", "Operands", "PreparedGemm", "Unsupported", "backend_names", "convert",
-    "get_backend",
+    "get_backend", "recipe_problem",
 ]  # fmt: skip

@@ -59,6 +59,9 @@ class Backend(ABC):
     granularities: frozenset[Granularity] = frozenset()  # of its GEMM
     # Whether the fast-accumulation switch changes this backend's GEMM for a granularity.
     fast_accum_granularities: frozenset[Granularity] = frozenset()
+    # Whether convert_model also takes recipe None: the backend's own layers without FP8, a BF16 model of
+    # its own that runs beside the reference (TE's TransformerLayer); the reference `bf16` is not one.
+    runs_bf16: bool = False
 
     def unavailable_reason(self, level: Level = Level.GEMM) -> str | None:
         """Why this backend cannot run `level` here (not installed, no GPU, wrong GPU), or None."""

@@ -1,6 +1,7 @@
-"""`te`: NVIDIA TransformerEngine: its quantizers (no per-row scaling there; `Float8Quantizer` for delayed
+"""NVIDIA TransformerEngine. `te`: its quantizers (no per-row scaling there; `Float8Quantizer` for delayed
 scaling, which records the amax too), te.LayerNormLinear for the measured layer, and te.Linear swapped into
-the model under TE's autocast for the model level."""
+the model under TE's autocast for the model level. `te-layer` (model level only): the model's blocks as TE's
+own TransformerLayer (fp8bench.nn.te_llama), under TE's autocast or, without a recipe, in BF16."""
 
 from __future__ import annotations
 
@@ -115,34 +116,78 @@ class TeBackend(Backend):
         """Each nn.Linear that `keep` accepts swapped for a te.Linear holding the same weight; every step runs
         under TE's autocast with DelayedScaling (our tensorwise-delayed), Float8CurrentScaling (tensorwise)
         or Float8BlockScaling (blockwise), the amax reduced over the data-parallel group."""
-        if recipe.name not in TE_RECIPES:
-            raise Unsupported(f"TransformerEngine has no {recipe.name} recipe on Hopper (ours maps {', '.join(TE_RECIPES)})")
-        te = te_module()
-        problem = _fp8_problem(te, recipe.name)
-        if problem:
-            raise Unsupported(problem)
-        import torch
-        from torch import nn
+        te = te_fp8(recipe)
+        swapped = swap_linears(te, model, keep)
+        options = {"te_recipe": TE_RECIPES[recipe.name], "te_linears": swapped}  # TE's version: the run's metadata
+        return Converted(model, step_context=autocast_context(te, te_recipe(recipe.name), process_group), options=options)
 
-        swapped = 0
-        for name, module in list(model.named_modules()):
-            if type(module) is not nn.Linear or not keep(name):
-                continue
-            weight = module.weight
-            linear = te.Linear(module.in_features, module.out_features, bias=False, params_dtype=weight.dtype, device=weight.device)
-            with torch.no_grad():
-                linear.weight.copy_(weight)
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent), child, linear)
-            swapped += 1
-        te_recipe_object = te_recipe(recipe.name)
-        # TE 2.x names its context `autocast`; earlier 2.x releases only `fp8_autocast`. The group is passed
-        # only under FSDP2, so a single-GPU run never depends on the keyword's name.
-        if hasattr(te, "autocast"):
-            group = {"amax_reduction_group": process_group} if process_group is not None else {}
-            context = lambda: te.autocast(enabled=True, recipe=te_recipe_object, **group)  # noqa: E731
-        else:
-            group = {"fp8_group": process_group} if process_group is not None else {}
-            context = lambda: te.fp8_autocast(enabled=True, fp8_recipe=te_recipe_object, **group)  # noqa: E731
-        options = {"te_recipe": TE_RECIPES[recipe.name], "te_linears": swapped, "te_version": getattr(te, "__version__", "?")}
-        return Converted(model, step_context=context, options=options)
+
+def te_fp8(recipe: Any):
+    """transformer_engine.pytorch for a model-level conversion to `recipe` (our Recipe), or Unsupported: a
+    recipe TE lacks, TE not loading, FP8 this GPU lacks."""
+    if recipe.name not in TE_RECIPES:
+        raise Unsupported(f"TransformerEngine has no {recipe.name} recipe on Hopper (ours maps {', '.join(TE_RECIPES)})")
+    te = te_module()
+    problem = _fp8_problem(te, recipe.name)
+    if problem:
+        raise Unsupported(problem)
+    return te
+
+
+def swap_linears(te, model: Any, keep: Callable[[str], bool]) -> int:
+    """Each nn.Linear of `model` that `keep` accepts replaced by a te.Linear holding the same weight; how many."""
+    import torch
+    from torch import nn
+
+    swapped = 0
+    for name, module in list(model.named_modules()):
+        if type(module) is not nn.Linear or not keep(name):
+            continue
+        weight = module.weight
+        linear = te.Linear(module.in_features, module.out_features, bias=False, params_dtype=weight.dtype, device=weight.device)
+        with torch.no_grad():
+            linear.weight.copy_(weight)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, linear)
+        swapped += 1
+    return swapped
+
+
+def autocast_context(te, te_recipe_object: Any, process_group: Any) -> Callable[[], Any]:
+    """A training step's context: TE's autocast with `te_recipe_object`, the amax reduced over `process_group`."""
+    # TE 2.x names its context `autocast`; earlier 2.x releases only `fp8_autocast`. The group is passed
+    # only under FSDP2, so a single-GPU run never depends on the keyword's name.
+    if hasattr(te, "autocast"):
+        group = {"amax_reduction_group": process_group} if process_group is not None else {}
+        return lambda: te.autocast(enabled=True, recipe=te_recipe_object, **group)
+    group = {"fp8_group": process_group} if process_group is not None else {}
+    return lambda: te.fp8_autocast(enabled=True, fp8_recipe=te_recipe_object, **group)
+
+
+TE_LAYER = "te-layer"
+
+
+class TeLayerBackend(Backend):
+    name = TE_LAYER
+    description = "NVIDIA TransformerEngine: the model's blocks as te.TransformerLayer, under te.autocast or in BF16"
+    levels = frozenset({Level.MODEL})
+    runs_bf16 = True
+
+    def unavailable_reason(self, level: Level = Level.GEMM) -> str | None:
+        return super().unavailable_reason(level) or te_unavailable_reason()
+
+    def convert_model(self, model: Any, recipe: Any, keep: Callable[[str], bool], fp8_all_gather: bool, process_group: Any) -> Converted:
+        """Each block of `model` (fp8bench.nn.llama.Llama) replaced by te.TransformerLayer holding its
+        weights (fp8bench.nn.te_llama); the embedding, the final norm and the LM head stay ours, the LM head
+        a te.Linear where `keep` takes it. Recipe None: TE's layers in BF16, no autocast; else every step
+        under TE's autocast with the recipe (TE_RECIPES). One GPU: the layers are not sharded here."""
+        from fp8bench.nn.te_llama import COMPILE_NOTE, MATH_DIFFERENCES, replace_blocks
+
+        if process_group is not None:
+            raise Unsupported(f"{TE_LAYER} runs on one GPU (its layers are not wired to FSDP2 here)")
+        te = te_module() if recipe is None else te_fp8(recipe)
+        options: dict[str, Any] = {"te_layers": replace_blocks(model, te), "te_layer_compile": COMPILE_NOTE, **MATH_DIFFERENCES}
+        if recipe is None:
+            return Converted(model, options={**options, "te_recipe": "none"})
+        options.update(te_recipe=TE_RECIPES[recipe.name], te_linears=swap_linears(te, model, keep))
+        return Converted(model, step_context=autocast_context(te, te_recipe(recipe.name), process_group), options=options)

@@ -8,7 +8,9 @@ compiled (`none | block | model`), sharded with FSDP2 when there are several ran
 trained with fused AdamW on seeded synthetic tokens (`SyntheticTokens`; any iterator of (tokens, targets)
 can replace them). The cases of a group (model, layers, seq, batch, world size, compile mode,
 checkpointing) share a BF16 reference, measured first; BF16 also runs eagerly, in its own group, so a run
-holds BF16 eager and compiled and every implementation. The cases run through the one run loop
+holds BF16 eager and compiled and every implementation; an implementation that also runs without FP8
+(`te-layer`: TE's own TransformerLayer, Backend.runs_bf16) has a BF16 row of its own in the compile
+mode's group, recipe `bf16`. The cases run through the one run loop
 (fp8bench.harness.runner: rows as they finish, resume, the gate's re-run from a row's identity): each
 measures itself (`Built.measure`), and `E2EBenchmark.against_reference` judges it against its group's BF16
 reference row. Under torchrun every rank runs every case (the collectives need them all) and rank 0
@@ -16,7 +18,7 @@ records.
 
 Identity: `case` is `<model>.L<layers>.S<seq>.B<batch>` (`custom-d<dim>-f<ffn>-h<heads>-kv<kv>-v<vocab>` for a
 custom model), M the tokens of one step on one GPU, K the model width, N the SwiGLU width, backend the
-implementation (bf16 | triton | torchao | te), recipe ours (TE's equivalent in `options`), granularity the
+implementation (bf16 | triton | torchao | te | te-layer), recipe ours (TE's equivalent in `options`), granularity the
 recipe's, and the columns world_size, compile, activation_checkpointing and lm_head.
 
 Measured (`StepClock`: fp8bench.harness.timing's clocks): after `warmup` steps, `steps` steps back to back,
@@ -59,8 +61,8 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from fp8bench.backends import Level, backend_names, convert
-from fp8bench.backends.te import te_unavailable_reason
+from fp8bench.backends import Level, backend_names, convert, get_backend, recipe_problem
+from fp8bench.backends.te import TE_LAYER, te_unavailable_reason
 from fp8bench.benchmarks.layer import KERNEL_KINDS, first_matching_kind
 from fp8bench.config import FastAccum, GemmShape, Granularity, Status, TimingConfig
 from fp8bench.harness.case import Built, Failed, Unsupported, Work
@@ -76,7 +78,7 @@ KERNELS_CSV = "e2e_kernels.csv"
 COMPILE_MODES = ("none", "block", "model")
 CHECKPOINTING = ("none", "selective", "full")
 LM_HEADS = ("bf16", "fp8")
-IMPLEMENTATIONS = tuple(backend_names(Level.MODEL))  # bf16, triton (ours), torchao, te
+IMPLEMENTATIONS = tuple(backend_names(Level.MODEL))  # bf16, triton (ours), torchao, te, te-layer
 FP8_IMPLEMENTATIONS = tuple(i for i in IMPLEMENTATIONS if i != "bf16")
 CUSTOM = "custom"
 MODEL_CHOICES = (*PRESETS, CUSTOM)
@@ -195,10 +197,11 @@ class E2ECase:
             raise ValueError(f"unknown LM head precision {self.lm_head!r}; choose one of: {', '.join(LM_HEADS)}")
         if self.implementation not in IMPLEMENTATIONS:
             raise ValueError(f"unknown implementation {self.implementation!r}; choose one of: {', '.join(IMPLEMENTATIONS)}")
-        if (self.implementation == "bf16") != (self.recipe is None):
-            raise ValueError("bf16 takes no recipe, and every FP8 implementation needs one")
-        if self.implementation == "bf16" and self.lm_head != "bf16":
-            raise ValueError("the BF16 model has a BF16 LM head")
+        problem = recipe_problem(self.implementation, self.recipe)
+        if problem:
+            raise ValueError(problem)
+        if self.recipe is None and self.lm_head != "bf16":
+            raise ValueError("a BF16 model has a BF16 LM head")
         if min(self.seq_len, self.batch, self.world_size) < 1:
             raise ValueError("seq_len, batch and world_size must be positive")
         if self.steps < 2 or self.warmup < 1:
@@ -280,6 +283,7 @@ class E2EConfig:
         cases = [self._case("bf16", None, "none")]
         if self.compile != "none":
             cases.append(self._case("bf16", None, self.compile))
+        cases += [self._case(impl, None, self.compile) for impl in self.implementations if get_backend(impl, Level.MODEL).runs_bf16]
         cases += [self._case(impl, recipe, self.compile) for recipe in self.recipes for impl in self.implementations]
         return cases
 
@@ -658,7 +662,8 @@ def ideal_speedup(case: E2ECase, reference_ms: float, reference_gemm_ms: float, 
 # The roofline model's implementation of each FP8 backend's casts (fp8bench.model.roofline.IMPLEMENTATIONS);
 # ours by whether it is compiled.
 ROOFLINE_IMPLEMENTATIONS = {("triton", False): "triton", ("triton", True): "triton-compile", ("torchao", False): "torchao",
-                            ("torchao", True): "torchao", ("te", False): "te", ("te", True): "te"}  # fmt: skip
+                            ("torchao", True): "torchao", ("te", False): "te", ("te", True): "te", (TE_LAYER, False): "te",
+                            (TE_LAYER, True): "te"}  # fmt: skip
 
 
 def cast_ms(case: E2ECase, rates: GemmRates) -> float | None:
@@ -741,7 +746,7 @@ def gpu_benchmark(config: E2EConfig, run_dir: Path, device_name: str, process_gr
 
     spec = spec_for_device_name(device_name)
     return E2EBenchmark(f"cuda:{torch.cuda.current_device()}", process_group, None, GpuStepClock(), spec, GemmRates.of_gpu(spec) if spec else None,
-                        run_dir if record else None, config.steps, config.warmup, "te" in config.implementations)  # fmt: skip
+                        run_dir if record else None, config.steps, config.warmup, bool({"te", TE_LAYER} & set(config.implementations)))  # fmt: skip
 
 
 def run_command(config: E2EConfig, run_dir: Path, device_name: str, command: str, distributed: bool, resumed: Callable[[list], tuple[list, dict]] | None,
