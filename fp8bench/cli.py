@@ -922,7 +922,7 @@ def _numerics_recipes(recipe: Optional[list[str]]):
 def _numerics_loss(command: str, model, recipe, implementation, steps, batch_size, seq_len, lr, lr_schedule, eval_every, bf16_seeds, seeds,
                    corpus_bytes, out, stats, jobs=1, resume=False) -> None:  # fmt: skip
     from fp8bench.benchmarks import numerics
-    from fp8bench.harness.curves import seed_gaps
+    from fp8bench.harness.curves import bf16_noise, seed_gaps
 
     _resume_needs_out(resume, out)
     recipes = _numerics_recipes(recipe)
@@ -938,7 +938,8 @@ def _numerics_loss(command: str, model, recipe, implementation, steps, batch_siz
                                     jobs=jobs)  # fmt: skip
     losses = {result.curve.name: result.losses for result in results if result.losses}
     bf16 = [losses[c.name] for c in curves if c.recipe is None and c.name in losses]
-    console.print(f"  loss gap to BF16 with the same seed over the last 10% of steps (mean over seeds; BF16 noise: the spread of {len(bf16)} BF16 seeds)")
+    console.print(f"  BF16 run-to-run noise of the loss over the last 10% of steps, over {len(bf16)} seeds: {bf16_noise(bf16):.2%} (standard deviation)")
+    console.print("  loss gap to BF16 with the same seed over the last 10% of steps, mean over seeds:")
     for (implementation_name, recipe_name), members in _by_recipe(curves).items():
         pairs = [(losses[c.name], losses[numerics.bf16_curve_name(c.seed)]) for c in members
                  if c.name in losses and numerics.bf16_curve_name(c.seed) in losses]  # fmt: skip
@@ -979,8 +980,9 @@ def numerics_loss(
     lr: float = _LR_OPTION,
     lr_schedule: str = _LR_SCHEDULE_OPTION,
     eval_every: int = typer.Option(100, min=1, help="validation loss every this many steps (and at the end)"),
-    seeds: int = typer.Option(1, min=1, help="every curve, BF16 and FP8, with seeds 0..N-1 (the initial weights; the batches stay the same): "
-                              "a recipe's gap is its mean over the seeds, each to BF16 with the same seed"),
+    seeds: int = typer.Option(1, min=0, help="each FP8 curve with seeds 0..N-1, and BF16 with as many at least (the seed sets the initial "
+                              "weights; the batches stay the same): a recipe's gap is its mean over the seeds, each to BF16 with the same "
+                              "seed; 0: BF16 only"),
     bf16_seeds: int = typer.Option(2, min=1, help="BF16 with at least this many seeds (their spread is the run-to-run noise)"),
     jobs: int = typer.Option(1, min=1, help="curves trained at once, each in a fresh worker process on the one GPU (1: one after the other in "
                              "this process); the curves measure losses, not speed, so running them side by side changes no number"),
