@@ -251,6 +251,7 @@ class CurveWriter:
         writer = csv.writer(handle)
         if fresh:
             writer.writerow(CURVE_COLUMNS)
+            handle.flush()  # a second writer of the file (a run's gap rows beside its curves) sees it is not fresh
         return handle, writer
 
     def write(self, curve: str, step: int, metric: str, value: float | None, layer: str = "", role: str = "") -> None:
