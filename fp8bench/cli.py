@@ -962,9 +962,10 @@ _IMPLEMENTATION_HELP = ("repeatable; converts the model for each FP8 recipe: tri
 _MODEL_OPTION = typer.Option("llama-25m", help="the model to train")  # the choices: _NumericsGroup
 _BATCH_SIZE_OPTION = typer.Option(16, min=1, help="sequences per step")
 _SEQ_LEN_OPTION = typer.Option(256, min=1, help="tokens (bytes) per sequence")
-_LR_OPTION = typer.Option(1e-3, help="peak learning rate (after a linear warm-up of 50 steps)")
-_LR_SCHEDULE_OPTION = typer.Option("constant", help="the learning rate after the warm-up: constant | cosine (down to 10% of the peak at the "
-                                   "last step: the end-of-run loss, which the gaps compare, is far less noisy)")  # fmt: skip
+_LR_OPTION = typer.Option(1e-3, help="peak learning rate, reached after a linear warm-up of 50 steps (startup and optimizer: constant after it)")
+_LR_SCHEDULE_OPTION = typer.Option("cosine", help="the learning rate after the warm-up: cosine (down to 10% of the peak at the last step) | "
+                                   "constant; with cosine the end-of-run loss the gaps compare varies 3.6x less from seed to seed "
+                                   "(llama-25m, 1000 steps, 4 BF16 seeds: 0.44% against 1.59%)")  # fmt: skip
 _CORPUS_BYTES_OPTION = typer.Option(None, help="use only the first files of the corpus up to this many bytes")
 _OUT_OPTION = typer.Option(None, help="run folder (default runs/<time>-numerics-<command>-<model>)")
 
