@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import math
 import os
 import shlex
 import sys
@@ -938,7 +939,9 @@ def _numerics_loss(command: str, model, recipe, implementation, steps, batch_siz
                                     jobs=jobs)  # fmt: skip
     losses = {result.curve.name: result.losses for result in results if result.losses}
     bf16 = [losses[c.name] for c in curves if c.recipe is None and c.name in losses]
-    console.print(f"  BF16 run-to-run noise of the loss over the last 10% of steps, over {len(bf16)} seeds: {bf16_noise(bf16):.2%} (standard deviation)")
+    noise = bf16_noise(bf16)
+    shown = "n/a (one seed)" if math.isnan(noise) else f"{noise:.2%} (standard deviation)"
+    console.print(f"  BF16 run-to-run noise of the loss over the last 10% of steps, over {len(bf16)} seeds: {shown}")
     console.print("  loss gap to BF16 with the same seed over the last 10% of steps, mean over seeds:")
     for (implementation_name, recipe_name), members in _by_recipe(curves).items():
         pairs = [(losses[c.name], losses[numerics.bf16_curve_name(c.seed)]) for c in members

@@ -10,10 +10,17 @@ the model's linears (all but the LM head) through the backend registry's MODEL l
 under its autocast: tensorwise-delayed, tensorwise, blockwise). A recipe an implementation lacks, or an
 implementation that cannot run here, is an `unsupported: <reason>` row and the run goes on.
 
-- `run_loss`: BF16 (two seeds: the run-to-run noise) and each implementation's FP8 recipes; per-step
-  loss and gradient norm, validation loss every `eval_every` steps; per curve the relative gap to BF16
-  of the mean loss over the last 10% of steps. With `collect_stats`, the tensor statistics of our
-  Float8Linear layers (fp8bench.nn.tensor_stats) on a thinning schedule of steps too.
+- `run_loss`: BF16 (several seeds: the run-to-run noise) and each implementation's FP8 recipes, each with
+  one or more seeds (the initial weights; the batches stay the same); per-step loss and gradient norm,
+  validation loss every `eval_every` steps; per curve the relative gap of the mean loss over the last
+  10% of steps to BF16 with the same seed. The learning rate warms up linearly, then stays constant or
+  falls along a cosine to a tenth (TrainConfig.lr_schedule: the end-of-run loss is far less noisy with
+  the cosine). The curves run one after the other in this process, or each in a fresh worker process,
+  `jobs` at a time on the one GPU: a curve is deterministic (attention on SDPA's math backend), so what
+  runs beside it changes none of its numbers. Each curve's row is appended as soon as it and its
+  reference have finished; a resumed run trains only the curves its folder lacks. With
+  `collect_stats`, the tensor statistics of our Float8Linear layers (fp8bench.nn.tensor_stats) on a
+  thinning schedule of steps too.
 - `run_startup`: tensorwise delayed scaling started with a scale of 1 against scales calibrated from one
   amax pass (loss and underflow over the first steps), and master weights initialised from the
   FP8-cast weights against from the original high-precision ones: ours, and TransformerEngine's FP8
@@ -24,8 +31,9 @@ implementation that cannot run here, is an `unsupported: <reason>` row and the r
 
 Summary rows go to the run's results.csv (the result schema; `rel_err` holds the relative loss gap);
 the step-wise values go to `curves.csv` beside it, one value per row (curve, step, metric, layer, role),
-written and flushed as they are measured; the per-layer statistics to the gzip-compressed
-`tensor_stats.csv.gz` (fp8bench.harness.curves).
+and the per-layer statistics to the gzip-compressed `tensor_stats.csv.gz` (fp8bench.harness.curves): a
+curve writes them into a folder of its own under `curves.parts/` as they are measured, and they join the
+run's files when the curve finishes.
 """
 
 from __future__ import annotations

@@ -8,10 +8,12 @@ curves span granularities (BF16 and every recipe of every implementation on one 
 one page of its own rather than charts on the granularity pages. Each experiment opens with a paragraph of
 conclusions written from the numbers of the files. The page shows what the folder holds, in this order:
 
-- headline: per curve of the `loss` case its final relative gap to BF16 (seed 0) over the last 10% of
-  steps, beside the BF16 seed-to-seed gap (the run-to-run noise the FP8 gaps compare with); the
-  conclusion: how many curves are within 1%, the largest gap, from which step each gap stays within 1%;
-- loss curves overlaid, the gap against steps with the noise band, validation loss, gradient norm;
+- headline: BF16's seeds and their run-to-run noise (the standard deviation of the loss over the last
+  10% of steps), then per implementation and FP8 recipe of the `loss` case the mean over its seeds of
+  each seed's gap to BF16 with the same seed, the seeds' range, the noise band and whether the gap is
+  within it and within 1%; the conclusion names the recipes outside either;
+- loss curves overlaid, each curve's gap to its reference against steps with the BF16 seeds' gaps as
+  the noise band, validation loss, gradient norm;
 - tensor statistics (runs with them): the conclusion (the most underflowing role per recipe, saturation,
   SQNR), underflow %, saturation %, amax and scale per role over steps (the mean over layers and the
   largest layer's), the lowest SQNR of the GEMM outputs against BF16 over steps and each GEMM's mean;
