@@ -185,6 +185,12 @@ def test_the_numerics_suite_runs_each_command_into_its_folder(tmp_path):
     assert argvs["loss"][:2] == ["numerics", "loss"] and argvs["loss"][-2:] == ["--out", str(tmp_path / "loss")]
     assert argvs["loss-all"].count("--implementation") == 3 and argvs["loss-all"][argvs["loss-all"].index("--jobs") + 1] == "8"
     assert argvs["optimizer"][:4] == ["numerics", "optimizer", "--model", "llama-25m"]
+    # `fp8bench run --resume` continues a cut loss run in its folder (the other numerics commands start again).
+    for name in ("loss-all", "startup"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.csv").write_text("benchmark\n")
+    resumed = {entry.name: entry.argv(tmp_path, resume=True) for entry in _suite_entries()}
+    assert "--resume" in resumed["loss-all"] and "--resume" not in resumed["startup"]
 
 
 # Each entry's own options, then a micro model and a few steps (a later value of an option wins in click).

@@ -12,6 +12,10 @@ the gap over the last 10% of the run. The numerics benchmark writes it at CHECKP
 compares a new run's curves with a stored reference run's at the same checkpoints, within a relative
 tolerance either way (as torchtitan's loss-compare check: a reproduced run that moved is news, whichever
 way it moved).
+
+Whether a gap is more than run-to-run noise: `bf16_noise` is the spread of the BF16 curves' end-of-run
+loss over their seeds, and `SeedGaps` a recipe's gaps over its seeds (each to BF16 with the same seed),
+their mean and the band that noise alone would give it.
 """
 
 from __future__ import annotations
