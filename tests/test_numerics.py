@@ -156,7 +156,8 @@ def test_cli_loss_writes_rows_curves_and_corpus_metadata(tmp_path, monkeypatch):
             "--bf16-seeds", "1", "--corpus-bytes", "1000000", "--out", str(out)]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "loss gap to BF16 over the last 10%" in result.output
+    assert "loss gap to BF16 with the same seed over the last 10% of steps, mean over seeds:" in result.output
+    assert "triton tensorwise" in result.output and "(one seed)" in result.output
     assert list(load_results(out)["status"]) == ["ok", "ok"]
     metadata = read_metadata(out)
     assert metadata["corpus"]["bytes_sha256"] == text_data.load_stdlib_corpus(1_000_000).bytes_sha256
@@ -180,10 +181,16 @@ def _suite_entries():
 
 def test_the_numerics_suite_runs_each_command_into_its_folder(tmp_path):
     argvs = {entry.name: entry.argv(tmp_path) for entry in _suite_entries()}
-    assert list(argvs) == ["loss-libraries", "startup", "loss", "stats", "optimizer"]  # TE before anything loads cuDNN
+    assert list(argvs) == ["loss-all", "loss-constant-lr", "startup", "loss", "stats", "optimizer"]  # TE before anything loads cuDNN
     assert argvs["loss"][:2] == ["numerics", "loss"] and argvs["loss"][-2:] == ["--out", str(tmp_path / "loss")]
-    assert argvs["loss-libraries"].count("--implementation") == 2
+    assert argvs["loss-all"].count("--implementation") == 3 and argvs["loss-all"][argvs["loss-all"].index("--jobs") + 1] == "8"
     assert argvs["optimizer"][:4] == ["numerics", "optimizer", "--model", "llama-25m"]
+    # `fp8bench run --resume` continues a cut loss run in its folder (the other numerics commands start again).
+    for name in ("loss-all", "startup"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.csv").write_text("benchmark\n")
+    resumed = {entry.name: entry.argv(tmp_path, resume=True) for entry in _suite_entries()}
+    assert "--resume" in resumed["loss-all"] and "--resume" not in resumed["startup"]
 
 
 # Each entry's own options, then a micro model and a few steps (a later value of an option wins in click).
@@ -200,6 +207,8 @@ def test_every_suite_entry_runs_on_a_micro_model(entry, tmp_path, monkeypatch):
     argv = entry.argv(tmp_path)
     command = " ".join(argv[:2])
     extra = [item for pair in SMOKE.items() for item in pair] + list(SMOKE_STEPS[command])
+    if entry.options.get("seeds", 1) > 1:  # the options stay the entry's; one seed of each FP8 curve, two worker processes
+        extra += ["--seeds", "1", "--jobs", "2"]
     result = CliRunner().invoke(app, [*argv, *extra])
     assert result.exit_code == 0, result.output
     statuses = set(load_results(tmp_path / entry.name)["status"])

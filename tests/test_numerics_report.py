@@ -18,45 +18,77 @@ STEPS = 40
 CONFIG = numerics.TrainConfig(steps=STEPS, device="cpu")
 
 
-def _loss_run(run_dir, fp8_gaps: dict[str, np.ndarray], statuses: dict[str, str] | None = None) -> None:
-    """BF16 seed 0 at a falling loss, seed 1 0.2% above it, and each FP8 curve at its per-step relative gap."""
+def _loss_run(run_dir, fp8_gaps: dict[str, np.ndarray], statuses: dict[str, str] | None = None, bf16_offsets=(0.0, 0.002, -0.004)) -> None:
+    """BF16 with a seed per offset, each at a falling loss that much above seed 0's, and each FP8 curve (named
+    <implementation>-<recipe>-seed<n>) at its per-step relative gap to BF16 with its seed."""
     statuses = statuses or {}
-    reference = 3.0 - np.linspace(0.0, 1.0, STEPS)
-    losses = {"bf16-seed0": reference, "bf16-seed1": reference * 1.002, **{name: reference * (1 + gap) for name, gap in fp8_gaps.items()}}
+    base = 3.0 - np.linspace(0.0, 1.0, STEPS)
+    bf16 = {f"bf16-seed{seed}": base * (1 + offset) for seed, offset in enumerate(bf16_offsets)}
+    losses = {**bf16, **{name: bf16[f"bf16-seed{name.rsplit('-seed', 1)[1]}"] * (1 + gap) for name, gap in fp8_gaps.items()}}
     writer = numerics.CurveWriter(run_dir)
     for name, values in losses.items():
         for step, value in enumerate(values, 1):
             writer.write(name, step, "loss", float(value))
     writer.close()
-    curves = [numerics.Curve("bf16-seed0"), numerics.Curve("bf16-seed1", seed=1)]
-    curves += [numerics.Curve(name, RECIPES[name.split("-", 1)[1].rsplit("-seed", 1)[0]]) for name in fp8_gaps]
-    curves += [numerics.Curve(name, RECIPES["blockwise"], implementation="torchao") for name in statuses]
+
+    def curve(name: str, implementation: str | None = None) -> numerics.Curve:
+        prefix, seed = name.rsplit("-seed", 1)
+        if prefix == "bf16":
+            return numerics.Curve(name, seed=int(seed))
+        backend, recipe = prefix.split("-", 1)
+        return numerics.Curve(name, RECIPES[recipe], int(seed), implementation=implementation or backend)
+
+    curves = [curve(name) for name in [*bf16, *fp8_gaps, *statuses]]
     with RunWriter(run_dir, {"benchmark": "numerics"}) as results:
-        for curve in curves:
-            status = statuses.get(curve.name, "ok")
-            gap = None if curve.name in statuses else numerics.relative_gap(list(losses[curve.name]), list(reference))
-            results.append(numerics._row("loss", curve, CONFIG, "synthetic", status, {"rel_err": gap}))
+        for c in curves:
+            reference = losses.get(f"bf16-seed{c.seed}") if c.recipe else losses["bf16-seed0"]
+            gap = None if c.name in statuses else numerics.relative_gap(list(losses[c.name]), list(reference))
+            results.append(numerics._row("loss", c, CONFIG, "synthetic", statuses.get(c.name, "ok"), {"rel_err": gap}))
 
 
-def test_loss_conclusion_counts_gaps_and_says_when_each_settles(tmp_path):
-    settling = np.where(np.arange(1, STEPS + 1) <= 10, 0.05, 0.001)  # 5% for ten steps, then 0.1%
-    _loss_run(tmp_path, {"triton-tensorwise-seed0": settling, "triton-rowwise-seed0": np.full(STEPS, 0.03)},
+def _tail_mean(values: np.ndarray) -> float:
+    return float(values[-max(1, int(np.ceil(0.1 * len(values)))):].mean())
+
+
+def test_headline_per_recipe_mean_gap_over_seeds_spread_and_noise(tmp_path):
+    # tensorwise: +0.3% with seed 0 and +0.5% with seed 1; rowwise: +3% with both; blockwise: -2% with seed 0 only.
+    _loss_run(tmp_path, {"triton-tensorwise-seed0": np.full(STEPS, 0.003), "triton-tensorwise-seed1": np.full(STEPS, 0.005),
+                         "triton-rowwise-seed0": np.full(STEPS, 0.03), "triton-rowwise-seed1": np.full(STEPS, 0.03),
+                         "triton-blockwise-seed0": np.full(STEPS, -0.02)},
               {"torchao-blockwise-seed0": "unsupported: torchao has no blockwise recipe"})  # fmt: skip
     rows = load_results(tmp_path)
-    curves = report_numerics.read_curves(tmp_path)
-    text = report_numerics.loss_conclusion(report_numerics.headline(rows, curves), curves)
-    loss = curves[curves.metric == "loss"].pivot(index="step", columns="curve", values="value")
-    means = loss.apply(report_numerics.trailing_means)
-    gap = means.div(means["bf16-seed0"], axis=0) - 1
-    assert text.startswith("1 of the 2 FP8 curves that ran end within 1% of bf16-seed0's loss over the last 10% of steps (BF16 noise ±0.20%)")
-    assert f"the largest gap is triton-rowwise-seed0's, {100 * gap['triton-rowwise-seed0'].iloc[-1]:+.2f}%." in text
-    # The trailing mean (last 10% of the steps so far) of the settling curve falls within 1% at the first step after it stops being outside.
-    outside = gap["triton-tensorwise-seed0"].abs() > 0.01
-    assert f"stays within 1% for good: triton-tensorwise-seed0 from step {outside[outside].index.max() + 1}." in text
-    assert "Still outside 1% at the last step: triton-rowwise-seed0." in text
-    assert text.endswith("Not run: torchao-blockwise-seed0 (unsupported: torchao has no blockwise recipe).")
+    table = report_numerics.headline(rows, report_numerics.read_curves(tmp_path)).set_index(["implementation", "recipe"])
+    base = 3.0 - np.linspace(0.0, 1.0, STEPS)
+    means = np.array([_tail_mean(base * (1 + offset)) for offset in (0.0, 0.002, -0.004)])
+    sigma = means.std(ddof=1) / means.mean()  # the BF16 seeds' relative standard deviation
+    assert table.loc[("bf16", "bf16"), "noise band"] == f"σ {100 * sigma:.2f}%"
+    assert table.loc[("bf16", "bf16"), "over the seeds"] == "-0.40% .. +0.20% to bf16-seed0"
+    assert list(table.index) == [("bf16", "bf16"), ("triton", "tensorwise"), ("triton", "rowwise"), ("triton", "blockwise"), ("torchao", "blockwise")]
+    tensorwise = table.loc[("triton", "tensorwise")]
+    assert (tensorwise["seeds"], tensorwise["gap vs BF16, last 10%"], tensorwise["over the seeds"]) == (2, "+0.40%", "+0.30% .. +0.50%")
+    two_seeds, one_seed = 2 * sigma * np.sqrt(2 / 2), 2 * sigma * np.sqrt(2 / 1)
+    assert tensorwise["noise band"] == f"±{100 * two_seeds:.2f}%" and tensorwise["verdict"] == "within the noise; within 1%"
+    assert table.loc[("triton", "rowwise"), "verdict"] == "outside the noise; OUTSIDE 1%"
+    blockwise = table.loc[("triton", "blockwise")]
+    assert (blockwise["over the seeds"], blockwise["noise band"]) == ("one seed", f"±{100 * one_seed:.2f}%")
+    assert blockwise["verdict"] == "outside the noise; OUTSIDE 1%"
+    missing = table.loc[("torchao", "blockwise")]
+    assert (missing["seeds"], missing["verdict"]) == (0, "not measured") and missing["status"].startswith("unsupported")
+    text = report_numerics.loss_conclusion(table.reset_index())
+    assert text == (f"BF16 with 3 seeds: run-to-run noise {100 * sigma:.2f}% (standard deviation of the loss over the last 10% of steps). "
+                    "1 of the 3 FP8 recipes that ran are within 1% of BF16 with the same seed; outside: triton rowwise +3.00%, "
+                    "triton blockwise -2.00%. Outside the noise band (a gap the BF16 seeds' spread would give less than 1 time in 20): "
+                    "triton rowwise +3.00%, triton blockwise -2.00%. Seeds per recipe: 1, 2. "
+                    "Not run: torchao blockwise (unsupported: torchao has no blockwise recipe).")  # fmt: skip
     page = "".join(report_numerics.sections(tmp_path, rows))
     assert f'<p class="conclusion">{html.escape(text)}</p>' in page
+
+
+def test_one_bf16_seed_has_no_noise_band(tmp_path):
+    _loss_run(tmp_path, {"triton-tensorwise-seed0": np.full(STEPS, 0.003)}, bf16_offsets=(0.0,))
+    table = report_numerics.headline(load_results(tmp_path), report_numerics.read_curves(tmp_path))
+    assert list(table["noise band"]) == ["n/a (one seed)", "n/a"]
+    assert list(table["verdict"])[1] == "within 1%"
 
 
 def test_stats_conclusion_names_the_worst_role_layer_and_step(tmp_path):

@@ -98,15 +98,18 @@ def test_loss_page_opens_with_the_headline_computed_from_curves(runs):
     assert chart_ids(page) == ["loss-loss", "loss-gap", "loss-val-loss", "loss-grad-norm"]
     assert page.index("Loss gap to BF16 over the last 10% of steps") < page.index('id="loss-loss"')
     curves = pd.read_csv(run / numerics.CURVES_CSV)
-    noise = abs(pandas_gap(curves, "bf16-seed1"))
-    rows = {cells[0]: cells for cells in headline_rows(page)}
-    assert list(rows) == ["bf16-seed1", "triton-tensorwise-seed0", "triton-rowwise-seed0"]
-    for curve, cells in rows.items():
-        gap = pandas_gap(curves, curve)
-        assert cells[4] == f"{100 * gap:+.2f}%" and cells[5] == f"±{100 * noise:.2f}%"
-        if curve != "bf16-seed1":
-            noise_verdict = "within" if abs(gap) <= noise else "outside"
-            assert cells[6] == f"{noise_verdict} the BF16 noise; {'within' if abs(gap) <= 0.01 else 'OUTSIDE'} 1%"
+    seed1 = pandas_gap(curves, "bf16-seed1")
+    sigma = abs(seed1) / math.sqrt(2) / (1 + seed1 / 2)  # two seeds: their sample standard deviation, relative to their mean
+    rows = {(cells[0], cells[1]): cells for cells in headline_rows(page)}
+    assert list(rows) == [("bf16", "bf16"), ("triton", "tensorwise"), ("triton", "rowwise")]
+    assert rows[("bf16", "bf16")][2:] == ["2", "ok", "", f"{100 * seed1:+.2f}% .. {100 * seed1:+.2f}% to bf16-seed0",
+                                          f"σ {100 * sigma:.2f}%", "the run-to-run noise: the standard deviation of the BF16 seeds&#x27; loss"]  # fmt: skip
+    band = 2 * sigma * math.sqrt(2)  # one seed per recipe
+    for recipe in ("tensorwise", "rowwise"):
+        cells = rows[("triton", recipe)]
+        gap = pandas_gap(curves, f"triton-{recipe}-seed0")
+        assert cells[2:7] == ["1", "ok", f"{100 * gap:+.2f}%", "one seed", f"±{100 * band:.2f}%"]
+        assert cells[7] == f"{'within' if abs(gap) <= band else 'outside'} the noise; {'within' if abs(gap) <= 0.01 else 'OUTSIDE'} 1%"
     # The results rows' rel_err is the same gap.
     results = pd.read_csv(run / "results.csv")
     for options, rel_err in zip(results["options"], results["rel_err"]):
@@ -131,8 +134,8 @@ def test_stats_page_charts_every_statistic(runs):
         "stats-underflow-pct", "stats-saturate-pct", "stats-amax", "stats-scale", "stats-sqnr-steps", "stats-sqnr-per-gemm",
     ]  # fmt: skip
     assert "blocks.0.qkv" in page and "grad_output" in page
-    ((curve, recipe, _, _, gap, noise, verdict),) = headline_rows(page)
-    assert (curve, recipe, noise) == ("triton-tensorwise-delayed-seed0", "tensorwise-delayed", "n/a (one BF16 seed)")
+    bf16, (implementation, recipe, seeds, _, gap, _, noise, verdict) = headline_rows(page)
+    assert bf16[6] == "n/a (one seed)" and (implementation, recipe, seeds, noise) == ("triton", "tensorwise-delayed", "1", "n/a")
     assert verdict in ("within 1%", "OUTSIDE 1%")
 
 
@@ -223,7 +226,7 @@ def test_a_run_without_curves_says_so_and_keeps_its_rows(tmp_path, runs):
     write_reports(run)
     page = (run / "numerics.html").read_text()
     assert "The run folder holds no curves.csv values" in page and chart_ids(page) == []
-    assert [cells[4] for cells in headline_rows(page)] == ["n/a"] * 3
+    assert [cells[2] for cells in headline_rows(page)] == ["0"] * 3 and [cells[4] for cells in headline_rows(page)][1:] == ["n/a"] * 2
 
 
 def test_curves_that_did_not_run_are_headline_rows_with_their_status(tmp_path, monkeypatch):
@@ -233,6 +236,6 @@ def test_curves_that_did_not_run_are_headline_rows_with_their_status(tmp_path, m
     argv = ["numerics", "loss", "--recipe", "tensorwise", "--steps", "2", "--bf16-seeds", "1", *SMALL, "--out", str(tmp_path)]
     assert CliRunner().invoke(app, argv).exit_code == 0
     assert CliRunner().invoke(app, ["report", str(tmp_path)]).exit_code == 0
-    ((curve, _, _, status, gap, noise, verdict),) = headline_rows((tmp_path / "numerics.html").read_text())
-    assert (curve, gap, noise, verdict) == ("triton-tensorwise-seed0", "n/a", "n/a (one BF16 seed)", "not measured")
+    _, (implementation, recipe, seeds, status, gap, _, noise, verdict) = headline_rows((tmp_path / "numerics.html").read_text())
+    assert (implementation, recipe, seeds, gap, noise, verdict) == ("triton", "tensorwise", "0", "n/a", "n/a", "not measured")
     assert status.startswith("unsupported: our FP8 kernels run on a CUDA GPU")

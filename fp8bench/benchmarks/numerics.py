@@ -10,10 +10,17 @@ the model's linears (all but the LM head) through the backend registry's MODEL l
 under its autocast: tensorwise-delayed, tensorwise, blockwise). A recipe an implementation lacks, or an
 implementation that cannot run here, is an `unsupported: <reason>` row and the run goes on.
 
-- `run_loss`: BF16 (two seeds: the run-to-run noise) and each implementation's FP8 recipes; per-step
-  loss and gradient norm, validation loss every `eval_every` steps; per curve the relative gap to BF16
-  of the mean loss over the last 10% of steps. With `collect_stats`, the tensor statistics of our
-  Float8Linear layers (fp8bench.nn.tensor_stats) on a thinning schedule of steps too.
+- `run_loss`: BF16 (several seeds: the run-to-run noise) and each implementation's FP8 recipes, each with
+  one or more seeds (the initial weights; the batches stay the same); per-step loss and gradient norm,
+  validation loss every `eval_every` steps; per curve the relative gap of the mean loss over the last
+  10% of steps to BF16 with the same seed. The learning rate warms up linearly, then stays constant or
+  falls along a cosine to a tenth (TrainConfig.lr_schedule: the end-of-run loss is far less noisy with
+  the cosine). The curves run one after the other in this process, or each in a fresh worker process,
+  `jobs` at a time on the one GPU: a curve is deterministic (attention on SDPA's math backend), so what
+  runs beside it changes none of its numbers. Each curve's row is appended as soon as it and its
+  reference have finished; a resumed run trains only the curves its folder lacks. With
+  `collect_stats`, the tensor statistics of our Float8Linear layers (fp8bench.nn.tensor_stats) on a
+  thinning schedule of steps too.
 - `run_startup`: tensorwise delayed scaling started with a scale of 1 against scales calibrated from one
   amax pass (loss and underflow over the first steps), and master weights initialised from the
   FP8-cast weights against from the original high-precision ones: ours, and TransformerEngine's FP8
@@ -24,19 +31,23 @@ implementation that cannot run here, is an `unsupported: <reason>` row and the r
 
 Summary rows go to the run's results.csv (the result schema; `rel_err` holds the relative loss gap);
 the step-wise values go to `curves.csv` beside it, one value per row (curve, step, metric, layer, role),
-written and flushed as they are measured; the per-layer statistics to the gzip-compressed
-`tensor_stats.csv.gz` (fp8bench.harness.curves).
+and the per-layer statistics to the gzip-compressed `tensor_stats.csv.gz` (fp8bench.harness.curves): a
+curve writes them into a folder of its own under `curves.parts/` as they are measured, and they join the
+run's files when the curve finishes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import enum
 import gzip
 import inspect
 import json
 import math
 import os
+import shutil
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -127,14 +138,30 @@ def _llama_small() -> nn.Module:
 
 
 ModelFactory = Callable[[], nn.Module]
-MODELS: dict[str, ModelFactory] = {
-    "tiny": lambda: TinyLM(),
-    "tiny-2l": lambda: TinyLM(TinyLMConfig(dim=128, layers=2, heads=2, ffn=512)),
-    LLAMA_SMALL.name: _llama_small,
-}
+def _tiny() -> nn.Module:
+    return TinyLM()
+
+
+def _tiny_2l() -> nn.Module:
+    return TinyLM(TinyLMConfig(dim=128, layers=2, heads=2, ffn=512))
+
+
+# Module-level functions, not lambdas: a worker process (--jobs) receives its curve's factory pickled.
+MODELS: dict[str, ModelFactory] = {"tiny": _tiny, "tiny-2l": _tiny_2l, LLAMA_SMALL.name: _llama_small}
 
 
 # ---- training ---------------------------------------------------------------------------------------
+
+
+class LRSchedule(str, enum.Enum):
+    """The learning rate after the linear warm-up."""
+
+    CONSTANT = "constant"  # the peak to the end
+    COSINE = "cosine"  # a cosine from the peak down to MIN_LR_FRACTION of it at the last step
+
+
+LR_SCHEDULE_CHOICES = {s.value: (s,) for s in LRSchedule}
+MIN_LR_FRACTION = 0.1  # where the cosine schedule ends, as a fraction of the peak
 
 
 @dataclass(frozen=True)
@@ -143,7 +170,8 @@ class TrainConfig:
     batch_size: int = 16
     seq_len: int = 256
     lr: float = 1e-3
-    warmup_steps: int = 50  # linear warm-up, then constant
+    warmup_steps: int = 50  # linear warm-up, then lr_schedule
+    lr_schedule: LRSchedule = LRSchedule.CONSTANT
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     eval_every: int = 100
@@ -158,9 +186,15 @@ class TrainConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.lr <= 0 or self.warmup_steps < 0 or self.grad_clip <= 0:
             raise ValueError("lr and grad_clip must be positive and warmup_steps at least 0")
+        object.__setattr__(self, "lr_schedule", LRSchedule(self.lr_schedule))  # its name, as metadata spells it
 
     def lr_at(self, step: int) -> float:
-        return self.lr * min(1.0, step / self.warmup_steps) if self.warmup_steps else self.lr
+        if step < self.warmup_steps:
+            return self.lr * step / self.warmup_steps
+        if self.lr_schedule is LRSchedule.CONSTANT or self.steps <= self.warmup_steps:
+            return self.lr
+        progress = (step - self.warmup_steps) / (self.steps - self.warmup_steps)
+        return self.lr * (MIN_LR_FRACTION + (1 - MIN_LR_FRACTION) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 @dataclass(frozen=True)
@@ -225,6 +259,7 @@ class CurveWriter:
         writer = csv.writer(handle)
         if fresh:
             writer.writerow(CURVE_COLUMNS)
+            handle.flush()  # a second writer of the file (a run's gap rows beside its curves) sees it is not fresh
         return handle, writer
 
     def write(self, curve: str, step: int, metric: str, value: float | None, layer: str = "", role: str = "") -> None:
@@ -234,9 +269,31 @@ class CurveWriter:
         """A tensor statistic, to TENSOR_STATS_CSV (six digits: statistics, not losses); none where it has no value."""
         if value is None:
             return
+        self._stats()[1].writerow([curve, step, metric, layer, role, f"{value:.6g}"])
+
+    def _stats(self):
         if self._stats_csv is None:
             self._stats_file, self._stats_csv = self._open(self._run_dir / TENSOR_STATS_CSV, gzip.open)
-        self._stats_csv.writerow([curve, step, metric, layer, role, f"{value:.6g}"])
+        return self._stats_file, self._stats_csv
+
+    def merge(self, part: Path) -> None:
+        """The values a curve wrote into its own folder (PARTS) appended to these files, the folder removed.
+        A last line without its newline (a worker killed while writing it) is left out."""
+        for name, opener in ((CURVES_CSV, open), (TENSOR_STATS_CSV, gzip.open)):
+            if not (part / name).exists():
+                continue
+            try:
+                with opener(part / name, "rt", newline="") as source:
+                    source.readline()  # the header
+                    values = source.read()
+            except EOFError:  # a statistics file its killed worker did not close: what it compressed is lost
+                continue
+            values = values[: values.rfind("\n") + 1]
+            if values:
+                (self._file if name == CURVES_CSV else self._stats()[0]).write(values)
+        self.flush()
+        self.flush_stats()
+        shutil.rmtree(part)
 
     def flush(self) -> None:
         self._file.flush()
@@ -255,12 +312,18 @@ class CurveWriter:
 def deterministic() -> Iterator[None]:
     """Deterministic algorithms where PyTorch has them (a warning where it has none), restored after.
     cuBLAS is deterministic only with a fixed workspace, read when its handle is made: set here unless
-    the user chose one, before a curve's first product."""
+    the user chose one, before a curve's first product. Attention runs on SDPA's math backend: the
+    flash and cuDNN backwards accumulate in an order that varies from run to run, and which of them
+    torch picks depends on what the process loaded before (TransformerEngine's import changes it), so
+    a curve would depend on the other curves of its process."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     before, warn_before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        yield
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
     finally:
         torch.use_deterministic_algorithms(before, warn_only=warn_before)
 
@@ -500,14 +563,15 @@ def validation_loss(trainable: Trainable, batches, device: str) -> float:
 
 def _row(case: str, curve: Curve, config: TrainConfig, model_name: str, status: str, values: dict[str, Any]) -> Row:
     """A summary row: M is the tokens per step, K the sequence length, N the vocabulary; the curve's
-    model, seed, optimizer and start are in `options`. `recipe` names what is compared: the
+    model, seed, optimizer, start and learning-rate schedule are in `options`. `recipe` names what is compared: the
     FP8 recipe, in optimizer cases the optimizer (adamw-fp32 or adamw-<state format>), else bf16;
     `backend` is the curve's implementation (triton: ours), triton for FP8AdamW, torch for torch's AdamW
     in optimizer cases, else bf16."""
     recipe = curve.recipe
     optimizer = f"adamw-{curve.state_format.value}" if curve.state_format else "adamw-fp32"
     compares_optimizers = case.startswith("optimizer")
-    options = {"model": model_name, "seed": curve.seed, "steps": config.steps, "optimizer": optimizer, "start": curve.start, "curve": curve.name}
+    options = {"model": model_name, "seed": curve.seed, "steps": config.steps, "optimizer": optimizer, "start": curve.start, "curve": curve.name,
+               "lr_schedule": config.lr_schedule.value}  # fmt: skip
     if recipe:
         backend = curve.implementation
     else:
@@ -527,68 +591,227 @@ class CurveResult:
     status: str = Status.OK.value
 
 
-def _train_all(factory, curves_to_run: list[Curve], config, corpus, run_dir: Path, collect_stats: bool, on_curve,
-               on_step: StepCallback | None = None) -> list[CurveResult]:  # fmt: skip
-    """Each curve in turn; a curve that cannot run here (the implementation missing, no GPU, a recipe the
-    implementation lacks), or runs out of memory, is a status, not a crash. TransformerEngine is loaded
-    before the first curve trains: after torch's attention has loaded cuDNN its import fails on a GPU host."""
+# A curve in progress writes to a folder of its own under this one; it joins curves.csv (and the statistics
+# file) when it finishes, so that curves.csv holds finished curves only: a run killed or interrupted loses
+# the curves in progress, nothing finished, and a resumed run starts those again from step 1.
+PARTS = "curves.parts"
+
+
+def _train_part(factory: ModelFactory, curve: Curve, config: TrainConfig, corpus, part: Path, collect_stats: bool,
+                on_step: StepCallback | None) -> CurveResult:  # fmt: skip
+    """One curve trained into the folder `part`: a status where it cannot run here (the implementation
+    missing, no GPU, a recipe the implementation lacks) or runs out of memory."""
+    shutil.rmtree(part, ignore_errors=True)  # what an interrupted attempt left
+    part.mkdir(parents=True)
+    result = CurveResult(curve)
+    problem = implementation_problem(curve, config.device)
+    if problem:
+        result.status = status_text(Status.UNSUPPORTED, problem)
+        return result
+    writer = CurveWriter(part)
+    try:
+        result.losses = train_curve(factory, curve, config, corpus, writer, collect_stats, on_step)
+    except Unsupported as err:
+        result.status = status_text(Status.UNSUPPORTED, str(err))
+    except torch.OutOfMemoryError:
+        result.status = status_text(Status.FAILED, "out of memory")
+        torch.cuda.empty_cache()
+    finally:
+        writer.close()
+    return result
+
+
+def _load_te_first(curves_to_run: list[Curve]) -> None:
+    """TransformerEngine's import fails on a GPU host once torch's attention has loaded cuDNN: a process
+    that trains a TE curve imports it before its first curve."""
     if any(curve.implementation == "te" for curve in curves_to_run):
         from fp8bench.backends.te import te_unavailable_reason
 
         te_unavailable_reason()
-    writer = CurveWriter(run_dir)
-    results = []
+
+
+def _curve_worker(connection, factory: ModelFactory, curve: Curve, config: TrainConfig, corpus, part: Path, collect_stats: bool,
+                  threads: int) -> None:  # fmt: skip
+    """A worker process's one curve: its steps' losses, then its result, sent to the parent through
+    `connection`; an error is a failed result (its traceback on stderr)."""
+    torch.set_num_threads(threads)
+    _load_te_first([curve])
+
+    def on_step(curve: Curve, step: int, loss: float) -> None:
+        connection.send(("step", step, loss))
+
     try:
-        for curve in curves_to_run:
-            problem = implementation_problem(curve, config.device)
-            result = CurveResult(curve)
-            if problem:
-                result.status = status_text(Status.UNSUPPORTED, problem)
-            else:
+        result = _train_part(factory, curve, config, corpus, part, collect_stats, on_step)
+    except Exception as err:  # noqa: BLE001 - a failed row, as a crash would be
+        traceback.print_exc()
+        result = CurveResult(curve, status=status_text(Status.FAILED, f"{type(err).__name__}: {err}".splitlines()[0]))
+    connection.send(("done", result.status, result.losses))
+    connection.close()
+
+
+def _in_workers(factory, curves_to_run: list[Curve], config, corpus, run_dir: Path, collect_stats: bool, jobs: int,
+                on_step: StepCallback | None) -> Iterator[CurveResult]:  # fmt: skip
+    """Each curve in a fresh spawned process, `jobs` at a time; yields each result as its curve finishes. A
+    worker that dies without its result (a crash, a kill) is a failed result; on an interrupt the workers
+    still running are ended."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    context = multiprocessing.get_context("spawn")
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    waiting = list(reversed(curves_to_run))
+    running: dict[Any, tuple[Any, Curve]] = {}
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                curve = waiting.pop()
+                receive, send = context.Pipe(duplex=False)
+                process = context.Process(target=_curve_worker, name=f"curve {curve.name}",
+                                          args=(send, factory, curve, config, corpus, run_dir / PARTS / curve.name, collect_stats, threads))  # fmt: skip
+                process.start()
+                send.close()  # the worker holds the only sending end: its exit ends the pipe
+                running[receive] = (process, curve)
+            for connection in wait(list(running)):
+                process, curve = running[connection]
                 try:
-                    result.losses = train_curve(factory, curve, config, corpus, writer, collect_stats, on_step)
-                except Unsupported as err:
-                    result.status = status_text(Status.UNSUPPORTED, str(err))
-                except torch.OutOfMemoryError:
-                    result.status = status_text(Status.FAILED, "out of memory")
-                    torch.cuda.empty_cache()
-                writer.flush_stats()
-            results.append(result)
-            if on_curve is not None:
-                on_curve(result)
+                    message = connection.recv()
+                except EOFError:
+                    message = None
+                if message is not None and message[0] == "step":
+                    if on_step is not None:
+                        on_step(curve, message[1], message[2])
+                    continue
+                del running[connection]
+                connection.close()
+                process.join()
+                if message is None:
+                    yield CurveResult(curve, status=status_text(Status.FAILED, f"its worker process ended with exit code {process.exitcode}"))
+                else:
+                    yield CurveResult(curve, message[2], message[1])
+    finally:
+        for connection, (process, _) in running.items():
+            process.terminate()
+            process.join()
+            connection.close()
+
+
+def _train_all(factory, curves_to_run: list[Curve], config, corpus, run_dir: Path, collect_stats: bool, on_curve,
+               on_step: StepCallback | None = None, jobs: int = 1, on_finished=None) -> list[CurveResult]:  # fmt: skip
+    """Each curve, in this process one after the other (`jobs` 1) or in `jobs` worker processes (a fresh
+    process per curve); as each finishes its values join curves.csv, then `on_finished` and `on_curve`
+    get its result. Returns the results in the order of `curves_to_run`."""
+    writer = CurveWriter(run_dir)
+    results: dict[str, CurveResult] = {}
+    try:
+        if jobs > 1:
+            finished = _in_workers(factory, curves_to_run, config, corpus, run_dir, collect_stats, jobs, on_step)
+        else:
+            _load_te_first(curves_to_run)
+            finished = (_train_part(factory, c, config, corpus, run_dir / PARTS / c.name, collect_stats, on_step) for c in curves_to_run)
+        with contextlib.closing(finished):  # closing it ends the workers still running
+            for result in finished:
+                writer.merge(run_dir / PARTS / result.curve.name)
+                results[result.curve.name] = result
+                if on_finished is not None:
+                    on_finished(result)
+                if on_curve is not None:
+                    on_curve(result)
     finally:
         writer.close()
-    return results
+    with contextlib.suppress(OSError):
+        (run_dir / PARTS).rmdir()  # gone once every curve joined (a curve in progress keeps it)
+    return [results[c.name] for c in curves_to_run if c.name in results]
+
+
+def _gap_row(result: CurveResult, reference: CurveResult | None, case: str, config, model_name, writer: RunWriter, curves: CurveWriter) -> None:
+    """The curve's results row with its gap to `reference` over the last 10% of steps (rel_err; none where
+    either did not run), and in curves.csv the gap at each checkpoint: over the last 10% of the steps up to
+    it (`loss_gap`)."""
+    measured = bool(result.losses and reference is not None and reference.losses)
+    gap = relative_gap(result.losses, reference.losses) if measured else None
+    writer.append(_row(case, result.curve, config, model_name, result.status, {"rel_err": gap}))
+    for step in checkpoint_steps(len(result.losses)) if measured else ():
+        curves.write(result.curve.name, step, "loss_gap", relative_gap(result.losses[:step], reference.losses[:step]))
+    curves.flush()
 
 
 def _write_gaps(results: list[CurveResult], reference: CurveResult, case: str, config, model_name, writer: RunWriter) -> None:
-    """Per curve a results row with its gap to `reference` over the last 10% of steps (rel_err), and in
-    curves.csv the gap at each checkpoint: over the last 10% of the steps up to it (`loss_gap`)."""
+    """Per curve its results row and checkpoint gaps to `reference` (_gap_row)."""
     curves = CurveWriter(writer.run_dir)
     for result in results:
-        measured = bool(result.losses and reference.losses)
-        gap = relative_gap(result.losses, reference.losses) if measured else None
-        writer.append(_row(case, result.curve, config, model_name, result.status, {"rel_err": gap}))
-        for step in checkpoint_steps(len(result.losses)) if measured else ():
-            curves.write(result.curve.name, step, "loss_gap", relative_gap(result.losses[:step], reference.losses[:step]))
+        _gap_row(result, reference, case, config, model_name, writer, curves)
     curves.close()
 
 
-def loss_curves(recipes: tuple[Recipe, ...], bf16_seeds: tuple[int, ...] = (0, 1), implementations: tuple[str, ...] = ("triton",)) -> list[Curve]:
-    """BF16 with each seed (the first is every gap's reference), then per implementation each FP8 recipe
-    with the first seed (a recipe the implementation lacks becomes its unsupported row)."""
-    seed = bf16_seeds[0]
-    bf16 = [Curve(f"bf16-seed{s}", None, s) for s in bf16_seeds]
-    fp8 = [Curve(fp8_curve_name(impl, recipe, seed), recipe, seed, implementation=impl) for impl in implementations for recipe in recipes]
+def bf16_curve_name(seed: int) -> str:
+    return f"bf16-seed{seed}"
+
+
+def loss_curves(recipes: tuple[Recipe, ...], bf16_seeds: tuple[int, ...] = (0, 1), implementations: tuple[str, ...] = ("triton",),
+                seeds: tuple[int, ...] = (0,)) -> list[Curve]:  # fmt: skip
+    """BF16 with each of `bf16_seeds` and of `seeds` (the quickest curves, and every gap's reference: first),
+    then per seed of `seeds`, per implementation, each FP8 recipe (a recipe the implementation lacks becomes
+    its unsupported row). The seed sets the model's initial weights; the batches are the same for all."""
+    bf16 = [Curve(bf16_curve_name(s), None, s) for s in dict.fromkeys((*bf16_seeds, *seeds))]
+    fp8 = [Curve(fp8_curve_name(impl, recipe, seed), recipe, seed, implementation=impl)
+           for seed in seeds for impl in implementations for recipe in recipes]  # fmt: skip
     return [*bf16, *fp8]
 
 
+def loss_reference(curve: Curve, curves_to_run: list[Curve]) -> str:
+    """The curve a loss curve's gap is to: an FP8 curve's is BF16 with its own seed (the same initial
+    weights); a BF16 curve's is the first BF16 curve (their gaps are the run-to-run noise)."""
+    if curve.recipe is None:
+        return curves_to_run[0].name
+    return bf16_curve_name(curve.seed)
+
+
+def finished_curves(run_dir: Path, steps: int) -> tuple[set[str], dict[str, list[float]]]:
+    """What a run folder holds already: the curves with a results row, and the loss curves of `steps` steps
+    in curves.csv (finished; a row of theirs may wait for its reference)."""
+    from fp8bench.harness.curves import read_loss_curves
+    from fp8bench.harness.results import read_rows
+
+    rowed = {json.loads(row["options"] or "{}").get("curve", "") for row in read_rows(run_dir)}
+    if not (run_dir / CURVES_CSV).exists():
+        return rowed, {}
+    losses = {name: values for name, values in read_loss_curves(run_dir).items() if len(values) == steps}
+    return rowed, losses
+
+
 def run_loss(factory: ModelFactory, model_name: str, curves_to_run: list[Curve], config: TrainConfig, corpus, writer: RunWriter,
-             collect_stats: bool = False, on_curve=None, on_step: StepCallback | None = None) -> list[CurveResult]:  # fmt: skip
-    """Loss curves; results.csv gets one row per curve with its gap to the first curve (BF16, seed 0)."""
-    results = _train_all(factory, curves_to_run, config, corpus, writer.run_dir, collect_stats, on_curve, on_step)
-    _write_gaps(results, results[0], "loss", config, model_name, writer)
-    return results
+             collect_stats: bool = False, on_curve=None, on_step: StepCallback | None = None, jobs: int = 1) -> list[CurveResult]:  # fmt: skip
+    """Loss curves, `jobs` at a time; results.csv gets each curve's row with its gap (loss_reference) as soon
+    as the curve and its reference have finished. The curves the run folder holds already (resuming a run)
+    are not trained again. Returns every curve's result in the order of `curves_to_run`."""
+    rowed, held = finished_curves(writer.run_dir, config.steps)
+    done: dict[str, CurveResult] = {c.name: CurveResult(c, held[c.name]) for c in curves_to_run if c.name in held}
+    waiting_for: dict[str, list[CurveResult]] = {}
+    curves = CurveWriter(writer.run_dir)
+
+    def finished(result: CurveResult) -> None:
+        done[result.curve.name] = result
+        for ready in [result, *waiting_for.pop(result.curve.name, [])]:
+            reference = loss_reference(ready.curve, curves_to_run)
+            if ready.curve.name in rowed:
+                continue
+            if reference in done or ready.status != Status.OK.value:
+                _gap_row(ready, done.get(reference), "loss", config, model_name, writer, curves)
+                rowed.add(ready.curve.name)
+            else:
+                waiting_for.setdefault(reference, []).append(ready)
+
+    try:
+        for result in list(done.values()):
+            finished(result)
+        left = [c for c in curves_to_run if c.name not in done and c.name not in rowed]
+        _train_all(factory, left, config, corpus, writer.run_dir, collect_stats, on_curve, on_step, jobs, finished)
+        for results in waiting_for.values():  # their reference did not finish: rows without a gap
+            for result in results:
+                _gap_row(result, None, "loss", config, model_name, writer, curves)
+    finally:
+        curves.close()
+    return [done[c.name] for c in curves_to_run if c.name in done]
 
 
 # The start-up experiments' pairs (reference arm, compared arm): our delayed scaling's first scale, our master

@@ -12,6 +12,10 @@ the gap over the last 10% of the run. The numerics benchmark writes it at CHECKP
 compares a new run's curves with a stored reference run's at the same checkpoints, within a relative
 tolerance either way (as torchtitan's loss-compare check: a reproduced run that moved is news, whichever
 way it moved).
+
+Whether a gap is more than run-to-run noise: `bf16_noise` is the spread of the BF16 curves' end-of-run
+loss over their seeds, and `SeedGaps` a recipe's gaps over its seeds (each to BF16 with the same seed),
+their mean and the band that noise alone would give it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ STAT_METRICS = ("underflow_pct", "saturate_pct", "amax", "history_amax", "scale"
 # (up to this step, record every n-th step): every step while delayed scaling's histories fill, then thinner.
 STATS_SCHEDULE = ((50, 1), (200, 10), (None, 50))
 LAST_FRACTION = 0.1  # the loss gap is over the last 10% of steps
+GAP_TARGET = 0.01  # an FP8 recipe should stay within 1% of BF16's loss
 CHECKPOINTS = (0.25, 0.5, 0.75, 1.0)  # fractions of the run at which a gap is written and compared
 
 
@@ -46,6 +51,54 @@ def relative_gap(losses: Sequence[float], reference_losses: Sequence[float]) -> 
     """(mean loss - reference's) / reference's over the last 10% of steps: positive where worse."""
     reference = last_fraction_mean(reference_losses)
     return (last_fraction_mean(losses) - reference) / reference
+
+
+def bf16_noise(bf16_losses: Sequence[Sequence[float]]) -> float:
+    """The run-to-run noise of one curve's end-of-run loss: the sample standard deviation of the BF16 curves'
+    last-10% means (one per seed) relative to their mean; NaN with fewer than two seeds."""
+    means = [last_fraction_mean(losses) for losses in bf16_losses]
+    if len(means) < 2:
+        return math.nan
+    centre = sum(means) / len(means)
+    return math.sqrt(sum((m - centre) ** 2 for m in means) / (len(means) - 1)) / centre
+
+
+@dataclass(frozen=True)
+class SeedGaps:
+    """A recipe's loss gaps, one per seed, each to BF16 with the same seed (over the last 10% of steps), and
+    the BF16 noise (bf16_noise). Were FP8 no different from BF16, each gap would be the difference of two
+    independent runs (standard deviation noise * sqrt(2)), their mean over n seeds noise * sqrt(2 / n):
+    the gap is `within_noise` inside twice that."""
+
+    gaps: tuple[float, ...]
+    noise: float
+
+    @property
+    def mean(self) -> float:
+        return sum(self.gaps) / len(self.gaps)
+
+    @property
+    def band(self) -> float:
+        """Twice the standard deviation the mean gap would have from run-to-run noise alone (NaN: no noise measured)."""
+        return 2 * self.noise * math.sqrt(2 / len(self.gaps))
+
+    @property
+    def within_target(self) -> bool:
+        return abs(self.mean) <= GAP_TARGET  # False for NaN: a diverged curve is not within
+
+    @property
+    def within_noise(self) -> bool | None:
+        return None if math.isnan(self.band) else abs(self.mean) <= self.band
+
+    def describe(self) -> str:
+        spread = f" (seeds {min(self.gaps):+.2%} .. {max(self.gaps):+.2%})" if len(self.gaps) > 1 else " (one seed)"
+        noise = "" if self.within_noise is None else f"; {'within' if self.within_noise else 'OUTSIDE'} the noise (±{self.band:.2%})"
+        return f"{self.mean:+.2%}{spread}{noise}; {'within' if self.within_target else 'OUTSIDE'} {GAP_TARGET:.0%}"
+
+
+def seed_gaps(pairs: Sequence[tuple[Sequence[float], Sequence[float]]], bf16_losses: Sequence[Sequence[float]]) -> SeedGaps:
+    """The gaps of (curve, BF16 curve of the same seed) `pairs`, with the noise of the BF16 curves `bf16_losses`."""
+    return SeedGaps(tuple(relative_gap(losses, reference) for losses, reference in pairs), bf16_noise(bf16_losses))
 
 
 def checkpoint_steps(steps: int) -> dict[int, float]:

@@ -32,7 +32,7 @@ else:  # pragma: no cover - Python 3.10
 
 _COMMANDS = ("matmul", "cast", "roofline", "e2e", "numerics loss", "numerics stats", "numerics startup", "numerics optimizer")
 _COMMANDS = ("matmul", "cast", "roofline", "e2e", "numerics loss", "numerics stats", "numerics startup", "numerics optimizer")
-RESUMABLE_COMMANDS = ("matmul", "cast", "roofline", "e2e")  # those with --resume
+RESUMABLE_COMMANDS = ("matmul", "cast", "roofline", "e2e", "numerics loss")  # those with --resume
 # An entry names its run folder: one path segment, no way out of the suite's folder.
 _ENTRY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 

@@ -8,10 +8,12 @@ curves span granularities (BF16 and every recipe of every implementation on one 
 one page of its own rather than charts on the granularity pages. Each experiment opens with a paragraph of
 conclusions written from the numbers of the files. The page shows what the folder holds, in this order:
 
-- headline: per curve of the `loss` case its final relative gap to BF16 (seed 0) over the last 10% of
-  steps, beside the BF16 seed-to-seed gap (the run-to-run noise the FP8 gaps compare with); the
-  conclusion: how many curves are within 1%, the largest gap, from which step each gap stays within 1%;
-- loss curves overlaid, the gap against steps with the noise band, validation loss, gradient norm;
+- headline: BF16's seeds and their run-to-run noise (the standard deviation of the loss over the last
+  10% of steps), then per implementation and FP8 recipe of the `loss` case the mean over its seeds of
+  each seed's gap to BF16 with the same seed, the seeds' range, the noise band and whether the gap is
+  within it and within 1%; the conclusion names the recipes outside either;
+- loss curves overlaid, each curve's gap to its reference against steps with the BF16 seeds' gaps as
+  the noise band, validation loss, gradient norm;
 - tensor statistics (runs with them): the conclusion (the most underflowing role per recipe, saturation,
   SQNR), underflow %, saturation %, amax and scale per role over steps (the mean over layers and the
   largest layer's), the lowest SQNR of the GEMM outputs against BF16 over steps and each GEMM's mean;
@@ -38,14 +40,15 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from fp8bench.config import Status
-from fp8bench.harness.curves import CURVE_COLUMNS, CURVES_CSV, LAST_FRACTION, STAT_METRICS, TENSOR_STATS_CSV
+from fp8bench.config import Granularity, Status
+from fp8bench.harness.curves import (
+    CURVE_COLUMNS, CURVES_CSV, GAP_TARGET, LAST_FRACTION, STAT_METRICS, TENSOR_STATS_CSV, SeedGaps, bf16_noise,
+)
+from fp8bench.report.e2e import OURS
 from fp8bench.report.html import Chart, chart_id, colour_map, rows_table
 
 BENCHMARK = "numerics"
 DATA_FILES = (CURVES_CSV, TENSOR_STATS_CSV)  # what the page reads beside results.csv
-REFERENCE_CURVE = "bf16-seed0"  # every loss curve's gap is to it; bf16 with another seed is the noise
-GAP_TARGET = 0.01  # an FP8 recipe should stay within 1% of BF16's loss
 # (curve-name prefix of the implementation, reference arm, compared arm): fp8bench.benchmarks.numerics.STARTUP_ARMS
 STARTUP_PAIRS = (("", "calibrated", "scale-1"), ("", "master-from-hp", "master-from-fp8"), ("te-", "master-from-hp", "master-from-fp8"))
 STARTUP_TITLES = {"": "", "te-": "TransformerEngine's FP8 primary weights (fp8_model_init, preserve_high_precision_init_val): "}
@@ -127,68 +130,101 @@ def _pct(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{100 * value:+.2f}%"
 
 
-def _band(value: float, seeds: int) -> str:
-    if math.isnan(value):
-        return "n/a (one BF16 seed)" if seeds < 2 else "n/a"
-    return f"±{100 * value:.2f}%"
-
-
 # ---- headline --------------------------------------------------------------------------------------
+
+HEADLINE_COLUMNS = ["implementation", "recipe", "seeds", "status", "gap vs BF16, last 10%", "over the seeds", "noise band", "verdict"]
+
+
+def _seed(options: str) -> int:
+    return int(json.loads(options or "{}").get("seed", 0))
 
 
 def headline(rows: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
-    """Per curve of the `loss` case: recipe, backend, status, the final gap to BF16 seed 0 computed from
-    curves.csv, and whether it is within the BF16 noise and within 1%."""
+    """Per implementation and FP8 recipe of the `loss` case: its gap to BF16 over the last 10% of steps, the
+    mean over its seeds of each seed's gap to BF16 with the same seed (computed from curves.csv), the
+    seeds' range, the band the run-to-run noise alone would give the mean (fp8bench.harness.curves.SeedGaps:
+    from the BF16 curves' spread) and whether the gap is within it and within 1%. The first line is BF16:
+    its seeds and their noise."""
     loss_rows = curve_options(rows[rows["case"] == "loss"])
+    loss_rows = loss_rows.assign(seed=loss_rows["options"].map(_seed))
     loss = values_by_curve(curves)
-    reference = loss.get(REFERENCE_CURVE)
-    gaps = {name: final_gap(series, reference) for name, series in loss.items()} if reference is not None else {}
-    noise = max((abs(g) for name, g in gaps.items() if name.startswith("bf16-") and name != REFERENCE_CURVE), default=math.nan)
-    seeds = int((loss_rows["recipe"] == "bf16").sum())
-    table = []
-    for row in loss_rows.itertuples():
-        if row.curve == REFERENCE_CURVE:
-            continue
-        gap = gaps.get(row.curve, math.nan)
-        if row.recipe == "bf16":
-            verdict = "the BF16 noise"
-        elif math.isnan(gap):
-            verdict = "not measured"
-        else:
-            within_target = f"{'within' if abs(gap) <= GAP_TARGET else 'OUTSIDE'} {GAP_TARGET:.0%}"
-            within_noise = "" if math.isnan(noise) else f"{'within' if abs(gap) <= noise else 'outside'} the BF16 noise; "
-            verdict = within_noise + within_target
-        table.append({"curve": row.curve, "recipe": row.recipe, "backend": row.backend, "status": row.status,
-                      "gap vs BF16, last 10%": _pct(gap), "BF16 noise": _band(noise, seeds), "verdict": verdict})  # fmt: skip
-    return pd.DataFrame(table, columns=["curve", "recipe", "backend", "status", "gap vs BF16, last 10%", "BF16 noise", "verdict"])
+    bf16 = loss_rows[loss_rows["recipe"] == "bf16"]
+    bf16_losses = [loss[name].to_list() for name in bf16["curve"] if name in loss]
+    noise = bf16_noise(bf16_losses)
+    first = bf16["curve"].iloc[0] if len(bf16) else None
+    spread = [final_gap(loss[name], loss[first]) for name in bf16["curve"] if first in loss and name in loss and name != first]
+    table = [{
+        "implementation": "bf16", "recipe": "bf16", "seeds": len(bf16_losses), "status": _statuses(bf16),
+        "gap vs BF16, last 10%": "", "over the seeds": _range(spread, f"to {first}") if spread else "one seed",
+        "noise band": "n/a (one seed)" if math.isnan(noise) else f"σ {100 * noise:.2f}%",
+        "verdict": "the run-to-run noise: the standard deviation of the BF16 seeds' loss",
+    }]  # fmt: skip
+    fp8 = loss_rows[loss_rows["recipe"] != "bf16"]
+    granularities = [g.value for g in Granularity]
+    order = fp8.assign(_key=[(b != OURS, b, granularities.index(g) if g in granularities else len(granularities), r)
+                             for b, g, r in zip(fp8["backend"], fp8["granularity"], fp8["recipe"])])  # fmt: skip
+    fp8 = order.sort_values("_key", kind="stable").drop(columns="_key")  # ours first, then by granularity as the curves finished in any order
+    for (backend, recipe), group in fp8.groupby(["backend", "recipe"], sort=False):
+        pairs = [(loss[row.curve], loss[f"bf16-seed{row.seed}"]) for row in group.itertuples() if row.curve in loss and f"bf16-seed{row.seed}" in loss]
+        gaps = SeedGaps(tuple(final_gap(curve, reference) for curve, reference in pairs), noise) if pairs else None
+        table.append({"implementation": backend, "recipe": recipe, "seeds": len(pairs), "status": _statuses(group),
+                      "gap vs BF16, last 10%": _pct(gaps.mean) if gaps else "n/a",
+                      "over the seeds": _range(gaps.gaps) if gaps and len(gaps.gaps) > 1 else ("one seed" if gaps else ""),
+                      "noise band": "n/a" if gaps is None or math.isnan(gaps.band) else f"±{100 * gaps.band:.2f}%",
+                      "verdict": _verdict(gaps)})  # fmt: skip
+    return pd.DataFrame(table, columns=HEADLINE_COLUMNS)
 
 
-def loss_conclusion(table: pd.DataFrame, curves: pd.DataFrame) -> str:
-    """One paragraph from the headline table and the curves: how many FP8 curves are within 1% (and within
-    the BF16 noise), the largest gap, from which step each gap stays within 1%, and what did not run."""
-    loss = values_by_curve(curves)
-    reference = loss.get(REFERENCE_CURVE)
-    fp8 = table[table["recipe"] != "bf16"]
-    measured = fp8[fp8["gap vs BF16, last 10%"] != "n/a"]
-    text = []
-    if len(measured) and reference is not None:
-        gaps = {name: final_gap(loss[name], reference) for name in measured["curve"]}
-        within = [name for name, gap in gaps.items() if abs(gap) <= GAP_TARGET]
-        worst = max(gaps, key=lambda name: abs(gaps[name]))
-        noise = table.loc[table["recipe"] == "bf16", "BF16 noise"]
-        text.append(f"{len(within)} of the {len(gaps)} FP8 curves that ran end within {GAP_TARGET:.0%} of {REFERENCE_CURVE}'s loss over "
-                    f"the last 10% of steps (BF16 noise {noise.iloc[0] if len(noise) else 'n/a (one BF16 seed)'}); the largest gap is "
-                    f"{worst}'s, {_pct(gaps[worst])}.")  # fmt: skip
-        settled = {name: settles_at(trailing_means(loss[name]), trailing_means(reference)) for name in gaps}
-        late = [f"{name} from step {step}" for name, step in settled.items() if step is not None and step > 1]
-        never = [name for name, step in settled.items() if step is None]
-        if late:
-            text.append(f"The trailing-mean gap stays within {GAP_TARGET:.0%} for good: {', '.join(late)}.")
-        if never:
-            text.append(f"Still outside {GAP_TARGET:.0%} at the last step: {', '.join(never)}.")
-    not_run = fp8[fp8["status"] != Status.OK.value]
+def loss_references(loss_rows: pd.DataFrame) -> dict[str, str]:
+    """Each curve of the `loss` rows (BF16 first, by seed) with the curve its gap is to: an FP8 curve's is BF16
+    with its seed, a BF16 curve's the first BF16 curve."""
+    seeds = loss_rows["options"].map(_seed)
+    bf16 = loss_rows[loss_rows["recipe"] == "bf16"].assign(seed=seeds).sort_values("seed")
+    first = bf16["curve"].iloc[0] if len(bf16) else ""
+    references = {name: first for name in bf16["curve"]}
+    references.update({row.curve: f"bf16-seed{seed}" for row, seed in zip(loss_rows.itertuples(), seeds) if row.recipe != "bf16"})
+    return references
+
+
+def _statuses(group: pd.DataFrame) -> str:
+    return "; ".join(dict.fromkeys(group["status"]))
+
+
+def _range(gaps, suffix: str = "") -> str:
+    return f"{_pct(min(gaps))} .. {_pct(max(gaps))}" + (f" {suffix}" if suffix else "")
+
+
+def _verdict(gaps: SeedGaps | None) -> str:
+    if gaps is None:
+        return "not measured"
+    noise = "" if gaps.within_noise is None else f"{'within' if gaps.within_noise else 'outside'} the noise; "
+    return f"{noise}{'within' if gaps.within_target else 'OUTSIDE'} {GAP_TARGET:.0%}"
+
+
+def loss_conclusion(table: pd.DataFrame) -> str:
+    """One paragraph from the headline table: the BF16 noise, how many FP8 recipes are within 1% and within
+    the noise, which are outside either (with their gaps), and what did not run."""
+    bf16, fp8 = table.iloc[0], table.iloc[1:]
+    measured = fp8[fp8["seeds"] > 0]
+    text = [f"BF16 with {bf16['seeds']} seeds: run-to-run noise {bf16['noise band'].removeprefix('σ ')} (standard deviation of the loss over "
+            "the last 10% of steps)."]  # fmt: skip
+    if len(measured):
+        def named(frame: pd.DataFrame) -> str:
+            return ", ".join(f"{row['implementation']} {row['recipe']} {row['gap vs BF16, last 10%']}" for _, row in frame.iterrows())
+
+        within = measured[measured["verdict"].str.endswith(f"within {GAP_TARGET:.0%}")]
+        outside = measured.drop(within.index)
+        text.append(f"{len(within)} of the {len(measured)} FP8 recipes that ran are within {GAP_TARGET:.0%} of BF16 with the same seed"
+                    + (f"; outside: {named(outside)}." if len(outside) else "."))  # fmt: skip
+        beyond_noise = measured[measured["verdict"].str.startswith("outside the noise")]
+        if measured["verdict"].str.contains("the noise").any():
+            text.append(f"Outside the noise band (a gap the BF16 seeds' spread would give less than 1 time in 20): {named(beyond_noise)}."
+                        if len(beyond_noise) else "Every gap is within the noise band.")  # fmt: skip
+        seeds = sorted(set(measured["seeds"]))
+        text.append(f"Seeds per recipe: {', '.join(map(str, seeds))}.")
+    not_run = fp8[fp8["seeds"] == 0]
     if len(not_run):
-        text.append("Not run: " + "; ".join(f"{row.curve} ({row.status})" for row in not_run.itertuples()) + ".")
+        text.append("Not run: " + "; ".join(f"{row['implementation']} {row['recipe']} ({row['status']})" for _, row in not_run.iterrows()) + ".")
     return " ".join(text)
 
 
@@ -204,34 +240,39 @@ def _line_chart(series: dict[str, pd.Series], div_id: str, title: str, y: str, c
     return Chart(div_id, title, figure, note)
 
 
-def loss_charts(curves: pd.DataFrame, names: list[str], prefix: str) -> list[Chart]:
-    """Loss, validation loss and gradient norm of `names` overlaid, and the gap of each to the first
-    against steps with the second BF16 seed's gap as the noise band (when the run has one)."""
+def loss_charts(curves: pd.DataFrame, names: list[str], prefix: str, references: dict[str, str] | None = None) -> list[Chart]:
+    """Loss, validation loss and gradient norm of `names` overlaid, and the gap of each to its reference
+    (`references`, by default the first curve) against steps, with the largest gap of the other BF16
+    seeds to the first curve as the noise band (when the run has them)."""
     colours = colour_map(names)
     charts = []
     loss = {n: s for n, s in values_by_curve(curves).items() if n in names}
     if not loss:
         return charts
     charts.append(_line_chart(loss, chart_id(prefix, "loss"), "Training loss per step", "loss", colours))
-    reference = loss.get(names[0])
-    if reference is not None and len(loss) > 1:
+    references = references or {name: names[0] for name in names}
+    compared = {n: references[n] for n in loss if references.get(n, n) != n and references[n] in loss}
+    if compared:
         figure = go.Figure()
-        noise = {n: gap_over_steps(s, reference) for n, s in loss.items() if n.startswith("bf16-") and n != names[0]}
-        for name, band in noise.items():
-            bound = band.abs()
+        noise = [gap_over_steps(s, loss[names[0]]).abs() for n, s in loss.items() if n.startswith("bf16-") and n != names[0] and names[0] in loss]
+        if noise:
+            bound = pd.concat(noise, axis=1).max(axis=1)
             figure.add_trace(go.Scatter(x=bound.index, y=bound.to_numpy(), mode="lines", line={"width": 0}, showlegend=False, hoverinfo="skip"))
             figure.add_trace(go.Scatter(x=bound.index, y=-bound.to_numpy(), mode="lines", line={"width": 0}, fill="tonexty",
-                                        fillcolor="rgba(128,128,128,0.25)", name=html.escape(f"BF16 noise (|{name} gap|)")))  # fmt: skip
-        for name, values in loss.items():
-            if name == names[0] or name in noise:
+                                        fillcolor="rgba(128,128,128,0.25)", name="BF16 seeds' largest gap"))  # fmt: skip
+        for name, reference in compared.items():
+            if name.startswith("bf16-") and noise:
                 continue
-            gap = gap_over_steps(values, reference)
+            gap = gap_over_steps(loss[name], loss[reference])
             figure.add_trace(go.Scatter(x=gap.index, y=gap.to_numpy(), mode="lines", name=html.escape(name), line={"color": colours.get(name)}))
-        figure.update_layout(xaxis_title="step", yaxis_title=f"relative loss gap to {html.escape(names[0])}", yaxis_tickformat=".1%", height=450)
-        note = f"At each step: the mean loss over the last 10% of the steps so far, relative to {names[0]}'s over the same steps."
+        shown = sorted(set(compared.values()))
+        figure.update_layout(xaxis_title="step", yaxis_title=f"relative loss gap to {html.escape(' | '.join(shown) if len(shown) < 3 else 'BF16')}",
+                             yaxis_tickformat=".1%", height=450)  # fmt: skip
+        note = ("At each step: the mean loss over the last 10% of the steps so far, relative to the reference's over the same steps "
+                f"({'each curve to BF16 with its seed' if len(shown) > 1 else shown[0]}).")  # fmt: skip
         if noise:
-            note += " The grey band is the gap between BF16 with two seeds: run-to-run noise."
-        charts.append(Chart(chart_id(prefix, "gap"), f"Relative loss gap to {names[0]} against steps", figure, note))
+            note += f" The grey band is the largest gap of the other BF16 seeds to {names[0]}: run-to-run noise."
+        charts.append(Chart(chart_id(prefix, "gap"), "Relative loss gap against steps", figure, note))
     for metric, title, y in (
         ("val_loss", "Validation loss (held-out text)", "validation loss"),
         ("grad_norm", "Gradient norm (before clipping)", "gradient norm"),
@@ -453,10 +494,14 @@ def sections(run_dir: Path, rows: pd.DataFrame) -> list[str]:
     if not loss_rows.empty:
         table = headline(rows, curves)
         parts.append(f"<h3>Loss gap to BF16 over the last 10% of steps</h3>{rows_table(table, TABLE_TEXT)}")
-        parts.append(f'<p class="conclusion">{html.escape(loss_conclusion(table, curves))}</p>')
-        parts.append(f'<p class="note">Gaps are relative to {REFERENCE_CURVE}: positive where worse. The BF16 noise is the gap '
-                     "between BF16 with two seeds; an FP8 gap within it cannot be told from run-to-run noise.</p>")  # fmt: skip
-        parts.extend(chart.to_html() for chart in loss_charts(curves, list(loss_rows["curve"]), "loss"))
+        parts.append(f'<p class="conclusion">{html.escape(loss_conclusion(table))}</p>')
+        schedules = ", ".join(dict.fromkeys(json.loads(o or "{}").get("lr_schedule", "constant") for o in loss_rows["options"]))
+        parts.append(f'<p class="note">Each seed sets the initial weights (the batches are the same for every curve); an FP8 curve\'s gap is '
+                     "to BF16 with the same seed, positive where worse, and a recipe's gap is the mean over its seeds. The noise band is "
+                     "twice the standard deviation that mean would have were FP8 no different from BF16: 2σ·√(2/seeds), σ the BF16 "
+                     f"seeds' spread. Learning rate after the warm-up: {html.escape(schedules)}.</p>")  # fmt: skip
+        references = loss_references(loss_rows)
+        parts.extend(chart.to_html() for chart in loss_charts(curves, list(references), "loss", references))
     recipes = dict(zip(loss_rows["curve"], loss_rows["recipe"]))
     stats = stats_charts(curves[curves["curve"].isin(recipes)], recipes)
     if stats:
