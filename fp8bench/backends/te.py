@@ -32,14 +32,14 @@ def torch_cudnn_dir() -> str | None:
 def te_module():
     """transformer_engine.pytorch, or Unsupported saying why it does not load.
 
-    TE loads cuDNN itself before torch does, looking first in $CUDNN_HOME, then $CUDNN_PATH, the CUDA
+    TE loads cuDNN itself before torch does, looking first in $CUDNN_HOME, $CUDNN_PATH, then the CUDA
     toolkit, and torch then uses that library too (its own has the same soname). Where the toolkit's cuDNN
     is older than torch's, torch's scaled_dot_product_attention loses its cuDNN kernel in that process, for
-    every row of a run, TE's or not. So unless the user set it, CUDNN_HOME names torch's own cuDNN: TE and
+    every row of a run, TE's or not. So unless the user set one, CUDNN_HOME names torch's own cuDNN: TE and
     torch share one library, and a process that imports TE trains like one that does not."""
     import os
 
-    if not os.environ.get("CUDNN_HOME"):
+    if not (os.environ.get("CUDNN_HOME") or os.environ.get("CUDNN_PATH")):
         cudnn = torch_cudnn_dir()
         if cudnn:
             os.environ["CUDNN_HOME"] = cudnn
