@@ -6,7 +6,6 @@ own TransformerLayer (fp8bench.nn.te_llama), under TE's autocast or, without a r
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from fp8bench.backends.base import Backend, Converted, LayerStep, Level
@@ -19,30 +18,8 @@ from fp8bench.harness.case import Unsupported
 TE_RECIPES = {"tensorwise-delayed": "DelayedScaling", "tensorwise": "Float8CurrentScaling", "blockwise": "Float8BlockScaling"}
 
 
-def torch_cudnn_dir() -> str | None:
-    """The folder of the cuDNN library torch's CUDA build ships (its `nvidia` wheels beside torch), or None
-    where torch brings none (a CPU build, or a CUDA build linked to the system's cuDNN)."""
-    import torch
-
-    nvidia = Path(torch.__file__).resolve().parents[1] / "nvidia"
-    found = sorted(nvidia.glob("**/libcudnn.so.[0-9]*")) if nvidia.is_dir() else []
-    return str(found[0].parent) if found else None
-
-
 def te_module():
-    """transformer_engine.pytorch, or Unsupported saying why it does not load.
-
-    TE loads cuDNN itself before torch does, looking first in $CUDNN_HOME, $CUDNN_PATH, then the CUDA
-    toolkit, and torch then uses that library too (its own has the same soname). Where the toolkit's cuDNN
-    is older than torch's, torch's scaled_dot_product_attention loses its cuDNN kernel in that process, for
-    every row of a run, TE's or not. So unless the user set one, CUDNN_HOME names torch's own cuDNN: TE and
-    torch share one library, and a process that imports TE trains like one that does not."""
-    import os
-
-    if not (os.environ.get("CUDNN_HOME") or os.environ.get("CUDNN_PATH")):
-        cudnn = torch_cudnn_dir()
-        if cudnn:
-            os.environ["CUDNN_HOME"] = cudnn
+    """transformer_engine.pytorch, or Unsupported saying why it does not load."""
     try:
         import transformer_engine.pytorch as te
     except ImportError:
