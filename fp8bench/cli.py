@@ -717,6 +717,9 @@ def e2e(
     compile: str = typer.Option("block", "--compile", help="torch.compile: none | block | model (BF16 also runs eagerly)"),
     activation_checkpointing: str = typer.Option("none", help="none | selective | full, per block"),
     lm_head: str = typer.Option("bf16", help="bf16 | fp8: the LM head's products"),
+    attention: str = typer.Option(
+        "flash", help="scaled_dot_product_attention backend for every row: flash | cudnn | efficient | math | auto (torch's choice, which a TransformerEngine import can change)"
+    ),
     nproc_per_node: int = typer.Option(1, min=1, help="GPUs of this host to train on with FSDP2 (launched with torchrun)"),
     out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-e2e-<model>)"),
     resume: bool = typer.Option(
@@ -749,7 +752,7 @@ def e2e(
             architecture = PRESETS[model].with_layers(layers)
         config = E2EConfig(
             architecture, recipes, tuple(i for i in impls if i != "bf16"), seq_len, batch, steps, warmup, compile.strip().lower(),
-            activation_checkpointing.strip().lower(), lm_head.strip().lower(), world_size,
+            activation_checkpointing.strip().lower(), lm_head.strip().lower(), world_size, attention.strip().lower(),
         )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None

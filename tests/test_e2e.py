@@ -98,6 +98,7 @@ def test_case_from_identity_round_trips_presets_and_custom_models():
         (dict(lm_head="fp16"), "unknown LM head precision"),
         (dict(implementations=("tri",)), "unknown FP8 implementation 'tri'"),
         (dict(steps=1), "at least 2 measured steps"),
+        (dict(attention="sdpa"), "unknown attention backend 'sdpa'"),
     ],
 )
 def test_config_validates_once(kwargs, message):
@@ -110,6 +111,22 @@ def test_a_bf16_case_has_a_bf16_lm_head_and_only_te_layer_of_the_fp8_implementat
         e2e.E2ECase(TINY, 32, 2, 1, "none", "none", "te-layer", None, "fp8")
     with pytest.raises(ValueError, match="torchao is an FP8 implementation: it needs a recipe"):
         e2e.E2ECase(TINY, 32, 2, 1, "none", "none", "torchao", None)
+
+
+def test_the_attention_backend_is_pinned_for_the_step_and_recorded_in_the_rows():
+    def enabled():
+        return (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
+
+    before = enabled()
+    with e2e.attention_context("math"):
+        assert enabled() == (False, False, True)
+    with e2e.attention_context("flash"):
+        assert enabled() == (True, False, False)
+    with e2e.attention_context("auto"):
+        assert enabled() == before
+    assert enabled() == before
+    assert _config().cases()[0].options["attention"] == "flash"  # the default
+    assert {case.options["attention"] for case in _config(attention="math").cases()} == {"math"}
 
 
 def test_synthetic_tokens_are_seeded_and_targets_are_the_next_tokens():

@@ -17,6 +17,7 @@ runner = CliRunner()
         (["--compile", "blocks"], "unknown compile mode"),
         (["--activation-checkpointing", "half"], "unknown activation checkpointing"),
         (["--lm-head", "fp4"], "unknown LM head precision"),
+        (["--attention", "fast"], "unknown attention backend 'fast'; choose one of: flash, cudnn, efficient, math, auto"),
         (["--implementation", "cublas"], "unknown implementation 'cublas'"),
         (["--recipe", "mxfp8"], "unknown recipe 'mxfp8'"),
         (["--model", "custom"], "--model custom needs --dim"),

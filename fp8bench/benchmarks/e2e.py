@@ -78,6 +78,12 @@ KERNELS_CSV = "e2e_kernels.csv"
 COMPILE_MODES = ("none", "block", "model")
 CHECKPOINTING = ("none", "selective", "full")
 LM_HEADS = ("bf16", "fp8")
+# torch's scaled_dot_product_attention backend, pinned for every row of a run (torch.nn.attention.SDPBackend
+# names), or `auto`: torch's own choice, which depends on what the process loaded: on a host whose toolkit
+# cuDNN is older than torch's, importing TransformerEngine takes the cuDNN kernel away from torch, so the same
+# model's attention differed between runs with TE rows (FlashAttention-2) and without (cuDNN). FlashAttention-2
+# runs in either process, so it is the default; `te-layer` runs TE's own attention whatever this says.
+ATTENTION_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH", "auto": None}
 IMPLEMENTATIONS = tuple(backend_names(Level.MODEL))  # bf16, triton (ours), torchao, te, te-layer
 FP8_IMPLEMENTATIONS = tuple(i for i in IMPLEMENTATIONS if i != "bf16")
 CUSTOM = "custom"
@@ -187,8 +193,11 @@ class E2ECase:
     lm_head: str = "bf16"
     steps: int = 10  # measured
     warmup: int = 3
+    attention: str = "flash"
 
     def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"unknown attention backend {self.attention!r}; choose one of: {', '.join(ATTENTION_BACKENDS)}")
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"unknown compile mode {self.compile!r}; choose one of: {', '.join(COMPILE_MODES)}")
         if self.checkpointing not in CHECKPOINTING:
@@ -232,7 +241,7 @@ class E2ECase:
 
     @property
     def options(self) -> dict[str, Any]:
-        return {"steps": self.steps, "warmup": self.warmup}
+        return {"steps": self.steps, "warmup": self.warmup, "attention": self.attention}
 
     @property
     def work(self) -> Work:
@@ -266,6 +275,7 @@ class E2EConfig:
     checkpointing: str = "none"
     lm_head: str = "bf16"
     world_size: int = 1
+    attention: str = "flash"
 
     def __post_init__(self) -> None:
         unknown = set(self.implementations) - set(FP8_IMPLEMENTATIONS)
@@ -276,7 +286,7 @@ class E2EConfig:
     def _case(self, implementation: str, recipe: Recipe | None, compile_mode: str) -> E2ECase:
         lm_head = "bf16" if recipe is None else self.lm_head
         return E2ECase(self.model, self.seq_len, self.batch, self.world_size, compile_mode, self.checkpointing, implementation, recipe, lm_head,
-                       self.steps, self.warmup)  # fmt: skip
+                       self.steps, self.warmup, self.attention)  # fmt: skip
 
     def cases(self) -> list[E2ECase]:
         """Each group's BF16 reference first: BF16 eager, then the compile mode's group."""
@@ -308,6 +318,7 @@ class E2EBenchmark:
     steps: int = 10
     warmup: int = 3
     load_te: bool = False
+    attention: str = "flash"
     name: str = BENCHMARK
     kernel_records: list[dict[str, Any]] = field(default_factory=list, init=False, repr=False)
     _profiled: dict[str, float] = field(default_factory=dict, init=False, repr=False)  # the kernels of the case measured last
@@ -371,7 +382,7 @@ class E2EBenchmark:
             raise ValueError(f"unknown recipe {recipe_name!r} in an e2e row")
         recipe = None if recipe_name == "bf16" else RECIPES[recipe_name]
         return E2ECase(model, seq, batch, int(identity["world_size"]), str(identity["compile"]), str(identity["activation_checkpointing"]),
-                       implementation, recipe, str(identity["lm_head"]), self.steps, self.warmup)  # fmt: skip
+                       implementation, recipe, str(identity["lm_head"]), self.steps, self.warmup, self.attention)  # fmt: skip
 
     def reference_of(self, case: E2ECase) -> E2ECase:
         return dataclasses.replace(case, implementation="bf16", recipe=None, lm_head="bf16")
@@ -460,6 +471,17 @@ def apply_compile(model, mode: str) -> None:
         model.compile()
 
 
+def attention_context(name: str):
+    """The context that pins scaled_dot_product_attention to backend `name` (ATTENTION_BACKENDS); the
+    forward's choice decides the backward's kernel too."""
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = ATTENTION_BACKENDS[name]
+    return contextlib.nullcontext() if backend is None else sdpa_kernel(getattr(SDPBackend, backend))
+
+
 def build_training(case: E2ECase, inputs: E2EInputs) -> Built:
     """The case's model, converted, wrapped and sharded, its optimizer, one training step to time, and the
     measurement of the case (warm-up, timed steps, wall time, a profiled step) with inputs.clock."""
@@ -494,10 +516,12 @@ def build_training(case: E2ECase, inputs: E2EInputs) -> Built:
 
     def step():
         tokens, targets = next(held["batches"])
-        with held["converted"].step_context():
-            logits = held["model"](tokens)
-        loss = loss_fn(logits, targets)
-        loss.backward()
+        # The backward too: activation checkpointing recomputes attention there.
+        with attention_context(case.attention):
+            with held["converted"].step_context():
+                logits = held["model"](tokens)
+            loss = loss_fn(logits, targets)
+            loss.backward()
         held["optimizer"].step()
         held["optimizer"].zero_grad(set_to_none=True)
         held["converted"].after_optimizer_step()
@@ -746,7 +770,8 @@ def gpu_benchmark(config: E2EConfig, run_dir: Path, device_name: str, process_gr
 
     spec = spec_for_device_name(device_name)
     return E2EBenchmark(f"cuda:{torch.cuda.current_device()}", process_group, None, GpuStepClock(), spec, GemmRates.of_gpu(spec) if spec else None,
-                        run_dir if record else None, config.steps, config.warmup, bool({"te", TE_LAYER} & set(config.implementations)))  # fmt: skip
+                        run_dir if record else None, config.steps, config.warmup, bool({"te", TE_LAYER} & set(config.implementations)),
+                        config.attention)  # fmt: skip
 
 
 def run_command(config: E2EConfig, run_dir: Path, device_name: str, command: str, distributed: bool, resumed: Callable[[list], tuple[list, dict]] | None,
