@@ -991,13 +991,20 @@ def numerics_loss(
                               "weights; the batches stay the same): a recipe's gap is its mean over the seeds, each to BF16 with the same "
                               "seed; 0: BF16 only"),
     bf16_seeds: int = typer.Option(2, min=1, help="BF16 with at least this many seeds (their spread is the run-to-run noise)"),
-    jobs: int = typer.Option(1, min=1, help="curves trained at once, each in a fresh worker process on the one GPU (1: one after the other in "
-                             "this process); the curves measure losses, not speed, so running them side by side changes no number"),
+    jobs: Optional[int] = typer.Option(None, min=1, help="curves trained at once, each in a fresh worker process on the one GPU (1: one after "
+                                       "the other in this process; default 4 on a GPU, 1 on the CPU); the curves measure losses, not speed, so "
+                                       "running them side by side changes no number"),
     resume: bool = typer.Option(False, help="continue the run in --out: the curves it finished are kept, the others trained"),
     corpus_bytes: Optional[int] = _CORPUS_BYTES_OPTION,
     out: Optional[Path] = _OUT_OPTION,
 ) -> None:
     """Loss curves on the standard library's sources: BF16 (several seeds) and each FP8 recipe per implementation, the gap over the last 10% of steps."""
+    if jobs is None:
+        import torch
+
+        from fp8bench.benchmarks.numerics import GPU_JOBS
+
+        jobs = GPU_JOBS if torch.cuda.is_available() else 1
     _numerics_loss("loss", model, recipe, implementation, steps, batch_size, seq_len, lr, lr_schedule, eval_every, bf16_seeds, seeds, corpus_bytes,
                    out, stats=False, jobs=jobs, resume=resume)  # fmt: skip
 
