@@ -200,7 +200,7 @@ BACKEND_COLOURS: dict[str, str] = {
     "cublas": "#1f77b4",
     "triton": "#d62728", "triton-compile": "#ff7f7f",
     "torchao": "#2ca02c", "torchao-compile": "#98df8a",
-    "te": "#9467bd",
+    "te": "#9467bd", "te-layer": "#c5b0d5",
     "torch": "#8c564b", "torch-compile": "#c49c94",
     "unfused": "#e377c2",
     "public model": "#17becf", "refined model": "#bcbd22",
