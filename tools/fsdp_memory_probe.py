@@ -18,8 +18,8 @@ over the ranks. `before_build_gb` is what the process held then (a previous impl
 Rank 0 prints the table with ours minus BF16 per mark and writes the CSV. With `--snapshots`, each
 implementation's CUDA memory history (torch.cuda.memory._dump_snapshot, for pytorch.org/memory_viz), per rank.
 
-On a GPU the bytes are torch.cuda.memory_allocated; on the CPU (tests, gloo) the allocations and frees that
-torch.profiler records with profile_memory, summed from before the model was built.
+On a GPU the bytes are torch.cuda.memory_allocated; on the CPU (tests, gloo, eager) those of the storages
+created since before the model was built that are still alive (CpuMeter).
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ from typing import Callable
 import pandas as pd
 import torch
 import torch.distributed as dist
+import torch.utils._pytree as pytree
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from fp8bench.backends import convert
 from fp8bench.benchmarks import e2e
@@ -41,17 +44,15 @@ from fp8bench.nn.fsdp import shard_model
 from fp8bench.nn.llama import PRESETS, Llama, LlamaConfig, loss_fn
 from fp8bench.nn.recipes import RECIPES
 
-MARK = "fsdp_memory_probe:"  # the profiler ranges that mark the step on the CPU
-
 
 @dataclass(frozen=True)
 class Mark:
-    """One point of the measured step: bytes allocated there and the peak since the previous point, both
-    counted from before the implementation's model was built."""
+    """One point of the measured step: bytes allocated there and the peak since the previous point (None
+    where the meter has none), both counted from before the implementation's model was built."""
 
     phase: str
     allocated: int
-    peak: int
+    peak: int | None
 
 
 class CudaMeter:
@@ -64,11 +65,11 @@ class CudaMeter:
         self._marks: list[Mark] | None = None
 
     def begin(self) -> None:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
         self.base = torch.cuda.memory_allocated(self.device)
 
     def start(self) -> None:
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
         self._marks = []
         self.mark("start")
 
@@ -85,42 +86,58 @@ class CudaMeter:
         return marks
 
 
-class CpuMeter:
-    """torch.profiler's memory events on the CPU, from before the model is built: each mark is an empty
-    profiler range; after the step, the allocations and frees before each range are summed. Marks before
-    start() (the warm-up steps) record nothing."""
-
-    base = 0
+class CpuMeter(TorchDispatchMode):
+    """On the CPU (tests, gloo): every storage an op creates from begin() on, held by a weak reference; the
+    bytes allocated at a mark are those of the storages still alive (FSDP2 frees a gathered weight by
+    resizing its storage to 0 bytes, which counts), whichever thread freed the rest. No peak between marks
+    (None). Eager only: torch.compile does not trace under a dispatch mode. Marks before start() (the
+    warm-up steps) record nothing."""
 
     def __init__(self):
-        self._profile: torch.profiler.profile | None = None
-        self._marking = False
+        super().__init__()
+        self._storages: dict[int, StorageWeakRef] = {}
+        self._marks: list[Mark] | None = None
 
     def begin(self) -> None:
-        self._profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
-        self._profile.__enter__()
+        self.__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in pytree.tree_leaves(out):
+            self._hold(tensor)
+        return out
+
+    def _hold(self, tensor) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            return
+        if is_traceable_wrapper_subclass(tensor):  # DTensor, our FP8 weights: their inner tensors hold the bytes
+            for name in tensor.__tensor_flatten__()[0]:
+                self._hold(getattr(tensor, name))
+            return
+        reference = StorageWeakRef(tensor.untyped_storage())
+        self._storages.setdefault(reference.cdata, reference)
+
+    def _alive(self) -> int:
+        alive = 0
+        for key in list(self._storages):
+            storage = torch.UntypedStorage._new_with_weak_ptr(key)
+            if storage is None:
+                del self._storages[key]
+            else:
+                alive += storage.nbytes()
+        return alive
 
     def start(self) -> None:
-        self._marking = True
+        self._marks = []
         self.mark("start")
 
     def mark(self, phase: str) -> None:
-        if self._marking:
-            with torch.profiler.record_function(MARK + phase):
-                pass
+        if self._marks is not None:
+            self._marks.append(Mark(phase, self._alive(), None))
 
     def finish(self) -> list[Mark]:
-        profile, self._profile, self._marking = self._profile, None, False
-        profile.__exit__(None, None, None)
-        events = sorted(profile.profiler.kineto_results.events(), key=lambda event: event.start_ns())
-        marks, live, peak = [], 0, 0
-        for event in events:
-            if event.name() == "[memory]":
-                live += event.nbytes()
-                peak = max(peak, live)
-            elif event.name().startswith(MARK):
-                marks.append(Mark(event.name().removeprefix(MARK), live, peak))
-                peak = live
+        marks, self._marks = self._marks, None
+        self.__exit__(None, None, None)
         return marks
 
 
@@ -158,12 +175,13 @@ def step_memory(config: LlamaConfig, implementation: str, seq_len: int, checkpoi
 
     def step(mark: Callable[[str], None]) -> None:
         tokens, targets = next(batches)
-        with converted.step_context():
-            logits = model(tokens)
-        loss = loss_fn(logits, targets)
-        mark("before backward")
-        loss.backward()
-        mark("after backward")
+        with e2e.attention_context(e2e.E2ECase.attention):  # e2e's default: FlashAttention, in the backward too
+            with converted.step_context():
+                logits = model(tokens)
+            loss = loss_fn(logits, targets)
+            mark("before backward")
+            loss.backward()
+            mark("after backward")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         converted.after_optimizer_step()
