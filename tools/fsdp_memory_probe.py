@@ -191,11 +191,7 @@ def step_memory(config: LlamaConfig, implementation: str, seq_len: int, checkpoi
         step(meter.mark)
     meter.start()
     step(meter.mark)
-    marks = meter.finish()
-    del model, optimizer, converted, batches
-    gc.collect()
-    torch._dynamo.reset()
-    return marks
+    return meter.finish()
 
 
 def largest_over_ranks(values: list[int], device: torch.device) -> list[int]:
@@ -245,6 +241,8 @@ def main() -> None:
                     "checkpointing": args.checkpointing, "compile": args.compile, "world_size": dist.get_world_size(),
                     "device": torch.cuda.get_device_name(device),
                 })  # fmt: skip
+            gc.collect()  # the model, its optimizer and compiled code go before the next implementation is built
+            torch._dynamo.reset()
             torch.cuda.empty_cache()
             if dist.get_rank() == 0:
                 pd.DataFrame(rows).to_csv(args.out, index=False)  # after each implementation: a run cut short keeps it
