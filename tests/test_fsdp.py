@@ -430,3 +430,56 @@ def test_shard_model_applies_the_schedule_to_fsdp2():
     assert applied["forward"] == list(schedule.forward_prefetch) == [(1, 2), (2, 3), (3, 4), (4,), ()]
     assert applied["backward"] == list(schedule.backward_prefetch) == [(), (0,), (1, 0), (2, 1), (3, 2)]
     assert applied["reduce"] == [torch.float32] * 5
+
+
+def _memory_probe():
+    """tools/fsdp_memory_probe.py (not installed) as a module."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("fsdp_memory_probe", Path(__file__).parents[1] / "tools/fsdp_memory_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = probe  # its dataclasses look their module up there
+    spec.loader.exec_module(probe)
+    return probe
+
+
+MEMORY_MODEL = LlamaConfig("memory", dim=128, ffn_dim=256, heads=2, kv_heads=1, vocab=256, layers=4)
+
+
+def _step_memory(rank: int, out_path: str) -> None:
+    probe = _memory_probe()
+    marks = {}
+    for implementation in ("bf16", "triton"):
+        measured = probe.step_memory(MEMORY_MODEL, implementation, 128, "full", "none", probe.CpuMeter(), torch.device("cpu"), dist.group.WORLD, warmup=1)
+        marks[implementation] = {mark.phase: mark.allocated for mark in measured}
+    torch.save(marks, f"{out_path}.{rank}")
+
+
+def test_under_full_checkpointing_our_fp8_all_gather_holds_no_more_than_bf16_after_each_block():
+    """tools/fsdp_memory_probe.py on 2 gloo ranks, full activation checkpointing as e2e applies it, the bytes of
+    the storages alive, counted from before each model was built (sharded weights and optimizer states alike in
+    both): at the step's start, after each block's forward (FSDP2 has freed its gathered weights), before the
+    backward and after the step, ours holds no more than BF16 plus the FP8 weights of one block, and what it
+    holds grows from block to block no more than BF16's does (the blocks' inputs): nothing of a block's gathered
+    FP8 weight, its transpose or a copy stays past the block, within the step or into the next.
+
+    A collective's buffer stays alive until gloo's thread lets it go: a rank's count may hold one more, at most
+    the size of the embedding's BF16 gradient, at some runs' marks. The smaller count of the two ranks is
+    taken, and each comparison allows one such buffer."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "marks.pt")
+        _spawn(_step_memory, path)
+        ranks = [torch.load(f"{path}.{rank}") for rank in range(WORLD)]
+    bf16, ours = ({phase: min(marks[name][phase] for marks in ranks) for phase in ranks[0][name]} for name in ("bf16", "triton"))
+    fp8_block = MEMORY_MODEL.block_linear_parameters()  # one byte per weight element
+    in_flight = MEMORY_MODEL.vocab * MEMORY_MODEL.dim * 2  # the embedding's BF16 gradient
+    forwards = [f"forward block {index}" for index in range(MEMORY_MODEL.layers)]
+    assert set(forwards) <= set(bf16) and set(forwards) <= set(ours)
+    for phase in ("start", *forwards, "before backward", "after optimizer step"):
+        assert ours[phase] <= bf16[phase] + fp8_block + in_flight, (phase, ours[phase], bf16[phase])
+    for phase in forwards[1:]:
+        grown_ours, grown_bf16 = ours[phase] - ours[forwards[0]], bf16[phase] - bf16[forwards[0]]
+        assert grown_ours <= grown_bf16 + in_flight, (phase, grown_ours, grown_bf16)
+    assert bf16["forward block 1"] > bf16["forward block 0"]  # the meter sees the blocks' inputs pile up
