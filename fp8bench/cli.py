@@ -353,14 +353,21 @@ def _resume_needs_out(resume: bool, out: Optional[Path]) -> None:
         raise typer.BadParameter("--resume continues a run: give its folder with --out")
 
 
+def _require_results(run_dir: Path) -> None:
+    """A usage error unless `run_dir` holds a run's results to continue."""
+    from fp8bench.harness.results import RESULTS_CSV
+
+    if not (run_dir / RESULTS_CSV).exists():
+        raise typer.BadParameter(f"--resume continues a run: {run_dir} holds no {RESULTS_CSV}")
+
+
 def _resumed(cases: list, out: Path, keep=lambda row: False) -> tuple[list, dict]:
     """The cases the run in `out` has not finished (fp8bench.harness.runner.resume: its CSV keeps the
     finished groups' rows and those `keep` accepts), and that run's metadata for the new one to carry."""
-    from fp8bench.harness.results import RESULTS_CSV, read_metadata
+    from fp8bench.harness.results import read_metadata
     from fp8bench.harness.runner import resume
 
-    if not (out / RESULTS_CSV).exists():
-        raise typer.BadParameter(f"--resume continues a run: {out} holds no {RESULTS_CSV}")
+    _require_results(out)
     try:
         left = resume(cases, out, keep)
     except ValueError as err:
@@ -876,10 +883,9 @@ def _same_training(run_dir: Path, metadata: dict) -> None:
     be comparable with the new ones."""
     import json
 
-    from fp8bench.harness.results import RESULTS_CSV, read_metadata
+    from fp8bench.harness.results import read_metadata
 
-    if not (run_dir / RESULTS_CSV).exists():
-        raise typer.BadParameter(f"--resume continues a run: {run_dir} holds no {RESULTS_CSV}")
+    _require_results(run_dir)
     before = read_metadata(run_dir)
     for key in ("experiment", "model", "train", "corpus"):
         if json.dumps(before.get(key), sort_keys=True) != json.dumps(metadata[key], sort_keys=True, default=str):

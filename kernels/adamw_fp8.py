@@ -15,6 +15,7 @@ a parameter or gradient moves; the tensors are checked when the table is built, 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -100,9 +101,7 @@ class SpanTable:
         chunks = sum(chunk_counts)
         programs = max(1, min(programs, chunks))
         # Tensor t's chunks are chunk_starts[t] .. chunk_starts[t + 1] of all of them.
-        chunk_starts = [0]
-        for count in chunk_counts:
-            chunk_starts.append(chunk_starts[-1] + count)
+        chunk_starts = list(itertools.accumulate(chunk_counts, initial=0))
         rows, firsts, t = [], [], 0
         for p in range(programs):
             begin, end = p * chunks // programs, (p + 1) * chunks // programs
