@@ -6,6 +6,8 @@ conversion records, and what it leaves to torch.compile. A GPU test runs the rea
 from __future__ import annotations
 
 import contextlib
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -239,3 +241,39 @@ def test_te_layer_on_the_gpu_computes_our_block():
     ours = model(tokens).float()
     te_llama.replace_blocks(model, te)
     torch.testing.assert_close(model(tokens).float(), ours, rtol=0.05, atol=0.05)
+
+
+def test_torch_cudnn_loaded_before_te_in_dependency_order(tmp_path, monkeypatch):
+    """Before TE's import: every library of the nvidia-cudnn wheel (torch's cuDNN), each after those it links
+    against, and CUDNN_HOME at their folder unless the user set one; without such a wheel, nothing."""
+    import ctypes
+    import importlib.util
+    import os
+
+    loaded = []
+
+    def fake_cdll(path, mode=0):
+        loaded.append(os.path.basename(path))
+        raise OSError("not a library")  # a library that does not load is left to TE's import to report
+
+    monkeypatch.setattr(ctypes, "CDLL", fake_cdll)
+    monkeypatch.delenv("CUDNN_HOME", raising=False)
+    if importlib.util.find_spec("nvidia") is None:  # a CPU build of torch: no wheel, nothing to load
+        te_backend._load_torch_cudnn()
+        assert loaded == [] and "CUDNN_HOME" not in os.environ
+    for module in ("nvidia", "nvidia.cudnn"):  # only the fake wheel below is found
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    folder = tmp_path / "nvidia" / "cudnn" / "lib"
+    folder.mkdir(parents=True)
+    for name in ("libcudnn.so.9", "libcudnn_adv.so.9", "libcudnn_cnn.so.9", "libcudnn_graph.so.9", "libcudnn_ops.so.9",
+                 "libcudnn_heuristic.so.9", "libcudnn_engines_precompiled.so.9", "README.txt"):  # fmt: skip
+        (folder / name).write_text("")
+    monkeypatch.setattr(sys, "path", [str(tmp_path)] + [p for p in sys.path if not (Path(p) / "nvidia").is_dir()])
+    loaded.clear()
+    te_backend._load_torch_cudnn()
+    assert loaded == ["libcudnn_graph.so.9", "libcudnn_engines_precompiled.so.9", "libcudnn_heuristic.so.9", "libcudnn_ops.so.9",
+                      "libcudnn_cnn.so.9", "libcudnn_adv.so.9", "libcudnn.so.9"]  # fmt: skip
+    assert os.environ["CUDNN_HOME"] == str(folder)
+    monkeypatch.setenv("CUDNN_HOME", "/the/users/cudnn")
+    te_backend._load_torch_cudnn()
+    assert os.environ["CUDNN_HOME"] == "/the/users/cudnn"

@@ -18,9 +18,43 @@ from fp8bench.harness.case import Unsupported
 TE_RECIPES = {"tensorwise-delayed": "DelayedScaling", "tensorwise": "Float8CurrentScaling", "blockwise": "Float8BlockScaling"}
 
 
+# cuDNN 9's libraries, each after those it links against (libcudnn_graph is the base; libcudnn.so loads the rest).
+_CUDNN_LOAD_ORDER = ("_graph", "_engines_precompiled", "_engines_runtime_compiled", "_heuristic", "_ops", "_cnn", "_adv", "")
+
+
+def _load_torch_cudnn() -> None:
+    """Make TransformerEngine's import use the cuDNN torch ships with (the `nvidia-cudnn` wheel) where torch has one.
+
+    TE's core library names every cuDNN sub-library (libcudnn_ops, _cnn, _adv, ...) as a dependency; those torch has
+    not loaded yet resolve through the system's library path, where a GPU host may hold another cuDNN 9 (9.14 from
+    a deb beside torch's 9.19). Mixed, either TE's import fails (undefined cudnn::backend symbols) or torch's cuDNN
+    reports the system version and SDPA loses cuDNN attention for the rest of the process. Loading all of the
+    wheel's sub-libraries first makes each dependency resolve to the copy already loaded; CUDNN_HOME (unless the
+    user set it) points TE's own search for libcudnn.so at the same folder."""
+    import ctypes
+    import glob
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("nvidia.cudnn") if importlib.util.find_spec("nvidia") else None
+    folders = [os.path.join(root, "lib") for root in (spec.submodule_search_locations or [])] if spec else []
+    libraries = [path for folder in folders for path in glob.glob(os.path.join(folder, "libcudnn*.so.*[0-9]"))]
+    if not libraries:
+        return
+    os.environ.setdefault("CUDNN_HOME", os.path.dirname(libraries[0]))
+    # Dependencies before their dependents, so that no load resolves one through the system's path.
+    libraries.sort(key=lambda path: next((rank for rank, part in enumerate(_CUDNN_LOAD_ORDER) if f"libcudnn{part}.so" in path), len(_CUDNN_LOAD_ORDER)))
+    for path in libraries:
+        try:
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            pass  # a sub-library this host cannot load (e.g. one needing NVRTC) leaves TE's import to say so
+
+
 def te_module():
     """transformer_engine.pytorch, or Unsupported saying why it does not load."""
     try:
+        _load_torch_cudnn()
         import transformer_engine.pytorch as te
     except ImportError:
         raise Unsupported("transformer_engine is not installed") from None
@@ -30,9 +64,8 @@ def te_module():
 
 
 def te_unavailable_reason() -> str | None:
-    """Why TransformerEngine does not load here, or None. Importing it is what loads it: after torch's
-    attention has loaded torch's cuDNN, TE's import mixes the two builds and fails on a GPU host, so a
-    training run calls this before its first step."""
+    """Why TransformerEngine does not load here, or None. Importing it is what loads it; a training run calls
+    this before its first step, so that a failing import is a row before any case has run."""
     try:
         te_module()
     except Unsupported as err:
