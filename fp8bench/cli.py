@@ -974,12 +974,26 @@ _IMPLEMENTATION_HELP = ("repeatable; converts the model for each FP8 recipe: tri
 _MODEL_OPTION = typer.Option("llama-25m", help="the model to train")  # the choices: _NumericsGroup
 _BATCH_SIZE_OPTION = typer.Option(16, min=1, help="sequences per step")
 _SEQ_LEN_OPTION = typer.Option(256, min=1, help="tokens (bytes) per sequence")
-_LR_OPTION = typer.Option(1e-3, help="peak learning rate, reached after a linear warm-up of 50 steps (startup and optimizer: constant after it)")
+_LR_OPTION = typer.Option(1e-3, help="peak learning rate, reached after a linear warm-up of 50 steps (startup: constant after it)")
 _LR_SCHEDULE_OPTION = typer.Option("cosine", help="the learning rate after the warm-up: cosine (down to 10% of the peak at the last step) | "
                                    "constant; with cosine the end-of-run loss the gaps compare varies 3.6x less from seed to seed "
                                    "(llama-25m, 1000 steps, 4 BF16 seeds: 0.44% against 1.59%)")  # fmt: skip
 _CORPUS_BYTES_OPTION = typer.Option(None, help="use only the first files of the corpus up to this many bytes")
 _OUT_OPTION = typer.Option(None, help="run folder (default runs/<time>-numerics-<command>-<model>)")
+_JOBS_OPTION = typer.Option(None, min=1, help="curves trained at once, each in a fresh worker process on the one GPU (1: one after the other "
+                            "in this process; default 4 on a GPU, 1 on the CPU); the curves measure losses, not speed, so running them side "
+                            "by side changes no number")  # fmt: skip
+
+
+def _default_jobs(jobs: Optional[int]) -> int:
+    """--jobs, or its default: numerics.GPU_JOBS on a GPU, 1 on the CPU."""
+    if jobs is not None:
+        return jobs
+    import torch
+
+    from fp8bench.benchmarks.numerics import GPU_JOBS
+
+    return GPU_JOBS if torch.cuda.is_available() else 1
 
 
 @numerics_app.command("loss")
@@ -997,22 +1011,14 @@ def numerics_loss(
                               "weights; the batches stay the same): a recipe's gap is its mean over the seeds, each to BF16 with the same "
                               "seed; 0: BF16 only"),
     bf16_seeds: int = typer.Option(2, min=1, help="BF16 with at least this many seeds (their spread is the run-to-run noise)"),
-    jobs: Optional[int] = typer.Option(None, min=1, help="curves trained at once, each in a fresh worker process on the one GPU (1: one after "
-                                       "the other in this process; default 4 on a GPU, 1 on the CPU); the curves measure losses, not speed, so "
-                                       "running them side by side changes no number"),
+    jobs: Optional[int] = _JOBS_OPTION,
     resume: bool = typer.Option(False, help="continue the run in --out: the curves it finished are kept, the others trained"),
     corpus_bytes: Optional[int] = _CORPUS_BYTES_OPTION,
     out: Optional[Path] = _OUT_OPTION,
 ) -> None:
     """Loss curves on the standard library's sources: BF16 (several seeds) and each FP8 recipe per implementation, the gap over the last 10% of steps."""
-    if jobs is None:
-        import torch
-
-        from fp8bench.benchmarks.numerics import GPU_JOBS
-
-        jobs = GPU_JOBS if torch.cuda.is_available() else 1
     _numerics_loss("loss", model, recipe, implementation, steps, batch_size, seq_len, lr, lr_schedule, eval_every, bf16_seeds, seeds, corpus_bytes,
-                   out, stats=False, jobs=jobs, resume=resume)  # fmt: skip
+                   out, stats=False, jobs=_default_jobs(jobs), resume=resume)  # fmt: skip
 
 
 @numerics_app.command("stats")
@@ -1066,7 +1072,9 @@ def numerics_optimizer(
     batch_size: int = _BATCH_SIZE_OPTION,
     seq_len: int = _SEQ_LEN_OPTION,
     lr: float = _LR_OPTION,
+    lr_schedule: str = _LR_SCHEDULE_OPTION,
     repeats: int = typer.Option(5, min=1, help="GPU timing: independent repeats per optimizer"),
+    jobs: Optional[int] = _JOBS_OPTION,
     corpus_bytes: Optional[int] = _CORPUS_BYTES_OPTION,
     out: Optional[Path] = _OUT_OPTION,
 ) -> None:
@@ -1074,7 +1082,7 @@ def numerics_optimizer(
     from fp8bench.benchmarks import numerics
 
     factory, config, corpus, writer = _numerics_setup("optimizer", model, max(loss_steps, 1), batch_size, seq_len, lr, 100, corpus_bytes, out,
-                                                      {"timing": dataclasses.asdict(TimingConfig(repeats=repeats))})  # fmt: skip
+                                                      {"timing": dataclasses.asdict(TimingConfig(repeats=repeats))}, lr_schedule)  # fmt: skip
     timer = None
     if config.device == "cuda":
         from fp8bench.harness.timing import CudaEventTimer, GpuClock
@@ -1084,7 +1092,7 @@ def numerics_optimizer(
         err_console.print("[yellow]no CUDA GPU: the update is not timed[/]")
     with writer:
         summary = numerics.run_optimizer(factory, model, config, corpus, writer, loss_steps, error_steps, timer, TimingConfig(repeats=repeats),
-                                         on_curve=_print_curve)  # fmt: skip
+                                         on_curve=_print_curve, jobs=_default_jobs(jobs))  # fmt: skip
     for key, value in summary.items():
         console.print(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}")
 

@@ -181,7 +181,7 @@ def _suite_entries():
 
 def test_the_numerics_suite_runs_each_command_into_its_folder(tmp_path):
     argvs = {entry.name: entry.argv(tmp_path) for entry in _suite_entries()}
-    assert list(argvs) == ["loss-all", "loss-constant-lr", "startup", "loss", "stats", "optimizer"]  # TE before anything loads cuDNN
+    assert list(argvs) == ["loss-all", "loss-constant-lr", "startup", "loss", "stats", "optimizer"]
     assert argvs["loss"][:2] == ["numerics", "loss"] and argvs["loss"][-2:] == ["--out", str(tmp_path / "loss")]
     assert argvs["loss-all"].count("--implementation") == 3 and argvs["loss-all"][argvs["loss-all"].index("--jobs") + 1] == "8"
     assert argvs["optimizer"][:4] == ["numerics", "optimizer", "--model", "llama-25m"]
@@ -191,6 +191,24 @@ def test_the_numerics_suite_runs_each_command_into_its_folder(tmp_path):
         (tmp_path / name / "results.csv").write_text("benchmark\n")
     resumed = {entry.name: entry.argv(tmp_path, resume=True) for entry in _suite_entries()}
     assert "--resume" in resumed["loss-all"] and "--resume" not in resumed["startup"]
+
+
+def test_optimizer_loss_curves_in_workers_with_the_schedule_asked(tmp_path, monkeypatch):
+    """`numerics optimizer --jobs 2 --lr-schedule constant`: the three optimizers' curves trained in worker
+    processes, each row recording the schedule; the default schedule is the loss command's (cosine)."""
+    monkeypatch.setitem(numerics.MODELS, "micro", micro)
+    smoke = [item for pair in SMOKE.items() for item in pair]
+    result = CliRunner().invoke(app, ["numerics", "optimizer", *smoke, "--loss-steps", "2", "--error-steps", "1", "--jobs", "2",
+                                      "--lr-schedule", "constant", "--out", str(tmp_path / "constant")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = load_results(tmp_path / "constant")
+    loss_rows = rows[rows["case"] == "optimizer.loss"]
+    assert sorted(loss_rows["recipe"]) == ["adamw-e4m3-fp16", "adamw-e4m3-sqrt-e5m2", "adamw-fp32"] and set(loss_rows["status"]) == {"ok"}
+    assert {json.loads(options)["lr_schedule"] for options in loss_rows["options"]} == {"constant"}
+    result = CliRunner().invoke(app, ["numerics", "optimizer", *smoke, "--loss-steps", "2", "--error-steps", "1", "--out", str(tmp_path / "default")])
+    assert result.exit_code == 0, result.output
+    rows = load_results(tmp_path / "default")
+    assert {json.loads(options)["lr_schedule"] for options in rows[rows["case"] == "optimizer.loss"]["options"]} == {"cosine"}
 
 
 # Each entry's own options, then a micro model and a few steps (a later value of an option wins in click).

@@ -305,8 +305,8 @@ class E2EBenchmark:
     BF16 reference row (final loss) and adds what comes from that row and the GPU (the model-level
     roofline, MFU) and the step's time by kernel class. Every profiled kernel goes to
     `run_dir`/e2e_kernels.csv as the run goes (`run_dir` None: not recorded, as on the ranks but rank 0).
-    `load_te`: TransformerEngine is imported before the first step (after torch's attention has loaded
-    cuDNN, TE's import fails on a GPU host; a failure is its rows' reason)."""
+    `load_te`: TransformerEngine is imported before the first step (an import that fails is its rows' reason
+    before any case has run)."""
 
     device: str = "cuda"
     process_group: Any = None

@@ -626,8 +626,8 @@ def _train_part(factory: ModelFactory, curve: Curve, config: TrainConfig, corpus
 
 
 def _load_te_first(curves_to_run: list[Curve]) -> None:
-    """TransformerEngine's import fails on a GPU host once torch's attention has loaded cuDNN: a process
-    that trains a TE curve imports it before its first curve."""
+    """A process that trains a TE curve imports TransformerEngine before its first curve, so that an import
+    that fails is known before any curve has trained."""
     if any(curve.implementation == "te" for curve in curves_to_run):
         from fp8bench.backends.te import te_unavailable_reason
 
@@ -888,9 +888,10 @@ def optimizer_bytes(state_format: StateFormat | None, numel: int) -> int:
 
 
 def run_optimizer(factory: ModelFactory, model_name: str, config: TrainConfig, corpus, writer: RunWriter, loss_steps: int,
-                  error_steps: int = 20, timer=None, timing=None, on_curve=None) -> dict[str, Any]:  # fmt: skip
+                  error_steps: int = 20, timer=None, timing=None, on_curve=None, jobs: int = 1) -> dict[str, Any]:  # fmt: skip
     """State memory and update error of each format against torch AdamW, the loss curve of each over
-    `loss_steps` steps (0: none), and with a CUDA `timer` the fused update's time."""
+    `loss_steps` steps (0: none; `jobs` curves at a time, after the timing), and with a CUDA `timer` the fused
+    update's time."""
     problem = fp8_problem(config.device)
     if problem:
         for state_format in StateFormat:
@@ -927,7 +928,7 @@ def run_optimizer(factory: ModelFactory, model_name: str, config: TrainConfig, c
         writer.append(_row("optimizer.update", curve, config, model_name, Status.OK.value, measured))
     if loss_steps:
         loss_config = TrainConfig(**{**asdict(config), "steps": loss_steps})
-        results = _train_all(factory, optimizer_curves(), loss_config, corpus, writer.run_dir, False, on_curve)
+        results = _train_all(factory, optimizer_curves(), loss_config, corpus, writer.run_dir, False, on_curve, jobs=jobs)
         _write_gaps(results, results[0], "optimizer.loss", loss_config, model_name, writer)
     return summary
 
