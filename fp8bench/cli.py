@@ -725,7 +725,7 @@ def e2e(
     activation_checkpointing: str = typer.Option("none", help="none | selective | full, per block"),
     lm_head: str = typer.Option("bf16", help="bf16 | fp8: the LM head's products"),
     attention: str = typer.Option(
-        "flash", help="scaled_dot_product_attention backend for every row: flash | cudnn | efficient | math | auto (torch's choice, which a TransformerEngine import can change)"
+        "flash", help="scaled_dot_product_attention backend for every row: flash | cudnn | efficient | math | auto (torch's choice: cuDNN on an H100 with torch 2.11)"
     ),
     nproc_per_node: int = typer.Option(1, min=1, help="GPUs of this host to train on with FSDP2 (launched with torchrun)"),
     out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-e2e-<model>)"),

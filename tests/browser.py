@@ -88,6 +88,13 @@ class _TreeBuilder(HTMLParser):
         self._open[-1].children.append(data)
 
 
+def inlines_bundle(page_text: str, bundle: Path) -> bool:
+    """Whether a page carries a copy of a script bundle (plotly.js): a stretch from the bundle's middle appears
+    in it. Not the page's size: a page of many curves holds megabytes of its own data."""
+    code = bundle.read_text(encoding="utf-8")
+    return code[len(code) // 2 : len(code) // 2 + 400] in page_text
+
+
 def parse_html(text: str) -> Element:
     builder = _TreeBuilder()
     builder.feed(text)

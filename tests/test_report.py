@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from browser import parse_html, render
+from browser import inlines_bundle, parse_html, render
 from fp8bench.cli import app
 from fp8bench.config import FastAccum, GemmShape, Granularity, MatmulCase, Status
 from fp8bench.model.hardware import GPUS
@@ -138,7 +138,17 @@ def test_plotly_js_written_once_and_referenced_by_every_chart_page(run):
         text = path.read_text()
         scripts = parse_html(text).find_all("script")
         assert [s.attrs["src"] for s in scripts if "src" in s.attrs] == [PLOTLY_JS]
-        assert len(text) < bundle.stat().st_size / 4, f"{path.name} seems to inline plotly.js"
+        assert not inlines_bundle(text, bundle), f"{path.name} inlines plotly.js"
+
+
+def test_a_page_with_plotly_inlined_is_caught(run):
+    """The check the pages pass is one that fails: a page carrying plotly.js, as plotly's include_plotlyjs=True
+    writes it, is reported; the same page referencing the bundle is not."""
+    run_dir, pages, _ = run
+    bundle = run_dir / PLOTLY_JS
+    page = pages[1].read_text()
+    assert inlines_bundle(page.replace("</head>", f"<script>{bundle.read_text()}</script></head>"), bundle)
+    assert not inlines_bundle(page, bundle)
 
 
 def test_every_table_lists_all_rows_of_its_granularity_and_bf16(run):
