@@ -36,7 +36,10 @@ def _load_torch_cudnn() -> None:
     import importlib.util
     import os
 
-    spec = importlib.util.find_spec("nvidia.cudnn") if importlib.util.find_spec("nvidia") else None
+    try:
+        spec = importlib.util.find_spec("nvidia.cudnn") if importlib.util.find_spec("nvidia") else None
+    except (ImportError, ValueError):  # an `nvidia` module that is no package: no wheel to load from
+        spec = None
     folders = [os.path.join(root, "lib") for root in (spec.submodule_search_locations or [])] if spec else []
     libraries = [path for folder in folders for path in glob.glob(os.path.join(folder, "libcudnn*.so.*[0-9]"))]
     if not libraries:
