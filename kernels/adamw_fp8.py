@@ -185,7 +185,7 @@ class AdamWFP8Tensors:
         self.scalars[:, layout.SCALE_V.value] = 1.0
         self._new_half = 1  # the half the next step writes
         self._addresses = torch.empty(layout.ADDRESS_ROWS.value, len(self.params), dtype=torch.int64, device=device)
-        self._addressed: tuple | None = None  # (gradient dtype, data_ptrs) the address table holds
+        self._addressed: tuple | None = None  # (gradient dtype, layouts, data_ptrs) the address table holds
         self._aligned = False  # whether every address in it is a multiple of ALIGNMENT
         self._v_dtype, self._sqrt_v = SECOND_MOMENT_DTYPES[second_moment_dtype]
         self._v_max = reference.fp8_max(reference.E5M2) if self._sqrt_v else reference.FP16_MAX
@@ -206,10 +206,12 @@ class AdamWFP8Tensors:
         return current[layout.AMAX_M.value], current[layout.AMAX_V.value]
 
     def _address_table(self, grads: Sequence[torch.Tensor]) -> torch.Tensor:
-        """The device table of addresses, rebuilt when a parameter or gradient moved (or the gradients'
-        dtype changed): a host comparison of ints, then a pinned copy that does not synchronise."""
+        """The device table of addresses, rebuilt (and the gradients checked) when a parameter or gradient moved,
+        or a gradient's dtype, shape or strides changed: the allocator may put a gradient of another shape at a
+        freed one's address. A host comparison of ints, then a pinned copy that does not synchronise."""
         data_ptr = torch.Tensor.data_ptr
-        key = (grads[0].dtype if grads else None, *map(data_ptr, grads), *map(data_ptr, self.params))
+        layouts = tuple((g.shape, g.stride(), g.device) for g in grads)
+        key = (grads[0].dtype if grads else None, layouts, *map(data_ptr, grads), *map(data_ptr, self.params))
         if key != self._addressed:
             _check_grads(self.params, grads)
             addresses = [list(map(data_ptr, tensors)) for tensors in (self.params, grads, self.ms, self.vs)]

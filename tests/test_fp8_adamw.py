@@ -172,11 +172,15 @@ def test_a_step_is_two_launches_that_never_synchronise():
     assert len(stayed) == 2 and all("_grad_amax_kernel" in n or "_adamw_fp8_kernel" in n for n in stayed), stayed
 
 
-def test_gradients_are_checked_when_they_move():
+def test_gradients_are_checked_when_they_move_or_change_shape():
     tensors = AdamWFP8Tensors([torch.zeros(4), torch.zeros(3)], reference.E5M2)
-    tensors.step([torch.zeros(4), torch.zeros(3)], HYPER, 1)
+    grad, buffer = torch.zeros(4), torch.zeros(5)
+    tensors.step([grad, buffer[:3]], HYPER, 1)
+    # The same addresses, a gradient of another shape (as the allocator can hand out a freed gradient's address).
     with pytest.raises(ValueError, match="contiguous gradient of its shape"):
-        tensors.step([torch.zeros(4), torch.zeros(5)], HYPER, 2)
+        tensors.step([grad, buffer], HYPER, 2)
+    with pytest.raises(ValueError, match="contiguous gradient of its shape"):
+        tensors.step([grad, torch.zeros(5)], HYPER, 2)
     with pytest.raises(ValueError, match="gradients must all be one of"):
         tensors.step([torch.zeros(4), torch.zeros(3, dtype=torch.float64)], HYPER, 2)
     with pytest.raises(ValueError, match="1 gradients for 2 parameters"):
