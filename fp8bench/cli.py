@@ -1074,6 +1074,8 @@ def numerics_optimizer(
     lr: float = _LR_OPTION,
     lr_schedule: str = _LR_SCHEDULE_OPTION,
     repeats: int = typer.Option(5, min=1, help="GPU timing: independent repeats per optimizer"),
+    seeds: int = typer.Option(1, min=1, help="each optimizer's loss curve with seeds 0..N-1: a format's gap is its mean over the seeds, "
+                              "each to FP32 AdamW with the same seed, and the FP32 seeds' spread is the noise"),
     jobs: Optional[int] = _JOBS_OPTION,
     corpus_bytes: Optional[int] = _CORPUS_BYTES_OPTION,
     out: Optional[Path] = _OUT_OPTION,
@@ -1092,7 +1094,7 @@ def numerics_optimizer(
         err_console.print("[yellow]no CUDA GPU: the update is not timed[/]")
     with writer:
         summary = numerics.run_optimizer(factory, model, config, corpus, writer, loss_steps, error_steps, timer, TimingConfig(repeats=repeats),
-                                         on_curve=_print_curve, jobs=_default_jobs(jobs))  # fmt: skip
+                                         on_curve=_print_curve, jobs=_default_jobs(jobs), seeds=seeds)  # fmt: skip
     for key, value in summary.items():
         console.print(f"  {key}: {value:.4g}" if isinstance(value, float) else f"  {key}: {value}")
 

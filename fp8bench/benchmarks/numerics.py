@@ -739,11 +739,12 @@ def _gap_row(result: CurveResult, reference: CurveResult | None, case: str, conf
     curves.flush()
 
 
-def _write_gaps(results: list[CurveResult], reference: CurveResult, case: str, config, model_name, writer: RunWriter) -> None:
-    """Per curve its results row and checkpoint gaps to `reference` (_gap_row)."""
+def _write_gaps(results: list[CurveResult], reference_of: Callable[[CurveResult], CurveResult | None], case: str, config, model_name,
+                writer: RunWriter) -> None:  # fmt: skip
+    """Per curve its results row and checkpoint gaps to the curve `reference_of` gives it (_gap_row)."""
     curves = CurveWriter(writer.run_dir)
     for result in results:
-        _gap_row(result, reference, case, config, model_name, writer, curves)
+        _gap_row(result, reference_of(result), case, config, model_name, writer, curves)
     curves.close()
 
 
@@ -843,7 +844,7 @@ def run_startup(factory: ModelFactory, model_name: str, config: TrainConfig, cor
     results = _train_all(factory, startup_curves(recipe, seed), config, corpus, writer.run_dir, True, on_curve, on_step)
     for first, second in zip(results[0::2], results[1::2]):
         case = "startup." + second.curve.name.rsplit("-seed", 1)[0]  # startup.scale-1, startup.te-master-from-fp8, ...
-        _write_gaps([first, second], first, case, config, model_name, writer)
+        _write_gaps([first, second], lambda _: first, case, config, model_name, writer)
     return results
 
 
@@ -888,10 +889,10 @@ def optimizer_bytes(state_format: StateFormat | None, numel: int) -> int:
 
 
 def run_optimizer(factory: ModelFactory, model_name: str, config: TrainConfig, corpus, writer: RunWriter, loss_steps: int,
-                  error_steps: int = 20, timer=None, timing=None, on_curve=None, jobs: int = 1) -> dict[str, Any]:  # fmt: skip
+                  error_steps: int = 20, timer=None, timing=None, on_curve=None, jobs: int = 1, seeds: int = 1) -> dict[str, Any]:  # fmt: skip
     """State memory and update error of each format against torch AdamW, the loss curve of each over
-    `loss_steps` steps (0: none; `jobs` curves at a time, after the timing), and with a CUDA `timer` the fused
-    update's time."""
+    `loss_steps` steps (0: none) with seeds 0..`seeds`-1, each gap to FP32 AdamW of the same seed (`jobs`
+    curves at a time, after the timing), and with a CUDA `timer` the fused update's time."""
     problem = fp8_problem(config.device)
     if problem:
         for state_format in StateFormat:
@@ -928,8 +929,10 @@ def run_optimizer(factory: ModelFactory, model_name: str, config: TrainConfig, c
         writer.append(_row("optimizer.update", curve, config, model_name, Status.OK.value, measured))
     if loss_steps:
         loss_config = TrainConfig(**{**asdict(config), "steps": loss_steps})
-        results = _train_all(factory, optimizer_curves(), loss_config, corpus, writer.run_dir, False, on_curve, jobs=jobs)
-        _write_gaps(results, results[0], "optimizer.loss", loss_config, model_name, writer)
+        curves_to_run = [curve for seed in range(seeds) for curve in optimizer_curves(seed)]
+        results = _train_all(factory, curves_to_run, loss_config, corpus, writer.run_dir, False, on_curve, jobs=jobs)
+        fp32 = {result.curve.seed: result for result in results if result.curve.state_format is None}
+        _write_gaps(results, lambda result: fp32.get(result.curve.seed), "optimizer.loss", loss_config, model_name, writer)
     return summary
 
 

@@ -269,7 +269,7 @@ def loss_charts(curves: pd.DataFrame, names: list[str], prefix: str, references:
         figure.update_layout(xaxis_title="step", yaxis_title=f"relative loss gap to {html.escape(' | '.join(shown) if len(shown) < 3 else 'BF16')}",
                              yaxis_tickformat=".1%", height=450)  # fmt: skip
         note = ("At each step: the mean loss over the last 10% of the steps so far, relative to the reference's over the same steps "
-                f"({'each curve to BF16 with its seed' if len(shown) > 1 else shown[0]}).")  # fmt: skip
+                f"({'each curve to the one of its seed among ' + ', '.join(shown) if len(shown) > 1 else shown[0]}).")  # fmt: skip
         if noise:
             note += f" The grey band is the largest gap of the other BF16 seeds to {names[0]}: run-to-run noise."
         charts.append(Chart(chart_id(prefix, "gap"), "Relative loss gap against steps", figure, note))
@@ -418,24 +418,31 @@ def startup_conclusion(loss_a: pd.Series, loss_b: pd.Series, curves: pd.DataFram
 
 def optimizer_table(rows: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     """Per optimizer: state bytes per parameter and their share of FP32 AdamW's, the update error after
-    the last compared step, the loss gap to FP32 states, and the fused update's GB/s where timed."""
+    the last compared step, the loss gap to FP32 states (the mean over the seeds of each seed's gap to FP32
+    AdamW with the same seed, with the band the FP32 seeds' spread gives it: SeedGaps), and the fused update's
+    GB/s where timed."""
     state = curves[curves["metric"] == "state_bytes_per_param"].groupby("curve", sort=False)["value"].last()
     errors = curves[curves["metric"] == "update_rel_err"].sort_values("step").groupby("curve", sort=False)["value"].last()
     loss = values_by_curve(curves)
     optimizer_rows = curve_options(rows[rows["case"].str.startswith("optimizer.")])
+    optimizer_rows = optimizer_rows.assign(seed=optimizer_rows["options"].map(_seed))
     names = list(dict.fromkeys([*state.index, *optimizer_rows["optimizer"]]))
-    reference = next((series for name, series in loss.items() if name.startswith("adamw-fp32")), None)
+    trained = optimizer_rows[optimizer_rows["case"] == "optimizer.loss"]
+    fp32 = {row.seed: loss[row.curve] for row in trained[trained["optimizer"] == "adamw-fp32"].itertuples() if row.curve in loss}
+    noise = bf16_noise([series.to_list() for series in fp32.values()])
     table = []
     for name in names:
         timed = optimizer_rows[(optimizer_rows["case"] == "optimizer.update") & (optimizer_rows["optimizer"] == name)]
-        trained = optimizer_rows[(optimizer_rows["case"] == "optimizer.loss") & (optimizer_rows["optimizer"] == name)]
-        curve = trained["curve"].iloc[0] if len(trained) else ""
-        gap = final_gap(loss[curve], reference) if curve in loss and reference is not None else math.nan
+        pairs = [(loss[row.curve], fp32[row.seed]) for row in trained[trained["optimizer"] == name].itertuples() if row.curve in loss and row.seed in fp32]
+        gaps = SeedGaps(tuple(final_gap(curve, reference) for curve, reference in pairs), noise) if pairs else None
         status = "; ".join(dict.fromkeys(optimizer_rows.loc[optimizer_rows["optimizer"] == name, "status"])) or Status.OK.value
         table.append({
             "optimizer": name, "status": status, "state bytes / param": state.get(name, math.nan),
             "state memory vs FP32": _pct_of(state.get(name, math.nan), state.get("adamw-fp32", math.nan)),
-            "update rel. error": errors.get(name, math.nan), "loss gap vs FP32, last 10%": _pct(gap),
+            "update rel. error": errors.get(name, math.nan), "seeds": len(pairs),
+            "loss gap vs FP32, last 10%": _pct(gaps.mean) if gaps else "n/a",
+            "over the seeds": _range(gaps.gaps) if gaps and len(gaps.gaps) > 1 else ("one seed" if gaps else ""),
+            "noise band": "n/a" if gaps is None or math.isnan(gaps.band) else f"±{100 * gaps.band:.2f}%",
             "GB/s": _first(timed, "gbps"), "% of copy bandwidth": _first(timed, "pct_peak"),
             "speedup vs torch fused": _first(timed, "speedup_vs_bf16"),
         })  # fmt: skip
@@ -455,6 +462,8 @@ def optimizer_conclusion(table: pd.DataFrame) -> str:
     text = []
     for row in table[table["optimizer"] != "adamw-fp32"].to_dict("records"):
         sentence = f"{row['optimizer']}: states {row['state memory vs FP32']} of FP32's, loss gap {row['loss gap vs FP32, last 10%']}"
+        if row.get("seeds", 1) > 1:
+            sentence += f" (mean of {int(row['seeds'])} seeds, {row['over the seeds']}; noise band {row['noise band']})"
         if not math.isnan(row["GB/s"]):
             sentence += (f", the fused update at {row['% of copy bandwidth']:.1f}% of copy bandwidth and "
                          f"{row['speedup vs torch fused']:.2f}x torch's fused AdamW")  # fmt: skip
@@ -476,7 +485,8 @@ def optimizer_section(rows: pd.DataFrame, curves: pd.DataFrame) -> list[str]:
         chart = _line_chart(errors, chart_id("optimizer", "update-error"), "Update error against FP32-state AdamW", "relative update error", colours)
         parts.append(chart.to_html())
     trained = curve_options(rows[rows["case"] == "optimizer.loss"])
-    parts.extend(chart.to_html() for chart in loss_charts(curves, list(trained["curve"]), "optimizer"))
+    references = {row.curve: f"adamw-fp32-seed{_seed(row.options)}" for row in trained.itertuples()}  # each seed's own FP32 curve
+    parts.extend(chart.to_html() for chart in loss_charts(curves, list(trained["curve"]), "optimizer", references))
     return parts
 
 
