@@ -43,7 +43,7 @@ class CublasBackend(Backend):
 
     def prepare_gemm(self, operands: Operands, granularity: Granularity, fast_accum: FastAccum) -> PreparedGemm:
         products = scaled_mm_products(operands, granularity, fast_accum is FastAccum.ON)
-        order = fastest(products) if operands.a.is_cuda else A_TIMES_B
+        order = fastest(products) if operands.a.is_cuda and len(products) > 1 else A_TIMES_B
         return PreparedGemm(products[order], {"op": "torch._scaled_mm", "dtype": operands.dtype_name, "operand_order": order})
 
 
