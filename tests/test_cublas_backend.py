@@ -35,9 +35,46 @@ def test_both_operand_orders_compute_the_product(dtypes, granularity, M, K, N):
     assert torch.allclose(outputs[A_TIMES_B].float(), outputs[TRANSPOSED].float(), rtol=1e-2, atol=1e-2)
 
 
-def test_blockwise_has_one_order_and_the_cpu_case_records_its_order():
+def test_blockwise_and_m_off_16_have_one_order_and_the_cpu_case_records_its_order():
     generator = torch.Generator().manual_seed(0)
     operands = Operands(torch.randn(128, 512, generator=generator).bfloat16(), torch.randn(256, 512, generator=generator).bfloat16())
     assert list(scaled_mm_products(operands, Granularity.BLOCKWISE, use_fast_accum=False)) == [A_TIMES_B]
+    skinny = Operands(torch.randn(40, 512, generator=generator).bfloat16(), torch.randn(256, 512, generator=generator).bfloat16())
+    assert list(scaled_mm_products(skinny, Granularity.TENSORWISE, use_fast_accum=False)) == [A_TIMES_B]  # the transpose's N would be 40
     prepared = get_backend("cublas").prepare_gemm(operands, Granularity.TENSORWISE, FastAccum.OFF)
     assert prepared.options["operand_order"] == A_TIMES_B and prepared.run().shape == (128, 256)
+
+
+def test_fastest_keeps_the_quicker_order_and_drops_one_cublas_refuses(monkeypatch):
+    """The choice itself, with CUDA's events faked by a clock each product advances by its own cost."""
+    from fp8bench.backends import cublas
+
+    now = [0.0]
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            self.at = None
+
+        def record(self):
+            self.at = now[0]
+
+        def elapsed_time(self, end):
+            return end.at - self.at
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    def costing(ms):
+        def product():
+            now[0] += ms
+
+        return product
+
+    def refused():
+        raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED")
+
+    assert cublas.fastest({A_TIMES_B: costing(8.3), TRANSPOSED: costing(6.5)}) == TRANSPOSED
+    assert cublas.fastest({A_TIMES_B: costing(5.8), TRANSPOSED: costing(6.1)}) == A_TIMES_B
+    assert cublas.fastest({A_TIMES_B: costing(8.3), TRANSPOSED: refused}) == A_TIMES_B
+    with pytest.raises(RuntimeError, match="NOT_SUPPORTED"):  # the case's own order failing is its failure
+        cublas.fastest({A_TIMES_B: refused, TRANSPOSED: costing(6.5)})
