@@ -79,10 +79,9 @@ COMPILE_MODES = ("none", "block", "model")
 CHECKPOINTING = ("none", "selective", "full")
 LM_HEADS = ("bf16", "fp8")
 # torch's scaled_dot_product_attention backend, pinned for every row of a run (torch.nn.attention.SDPBackend
-# names), or `auto`: torch's own choice, which depends on what the process loaded: on a host whose toolkit
-# cuDNN is older than torch's, importing TransformerEngine takes the cuDNN kernel away from torch, so the same
-# model's attention differed between runs with TE rows (FlashAttention-2) and without (cuDNN). FlashAttention-2
-# runs in either process, so it is the default; `te-layer` runs TE's own attention whatever this says.
+# names), or `auto`: torch's own choice (cuDNN on an H100 with torch 2.11, now also in a process that imports
+# TransformerEngine: fp8bench.backends.te loads torch's cuDNN before TE's import). FlashAttention-2 stays the
+# default, the attention of the committed e2e series; `te-layer` runs TE's own attention whatever this says.
 ATTENTION_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH", "auto": None}
 IMPLEMENTATIONS = tuple(backend_names(Level.MODEL))  # bf16, triton (ours), torchao, te, te-layer
 FP8_IMPLEMENTATIONS = tuple(i for i in IMPLEMENTATIONS if i != "bf16")

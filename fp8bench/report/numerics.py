@@ -166,12 +166,10 @@ def headline(rows: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     fp8 = order.sort_values("_key", kind="stable").drop(columns="_key")  # ours first, then by granularity as the curves finished in any order
     for (backend, recipe), group in fp8.groupby(["backend", "recipe"], sort=False):
         pairs = [(loss[row.curve], loss[f"bf16-seed{row.seed}"]) for row in group.itertuples() if row.curve in loss and f"bf16-seed{row.seed}" in loss]
-        gaps = SeedGaps(tuple(final_gap(curve, reference) for curve, reference in pairs), noise) if pairs else None
-        table.append({"implementation": backend, "recipe": recipe, "seeds": len(pairs), "status": _statuses(group),
-                      "gap vs BF16, last 10%": _pct(gaps.mean) if gaps else "n/a",
-                      "over the seeds": _range(gaps.gaps) if gaps and len(gaps.gaps) > 1 else ("one seed" if gaps else ""),
-                      "noise band": "n/a" if gaps is None or math.isnan(gaps.band) else f"±{100 * gaps.band:.2f}%",
-                      "verdict": _verdict(gaps)})  # fmt: skip
+        gaps = _seed_gaps(pairs, noise)
+        mean, over, band = _gap_cells(gaps)
+        table.append({"implementation": backend, "recipe": recipe, "seeds": len(pairs), "status": _statuses(group), "gap vs BF16, last 10%": mean,
+                      "over the seeds": over, "noise band": band, "verdict": _verdict(gaps)})  # fmt: skip
     return pd.DataFrame(table, columns=HEADLINE_COLUMNS)
 
 
@@ -184,6 +182,19 @@ def loss_references(loss_rows: pd.DataFrame) -> dict[str, str]:
     references = {name: first for name in bf16["curve"]}
     references.update({row.curve: f"bf16-seed{seed}" for row, seed in zip(loss_rows.itertuples(), seeds) if row.recipe != "bf16"})
     return references
+
+
+def _seed_gaps(pairs: list[tuple[pd.Series, pd.Series]], noise: float) -> SeedGaps | None:
+    """The final gaps of (curve, reference of its seed) pairs with the run's noise; None without a pair."""
+    return SeedGaps(tuple(final_gap(curve, reference) for curve, reference in pairs), noise) if pairs else None
+
+
+def _gap_cells(gaps: SeedGaps | None) -> tuple[str, str, str]:
+    """A table's mean gap, its range over the seeds and its noise band, as text."""
+    if gaps is None:
+        return "n/a", "", "n/a"
+    over = _range(gaps.gaps) if len(gaps.gaps) > 1 else "one seed"
+    return _pct(gaps.mean), over, "n/a" if math.isnan(gaps.band) else f"±{100 * gaps.band:.2f}%"
 
 
 def _statuses(group: pd.DataFrame) -> str:
@@ -434,15 +445,13 @@ def optimizer_table(rows: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     for name in names:
         timed = optimizer_rows[(optimizer_rows["case"] == "optimizer.update") & (optimizer_rows["optimizer"] == name)]
         pairs = [(loss[row.curve], fp32[row.seed]) for row in trained[trained["optimizer"] == name].itertuples() if row.curve in loss and row.seed in fp32]
-        gaps = SeedGaps(tuple(final_gap(curve, reference) for curve, reference in pairs), noise) if pairs else None
-        status = "; ".join(dict.fromkeys(optimizer_rows.loc[optimizer_rows["optimizer"] == name, "status"])) or Status.OK.value
+        mean, over, band = _gap_cells(_seed_gaps(pairs, noise))
         table.append({
-            "optimizer": name, "status": status, "state bytes / param": state.get(name, math.nan),
+            "optimizer": name, "status": _statuses(optimizer_rows[optimizer_rows["optimizer"] == name]) or Status.OK.value,
+            "state bytes / param": state.get(name, math.nan),
             "state memory vs FP32": _pct_of(state.get(name, math.nan), state.get("adamw-fp32", math.nan)),
             "update rel. error": errors.get(name, math.nan), "seeds": len(pairs),
-            "loss gap vs FP32, last 10%": _pct(gaps.mean) if gaps else "n/a",
-            "over the seeds": _range(gaps.gaps) if gaps and len(gaps.gaps) > 1 else ("one seed" if gaps else ""),
-            "noise band": "n/a" if gaps is None or math.isnan(gaps.band) else f"±{100 * gaps.band:.2f}%",
+            "loss gap vs FP32, last 10%": mean, "over the seeds": over, "noise band": band,
             "GB/s": _first(timed, "gbps"), "% of copy bandwidth": _first(timed, "pct_peak"),
             "speedup vs torch fused": _first(timed, "speedup_vs_bf16"),
         })  # fmt: skip
