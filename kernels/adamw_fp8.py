@@ -9,7 +9,8 @@ computes them.
 
 `AdamWFP8Tensors` holds what stays from step to step: the moments, the per-tensor scalars, the span
 table, and the table of addresses, rebuilt (and copied to the device without synchronising) only when
-a parameter or gradient moves; the tensors are checked when the table is built, not at every step.
+a parameter or gradient moves or a gradient's layout changes; the tensors are checked when the table is
+built, not at every step.
 """
 
 from __future__ import annotations
