@@ -435,7 +435,13 @@ def _saved_by_selective(op) -> bool:
 
 def apply_checkpointing(model, mode: str) -> None:
     """Wrap each block in activation checkpointing: `full` recomputes the whole block in the backward,
-    `selective` all but the products and attention (_saved_by_selective)."""
+    `selective` all but the products and attention (_saved_by_selective).
+
+    Both go through a checkpoint policy, `full`'s recomputing every op: under torch.compile, torch 2.11's
+    plain checkpoint tags only the block graph's own nodes for recomputation, not those inside an
+    autograd.Function (FP8 linears: ours, torchao's), whose outputs the partitioner then saved (on 2 x H100,
+    8 blocks of 8B width: ours held 1.06 GB more per block through the forward); a policy tags each op as
+    it is dispatched, wherever it sits. Eager, the policy's dispatch mode adds only host time."""
     if mode == "none":
         return
     from functools import partial
@@ -443,13 +449,12 @@ def apply_checkpointing(model, mode: str) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    options: dict[str, Any] = {"preserve_rng_state": False}
-    if mode == "selective":
+    def policy(ctx, op, *args, **kwargs):
+        if mode == "selective" and _saved_by_selective(op):
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
 
-        def policy(ctx, op, *args, **kwargs):
-            return CheckpointPolicy.MUST_SAVE if _saved_by_selective(op) else CheckpointPolicy.PREFER_RECOMPUTE
-
-        options["context_fn"] = partial(create_selective_checkpoint_contexts, policy)
+    options: dict[str, Any] = {"preserve_rng_state": False, "context_fn": partial(create_selective_checkpoint_contexts, policy)}
     for index, block in enumerate(model.layers):
         model.layers[index] = checkpoint_wrapper(block, **options)
 
