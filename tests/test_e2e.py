@@ -148,7 +148,8 @@ def test_synthetic_tokens_are_seeded_and_targets_are_the_next_tokens():
 
 def test_loss_problem_catches_divergence_and_non_finite_losses():
     assert e2e.loss_problem(5.0, 5.01) is None
-    assert "vs BF16's" in e2e.loss_problem(6.0, 5.0)
+    assert e2e.loss_problem(6.0, 5.0) == "final loss 6.0000 vs BF16's 5.0000 (> 10% above)"
+    assert e2e.loss_problem(4.0, 5.0) is None  # below BF16's: no divergence
     assert e2e.loss_problem(math.nan, 5.0) == "final loss nan"
 
 
@@ -214,8 +215,9 @@ def _run(config: e2e.E2EConfig, clock, run_dir, cases=None):
         return run_cases(benchmark, config.cases() if cases is None else cases, writer, None, TimingConfig())
 
 
-def test_run_writes_a_row_per_case_with_throughput_loss_and_breakdown(tmp_path):
+def test_run_writes_a_row_per_case_with_throughput_loss_and_breakdown(tmp_path, monkeypatch):
     torch.manual_seed(0)
+    monkeypatch.setattr(e2e, "LR_WARMUP_STEPS", 1)  # the full rate from the first step: the tiny model learns in 10
     config = _config(implementations=("te",))
     clock = FakeClock()
     rows = _run(config, clock, tmp_path)
@@ -407,6 +409,13 @@ def test_selective_checkpointing_under_compile_saves_products_not_casts():
     saved = _saved_by_compiled_block("triton", "selective")
     assert any("fp8_gemm" in op for op, _ in saved), saved
     assert not any(dtype in (torch.float8_e4m3fn, torch.float8_e5m2) for _, dtype in saved), saved
+
+
+def test_learning_rate_warms_up_linearly_then_holds():
+    factors = [e2e.warmup_factor(step) for step in range(e2e.LR_WARMUP_STEPS + 5)]
+    assert factors[0] == pytest.approx(1 / e2e.LR_WARMUP_STEPS)
+    assert factors[e2e.LR_WARMUP_STEPS - 1] == factors[-1] == 1.0
+    assert all(b > a for a, b in zip(factors, factors[1:e2e.LR_WARMUP_STEPS]))
 
 
 def test_fp8_gemm_time_relative_to_bf16_per_recipe():
