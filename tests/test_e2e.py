@@ -5,7 +5,6 @@ re-running a case from its identity. The GPU measurement is marked `gpu`."""
 from __future__ import annotations
 
 import math
-import operator
 import os
 
 import pandas as pd
@@ -25,6 +24,7 @@ from fp8bench.harness.runner import rerun, resume, run_cases  # noqa: E402
 from fp8bench.nn.float8_linear import Float8Linear  # noqa: E402
 from fp8bench.nn.llama import PRESETS, Llama, LlamaConfig  # noqa: E402
 from fp8bench.nn.recipes import RECIPES  # noqa: E402
+from compiled_graphs import saved_by_compiled_block  # noqa: E402
 
 TINY = LlamaConfig("tiny", dim=64, ffn_dim=128, heads=4, kv_heads=2, vocab=256, layers=2)
 
@@ -359,54 +359,19 @@ def test_activation_checkpointing_recomputes_the_same_step(checkpointing):
     assert all(type(block).__name__ == "CheckpointWrapper" for block in model.layers)
 
 
-def _saved_by_compiled_block(implementation: str, checkpointing: str) -> list[tuple[str, torch.dtype]]:
-    """What the compiled forward of one checkpointed block of TINY's width (ours tensorwise, or BF16) saves for
-    its backward beyond its inputs: (producing op, dtype) per saved tensor. The graphs are partitioned as
-    inductor partitions them and run as traced (kernels under the Triton interpreter)."""
-    from functools import partial
-
-    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
-    from torch._dynamo.backends.common import aot_autograd
-
-    forwards = []
-
-    def keep_forward(graph, inputs):
-        forwards.append(graph)
-        return make_boxed_func(graph)
-
-    partition = partial(min_cut_rematerialization_partition, compiler="inductor")
-    backend = aot_autograd(fw_compiler=keep_forward, bw_compiler=lambda graph, inputs: make_boxed_func(graph), partition_fn=partition)
-    config = LlamaConfig("one", dim=128, ffn_dim=256, heads=2, kv_heads=1, vocab=256, layers=1)
-    model = Llama(config, dtype=torch.bfloat16)
-    model.init_weights(e2e.SEED)
-    converted = convert(model, implementation, None if implementation == "bf16" else RECIPES["tensorwise"])
-    e2e.apply_checkpointing(model, checkpointing)
-    model.layers[0] = torch.compile(model.layers[0], backend=backend)
-    tokens = torch.randint(0, config.vocab, (1, 128), generator=torch.Generator().manual_seed(0))
-    with converted.step_context():
-        logits = model(tokens)
-    logits.float().square().mean().backward()
-    torch._dynamo.reset()
-    (forward,) = forwards
-    (output,) = [node for node in forward.graph.nodes if node.op == "output"]
-    saved = [node for node in output.args[0][1:] if isinstance(node, torch.fx.Node) and node.op != "placeholder"]
-    # a getitem stands for the op whose output it picks
-    return [(str(node.args[0].target if node.target is operator.getitem else node.target), node.meta["val"].dtype) for node in saved]
-
-
 @pytest.mark.parametrize("implementation", ["bf16", "triton"])
 def test_full_checkpointing_under_compile_saves_no_activation_of_the_block(implementation):
     """Compiled, a fully checkpointed block saves only its inputs and the attention's RNG state: no output of
     our FP8 linears' autograd.Function either (torch 2.11's plain checkpoint left those untagged, and the
     partitioner saved every FP8 cast and product of the block)."""
-    saved = _saved_by_compiled_block(implementation, "full")
+    saved = saved_by_compiled_block(implementation, "full")
     assert [dtype for _, dtype in saved] == [torch.uint8], saved  # the RNG state
     assert "run_and_save_rng_state" in saved[0][0]
 
 
 def test_selective_checkpointing_under_compile_saves_products_not_casts():
     """Selective: our products' outputs are saved, none of the FP8 casts (recomputed in the backward)."""
-    saved = _saved_by_compiled_block("triton", "selective")
+    saved = saved_by_compiled_block("triton", "selective")
     assert any("fp8_gemm" in op for op, _ in saved), saved
     assert not any(dtype in (torch.float8_e4m3fn, torch.float8_e5m2) for _, dtype in saved), saved
 

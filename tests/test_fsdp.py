@@ -434,6 +434,30 @@ def test_shard_model_applies_the_schedule_to_fsdp2():
     assert applied["reduce"] == [torch.float32] * 5
 
 
+def _saved_under_checkpointing(rank: int, out_path: str) -> None:
+    from compiled_graphs import saved_by_compiled_block
+
+    saved = {mode: saved_by_compiled_block("triton", mode, dist.group.WORLD) for mode in ("full", "selective")}
+    if rank == 0:
+        torch.save(saved, out_path)
+
+
+def test_compiled_checkpointed_block_with_fp8_all_gather_saves_no_fp8_tensor():
+    """Ours with its weights all-gathered in FP8, a block compiled under full or selective checkpointing: the
+    forward saves the gathered FP8 data as it is (FSDP2 frees and re-gathers its storage), never a tensor
+    made from it or an FP8 cast: the weight's transpose is made in the backward (under selective
+    checkpointing the partitioner moved it to the forward and kept it, a byte per weight element of every
+    block). Selective keeps our products' outputs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "saved.pt")
+        _spawn(_saved_under_checkpointing, path)
+        saved = torch.load(path)
+    fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+    assert [dtype for _, dtype in saved["full"]] == [torch.uint8], saved["full"]  # the attention's RNG state
+    assert not any(dtype in fp8 for _, dtype in saved["selective"]), saved["selective"]
+    assert any("fp8_gemm" in op for op, _ in saved["selective"]), saved["selective"]
+
+
 def _memory_probe():
     """tools/fsdp_memory_probe.py (not installed) as a module."""
     import importlib.util

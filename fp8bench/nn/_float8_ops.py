@@ -217,15 +217,17 @@ def _tensorwise_fake(x, amax_or_history, fp8_dtype, power_of_two, rowwise, colum
 
 
 @torch.library.custom_op("fp8bench::transpose_fp8", mutates_args=())
-def transpose_fp8(q: torch.Tensor) -> torch.Tensor:
-    """q[R, C] fp8 -> its contiguous (C, R) transpose (fp8kernels.transpose_fp8)."""
+def transpose_fp8(q: torch.Tensor, after: torch.Tensor | None = None) -> torch.Tensor:
+    """q[R, C] fp8 -> its contiguous (C, R) transpose (fp8kernels.transpose_fp8). `after`, unread, holds the
+    transpose after that tensor's producer: passed a gradient, it keeps the op in the backward, where
+    torch.compile's partitioner would otherwise compute it in the forward and save it to the backward."""
     import fp8kernels.transpose_fp8
 
     return fp8kernels.transpose_fp8.transpose_fp8(q)
 
 
 @transpose_fp8.register_fake
-def _transpose_fp8_fake(q):
+def _transpose_fp8_fake(q, after=None):
     return q.new_empty((q.shape[1], q.shape[0]))
 
 
