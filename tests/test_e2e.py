@@ -49,6 +49,9 @@ RECORDED_KERNELS = {
     "_quantize_tensorwise_kernel": "cast",
     "void transformer_engine::detail::cast_transpose_kernel<8, true, __nv_bfloat16, __nv_fp8_e4m3>": "cast",
     "triton_red_fused_abs_amax_0": "cast",
+    # inductor's fused kernels are named after the ops they fuse and read: fp8_gemm's output here, no product
+    "triton_red_fused__to_copy_abs_amax_cat_clamp_fp8_gemm_gt_mul_reciprocal_scalar_tensor_silu_silu_backward_split_transpose_fp8_view_where_3": "norm_act",
+    "triton_red_fused__to_copy_abs_amax_clamp_fp8_gemm_gt_mul_reciprocal_scalar_tensor_transpose_fp8_view_where_1": "cast",
     "void at::native::(anonymous namespace)::indexSelectLargeIndex<c10::BFloat16, long, unsigned int, 2, 2, -2, true>": "other",
     "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, at::native::(anonymous namespace)::LogSoftMaxForwardEpilogue>": "other",
 }
