@@ -96,10 +96,9 @@ LEARNING_RATE = 3e-4
 # rows 7% apart after 15 steps; with 20 steps, 4 blocks' BF16 compiled row at 29.8 against eager's 12.6).
 LR_WARMUP_STEPS = 200
 WALL_STEPS = 3
-# Past this relative excess over BF16's final loss an FP8 run diverged. Over the first tens of steps from a
-# random start the loss moves fast and recipes differ by several % (on an H100, 13 steps of the 8B-width
-# proxy: BF16 eager and compiled 1.9% apart, FP8 recipes up to 5.4% above BF16 compiled). A loss below
-# BF16's is no divergence.
+# Past this relative excess over BF16's final loss an FP8 run diverged: under the warm-up, 17 steps of the
+# 4-block proxy ended every recipe of every library within 0.6% of BF16's loss (H100). A loss below BF16's
+# is no divergence.
 LOSS_RTOL = 0.10
 BYTES_PER_GB = 1e9
 # What an FP8 row whose final loss is wrong keeps: the sanity columns, no time (a wrong result's time measures nothing).

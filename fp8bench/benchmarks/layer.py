@@ -34,9 +34,8 @@ inputs as SQNR in dB.
 
 from __future__ import annotations
 
-import re
-
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
