@@ -20,7 +20,7 @@ def pow2_extended() -> list[GemmShape]:
 
 # (name, K, N) of each linear in a transformer block: fused QKV, attention output, fused gate+up
 # (w1 and w3 side by side), down projection.
-_LLAMA_LINEARS: dict[str, tuple[tuple[str, int, int], ...]] = {
+LLAMA_LINEARS: dict[str, tuple[tuple[str, int, int], ...]] = {
     "llama3-8b": (("wqkv", 4096, 6144), ("wo", 4096, 4096), ("w13", 4096, 28672), ("w2", 14336, 4096)),
     "llama3-70b": (("wqkv", 8192, 10240), ("wo", 8192, 8192), ("w13", 8192, 57344), ("w2", 28672, 8192)),
     # The 70B shapes sharded over 8 GPUs of tensor parallelism, as torchao benchmarks them.
@@ -41,7 +41,7 @@ def _linears_at(prefix: str, models: dict, tokens) -> list[GemmShape]:
 
 def llama() -> list[GemmShape]:
     """The forward linears of LLaMa-3 8B and 70B (whole and 8-way sharded) at 8192 and 16384 tokens."""
-    return _linears_at("", _LLAMA_LINEARS, LLAMA_TOKENS)
+    return _linears_at("", LLAMA_LINEARS, LLAMA_TOKENS)
 
 
 def sweep() -> list[GemmShape]:
@@ -94,7 +94,7 @@ UNALIGNED_SIZES = (1040, 1376, 2000, 7008)
 _UNALIGNED_BOTH = ((7008, 2000), (2000, 7008), (7008, 1376))  # (K, N)
 UNALIGNED_TOKENS = 4096
 
-# Fewer tokens than a 1024-row wave of tiles: LLaMa-3 8B's linears (_LLAMA_LINEARS) at small batches, 1000
+# Fewer tokens than a 1024-row wave of tiles: LLaMa-3 8B's linears (LLAMA_LINEARS) at small batches, 1000
 # being no multiple of any tile.
 SMALL_TOKENS = (128, 512, 1000)
 
@@ -134,7 +134,7 @@ def small_m() -> list[GemmShape]:
     return [
         GemmShape(m, k, n, f"small-m.llama3-8b.{linear}.M{m}")
         for m in SMALL_TOKENS
-        for linear, k, n in _LLAMA_LINEARS["llama3-8b"]
+        for linear, k, n in LLAMA_LINEARS["llama3-8b"]
     ]
 
 

@@ -1,0 +1,44 @@
+"""tools/gemm_beside_comm_probe.py's CPU-side logic: which products a block's training step runs, what an FP8
+all-gather of the block moves, and the per-background summary."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from fp8bench.nn.llama import PRESETS
+
+spec = importlib.util.spec_from_file_location("gemm_beside_comm_probe", Path(__file__).parents[1] / "tools/gemm_beside_comm_probe.py")
+probe = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = probe  # its dataclasses look their module up there
+spec.loader.exec_module(probe)
+
+
+def test_each_linear_runs_three_products_of_equal_work_in_training():
+    products = probe.training_products(8192)
+    assert [(p.linear, p.role) for p in products[:3]] == [("wqkv", "output"), ("wqkv", "grad_input"), ("wqkv", "grad_weight")]
+    output, grad_input, grad_weight = (p.shape for p in products[:3])
+    assert (output.M, output.K, output.N) == (8192, 4096, 6144)  # x[M, K] @ w[N, K]^T
+    assert (grad_input.M, grad_input.K, grad_input.N) == (8192, 6144, 4096)  # g[M, N] @ w[N, K]
+    assert (grad_weight.M, grad_weight.K, grad_weight.N) == (6144, 8192, 4096)  # g^T[N, M] @ x[M, K]
+    assert [p.fast_accum for p in products[:3]] == [True, False, False]  # the tensorwise recipe's settings
+    flops = [p.shape.M * p.shape.K * p.shape.N for p in products]
+    assert all(flops[i] == flops[i + 1] == flops[i + 2] for i in range(0, len(flops), 3))
+    assert sum(flops) == 3 * 8192 * PRESETS["llama3-8b"].block_linear_parameters()
+
+
+def test_an_fp8_all_gather_of_a_block_moves_a_byte_per_linear_weight():
+    assert probe.block_fp8_bytes() == PRESETS["llama3-8b"].block_linear_parameters()
+
+
+def test_summary_gives_each_background_its_slowdown_over_the_calls_alone():
+    times = {"none": [1.0, 1.1, 0.9, 1.0, 1.0], "allgather": [1.2, 1.1, 1.3, 1.2, 1.2], "memcpy": [1.0, 1.05, 1.0, 1.0, 1.0]}
+    rows = {row["background"]: row for row in probe.summary(times, {"allgather": True, "memcpy": False})}
+    assert rows["none"]["slowdown"] == 1.0 and rows["none"]["covered"]
+    assert rows["allgather"]["slowdown"] == pytest.approx(1.2)
+    assert rows["memcpy"]["slowdown"] == pytest.approx(1.0) and not rows["memcpy"]["covered"]
+    assert rows["allgather"]["median_ms"] == pytest.approx(1.2)
+    assert rows["allgather"]["spread_pct"] > 0
