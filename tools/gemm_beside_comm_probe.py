@@ -16,8 +16,13 @@ the fields FP8KERNELS_GEMM_CONFIG forces), each timed `--calls` times with CUDA 
 - `memcpy`: beside device-to-device copies of as many bytes on a side stream (copy engines: memory traffic
   without the SMs that NCCL's kernels hold).
 Per row (rank 0's times; every rank runs the same calls): the median and spread of the calls, the slowdown
-(median beside / median alone) and `covered` (the background still ran when the last call ended). Rank 0
-prints the table and rewrites the CSV after each product. Needs CUDA GPUs and NCCL.
+(median beside / median alone) and `covered` (the background still ran when the last call ended); a product a
+backend cannot prepare or run (a forced config it refuses) is a `failed: <reason>` row. Rank 0 prints the
+table and rewrites the CSV after each product. Needs CUDA GPUs and NCCL.
+
+`FP8KERNELS_GEMM_CONFIG='{"num_sms": 1000000, "split_last_wave": false}'` launches ours with a program per tile
+(no persistent walk: the hardware hands tiles to whichever SMs are free, as cuBLAS's grids get them; without
+`split_last_wave` off, every tile would be cut along K to fill the programs).
 """
 
 from __future__ import annotations
@@ -202,25 +207,33 @@ def main() -> None:
             operands = random_operands(product.shape, device=str(device))
             for name in args.backend or ["triton", "cublas", "bf16"]:
                 fast = FastAccum.NA if name == "bf16" else FastAccum.ON if product.fast_accum else FastAccum.OFF
-                prepared = get_backend(name, Level.GEMM).prepare_gemm(operands, Granularity.TENSORWISE, fast)
-                timed_calls(prepared.run, 3)  # warm-up: compilation, autotuning, cuBLAS's heuristic
+                shape = product.shape
+                identity = {
+                    "linear": product.linear, "role": product.role, "M": shape.M, "K": shape.K, "N": shape.N, "backend": name,
+                    "fast_accum": fast.value, "world_size": dist.get_world_size(), "device": torch.cuda.get_device_name(device),
+                    "config_override": os.environ.get("FP8KERNELS_GEMM_CONFIG", ""),
+                }  # fmt: skip
+                try:  # every rank prepares the same product, so all fail alike and none waits at a barrier alone
+                    prepared = get_backend(name, Level.GEMM).prepare_gemm(operands, Granularity.TENSORWISE, fast)
+                    timed_calls(prepared.run, 3)  # warm-up: compilation, autotuning, cuBLAS's heuristic
+                except (RuntimeError, ValueError) as error:  # e.g. a forced config the kernel cannot take
+                    rows.append({**identity, "status": f"failed: {str(error).splitlines()[0][:200]}"})
+                    continue
                 dist.barrier()
                 times = {"none": timed_calls(prepared.run, args.calls)}
                 covered = {}
                 for background in args.background or list(BACKGROUNDS[1:]):
                     times[background], covered[background] = backgrounds.beside(background, prepared.run, args.calls, statistics.median(times["none"]))
-                shape = product.shape
                 for row in summary(times, covered):
                     rows.append({
-                        "linear": product.linear, "role": product.role, "M": shape.M, "K": shape.K, "N": shape.N, "backend": name,
-                        "fast_accum": fast.value, **row, "tflops": 2 * shape.M * shape.N * shape.K / row["median_ms"] / 1e9,
-                        "background_unit_ms": backgrounds.unit_ms.get(row["background"]), "world_size": dist.get_world_size(),
-                        "device": torch.cuda.get_device_name(device), "config_override": os.environ.get("FP8KERNELS_GEMM_CONFIG", ""),
+                        **identity, "status": "ok", **row, "tflops": 2 * shape.M * shape.N * shape.K / row["median_ms"] / 1e9,
+                        "background_unit_ms": backgrounds.unit_ms.get(row["background"]),
                     })  # fmt: skip
             if dist.get_rank() == 0:
                 pd.DataFrame(rows).to_csv(args.out, index=False)  # after each product: a run cut short keeps it
         if dist.get_rank() == 0:
-            table = pd.DataFrame(rows).pivot_table(index=["linear", "role", "backend"], columns="background", values="slowdown", sort=False)
+            measured = pd.DataFrame(rows).query("status == 'ok'")
+            table = measured.pivot_table(index=["linear", "role", "backend"], columns="background", values="slowdown", sort=False)
             print(table.to_string(float_format=lambda v: f"{v:.3f}"))
     finally:
         dist.destroy_process_group()
