@@ -435,6 +435,15 @@ def test_report_can_share_one_plotly_between_runs(tmp_path):
     assert outside.exit_code == 2
 
 
+def test_a_run_forcing_a_gemm_config_says_so_in_its_metadata(monkeypatch):
+    from fp8bench.harness import env
+
+    monkeypatch.delenv("FP8KERNELS_GEMM_CONFIG", raising=False)
+    assert "gemm_config_override" not in env.run_metadata("fp8bench matmul")
+    monkeypatch.setenv("FP8KERNELS_GEMM_CONFIG", '{"num_stages": 2}')
+    assert env.run_metadata("fp8bench matmul")["gemm_config_override"] == '{"num_stages": 2}'
+
+
 def test_the_git_revision_named_by_the_environment_wins(monkeypatch):
     from fp8bench.harness import env
 

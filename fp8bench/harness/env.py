@@ -85,6 +85,11 @@ def gpu_metadata() -> dict[str, Any]:
 
 
 def run_metadata(command: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a run records about itself: the command, time, revision, host, versions, the GPU, and a GEMM
+    config forced on our kernels (FP8KERNELS_GEMM_CONFIG) where one is: such a run is an experiment."""
+    from fp8kernels.gemm_configs import CONFIG_OVERRIDE_ENV
+
+    override = os.environ.get(CONFIG_OVERRIDE_ENV)
     return {
         "command": command,
         "started_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -93,5 +98,6 @@ def run_metadata(command: str, extra: dict[str, Any] | None = None) -> dict[str,
         "python": sys.version.split()[0],
         "versions": {lib: _version(lib) for lib in _LIBRARIES},
         **gpu_metadata(),
+        **({"gemm_config_override": override} if override else {}),
         **(extra or {}),
     }
