@@ -27,7 +27,7 @@ import torch
 from fp8bench.backends import REGISTRY
 from fp8bench.config import FastAccum, GemmShape, Granularity
 from fp8bench.benchmarks.matmul import random_operands
-from fp8bench.harness.timing import GpuClock
+from fp8bench.harness.timing import GpuClock, elapsed_ms, recorded_calls
 
 CASES = (
     ("bf16-4096", GemmShape(4096, 4096, 4096), "bf16", Granularity.NONE, FastAccum.NA),
@@ -77,15 +77,9 @@ def trace(out: Path) -> dict:
         samples: list[tuple[float, float]] = []
         end = time.perf_counter() + TRACE_S
         while time.perf_counter() < end:
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(BATCH)]
-            for start, stop_event in events:
-                flush.bitwise_not_()
-                start.record()
-                run()
-                stop_event.record()
-            torch.cuda.synchronize()
+            batch_ms = elapsed_ms(recorded_calls(run, BATCH, flush.bitwise_not_))
             now = time.perf_counter()
-            samples += [(now, start.elapsed_time(stop_event)) for start, stop_event in events]
+            samples += [(now, ms) for ms in batch_ms]
         stop.set()
         poller.join()
         t0 = samples[0][0]

@@ -38,6 +38,7 @@ import pandas as pd
 
 from fp8bench.benchmarks.shapes import LLAMA_LINEARS
 from fp8bench.config import GemmShape
+from fp8bench.harness.timing import elapsed_ms, recorded_calls
 
 BACKGROUNDS = ("none", "allgather", "memcpy")
 # Past this many ms between the last call's end and the background's, the background covered the calls.
@@ -85,27 +86,6 @@ def summary(times: dict[str, list[float]], covered: dict[str, bool]) -> list[dic
             "slowdown": median / alone, "covered": covered.get(background, True),
         })  # fmt: skip
     return rows
-
-
-def recorded_calls(run: Callable[[], object], calls: int) -> list:
-    """`calls` calls of `run` on the current stream, each between a pair of CUDA events (not synchronized)."""
-    import torch
-
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
-    for start, end in events:
-        start.record()
-        run()
-        end.record()
-    return events
-
-
-def timed_calls(run: Callable[[], object], calls: int) -> list[float]:
-    """ms of each of `calls` calls of `run` on the current stream."""
-    import torch
-
-    events = recorded_calls(run, calls)
-    torch.cuda.synchronize()
-    return [start.elapsed_time(end) for start, end in events]
 
 
 class Backgrounds:
@@ -177,9 +157,9 @@ class Backgrounds:
         self._wait(works)
         background_end = torch.cuda.Event(enable_timing=True)
         background_end.record()
-        torch.cuda.synchronize()
+        samples_ms = elapsed_ms(samples)
         covered = begin.elapsed_time(background_end) - begin.elapsed_time(calls_end) > COVERED_MARGIN_MS
-        return [start.elapsed_time(end) for start, end in samples], covered
+        return samples_ms, covered
 
 
 def main() -> None:
@@ -215,12 +195,12 @@ def main() -> None:
                 }  # fmt: skip
                 try:  # every rank prepares the same product, so all fail alike and none waits at a barrier alone
                     prepared = get_backend(name, Level.GEMM).prepare_gemm(operands, Granularity.TENSORWISE, fast)
-                    timed_calls(prepared.run, 3)  # warm-up: compilation, autotuning, cuBLAS's heuristic
+                    elapsed_ms(recorded_calls(prepared.run, 3))  # warm-up: compilation, autotuning, cuBLAS's heuristic
                 except (RuntimeError, ValueError) as error:  # e.g. a forced config the kernel cannot take
                     rows.append({**identity, "status": f"failed: {str(error).splitlines()[0][:200]}"})
                     continue
                 dist.barrier()
-                times = {"none": timed_calls(prepared.run, args.calls)}
+                times = {"none": elapsed_ms(recorded_calls(prepared.run, args.calls))}
                 covered = {}
                 for background in args.background or list(BACKGROUNDS[1:]):
                     times[background], covered[background] = backgrounds.beside(background, prepared.run, args.calls, statistics.median(times["none"]))

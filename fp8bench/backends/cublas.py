@@ -86,7 +86,7 @@ def fastest(products: dict) -> str:
     """The key of the fastest of `products` (calls on the current CUDA device): median CUDA-event time."""
     import statistics
 
-    import torch
+    from fp8bench.harness.timing import elapsed_ms, recorded_calls
 
     times = {}
     for key, product in products.items():
@@ -97,11 +97,5 @@ def fastest(products: dict) -> str:
             if key == A_TIMES_B:
                 raise
             continue
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(ORDER_CALLS)]
-        for start, end in events:
-            start.record()
-            product()
-            end.record()
-        torch.cuda.synchronize()
-        times[key] = statistics.median(start.elapsed_time(end) for start, end in events)
+        times[key] = statistics.median(elapsed_ms(recorded_calls(product, ORDER_CALLS)))
     return min(times, key=times.get)

@@ -211,6 +211,29 @@ class _Nvml:
         return float(self._pynvml.nvmlDeviceGetMaxClockInfo(self._handle, self._pynvml.NVML_CLOCK_SM))
 
 
+def recorded_calls(fn: Callable[[], object], count: int, before: Callable[[], object] | None = None) -> list[tuple]:
+    """`count` calls of `fn` on the current CUDA stream, each between a (start, end) pair of CUDA events, with
+    `before` (an L2 flush) run ahead of each pair; not waited for (elapsed_ms reads them)."""
+    import torch
+
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
+    for start, end in events:
+        if before is not None:
+            before()
+        start.record()
+        fn()
+        end.record()
+    return events
+
+
+def elapsed_ms(events: Sequence[tuple]) -> list[float]:
+    """The ms between each (start, end) pair of recorded_calls, once the GPU has passed them."""
+    import torch
+
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in events]
+
+
 class GpuClock:
     """What both CUDA timers share: the L2-flush buffer (several times L2) and the NVML handle."""
 
@@ -262,16 +285,7 @@ class CudaEventTimer:
         self._torch.cuda.synchronize()
 
     def samples(self, fn: Callable[[], object], count: int) -> list[float]:
-        cuda = self._torch.cuda
-        starts = [cuda.Event(enable_timing=True) for _ in range(count)]
-        ends = [cuda.Event(enable_timing=True) for _ in range(count)]
-        for start, end in zip(starts, ends):
-            self._flush()
-            start.record()
-            fn()
-            end.record()
-        cuda.synchronize()
-        return [start.elapsed_time(end) for start, end in zip(starts, ends)]
+        return elapsed_ms(recorded_calls(fn, count, self._flush))
 
     def estimate_ms(self, fn: Callable[[], object], count: int) -> float:
         # Events for both timers: starting a profiler costs the CUPTI timer ~0.1 s of set-up and parsing, and
