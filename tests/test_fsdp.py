@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
-import sys
 import tempfile
 from unittest import mock
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 if not torch.cuda.is_available():  # our kernels on the CPU, before any kernel module is imported
@@ -30,36 +27,10 @@ from fp8bench.nn.fsdp import (  # noqa: E402
 from fp8bench.nn.llama import Llama, LlamaConfig  # noqa: E402
 from fp8bench.nn.recipes import RECIPES  # noqa: E402
 from fp8kernels import reference  # noqa: E402
+from gloo_ranks import WORLD, spawn  # noqa: E402
 
-WORLD = 2
 TINY = LlamaConfig("tiny", dim=64, ffn_dim=128, heads=4, kv_heads=2, vocab=256, layers=2)
 STEPS = 10
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(fn, *args) -> None:
-    port = _free_port()
-    mp.spawn(_rank_main, args=(port, fn, args), nprocs=WORLD, join=True)
-
-
-def _rank_main(rank: int, port: int, fn, args) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
-        fn(rank, *args)
-        dist.barrier()  # no rank tears gloo down while another still has a collective in flight
-    finally:
-        dist.destroy_process_group()
-    # A rank that finished its work leaves without the interpreter's finalization, where a gloo thread once
-    # aborted a rank under heavy CPU load ("terminate called without an active exception") after its test passed.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def _same_tokens(case, inputs):
@@ -92,7 +63,7 @@ def _fsdp_training(rank: int, implementation: str, steps: int, out_path: str) ->
 def test_fsdp2_training_matches_one_process(implementation, steps):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "losses.pt")
-        _spawn(_fsdp_training, implementation, steps, path)
+        spawn(_fsdp_training, implementation, steps, path)
         sharded = torch.load(path)
     single = _train(1, None, implementation, steps)
     if implementation == "bf16":
@@ -129,7 +100,7 @@ def _fp8_all_gather_bookkeeping(rank: int, rows: int, out_path: str) -> None:
 def test_fp8_all_gather_equals_the_full_weight_cast_with_the_global_amax(rows):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "gathered")
-        _spawn(_fp8_all_gather_bookkeeping, rows, path)
+        spawn(_fp8_all_gather_bookkeeping, rows, path)
         results = [torch.load(f"{path}.{rank}") for rank in range(WORLD)]
     generator = torch.Generator().manual_seed(1)
     full = torch.randn(rows, 64, generator=generator).to(torch.bfloat16)
@@ -217,7 +188,7 @@ def test_precomputed_scales_gather_the_full_weight_cast_with_one_all_reduce(rows
     all-reduces the amax itself, and says so once in the log."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "phases")
-        _spawn(_precomputed_scales, rows, path)
+        spawn(_precomputed_scales, rows, path)
         results = [torch.load(f"{path}.{rank}") for rank in range(WORLD)]
     weights = _full_weights(rows)
     per_step = []
@@ -309,7 +280,7 @@ def _fully_shard_float8_weight(rank: int, out_path: str) -> None:
 def test_fsdp2_all_gathers_our_tensorwise_weights_in_fp8():
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "bytes.pt")
-        _spawn(_fully_shard_float8_weight, path)
+        spawn(_fully_shard_float8_weight, path)
         gathered = torch.load(path)
     block_linears = TINY.dim * (TINY.dim + 2 * TINY.kv_heads * TINY.head_dim) + TINY.dim * TINY.dim + 3 * TINY.dim * TINY.ffn_dim
     block = block_linears * 1 + 2 * TINY.dim * 2  # linears in FP8 (1 byte), norms in BF16 (2)
@@ -430,7 +401,7 @@ def _applied_schedule(rank: int, out_path: str) -> None:
 def test_shard_model_applies_the_schedule_to_fsdp2():
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "applied.pt")
-        _spawn(_applied_schedule, path)
+        spawn(_applied_schedule, path)
         applied, schedule = torch.load(path, weights_only=False)
     assert applied["fsdp"] == ["", "tok_embeddings", "layers.0", "layers.1", "layers.2", "norm", "output"]
     assert applied["same_state"]
@@ -456,7 +427,7 @@ def test_compiled_checkpointed_block_with_fp8_all_gather_saves_no_fp8_tensor():
     block). Selective keeps our products' outputs."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "saved.pt")
-        _spawn(_saved_under_checkpointing, path)
+        spawn(_saved_under_checkpointing, path)
         saved = torch.load(path)
     fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
     assert [dtype for _, dtype in saved["full"]] == [torch.uint8], saved["full"]  # the attention's RNG state
@@ -502,7 +473,7 @@ def test_under_full_checkpointing_our_fp8_all_gather_holds_no_more_than_bf16_aft
     taken, and each comparison allows one such buffer."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "marks.pt")
-        _spawn(_step_memory, path)
+        spawn(_step_memory, path)
         ranks = [torch.load(f"{path}.{rank}") for rank in range(WORLD)]
     bf16, ours = ({phase: min(marks[name][phase] for marks in ranks) for phase in ranks[0][name]} for name in ("bf16", "triton"))
     fp8_block = MEMORY_MODEL.block_linear_parameters()  # one byte per weight element

@@ -42,3 +42,24 @@ def test_summary_gives_each_background_its_slowdown_over_the_calls_alone():
     assert rows["memcpy"]["slowdown"] == pytest.approx(1.0) and not rows["memcpy"]["covered"]
     assert rows["allgather"]["median_ms"] == pytest.approx(1.2)
     assert rows["allgather"]["spread_pct"] > 0
+
+
+def test_the_background_outlasts_the_calls_by_half():
+    assert probe.background_units(alone_ms=1.0, calls=20, unit_ms=3.0) == 10
+    assert probe.background_units(alone_ms=0.01, calls=20, unit_ms=3.0) == 2
+
+
+def _agree(rank: int, path: str) -> None:
+    import torch
+
+    mine = [7, 9][rank]  # each rank derived its own count from its own timings
+    torch.save(probe.agreed_count(mine, torch.device("cpu")), f"{path}.{rank}")
+
+
+def test_every_rank_issues_as_many_collectives_as_the_rank_that_needs_most(tmp_path):
+    import torch
+
+    from gloo_ranks import WORLD, spawn
+
+    spawn(_agree, str(tmp_path / "count"))
+    assert [torch.load(tmp_path / f"count.{rank}") for rank in range(WORLD)] == [9, 9]

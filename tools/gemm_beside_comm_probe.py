@@ -3,6 +3,7 @@ against cuBLAS and BF16, on two or more GPUs.
 
     torchrun --nproc-per-node 2 tools/gemm_beside_comm_probe.py OUT.csv [--tokens 8192] [--calls 20]
         [--backend triton --backend cublas --backend bf16] [--background allgather --background memcpy]
+        [--linear wqkv ...]
 
 In FSDP2 training our persistent FP8 GEMM ran 10% slower on two H100s than on one, where cuBLAS's BF16 GEMMs
 ran 3-5% slower (reports/h100-sxm/fsdp-sm-margin, e2e-llama3-8b-L8-{1,2}gpu). This probe takes the products out
@@ -31,6 +32,7 @@ import argparse
 import math
 import os
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -88,6 +90,22 @@ def summary(times: dict[str, list[float]], covered: dict[str, bool]) -> list[dic
     return rows
 
 
+def background_units(alone_ms: float, calls: int, unit_ms: float) -> int:
+    """How many background units outlast `calls` calls of `alone_ms` each: 1.5x their time alone, at least 2."""
+    return max(2, math.ceil(1.5 * alone_ms * calls / unit_ms))
+
+
+def agreed_count(count: int, device) -> int:
+    """The largest `count` of any rank. Each rank times its calls alone and so derives its own count of
+    all-gathers; ranks issuing different counts of collectives leave NCCL waiting for ever."""
+    import torch
+    import torch.distributed as dist
+
+    largest = torch.tensor([count], device=device)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    return int(largest.item())
+
+
 class Backgrounds:
     """The background work of one rank: FP8-weight all-gathers over the world, or copies on a side stream."""
 
@@ -139,13 +157,13 @@ class Backgrounds:
         torch.cuda.current_stream().wait_stream(self.side)
 
     def beside(self, background: str, run: Callable[[], object], calls: int, alone_ms: float) -> tuple[list[float], bool]:
-        """The call times with `background` issued first, as many units as outlast the calls (1.5x their
-        time alone, at least 2), and whether it still ran when the last call ended."""
+        """The call times with `background` issued first, as many units as outlast the calls on every rank,
+        and whether it still ran when the last call ended."""
         import torch
         import torch.distributed as dist
 
         issue = self._all_gather if background == "allgather" else self._copy
-        units = max(2, math.ceil(1.5 * alone_ms * calls / self.unit_ms[background]))
+        units = agreed_count(background_units(alone_ms, calls, self.unit_ms[background]), self.shard.device)
         dist.barrier()
         torch.cuda.synchronize()
         works = [issue() for _ in range(units)]
@@ -176,6 +194,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--backend", action="append", choices=("triton", "cublas", "bf16"), help="default: all three")
     parser.add_argument("--background", action="append", choices=BACKGROUNDS[1:], help="default: both")
+    parser.add_argument("--linear", action="append", choices=[name for name, _, _ in LLAMA_LINEARS["llama3-8b"]], help="default: every linear")
     args = parser.parse_args()
     dist.init_process_group("nccl")
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
@@ -183,7 +202,10 @@ def main() -> None:
     backgrounds = Backgrounds(device)
     rows = []
     try:
+        started = time.monotonic()
         for product in training_products(args.tokens):
+            if args.linear and product.linear not in args.linear:
+                continue
             operands = random_operands(product.shape, device=str(device))
             for name in args.backend or ["triton", "cublas", "bf16"]:
                 fast = FastAccum.NA if name == "bf16" else FastAccum.ON if product.fast_accum else FastAccum.OFF
@@ -209,8 +231,10 @@ def main() -> None:
                         **identity, "status": "ok", **row, "tflops": 2 * shape.M * shape.N * shape.K / row["median_ms"] / 1e9,
                         "background_unit_ms": backgrounds.unit_ms.get(row["background"]),
                     })  # fmt: skip
-            if dist.get_rank() == 0:
-                pd.DataFrame(rows).to_csv(args.out, index=False)  # after each product: a run cut short keeps it
+                if dist.get_rank() == 0:  # after each product and backend: a run cut short keeps them
+                    pd.DataFrame(rows).to_csv(args.out, index=False)
+                    slowdowns = " ".join(f"{r['background']} {r['slowdown']:.3f}" for r in rows if r.get("linear") == product.linear and r.get("role") == product.role and r["backend"] == name)
+                    print(f"{time.monotonic() - started:6.0f} s  {product.linear} {product.role} {name}: {slowdowns}", flush=True)
         if dist.get_rank() == 0:
             measured = pd.DataFrame(rows).query("status == 'ok'")
             table = measured.pivot_table(index=["linear", "role", "backend"], columns="background", values="slowdown", sort=False)
