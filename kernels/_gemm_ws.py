@@ -145,13 +145,81 @@ def _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_b
     return loaded + 1
 
 
+# Dynamic tiles (config.dynamic_tiles): each program's producer claims its next unit of work from a counter
+# in global memory (lane 0's atomic, broadcast to the warp) as it comes free, instead of walking every
+# num_programs-th unit. Beside NCCL's kernels, which hold SMs, a program that starts late then takes fewer
+# units rather than finishing a fixed share after the others (reports/h100-sxm/gemm-beside-collectives).
+_CLAIM_PTX = gl.constexpr("""{
+.reg .pred %p0;
+.reg .b32 %r<2>;
+mov.u32 %r0, %laneid;
+mov.b32 %r1, 0;
+setp.eq.u32 %p0, %r0, 0;
+@%p0 atom.relaxed.gpu.global.add.u32 %r1, [$1], 1;
+shfl.sync.idx.b32 $0, %r1, 0, 31, -1;
+}""")
+# Every program claims one unit past the last, then counts itself finished (the counter's second word);
+# the last to do so has seen every claim of the launch (acquire-release) and zeroes both words, so each
+# launch finds the counter zeroed (no memset; CUDA-graph replays work).
+_FINISH_CLAIMS_PTX = gl.constexpr("""{
+.reg .pred %p<2>;
+.reg .b32 %r<3>;
+mov.u32 %r0, %laneid;
+mov.b32 %r1, -1;
+mov.b32 %r2, 0;
+setp.eq.u32 %p0, %r0, 0;
+@%p0 atom.acq_rel.gpu.global.add.u32 %r1, [$1+4], 1;
+setp.eq.u32 %p1, %r1, $2;
+@%p1 st.relaxed.gpu.global.v2.b32 [$1], {%r2, %r2};
+mov.b32 $0, 0;
+}""")
+
+
 @gluon.jit
-def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, M, N, K,
-              stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, GROUP_M: gl.constexpr,
-              SCALE_BLOCK: gl.constexpr):
+def _lane_values(ptr, value):
+    """`ptr` and `value` once for each lane of the producer's warp (inline PTX runs per element)."""
+    one_each: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    lanes = gl.zeros([32], gl.int32, one_each)
+    return ptr + lanes, lanes + value
+
+
+@gluon.jit
+def _claim_unit(counter_ptr):
+    pointers, _ = _lane_values(counter_ptr, 0)
+    claimed = gl.inline_asm_elementwise(_CLAIM_PTX, "=r,l", [pointers], dtype=gl.int32, is_pure=False, pack=1)
+    return gl.max(claimed, axis=0)  # every lane holds lane 0's value
+
+
+@gluon.jit
+def _finish_claims(counter_ptr, num_programs):
+    pointers, last = _lane_values(counter_ptr, num_programs - 1)
+    gl.inline_asm_elementwise(_FINISH_CLAIMS_PTX, "=r,l,r", [pointers, last], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _load_unit(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, loaded, unit,
+               num_pid_m, num_pid_n, k_tiles, split_tiles, splits, stride_sa_k, stride_sb_n, stride_sb_k,
+               GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr):
+    """The TMA loads of every K-tile of `unit`, from the program's `loaded`-th on; returns the next."""
+    tile_id, k_first, k_end, _ = _work_unit(unit, split_tiles, splits, k_tiles)
+    pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    for ki in range(k_first, k_end):
+        loaded = _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty,
+                              loaded, pid_m, pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK)
+    return loaded
+
+
+@gluon.jit
+def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, counter_ptr, log_ptr,
+              M, N, K, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, GROUP_M: gl.constexpr,
+              SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr):
     """One warp: TMA loads of every K-tile of this program's work, in the order the consumers take it
-    (_consumer), each into the next free ring slot."""
+    (_consumer), each into the next free ring slot. With DYNAMIC, the units it claims go to the consumers
+    through the program's slots of a log in global memory (unit_log_slots of them), each written before the
+    unit's first K-tile is loaded: the `ready` barrier that K-tile completes orders the write before the
+    consumers' read of it. After the last unit, -1 under a `ready` phase of its own ends their walk."""
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // empty.type.shape[0]
+    STAGES: gl.constexpr = empty.type.shape[0]
     BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -161,12 +229,28 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs
     program = gl.program_id(axis=0)
     loaded = 0
     units = num_pid_m * num_pid_n - split_tiles + split_tiles * splits
-    for unit in range(program, units, num_programs):
-        tile_id, k_first, k_end, _ = _work_unit(unit, split_tiles, splits, k_tiles)
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
-        for ki in range(k_first, k_end):
-            loaded = _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty,
-                                  loaded, pid_m, pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK)
+    if DYNAMIC:
+        log = log_ptr + program * (STAGES + 1)
+        unit = _claim_unit(counter_ptr)
+        walked = 0
+        while unit < units:
+            following = _claim_unit(counter_ptr)  # a unit ahead: the atomic's round trip overlaps this unit's loads
+            gl.store(log + walked % (STAGES + 1), unit)
+            loaded = _load_unit(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, loaded,
+                                unit, num_pid_m, num_pid_n, k_tiles, split_tiles, splits, stride_sa_k, stride_sb_n,
+                                stride_sb_k, GROUP_M, SCALE_BLOCK)
+            unit = following
+            walked += 1
+        slot = loaded % STAGES
+        gl.store(log + walked % (STAGES + 1), -1)
+        mbarrier.wait(empty.index(slot), ((loaded // STAGES) & 1) ^ 1)
+        mbarrier.arrive(ready.index(slot), count=1)
+        _finish_claims(counter_ptr, num_programs)
+    else:
+        for unit in range(program, units, num_programs):
+            loaded = _load_unit(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, loaded,
+                                unit, num_pid_m, num_pid_n, k_tiles, split_tiles, splits, stride_sa_k, stride_sb_n,
+                                stride_sb_k, GROUP_M, SCALE_BLOCK)
 
 
 @gluon.jit
@@ -376,9 +460,9 @@ def _add_partials(acc, acc_right, workspace_desc, staging, partial_bar, flags_pt
 
 @gluon.jit
 def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, workspace_desc,
-              partial_bars, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles,
-              splits, SCALING: gl.constexpr, ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr, GROUP_M: gl.constexpr,
-              SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr):
+              partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs,
+              split_tiles, splits, SCALING: gl.constexpr, ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr,
+              GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr, WARPGROUP: gl.constexpr):
     """One warpgroup: rows [WARPGROUP * 64, WARPGROUP * 64 + 64) of every tile of this program's work. A
     256-wide tile is computed as two 128-column halves, each with a sum of its own, their products one at
     a time: two sums and one product (192 registers) fit where two whole-width sets (256) would not.
@@ -387,8 +471,10 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
     wave's `split_tiles` tiles (the first of the walk) are each cut along K into `splits` pieces, one a
     program, in the first round of the walk (_work_unit); the others go round the programs whole. A piece
     that does not end its tile leaves its partial sum in the workspace; the last piece adds them and
-    stores the tile. It waits only for programs before it (started earlier, so the wait ends however
-    many programs the GPU runs at once), whose pieces, like its own, are their first work."""
+    stores the tile. It waits only for lower units (claimed earlier by running programs, so the wait ends
+    however many programs the GPU runs at once), whose pieces, like its own, come before any whole tile.
+    The units: every num_programs-th from the program's own, or with DYNAMIC those its producer claimed,
+    read from the log (_producer)."""
     STAGES: gl.constexpr = empty.type.shape[0]
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // STAGES
     BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
@@ -396,8 +482,6 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
     BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
     ROWS: gl.constexpr = c_bufs.type.shape[1]
     HALF_N: gl.constexpr = c_bufs.type.shape[2]
-    SPLIT: gl.constexpr = BLOCK_N // HALF_N
-    BUFFERS: gl.constexpr = c_bufs.type.shape[0] // CONSUMERS
     # Split tiles: this warpgroup's two epilogue buffers hold an FP32 half-tile of its partial sums.
     if workspace_desc is not None:
         staging = c_bufs._reinterpret(gl.float32, [CONSUMERS] + workspace_desc.block_type.shape,
@@ -415,34 +499,79 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
     program = gl.program_id(axis=0)
     consumed = 0
     units = num_pid_m * num_pid_n - split_tiles + split_tiles * splits
-    for unit in range(program, units, num_programs):
-        tile_id, k_first, k_end, piece = _work_unit(unit, split_tiles, splits, k_tiles)
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
-        off_m = pid_m * BLOCK_M + WARPGROUP * ROWS
-        off_n = pid_n * BLOCK_N
-        acc, acc_right, consumed = _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, off_n,
-                                                k_first, k_end, stride_sb_n, stride_sb_k, SCALING, PROMOTE, SCALE_BLOCK,
-                                                WARPGROUP)
-        if workspace_desc is not None:  # splitting compiled in (else split_tiles is 0: every piece is -1)
-            if piece >= 0 and piece < splits - 1:
-                _publish_partial(acc, acc_right, workspace_desc, staging, flags_ptr, unit, CONSUMERS, SPLIT, WARPGROUP)
-            else:
-                if piece == splits - 1:
-                    acc, acc_right = _add_partials(acc, acc_right, workspace_desc, staging,
-                                                   partial_bars.index(WARPGROUP), flags_ptr, tile_id, split_tiles,
-                                                   splits, CONSUMERS, SPLIT, WARPGROUP)
-                _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
-                            stride_sb_n, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
-        else:
-            _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
-                        stride_sb_n, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
+    if DYNAMIC:
+        log = log_ptr + program * (STAGES + 1)
+        walked = 0
+        unit = _logged_unit(ready, consumed, log, walked)
+        while unit >= 0:
+            consumed = _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr,
+                                     scale_b_ptr, workspace_desc, staging, partial_bars, flags_ptr, M, N, stride_sa_m,
+                                     stride_sb_n, stride_sb_k, split_tiles, splits, unit, consumed, zero, num_pid_m,
+                                     num_pid_n, k_tiles, SCALING, ACTIVATION, PROMOTE, GROUP_M, SCALE_BLOCK, WARPGROUP)
+            walked += 1
+            unit = _logged_unit(ready, consumed, log, walked)
+    else:
+        for unit in range(program, units, num_programs):
+            consumed = _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr,
+                                     scale_b_ptr, workspace_desc, staging, partial_bars, flags_ptr, M, N, stride_sa_m,
+                                     stride_sb_n, stride_sb_k, split_tiles, splits, unit, consumed, zero, num_pid_m,
+                                     num_pid_n, k_tiles, SCALING, ACTIVATION, PROMOTE, GROUP_M, SCALE_BLOCK, WARPGROUP)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
+def _logged_unit(ready, consumed, log, walked):
+    """DYNAMIC: the program's `walked`-th unit (or -1, the end), read from the producer's log once the ring
+    slot of the program's `consumed`-th K-tile, the unit's first, is loaded (the wait for it is repeated
+    when the K-tile is taken, and returns at once)."""
+    STAGES: gl.constexpr = ready.type.shape[0]
+    mbarrier.wait(ready.index(consumed % STAGES), (consumed // STAGES) & 1)
+    return gl.load(log + walked % (STAGES + 1), volatile=True)
+
+
+@gluon.jit
+def _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
+                  workspace_desc, staging, partial_bars, flags_ptr, M, N, stride_sa_m, stride_sb_n, stride_sb_k,
+                  split_tiles, splits, unit, consumed, zero, num_pid_m, num_pid_n, k_tiles, SCALING: gl.constexpr,
+                  ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr,
+                  WARPGROUP: gl.constexpr):
+    """This warpgroup's rows of `unit`: its K-tiles summed from the program's `consumed`-th on, then stored,
+    or left as a partial sum for the tile's last piece, or (the last piece) added to the others' and stored.
+    Returns the next K-tile's number."""
+    STAGES: gl.constexpr = empty.type.shape[0]
+    CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // STAGES
+    BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
+    BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
+    ROWS: gl.constexpr = c_bufs.type.shape[1]
+    HALF_N: gl.constexpr = c_bufs.type.shape[2]
+    SPLIT: gl.constexpr = BLOCK_N // HALF_N
+    tile_id, k_first, k_end, piece = _work_unit(unit, split_tiles, splits, k_tiles)
+    pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    off_m = pid_m * BLOCK_M + WARPGROUP * ROWS
+    off_n = pid_n * BLOCK_N
+    acc, acc_right, consumed = _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, off_n,
+                                            k_first, k_end, stride_sb_n, stride_sb_k, SCALING, PROMOTE, SCALE_BLOCK,
+                                            WARPGROUP)
+    if workspace_desc is not None:  # splitting compiled in (else split_tiles is 0: every piece is -1)
+        if piece >= 0 and piece < splits - 1:
+            _publish_partial(acc, acc_right, workspace_desc, staging, flags_ptr, unit, CONSUMERS, SPLIT, WARPGROUP)
+        else:
+            if piece == splits - 1:
+                acc, acc_right = _add_partials(acc, acc_right, workspace_desc, staging,
+                                               partial_bars.index(WARPGROUP), flags_ptr, tile_id, split_tiles,
+                                               splits, CONSUMERS, SPLIT, WARPGROUP)
+            _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
+                        stride_sb_n, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
+    else:
+        _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
+                    stride_sb_n, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
+    return consumed
+
+
+@gluon.jit
 def _fp8_gemm_ws_kernel(
-    a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, sa_desc, sb_desc, workspace_desc, flags_ptr, M, N, K,
-    stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
+    a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, sa_desc, sb_desc, workspace_desc, flags_ptr, counter_ptr, log_ptr,
+    M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
     BLOCK_M: gl.constexpr,  # 64 rows per consumer warpgroup: 128 or 192
     SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (_gemm_persistent.SCALING_CODES)
     ACTIVATION: gl.constexpr,  # 0 none, 1 sigmoid (_gemm_persistent.ACTIVATION_CODES)
@@ -450,6 +579,7 @@ def _fp8_gemm_ws_kernel(
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     SCALE_BLOCK: gl.constexpr,
+    DYNAMIC: gl.constexpr,  # the programs claim their units from counter_ptr (config.dynamic_tiles)
 ):
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -488,17 +618,20 @@ def _fp8_gemm_ws_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             workspace_desc, partial_bars, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
-                             num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M, SCALE_BLOCK, 0)),
+                             workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
+                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M,
+                             SCALE_BLOCK, DYNAMIC, 0)),
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             workspace_desc, partial_bars, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
-                             num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M, SCALE_BLOCK, 1)),
+                             workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
+                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M,
+                             SCALE_BLOCK, DYNAMIC, 1)),
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             workspace_desc, partial_bars, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
-                             num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M, SCALE_BLOCK, 2)),
-                (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, M, N, K,
-                             stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, GROUP_M,
-                             SCALE_BLOCK)),
+                             workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
+                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M,
+                             SCALE_BLOCK, DYNAMIC, 2)),
+                (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, counter_ptr,
+                             log_ptr, M, N, K, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
+                             GROUP_M, SCALE_BLOCK, DYNAMIC)),
             ],
             [4, 4, 1],
             [CONSUMER_REGISTERS_OF_THREE, CONSUMER_REGISTERS_OF_THREE, PRODUCER_REGISTERS_OF_THREE],
@@ -507,14 +640,16 @@ def _fp8_gemm_ws_kernel(
         gl.warp_specialize(
             [
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             workspace_desc, partial_bars, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
-                             num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M, SCALE_BLOCK, 0)),
+                             workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
+                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M,
+                             SCALE_BLOCK, DYNAMIC, 0)),
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             workspace_desc, partial_bars, flags_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k,
-                             num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M, SCALE_BLOCK, 1)),
-                (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, M, N, K,
-                             stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, GROUP_M,
-                             SCALE_BLOCK)),
+                             workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
+                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M,
+                             SCALE_BLOCK, DYNAMIC, 1)),
+                (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, counter_ptr,
+                             log_ptr, M, N, K, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
+                             GROUP_M, SCALE_BLOCK, DYNAMIC)),
             ],
             [4, 1],
             [CONSUMER_REGISTERS_OF_TWO, PRODUCER_REGISTERS_OF_TWO],
@@ -559,19 +694,20 @@ def _scale_descriptors(scale_a, scale_b):
             for scale, box in ((scale_a, CONSUMER_ROWS.value), (scale_b, WEIGHT_SCALE_BOX))]
 
 
-# Split-tile flags (one int32 per program and consumer warpgroup), per device and stream: the kernel leaves
-# every flag it uses zeroed, so they are allocated zeroed once and reused (two launches on different streams
-# at once get different flags).
-_STREAM_K_FLAGS: dict[tuple[int, int], torch.Tensor] = {}
+# Per device and stream, int32 scratch reused by every launch (two launches on different streams at once
+# get their own): `flags`, the split tiles' (one per contributing piece and consumer warpgroup), and
+# `counter`, the dynamic tiles' (two words), which the kernel leaves zeroed, so both are allocated zeroed
+# once; `log`, the dynamic tiles' hand-over from producer to consumers, which needs no zeroing.
+_STREAM_SCRATCH: dict[tuple[str, int, int], torch.Tensor] = {}
 
 
-def split_flags(device: torch.device, count: int) -> torch.Tensor:
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
-    flags = _STREAM_K_FLAGS.get(key)
-    if flags is None or flags.numel() < count:
-        flags = torch.zeros(count, dtype=torch.int32, device=device)
-        _STREAM_K_FLAGS[key] = flags
-    return flags
+def stream_scratch(name: str, device: torch.device, count: int) -> torch.Tensor:
+    key = (name, device.index, torch.cuda.current_stream(device).cuda_stream)
+    scratch = _STREAM_SCRATCH.get(key)
+    if scratch is None or scratch.numel() < count:
+        scratch = torch.zeros(count, dtype=torch.int32, device=device)
+        _STREAM_SCRATCH[key] = scratch
+    return scratch
 
 
 def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig,
@@ -598,9 +734,13 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
         contributors = split_tiles * (splits - 1)
         workspace = torch.empty((contributors * bm, bn), dtype=torch.float32, device=a.device)
         workspace_desc = TensorDescriptor.from_tensor(workspace, c_block, gl.NVMMASharedLayout.get_default_for(c_block, gl.float32))
-        flags = split_flags(a.device, contributors * (bm // CONSUMER_ROWS.value))
+        flags = stream_scratch("flags", a.device, contributors * (bm // CONSUMER_ROWS.value))
+    counter = log = out  # stand-ins the kernel does not touch without dynamic tiles
+    if config.dynamic_tiles:
+        counter = stream_scratch("counter", a.device, 2)
+        log = stream_scratch("log", a.device, programs * (config.num_stages + 1))
     return _fp8_gemm_ws_kernel[(programs,)](
-        a_desc, b_desc, c_desc, scale_a, scale_b, sa_desc, sb_desc, workspace_desc, flags, M, N, K,
+        a_desc, b_desc, c_desc, scale_a, scale_b, sa_desc, sb_desc, workspace_desc, flags, counter, log, M, N, K,
         *scale_strides(scale_a, scale_b), programs, split_tiles, splits,
         BLOCK_M=bm,
         SCALING=SCALING_CODES[granularity],
@@ -609,6 +749,7 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
         GROUP_M=config.group_m,
         STAGES=config.num_stages,
         SCALE_BLOCK=BLOCK,
+        DYNAMIC=config.dynamic_tiles,
         num_warps=4,  # the default partition: consumer warpgroup 0
         maxnreg=MAX_REGISTERS[bm // CONSUMER_ROWS.value],
     )

@@ -96,6 +96,12 @@ class Fp8GemmConfig:
     # are summed through an FP32 workspace). Each consumer warpgroup then has two epilogue buffers, which
     # hold its FP32 partial sums (see shared_memory_bytes).
     split_last_wave: bool = False
+    # Gluon kernel only: each program claims its next tile (or piece) from a counter as it comes free,
+    # instead of walking a fixed share of them. Beside NCCL's kernels, which hold SMs while they run, the
+    # programs that find their SM taken start late; with fixed shares they then finish theirs after all the
+    # others (our products slowed 1.42x beside FSDP's all-gathers, cuBLAS's 1.20x:
+    # reports/h100-sxm/gemm-beside-collectives).
+    dynamic_tiles: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -112,8 +118,9 @@ class Fp8GemmConfig:
             raise ValueError(f"split_n must be 1 or 2, and 2 stores column halves (epilogue_subtile), got {self.split_n}")
         if self.num_warps not in (4, 8, 16):
             raise ValueError(f"num_warps must be 4, 8 or 16, got {self.num_warps}")
-        if self.split_last_wave and not self.gluon_ws:
-            raise ValueError("split_last_wave is a mode of the warp-specialized Gluon kernel (gluon_ws)")
+        for mode in ("split_last_wave", "dynamic_tiles"):
+            if getattr(self, mode) and not self.gluon_ws:
+                raise ValueError(f"{mode} is a mode of the warp-specialized Gluon kernel (gluon_ws)")
         if self.gluon_ws and (
             self.block_m not in (128, GLUON_THREE_CONSUMER_ROWS) or (self.block_k, self.num_warps) != (BLOCK, 8)
             or self.block_n not in (64, 128, 256) or self.split_n != 1 or self.warp_specialize or self.epilogue_subtile
@@ -195,7 +202,7 @@ BLOCKWISE = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_
 # and 0.86 (promoted) of the fastest tile on the LLaMa-3 8B linears at M 128 and 512 whose waves it fills, tensorwise
 # (tools/gemm_awkward_probe.py, reports/h100-sxm/gemm-awkward-small-m); blockwise takes the same, unmeasured.
 WIDE_GLUON = Fp8GemmConfig(block_m=128, block_n=256, block_k=128, group_m=16, num_stages=3, num_warps=8, num_sms=1,
-                           epilogue_subtile=False, gluon_ws=True, split_last_wave=True)
+                           epilogue_subtile=False, gluon_ws=True, split_last_wave=True, dynamic_tiles=True)
 NARROW_GLUON = dataclasses.replace(WIDE_GLUON, block_n=128, num_stages=4)
 TALL_GLUON = dataclasses.replace(WIDE_GLUON, block_m=GLUON_THREE_CONSUMER_ROWS, block_n=128)
 SLIM_GLUON = dataclasses.replace(NARROW_GLUON, block_n=64, num_stages=6)
