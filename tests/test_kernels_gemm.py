@@ -524,6 +524,8 @@ def test_gpu_split_last_wave_sums_the_pieces_and_leaves_its_flags_zeroed(case):
     granularity, fast_accum = case
     limit = FAST_ACCUM_TOLERANCE if fast_accum else PROMOTED_TOLERANCE
     for tile, _ in _gluon_tiles(granularity, fast_accum):
+        if granularity is Granularity.BLOCKWISE and tile.block_n < BLOCK:
+            continue  # its weights come in 128 x 128 blocks: a grid of 64-wide column tiles is no blockwise shape
         for programs, row_tiles, col_tiles in SPLIT_GRIDS:
             config = tile.with_sms(programs)
             ragged = 0 if granularity is Granularity.BLOCKWISE else 16
