@@ -98,9 +98,10 @@ class Fp8GemmConfig:
     split_last_wave: bool = False
     # Gluon kernel only: each program claims its next tile (or piece) from a counter as it comes free,
     # instead of walking a fixed share of them. Beside NCCL's kernels, which hold SMs while they run, the
-    # programs that find their SM taken start late; with fixed shares they then finish theirs after all the
-    # others (our products slowed 1.42x beside FSDP's all-gathers, cuBLAS's 1.20x:
-    # reports/h100-sxm/gemm-beside-collectives).
+    # programs that find their SM taken start late, and with fixed shares finish theirs after all the others:
+    # beside FSDP's all-gathers a block's products slowed 1.45x with fixed shares, 1.20x claimed (cuBLAS
+    # 1.16x). Off in the presets: alone it costs 1.7-2.4%, and in FSDP2 training on 2 x H100 the step did
+    # not move (the GEMMs gained 2.6 ms, the collectives lost it: reports/h100-sxm/gemm-claimed-tiles).
     dynamic_tiles: bool = False
 
     def __post_init__(self) -> None:
@@ -202,7 +203,7 @@ BLOCKWISE = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_
 # and 0.86 (promoted) of the fastest tile on the LLaMa-3 8B linears at M 128 and 512 whose waves it fills, tensorwise
 # (tools/gemm_awkward_probe.py, reports/h100-sxm/gemm-awkward-small-m); blockwise takes the same, unmeasured.
 WIDE_GLUON = Fp8GemmConfig(block_m=128, block_n=256, block_k=128, group_m=16, num_stages=3, num_warps=8, num_sms=1,
-                           epilogue_subtile=False, gluon_ws=True, split_last_wave=True, dynamic_tiles=True)
+                           epilogue_subtile=False, gluon_ws=True, split_last_wave=True)
 NARROW_GLUON = dataclasses.replace(WIDE_GLUON, block_n=128, num_stages=4)
 TALL_GLUON = dataclasses.replace(WIDE_GLUON, block_m=GLUON_THREE_CONSUMER_ROWS, block_n=128)
 SLIM_GLUON = dataclasses.replace(NARROW_GLUON, block_n=64, num_stages=6)
