@@ -44,6 +44,11 @@ buffers (register-addressed stores of 64 x 256 floats had ptxas keep 128 address
 every thread of the warpgroup signals and waits on a per-warpgroup flag itself, so no barrier spans more
 than the warpgroup here either.
 
+Claimed tiles (config.dynamic_tiles, off in the presets): instead of every num_programs-th unit of work, each
+program's producer claims the next from a counter as it comes free, and hands it to its consumers (see _producer).
+Beside NCCL's kernels, which hold SMs, the programs that start late then take fewer units; in training the
+collectives lost what the GEMMs gained (reports/h100-sxm/gemm-claimed-tiles).
+
 Gluon does not run under TRITON_INTERPRET: on the CPU, fp8kernels.gemm runs
 kernels/_gemm_persistent.py, and this kernel is checked by the GPU tests.
 """
