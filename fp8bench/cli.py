@@ -1101,7 +1101,7 @@ def numerics_optimizer(
 
 @numerics_app.command("compare-loss")
 def numerics_compare_loss(
-    base: Path = typer.Argument(..., help="the reference: a `numerics loss` run folder, or its curves.csv"),
+    base: Path = typer.Argument(..., help="the reference: a `numerics loss` run folder, or its curves file (curves.csv.gz, or an older run's plain curves.csv)"),
     new: Path = typer.Argument(..., help="the run to judge, made by the same command"),
     rtol: float = typer.Option(0.01, min=0.0, help="largest relative difference of the mean loss at any checkpoint, either way"),
 ) -> None:

@@ -36,7 +36,8 @@ def corpus():
 
 
 def curves_of(run_dir) -> pd.DataFrame:
-    """curves.csv and, where the run took tensor statistics, tensor_stats.csv.gz: every value of the run."""
+    """curves.csv.gz and, where the run took tensor statistics, tensor_stats.csv.gz (pandas reads every gzip
+    member): every value of the run."""
     frames = [pd.read_csv(run_dir / numerics.CURVES_CSV, keep_default_na=False)]
     if (run_dir / numerics.TENSOR_STATS_CSV).exists():
         frames.append(pd.read_csv(run_dir / numerics.TENSOR_STATS_CSV, keep_default_na=False))

@@ -1,5 +1,6 @@
-"""The size of a numerics run's files: tensor statistics on a thinning schedule, gzip-compressed beside
-curves.csv, so that a 1000-step stats run of llama-25m with every recipe stays under 2 MiB."""
+"""The size of a numerics run's files: tensor statistics on a thinning schedule, both files gzip-compressed
+(curves.csv.gz and tensor_stats.csv.gz), so that a 1000-step stats run of llama-25m with every recipe stays
+under 2 MiB."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def test_a_1000_step_llama_25m_stats_run_writes_under_2_mib(tmp_path):
                             continue  # sqnr is the output's; a dynamic cast has no history (written as no row)
                         writer.write_stat(curve, step, metric, rng.choice([0.0, rng.uniform(0, 100)]), layer, role)
                 writer.write_stat(curve, step, "sqnr_db", rng.uniform(20, 40), layer, OUTPUT_ROLE)
-        writer.flush_stats()
+        writer.flush()  # one member per curve and file, as a finished curve joins the run
     writer.close()
     sizes = {path.name: path.stat().st_size for path in tmp_path.iterdir()}
     assert set(sizes) == {numerics.CURVES_CSV, numerics.TENSOR_STATS_CSV}

@@ -1,11 +1,13 @@
 """`fp8bench numerics loss` with several seeds, a learning-rate schedule and worker processes, on a micro
 model on the CPU: the schedule's values, the curves per seed and the reference of each gap, curves trained in
 workers identical to curves trained in this process, a crashed or failing worker as a failed row, rows of curves
-that finish before their reference, resuming a run, an interrupt that loses nothing finished, and the noise
-statistics of the gaps."""
+that finish before their reference, resuming a run (after an interrupt, after a kill while a curve joined the
+curves file, in a folder with an older run's plain curves.csv), an interrupt that loses nothing finished, and the
+noise statistics of the gaps."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -19,7 +21,9 @@ from typer.testing import CliRunner
 
 from fp8bench.benchmarks import numerics
 from fp8bench.cli import app
-from fp8bench.harness.curves import SeedGaps, bf16_noise, read_loss_curves, relative_gap, seed_gaps
+from fp8bench.harness.curves import (
+    CURVES_CSV, LEGACY_CURVES_CSV, SeedGaps, bf16_noise, read_loss_curves, read_values_text, relative_gap, seed_gaps,
+)
 from fp8bench.harness.results import RunWriter, load_results
 from fp8bench.nn import text_data
 from fp8bench.nn.recipes import RECIPES
@@ -84,7 +88,7 @@ def test_curves_in_worker_processes_are_those_of_one_process(corpus, tmp_path):
         assert [r.status for r in results] == ["ok"] * 3
         runs[jobs] = read_loss_curves(tmp_path / str(jobs))
         assert sorted(curve_names(tmp_path / str(jobs))) == ["bf16-seed0", "bf16-seed1", "bf16-seed2"]
-        assert not (tmp_path / str(jobs) / numerics.PARTS).exists()  # every curve joined curves.csv
+        assert not (tmp_path / str(jobs) / numerics.PARTS).exists()  # every curve joined the curves file
     assert runs[1] == runs[2]  # bit for bit: 8 digits of each loss
     rows = load_results(tmp_path / "2").assign(curve=curve_names(tmp_path / "2")).set_index("curve")
     assert rows.loc["bf16-seed1", "rel_err"] == pytest.approx(relative_gap(runs[2]["bf16-seed1"], runs[2]["bf16-seed0"]), abs=1e-6)
@@ -115,27 +119,79 @@ def test_a_curve_that_finishes_before_its_reference_gets_its_row_when_the_refere
     assert rows["rel_err"].iloc[2] == pytest.approx(relative_gap(losses["triton-tensorwise-seed1"], losses["bf16-seed1"]), abs=1e-6)
 
 
-def test_an_interrupt_keeps_the_finished_curves_and_resume_trains_only_the_others(corpus, tmp_path):
-    curves = numerics.loss_curves((), bf16_seeds=(0, 1, 2), seeds=())
+THREE_BF16 = numerics.loss_curves((), bf16_seeds=(0, 1, 2), seeds=())
+
+
+def _interrupted_after_the_first_curve(corpus, run_dir) -> None:
+    """A loss run of THREE_BF16 interrupted once its first curve has finished (its values and row written)."""
+
+    def interrupt(result) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), RunWriter(run_dir, {"benchmark": "numerics"}) as writer:
+        numerics.run_loss(micro, "micro", THREE_BF16, CONFIG, corpus, writer, on_curve=interrupt)
+    assert curve_names(run_dir) == ["bf16-seed0"] and set(read_loss_curves(run_dir)) == {"bf16-seed0"}
+
+
+def _resumed(corpus, run_dir) -> list[str]:
+    """The curves a resumed run of THREE_BF16 in `run_dir` trains."""
     finished = []
+    with RunWriter(run_dir, {"benchmark": "numerics"}, resume=True) as writer:
+        results = numerics.run_loss(micro, "micro", THREE_BF16, CONFIG, corpus, writer, on_curve=lambda r: finished.append(r.curve.name))
+    assert [r.curve.name for r in results] == ["bf16-seed0", "bf16-seed1", "bf16-seed2"]
+    return finished
 
-    def interrupt_after_the_first(result) -> None:
-        finished.append(result.curve.name)
-        if len(finished) == 1:
-            raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt), RunWriter(tmp_path / "cut", {"benchmark": "numerics"}) as writer:
-        numerics.run_loss(micro, "micro", curves, CONFIG, corpus, writer, on_curve=interrupt_after_the_first)
-    assert curve_names(tmp_path / "cut") == ["bf16-seed0"] and set(read_loss_curves(tmp_path / "cut")) == {"bf16-seed0"}
-    finished.clear()
-    with RunWriter(tmp_path / "cut", {"benchmark": "numerics"}, resume=True) as writer:
-        results = numerics.run_loss(micro, "micro", curves, CONFIG, corpus, writer, on_curve=lambda r: finished.append(r.curve.name))
-    assert finished == ["bf16-seed1", "bf16-seed2"] and [r.curve.name for r in results] == ["bf16-seed0", "bf16-seed1", "bf16-seed2"]
-    with RunWriter(tmp_path / "whole", {"benchmark": "numerics"}) as writer:
-        numerics.run_loss(micro, "micro", curves, CONFIG, corpus, writer)
-    assert read_loss_curves(tmp_path / "cut") == read_loss_curves(tmp_path / "whole")
-    cut, whole = load_results(tmp_path / "cut"), load_results(tmp_path / "whole")
-    assert list(cut["rel_err"]) == pytest.approx(list(whole["rel_err"]), abs=1e-6)  # a resumed run's references: curves.csv's 8 digits
+@pytest.fixture(scope="module")
+def whole_run(corpus, tmp_path_factory):
+    """THREE_BF16 run without an interrupt."""
+    run_dir = tmp_path_factory.mktemp("whole")
+    with RunWriter(run_dir, {"benchmark": "numerics"}) as writer:
+        numerics.run_loss(micro, "micro", THREE_BF16, CONFIG, corpus, writer)
+    return run_dir
+
+
+def _same_values(run_dir, whole_run) -> None:
+    """The run's curves file holds the rows of the run without an interrupt in the same order; each checkpoint gap
+    as computed from the references read back (8 digits) where the reference was trained before the resume."""
+    resumed, whole = (read_values_text(run / CURVES_CSV).splitlines() for run in (run_dir, whole_run))
+    assert [line.rsplit(",", 1)[0] for line in resumed] == [line.rsplit(",", 1)[0] for line in whole]
+    assert [line for line in resumed if ",loss_gap," not in line] == [line for line in whole if ",loss_gap," not in line]
+    gaps = [(float(a.rsplit(",", 1)[1]), float(b.rsplit(",", 1)[1])) for a, b in zip(resumed, whole) if ",loss_gap," in a]
+    assert len(gaps) == 9 and [a for a, _ in gaps] == pytest.approx([b for _, b in gaps], abs=1e-6)
+
+
+def test_an_interrupt_keeps_the_finished_curves_and_resume_trains_only_the_others(corpus, tmp_path, whole_run):
+    _interrupted_after_the_first_curve(corpus, tmp_path)
+    assert _resumed(corpus, tmp_path) == ["bf16-seed1", "bf16-seed2"]
+    assert read_loss_curves(tmp_path) == read_loss_curves(whole_run)
+    _same_values(tmp_path, whole_run)
+    cut, whole = load_results(tmp_path), load_results(whole_run)
+    assert list(cut["rel_err"]) == pytest.approx(list(whole["rel_err"]), abs=1e-6)  # a resumed run's references: the file's 8 digits
+
+
+def test_resume_after_a_kill_while_a_curve_joined_the_file_trains_that_curve_again(corpus, tmp_path, whole_run):
+    """Killed while bf16-seed1's values were appended, before its row: the member holds all its rows but not
+    its CRC and length. A reader reads the rows; the resumed run cuts the member off and trains the curve again."""
+    _interrupted_after_the_first_curve(corpus, tmp_path)
+    lines = read_values_text(whole_run / CURVES_CSV).splitlines(keepends=True)
+    joined = "".join(line for line in lines if line.startswith("bf16-seed1,") and ",loss_gap," not in line)
+    with (tmp_path / CURVES_CSV).open("ab") as handle:
+        handle.write(gzip.compress(joined.encode(), mtime=0)[:-8])
+    assert read_loss_curves(tmp_path)["bf16-seed1"] == read_loss_curves(whole_run)["bf16-seed1"]  # every whole row is read
+    assert _resumed(corpus, tmp_path) == ["bf16-seed1", "bf16-seed2"]
+    _same_values(tmp_path, whole_run)  # each value once, none cut
+    assert list(load_results(tmp_path)["rel_err"]) == pytest.approx(list(load_results(whole_run)["rel_err"]), abs=1e-6)
+
+
+def test_resume_of_an_older_runs_plain_curves_file_converts_it(corpus, tmp_path, whole_run):
+    _interrupted_after_the_first_curve(corpus, tmp_path)
+    (tmp_path / LEGACY_CURVES_CSV).write_text(read_values_text(tmp_path / CURVES_CSV), newline="")
+    (tmp_path / CURVES_CSV).unlink()
+    assert list(read_loss_curves(tmp_path)) == ["bf16-seed0"]
+    assert _resumed(corpus, tmp_path) == ["bf16-seed1", "bf16-seed2"]
+    assert not (tmp_path / LEGACY_CURVES_CSV).exists()
+    _same_values(tmp_path, whole_run)
 
 
 def test_cli_seeds_jobs_schedule_and_resume(tmp_path, monkeypatch):
@@ -153,6 +209,9 @@ def test_cli_seeds_jobs_schedule_and_resume(tmp_path, monkeypatch):
     other = CliRunner().invoke(app, [*args[:-4], "--lr-schedule", "cosine", "--out", str(out), "--resume"])
     assert other.exit_code == 2 and "was run with another train" in other.output
     assert CliRunner().invoke(app, [*args[:-2], "--resume"]).exit_code == 2  # --resume needs --out
+    (out / LEGACY_CURVES_CSV).write_text(read_values_text(out / CURVES_CSV), newline="")
+    both = CliRunner().invoke(app, [*args, "--bf16-seeds", "4", "--resume"], env={"COLUMNS": "300"})
+    assert both.exit_code == 2 and f"error: {out / CURVES_CSV} and {out / LEGACY_CURVES_CSV}: a run folder holds one curves file" in both.output
     bad = CliRunner().invoke(app, [*args[:-2], "--lr-schedule", "linear", "--out", str(tmp_path / "bad")])
     assert bad.exit_code == 2 and "linear" in bad.output
 

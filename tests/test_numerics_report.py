@@ -110,8 +110,8 @@ def test_stats_conclusion_names_the_worst_role_layer_and_step(tmp_path):
 
 def test_a_torn_statistics_file_is_an_error_naming_it(tmp_path):
     _loss_run(tmp_path, {})
-    (tmp_path / numerics.TENSOR_STATS_CSV).write_bytes(b"\x1f\x8b\x08\x00garbage")
-    with pytest.raises(ValueError, match=f"{numerics.TENSOR_STATS_CSV} cannot be read as a curves file"):
+    (tmp_path / numerics.TENSOR_STATS_CSV).write_bytes(b"\x1f\x8b\x08\x00garbage")  # a gzip header, then no whole row
+    with pytest.raises(ValueError, match=f"{numerics.TENSOR_STATS_CSV}: not one whole row: the gzip member from byte 0 on is cut short"):
         report_numerics.read_curves(tmp_path)
 
 

@@ -1,13 +1,16 @@
 """The numerics page from runs of the real CLI on a micro model on the CPU (kernels under
 TRITON_INTERPRET=1): every chart is on the page, the headline and conclusions are the numbers pandas
-computes from curves.csv, strings from the files are escaped, and a malformed curves file is an error."""
+computes from the curves file (curves.csv.gz; a plain curves.csv of an older run reads the same), strings from
+the files are escaped, and a malformed curves file is an error."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
 import re
+import shutil
 import statistics
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
@@ -62,7 +65,7 @@ def headline_rows(page: str) -> list[list[str]]:
 
 
 def pandas_gap(curves: pd.DataFrame, curve: str, reference: str = "bf16-seed0") -> float:
-    """Mean loss over the last 10% of steps relative to the reference's, straight from curves.csv."""
+    """Mean loss over the last 10% of steps relative to the reference's, straight from the curves file."""
     loss = curves[curves.metric == "loss"]
 
     def tail(name: str) -> float:
@@ -73,8 +76,9 @@ def pandas_gap(curves: pd.DataFrame, curve: str, reference: str = "bf16-seed0") 
 
 
 def test_the_report_reads_the_files_the_benchmark_writes():
-    assert report_numerics.CURVES_CSV == numerics.CURVES_CSV
-    assert report_numerics.CURVE_COLUMNS == numerics.CURVE_COLUMNS
+    assert report_numerics.CURVES_CSV == numerics.CURVES_CSV == "curves.csv.gz"
+    assert report_numerics.DATA_FILES == ("curves.csv.gz", "curves.csv", "tensor_stats.csv.gz")  # what a site copies beside results.csv
+    assert report_numerics.CURVE_COLUMNS == curves.CURVE_COLUMNS
     assert report_numerics.LAST_FRACTION == curves.LAST_FRACTION
     assert report_numerics.BENCHMARK == numerics.BENCHMARK
 
@@ -114,7 +118,7 @@ def test_loss_page_opens_with_the_headline_computed_from_curves(runs):
     # The results rows' rel_err is the same gap.
     results = pd.read_csv(run / "results.csv")
     for options, rel_err in zip(results["options"], results["rel_err"]):
-        assert rel_err == pytest.approx(pandas_gap(curves, json.loads(options)["curve"]), abs=1e-6)  # curves.csv holds 8 digits
+        assert rel_err == pytest.approx(pandas_gap(curves, json.loads(options)["curve"]), abs=1e-6)  # the curves file holds 8 digits
 
 
 def test_gap_over_steps_ends_at_the_headline_gap_and_matches_the_checkpoints(runs):
@@ -124,7 +128,7 @@ def test_gap_over_steps_ends_at_the_headline_gap_and_matches_the_checkpoints(run
     checkpoints = curves[(curves.metric == "loss_gap") & (curves.curve == "triton-tensorwise-seed0")].set_index("step")["value"]
     assert len(checkpoints) == 4
     for step, value in checkpoints.items():
-        assert gaps[step] == pytest.approx(value, abs=1e-6)  # curves.csv holds 8 digits
+        assert gaps[step] == pytest.approx(value, abs=1e-6)  # the curves file holds 8 digits
     assert gaps.iloc[-1] == pytest.approx(pandas_gap(pd.read_csv(runs / "loss" / numerics.CURVES_CSV), "triton-tensorwise-seed0"), rel=1e-9)
 
 
@@ -208,23 +212,56 @@ def test_every_chart_renders_in_a_browser(runs):
 def test_strings_from_the_files_are_escaped(tmp_path, runs):
     run = tmp_path / "run"
     run.mkdir()
-    for name in ("results.csv", "metadata.json", numerics.CURVES_CSV):
+    for name in ("results.csv", "metadata.json"):
         (run / name).write_text((runs / "loss" / name).read_text().replace("triton-rowwise-seed0", "<b>x</b>-seed0"))
+    text = curves.read_values_text(runs / "loss" / numerics.CURVES_CSV)
+    curves.append_member(run / numerics.CURVES_CSV, text.replace("triton-rowwise-seed0", "<b>x</b>-seed0"))
     write_reports(run)
     page = (run / "numerics.html").read_text()
     assert "<b>x</b>" not in page and "&lt;b&gt;x&lt;/b&gt;-seed0" in page
     assert "\\u003cb\\u003e" not in page  # how plotly writes an unescaped label into its JSON
 
 
-def test_a_malformed_curves_file_is_an_error_naming_it(tmp_path, runs):
-    run = tmp_path / "run"
+def _rows_only(tmp_path, runs, name: str = "run"):
+    """A folder with the loss run's results.csv and metadata.json, no curves file."""
+    run = tmp_path / name
     run.mkdir()
     for name in ("results.csv", "metadata.json"):
         (run / name).write_text((runs / "loss" / name).read_text())
-    (run / numerics.CURVES_CSV).write_text("curve,step\nbf16-seed0,1\n")
-    result = CliRunner().invoke(app, ["report", str(run)])
-    assert result.exit_code == 2
-    assert "is not a curves file" in result.output
+    return run
+
+
+@pytest.mark.parametrize(("name", "content", "message"), [
+    (numerics.CURVES_CSV, gzip.compress(b"curve,step\nbf16-seed0,1\n"), "is not a curves file: its columns are ['curve', 'step']"),
+    (curves.LEGACY_CURVES_CSV, b"curve,step\nbf16-seed0,1\n", "is not a curves file: its columns are ['curve', 'step']"),
+    (numerics.CURVES_CSV, b"curve,step\nbf16-seed0,1\n", ": not gzip-compressed (Error -3 while decompressing data: incorrect header check)"),
+    (curves.LEGACY_CURVES_CSV, b"curve,step,metric,layer,role,value\nbf16-seed0,1,loss,,,4.5", ": its last line is torn (no newline)"),
+])  # fmt: skip
+def test_a_malformed_curves_file_is_an_error_naming_it(tmp_path, runs, name, content, message):
+    run = _rows_only(tmp_path, runs)
+    (run / name).write_bytes(content)
+    result = CliRunner().invoke(app, ["report", str(run)], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and result.output.startswith(f"error: {run / name}"), result.output
+    assert message in result.output, result.output
+
+
+def test_an_older_runs_plain_curves_file_gives_the_same_page(tmp_path, runs):
+    run = _rows_only(tmp_path, runs, "loss")  # the folder's name is the page's title
+    (run / curves.LEGACY_CURVES_CSV).write_text(curves.read_values_text(runs / "loss" / numerics.CURVES_CSV), newline="")
+    pd.testing.assert_frame_equal(report_numerics.read_curves(run), report_numerics.read_curves(runs / "loss"))
+    write_reports(run)
+    assert (run / "numerics.html").read_text() == (runs / "loss" / "numerics.html").read_text()
+    assert not (run / numerics.CURVES_CSV).exists()  # a report reads the folder; it does not convert it
+
+
+def test_a_folder_with_both_curves_files_is_an_error_naming_both(tmp_path, runs):
+    run = _rows_only(tmp_path, runs)
+    shutil.copyfile(runs / "loss" / numerics.CURVES_CSV, run / numerics.CURVES_CSV)
+    (run / curves.LEGACY_CURVES_CSV).write_text(curves.read_values_text(runs / "loss" / numerics.CURVES_CSV), newline="")
+    result = CliRunner().invoke(app, ["report", str(run)], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert result.output.startswith(f"error: {run / numerics.CURVES_CSV} and {run / curves.LEGACY_CURVES_CSV}: a run folder holds one curves file")
+    assert not (run / "numerics.html").exists()
 
 
 def test_a_run_without_curves_says_so_and_keeps_its_rows(tmp_path, runs):
@@ -234,7 +271,7 @@ def test_a_run_without_curves_says_so_and_keeps_its_rows(tmp_path, runs):
         (run / name).write_text((runs / "loss" / name).read_text())
     write_reports(run)
     page = (run / "numerics.html").read_text()
-    assert "The run folder holds no curves.csv values" in page and chart_ids(page) == []
+    assert f"The run folder holds no {numerics.CURVES_CSV} values" in page and chart_ids(page) == []
     assert [cells[2] for cells in headline_rows(page)] == ["0"] * 3 and [cells[4] for cells in headline_rows(page)][1:] == ["n/a"] * 2
 
 

@@ -30,18 +30,18 @@ implementation that cannot run here, is an `unsupported: <reason>` row and the r
   GPU the fused update's time, GB/s and % of the copy bandwidth against torch's fused AdamW.
 
 Summary rows go to the run's results.csv (the result schema; `rel_err` holds the relative loss gap);
-the step-wise values go to `curves.csv` beside it, one value per row (curve, step, metric, layer, role),
-and the per-layer statistics to the gzip-compressed `tensor_stats.csv.gz` (fp8bench.harness.curves): a
-curve writes them into a folder of its own under `curves.parts/` as they are measured, and they join the
-run's files when the curve finishes.
+the step-wise values go to `curves.csv.gz` beside it, one value per row (curve, step, metric, layer, role),
+and the per-layer statistics to `tensor_stats.csv.gz` (fp8bench.harness.curves): both gzip-compressed CSV
+to which each flush appends a gzip member. A curve writes them into a folder of its own under
+`curves.parts/` step by step as they are measured, and they join the run's files, one member per file,
+when the curve finishes. A run folder of an older fp8bench holds a plain `curves.csv`: it is read as
+such, and converted when the run is resumed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import enum
-import gzip
 import inspect
 import json
 import math
@@ -60,7 +60,8 @@ from torch import nn
 from fp8bench.config import Granularity, Status
 from fp8bench.harness.case import Unsupported
 from fp8bench.harness.curves import (
-    CURVE_COLUMNS, CURVES_CSV, STAT_METRICS, TENSOR_STATS_CSV, checkpoint_steps, relative_gap, stats_recorded_at,
+    CURVES_CSV, STAT_METRICS, TENSOR_STATS_CSV, GzipRows, checkpoint_steps, convert_legacy_curves, curves_file, read_members, relative_gap,
+    stats_recorded_at,
 )
 from fp8bench.harness.results import Row, RunWriter, measurement_values, status_text
 from fp8bench.nn import text_data
@@ -199,7 +200,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class Curve:
-    """One training run: its name in curves.csv, the FP8 recipe (None: BF16) and the implementation that
+    """One training run: its name in the curves file, the FP8 recipe (None: BF16) and the implementation that
     converts the model for it (IMPLEMENTATIONS), the model's seed, the optimizer (torch's AdamW, or
     FP8AdamW in a state format), and the start-up variant."""
 
@@ -244,68 +245,42 @@ def fp8_curve_name(implementation: str, recipe: Recipe, seed: int) -> str:
 
 
 class CurveWriter:
-    """curves.csv: one measured value per row, flushed as it is written; the per-layer tensor statistics
-    to the gzip-compressed TENSOR_STATS_CSV beside it (same columns), flushed at `flush_stats`."""
+    """A run folder's CURVES_CSV (one measured value per row) and the per-layer tensor statistics in
+    TENSOR_STATS_CSV beside it (same columns; fp8bench.harness.curves.GzipRows): what was written since the
+    last `flush` is appended to each as a gzip member of its own, so a killed run keeps every flushed row.
+    A plain curves file of an older run in the folder is converted first (convert_legacy_curves)."""
 
     def __init__(self, run_dir: Path):
-        self._run_dir = Path(run_dir)
-        self._file, self._csv = self._open(self._run_dir / CURVES_CSV, open)
-        self._stats_file = self._stats_csv = None
-
-    @staticmethod
-    def _open(path: Path, opener):
-        fresh = not path.exists() or path.stat().st_size == 0
-        handle = opener(path, "at", newline="")  # a gzip file appended to gains a member; readers read them all
-        writer = csv.writer(handle)
-        if fresh:
-            writer.writerow(CURVE_COLUMNS)
-            handle.flush()  # a second writer of the file (a run's gap rows beside its curves) sees it is not fresh
-        return handle, writer
+        run_dir = Path(run_dir)
+        convert_legacy_curves(run_dir)
+        self._curves = GzipRows(run_dir / CURVES_CSV)
+        self._stats = GzipRows(run_dir / TENSOR_STATS_CSV)
 
     def write(self, curve: str, step: int, metric: str, value: float | None, layer: str = "", role: str = "") -> None:
-        self._csv.writerow([curve, step, metric, layer, role, "" if value is None else f"{value:.8g}"])
+        self._curves.writerow([curve, step, metric, layer, role, "" if value is None else f"{value:.8g}"])
 
     def write_stat(self, curve: str, step: int, metric: str, value: float | None, layer: str, role: str) -> None:
         """A tensor statistic, to TENSOR_STATS_CSV (six digits: statistics, not losses); none where it has no value."""
         if value is None:
             return
-        self._stats()[1].writerow([curve, step, metric, layer, role, f"{value:.6g}"])
-
-    def _stats(self):
-        if self._stats_csv is None:
-            self._stats_file, self._stats_csv = self._open(self._run_dir / TENSOR_STATS_CSV, gzip.open)
-        return self._stats_file, self._stats_csv
+        self._stats.writerow([curve, step, metric, layer, role, f"{value:.6g}"])
 
     def merge(self, part: Path) -> None:
-        """The values a curve wrote into its own folder (PARTS) appended to these files, the folder removed.
-        A last line without its newline (a worker killed while writing it) is left out."""
-        for name, opener in ((CURVES_CSV, open), (TENSOR_STATS_CSV, gzip.open)):
-            if not (part / name).exists():
-                continue
-            try:
-                with opener(part / name, "rt", newline="") as source:
-                    source.readline()  # the header
-                    values = source.read()
-            except EOFError:  # a statistics file its killed worker did not close: what it compressed is lost
-                continue
-            values = values[: values.rfind("\n") + 1]
-            if values:
-                (self._file if name == CURVES_CSV else self._stats()[0]).write(values)
+        """The values a curve wrote into its own folder (PARTS) appended to these files, one member each, the
+        folder removed. Of a last member cut short (a worker killed while writing it) the whole rows join."""
         self.flush()
-        self.flush_stats()
+        for rows in (self._curves, self._stats):
+            if (part / rows.path.name).exists():
+                rows.write(read_members(part / rows.path.name).text.partition("\n")[2])  # the rows below the header
+        self.flush()
         shutil.rmtree(part)
 
     def flush(self) -> None:
-        self._file.flush()
-
-    def flush_stats(self) -> None:
-        if self._stats_file is not None:
-            self._stats_file.flush()
+        self._curves.flush()
+        self._stats.flush()
 
     def close(self) -> None:
-        self._file.close()
-        if self._stats_file is not None:
-            self._stats_file.close()
+        self.flush()
 
 
 @contextlib.contextmanager
@@ -591,9 +566,10 @@ class CurveResult:
     status: str = Status.OK.value
 
 
-# A curve in progress writes to a folder of its own under this one; it joins curves.csv (and the statistics
-# file) when it finishes, so that curves.csv holds finished curves only: a run killed or interrupted loses
-# the curves in progress, nothing finished, and a resumed run starts those again from step 1.
+# A curve in progress writes to a folder of its own under this one; it joins CURVES_CSV (and the statistics
+# file) when it finishes, so that CURVES_CSV holds finished curves only: a run killed or interrupted loses
+# the curves in progress, nothing finished, and a resumed run starts those again from step 1. A run killed
+# while a curve joined leaves that curve's member cut short: a resumed run cuts it off and trains the curve again.
 PARTS = "curves.parts"
 # Curves trained at once on a GPU unless --jobs says otherwise: a 25M-parameter model leaves an H100 mostly idle, and
 # 8 workers there trained about 3x as many curves a minute as one process (reports/h100-sxm/numerics-loss-all);
@@ -702,7 +678,7 @@ def _in_workers(factory, curves_to_run: list[Curve], config, corpus, run_dir: Pa
 def _train_all(factory, curves_to_run: list[Curve], config, corpus, run_dir: Path, collect_stats: bool, on_curve,
                on_step: StepCallback | None = None, jobs: int = 1, on_finished=None) -> list[CurveResult]:  # fmt: skip
     """Each curve, in this process one after the other (`jobs` 1) or in `jobs` worker processes (a fresh
-    process per curve); as each finishes its values join curves.csv, then `on_finished` and `on_curve`
+    process per curve); as each finishes its values join CURVES_CSV, then `on_finished` and `on_curve`
     get its result. Returns the results in the order of `curves_to_run`."""
     writer = CurveWriter(run_dir)
     results: dict[str, CurveResult] = {}
@@ -729,7 +705,7 @@ def _train_all(factory, curves_to_run: list[Curve], config, corpus, run_dir: Pat
 
 def _gap_row(result: CurveResult, reference: CurveResult | None, case: str, config, model_name, writer: RunWriter, curves: CurveWriter) -> None:
     """The curve's results row with its gap to `reference` over the last 10% of steps (rel_err; none where
-    either did not run), and in curves.csv the gap at each checkpoint: over the last 10% of the steps up to
+    either did not run), and in CURVES_CSV the gap at each checkpoint: over the last 10% of the steps up to
     it (`loss_gap`)."""
     measured = bool(result.losses and reference is not None and reference.losses)
     gap = relative_gap(result.losses, reference.losses) if measured else None
@@ -773,12 +749,12 @@ def loss_reference(curve: Curve, curves_to_run: list[Curve]) -> str:
 
 def finished_curves(run_dir: Path, steps: int) -> tuple[set[str], dict[str, list[float]]]:
     """What a run folder holds already: the curves with a results row, and the loss curves of `steps` steps
-    in curves.csv (finished; a row of theirs may wait for its reference)."""
+    in its curves file (finished; a row of theirs may wait for its reference)."""
     from fp8bench.harness.curves import read_loss_curves
     from fp8bench.harness.results import read_rows
 
     rowed = {json.loads(row["options"] or "{}").get("curve", "") for row in read_rows(run_dir)}
-    if not (run_dir / CURVES_CSV).exists():
+    if curves_file(run_dir) is None:
         return rowed, {}
     losses = {name: values for name, values in read_loss_curves(run_dir).items() if len(values) == steps}
     return rowed, losses
@@ -789,10 +765,10 @@ def run_loss(factory: ModelFactory, model_name: str, curves_to_run: list[Curve],
     """Loss curves, `jobs` at a time; results.csv gets each curve's row with its gap (loss_reference) as soon
     as the curve and its reference have finished. The curves the run folder holds already (resuming a run)
     are not trained again. Returns every curve's result in the order of `curves_to_run`."""
+    curves = CurveWriter(writer.run_dir)  # first: it converts an older run's plain file and cuts off a member cut short
     rowed, held = finished_curves(writer.run_dir, config.steps)
     done: dict[str, CurveResult] = {c.name: CurveResult(c, held[c.name]) for c in curves_to_run if c.name in held}
     waiting_for: dict[str, list[CurveResult]] = {}
-    curves = CurveWriter(writer.run_dir)
 
     def finished(result: CurveResult) -> None:
         done[result.curve.name] = result

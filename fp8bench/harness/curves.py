@@ -1,10 +1,19 @@
-"""curves.csv, the numerics benchmark's step-wise values: its columns, the loss gap, a strict reader of its
-loss curves, and the comparison of two runs' curves that gates a `fp8bench numerics loss` run in CI.
+"""curves.csv.gz, the numerics benchmark's step-wise values: its columns, how it is written and read, the
+loss gap, a strict reader of its loss curves, and the comparison of two runs' curves that gates a
+`fp8bench numerics loss` run in CI.
 
-Per-layer tensor statistics go to a second file, TENSOR_STATS_CSV (gzip-compressed, the same columns), at
-the steps `stats_recorded_at` names: every step of the start, where scales settle, then a thinning
-schedule, and the last step; curves.csv keeps every step's loss and gradient norm. A 1000-step run of
-llama-25m with every recipe's statistics stays under 2 MiB this way.
+Per-layer tensor statistics go to a second file, TENSOR_STATS_CSV (the same columns), at the steps
+`stats_recorded_at` names: every step of the start, where scales settle, then a thinning schedule, and
+the last step; CURVES_CSV keeps every step's loss and gradient norm. A 1000-step run of llama-25m with
+every recipe's statistics stays under 2 MiB this way.
+
+Both files are gzip-compressed CSV written by `GzipRows`: each flush appends the rows written since the
+last one as a gzip member of its own, so what a flush appended stays whole whatever happens after it.
+`read_members` reads the members in order as one text; a run killed while it appended leaves its last
+member cut short, and the whole rows decompressed before the cut are kept. `repair` cuts such a member
+off before a resumed run appends after it. A run folder of an older fp8bench holds the curves as plain
+text, LEGACY_CURVES_CSV: every reader reads it (`curves_file`, `read_values_text`), and a resumed run
+converts it first (`convert_legacy_curves`).
 
 The loss gap of a curve to a reference curve at a step is the mean loss over the last 10% of the steps
 up to it, relative to the reference's over the same steps (positive where worse); at the last step it is
@@ -21,15 +30,19 @@ their mean and the band that noise alone would give it.
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import math
+import os
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from fp8bench.harness.validate import MalformedFile, UsageError, read_text, shown
 
-CURVES_CSV = "curves.csv"
+CURVES_CSV = "curves.csv.gz"
+LEGACY_CURVES_CSV = "curves.csv"  # plain text: the curves file of a run folder written before CURVES_CSV
 TENSOR_STATS_CSV = "tensor_stats.csv.gz"
 CURVE_COLUMNS = ("curve", "step", "metric", "layer", "role", "value")
 # Per layer and tensor role (fp8bench.nn.tensor_stats): what TENSOR_STATS_CSV holds.
@@ -116,10 +129,177 @@ def stats_recorded_at(step: int, steps: int) -> bool:
     return False
 
 
+# ---- the files: gzip members, one per flush ---------------------------------------------------------
+
+
+def _csv_text(rows: Sequence[Sequence[object]]) -> str:
+    buffer = io.StringIO(newline="")
+    csv.writer(buffer).writerows(rows)
+    return buffer.getvalue()
+
+
+HEADER = _csv_text([CURVE_COLUMNS])  # the first line of a curves or statistics file
+
+
+def append_member(path: Path, text: str) -> None:
+    """`text` (whole rows) appended to the gzip file `path` as a member of its own: the members before it
+    stay as they were, and a write cut short damages this member only."""
+    with open(path, "ab") as handle:
+        handle.write(gzip.compress(text.encode("utf-8"), mtime=0))
+
+
+class GzipRows:
+    """Rows of CURVE_COLUMNS bound for the gzip file `path`: held here until `flush` appends them as one
+    member, after the header where the file has none yet. A last member cut short (a run killed while
+    appending it) is cut off first (`repair`): what came after it could not be read."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        repair(self.path)
+        self._buffer = io.StringIO(newline="")
+        self._csv = csv.writer(self._buffer)
+
+    def writerow(self, row: Sequence[object]) -> None:
+        self._csv.writerow(row)
+
+    def write(self, text: str) -> None:
+        """Whole rows as CSV text, each with its line end."""
+        self._buffer.write(text)
+
+    def flush(self) -> None:
+        text = self._buffer.getvalue()
+        if not text:
+            return
+        fresh = not self.path.exists() or self.path.stat().st_size == 0
+        append_member(self.path, HEADER + text if fresh else text)
+        self._buffer.seek(0)
+        self._buffer.truncate()
+
+
+@dataclass(frozen=True)
+class Members:
+    """What a gzip file of appended members holds: `text`, the rows of its whole members in order and the
+    whole rows of a last member cut short; `whole`, its bytes up to the end of its last whole member; `cut`,
+    what cut the rest short ("" where nothing did)."""
+
+    text: str
+    whole: int
+    cut: str
+
+
+_CHUNK = 1 << 16  # compressed bytes fed to the decompressor at a time: what it leaves over is at most this
+
+
+def read_members(path: Path) -> Members:
+    """The members of the gzip file `path`, each checked whole (its CRC and length) before the next is read.
+    A last member cut short, or bytes after the whole members that do not decompress, end the text: the
+    whole rows decompressed before them are kept, and `cut` says where it stopped. MalformedFile where the
+    file is no gzip file at all, or its text is not UTF-8."""
+    data = memoryview(Path(path).read_bytes())
+    texts: list[bytes] = []
+    whole, cut = 0, ""
+    while whole < len(data) and not cut:
+        stream = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # one gzip member: header, deflate data, CRC and length
+        member: list[bytes] = []
+        at = whole
+        try:
+            while not stream.eof and at < len(data):
+                chunk = data[at : at + _CHUNK]
+                member.append(stream.decompress(chunk))
+                at += len(chunk)
+        except zlib.error as err:
+            if whole == 0 and not any(member):
+                raise MalformedFile(path, f"not gzip-compressed ({err})") from None
+            cut = f"the bytes from {whole} on do not decompress ({err})"
+        if stream.eof:
+            texts.append(b"".join(member))
+            whole = at - len(stream.unused_data)
+            continue
+        cut = cut or f"the gzip member from byte {whole} on is cut short (the run was killed while writing it)"
+        rest = b"".join(member)
+        texts.append(rest[: rest.rfind(b"\n") + 1])
+    try:
+        text = b"".join(texts).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise MalformedFile(path, f"not UTF-8 text once decompressed (offset {err.start})") from None
+    return Members(text, whole, cut)
+
+
+def repair(path: Path) -> None:
+    """The gzip file `path` cut back to its whole members where its last is cut short, so that members
+    appended after it can be read; removed where no member is whole."""
+    if not path.exists():
+        return
+    members = read_members(path)
+    if not members.cut:
+        return
+    if members.whole:
+        os.truncate(path, members.whole)
+    else:
+        path.unlink()
+
+
+def read_values_text(path: Path) -> str:
+    """The CSV text of a curves or statistics file: of a gzip file (a name ending `.gz`) its members, a last
+    member cut short keeping its whole rows (read_members); of a plain one (LEGACY_CURVES_CSV) its text.
+    MalformedFile naming the file: not one whole row, or a last line without its line end (in a plain file,
+    a run killed while writing it; a gzip member holds whole rows)."""
+    path = Path(path)
+    if path.suffix != ".gz":
+        text = read_text(path)
+        if text and not text.endswith("\n"):
+            raise MalformedFile(path, "its last line is torn (no newline): the run was killed while writing it")
+        return text
+    members = read_members(path)
+    if members.cut and not members.text:
+        raise MalformedFile(path, f"not one whole row: {members.cut}")
+    if members.text and not members.text.endswith("\n"):
+        raise MalformedFile(path, "its last line has no line end, though its gzip member is whole: not written by fp8bench")
+    return members.text
+
+
+def curves_file(run_dir: Path) -> Path | None:
+    """A run folder's curves file: its CURVES_CSV, or the plain LEGACY_CURVES_CSV of a folder an older
+    fp8bench wrote; None where it has neither. UsageError naming both where it holds both."""
+    run_dir = Path(run_dir)
+    found = [run_dir / name for name in (CURVES_CSV, LEGACY_CURVES_CSV) if (run_dir / name).is_file()]
+    if len(found) > 1:
+        raise UsageError(f"{found[0]} and {found[1]}: a run folder holds one curves file (the plain one is what an older "
+                         "fp8bench wrote); remove the one that is not the run's")  # fmt: skip
+    return found[0] if found else None
+
+
+def convert_legacy_curves(run_dir: Path) -> Path | None:
+    """The run folder's plain LEGACY_CURVES_CSV rewritten as its CURVES_CSV (the same rows, one member), the
+    plain file removed; returns the new file, None where the folder holds no plain curves file (or one
+    without values, removed). MalformedFile where the plain file is not a curves file or its last line is
+    torn, UsageError where the folder holds both files."""
+    legacy = curves_file(run_dir)
+    if legacy is None or legacy.name != LEGACY_CURVES_CSV:
+        return None
+    header, _, values = read_values_text(legacy).partition("\n")
+    if next(csv.reader([header]), []) != list(CURVE_COLUMNS):
+        raise MalformedFile(legacy, f"not a curves file: its first line is {shown(header)}, not {list(CURVE_COLUMNS)}")
+    target = legacy.with_name(CURVES_CSV)
+    if values:
+        partial = target.with_name(f"{CURVES_CSV}.partial")  # moved into place once written whole
+        partial.unlink(missing_ok=True)
+        rows = GzipRows(partial)
+        rows.write(values)
+        rows.flush()
+        os.replace(partial, target)
+    legacy.unlink()
+    return target if values else None
+
+
+# ---- the loss curves and their comparison ------------------------------------------------------------
+
+
 def curves_path(run: Path) -> Path:
-    """A run folder's curves.csv, or `run` itself when it names a file; UsageError where there is none."""
+    """A run folder's curves file (curves_file), or `run` itself when it names a file; UsageError where there is none."""
     path = Path(run)
-    path = path / CURVES_CSV if path.is_dir() else path
+    if path.is_dir():
+        path = curves_file(path) or path / CURVES_CSV
     if not path.is_file():
         raise UsageError(f"{path}: no such curves file (give a `fp8bench numerics loss` run folder or its {CURVES_CSV})")
     return path
@@ -128,16 +308,13 @@ def curves_path(run: Path) -> Path:
 def read_loss_curves(run: Path) -> dict[str, list[float]]:
     """Per curve of a run its training loss at steps 1..n, in the order the run wrote the curves.
 
-    The file is checked as it is read (MalformedFile naming it and the line): the curves columns, one field
-    per column, a curve and metric on every row, a positive integer step, one value per (curve, step,
-    metric, layer, role), a number for every loss (NaN included: a diverged run's loss), each loss curve's
-    steps 1..n without a gap, at least one loss curve, and a last line that ends (a run killed while it
-    wrote is no reference)."""
+    The file (read_values_text: a gzip file's whole rows, a plain file whose last line ends) is checked as
+    it is read (MalformedFile naming it and the line): the curves columns, one field per column, a curve and
+    metric on every row, a positive integer step, one value per (curve, step, metric, layer, role), a number
+    for every loss (NaN included: a diverged run's loss), each loss curve's steps 1..n without a gap, and at
+    least one loss curve."""
     path = curves_path(run)
-    text = read_text(path)
-    if text and not text.endswith("\n"):
-        raise MalformedFile(path, "its last line is torn (no newline): the run was killed while writing it")
-    reader = csv.reader(io.StringIO(text, newline=""))
+    reader = csv.reader(io.StringIO(read_values_text(path), newline=""))
     try:
         records = [(reader.line_num, row) for row in reader]
     except csv.Error as err:

@@ -1,9 +1,10 @@
 """The numerics benchmark's page: what FP8 training costs in quality, from a run folder's files only.
 
 A numerics run folder holds summary rows in results.csv (one per curve; `rel_err` is the relative loss
-gap over the last 10% of steps, `options` names the curve), the step-wise values in `curves.csv` (one
-value per row: curve, step, metric, layer, role) and the per-layer tensor statistics in
-`tensor_stats.csv.gz` (the same columns, gzip-compressed, on a thinning schedule of steps). Its loss
+gap over the last 10% of steps, `options` names the curve), the step-wise values in `curves.csv.gz` (one
+value per row: curve, step, metric, layer, role; a plain `curves.csv` in a folder an older fp8bench wrote)
+and the per-layer tensor statistics in `tensor_stats.csv.gz` (the same columns, on a thinning schedule of
+steps); both are gzip-compressed CSV read as fp8bench.harness.curves.read_values_text reads them. Its loss
 curves span granularities (BF16 and every recipe of every implementation on one chart), so the run gets
 one page of its own rather than charts on the granularity pages. Each experiment opens with a paragraph of
 conclusions written from the numbers of the files. The page shows what the folder holds, in this order:
@@ -22,7 +23,7 @@ conclusions written from the numbers of the files. The page shows what the folde
 - FP8 optimizer states (`optimizer.*` cases): the conclusion, memory, update error, loss gap, GB/s per
   optimizer.
 
-Every gap is computed here from curves.csv as the benchmark defines it: the mean loss over the last 10%
+Every gap is computed here from the curves file as the benchmark defines it: the mean loss over the last 10%
 of the steps up to a step, relative to the reference curve's over the same steps. Labels that come from
 the files are escaped before they reach plotly, which renders HTML in labels.
 """
@@ -30,9 +31,9 @@ the files are escaped before they reach plotly, which renders HTML in labels.
 from __future__ import annotations
 
 import html
+import io
 import json
 import math
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -42,13 +43,14 @@ import plotly.graph_objects as go
 
 from fp8bench.config import Granularity, Status
 from fp8bench.harness.curves import (
-    CURVE_COLUMNS, CURVES_CSV, GAP_TARGET, LAST_FRACTION, STAT_METRICS, TENSOR_STATS_CSV, SeedGaps, bf16_noise,
+    CURVE_COLUMNS, CURVES_CSV, GAP_TARGET, LAST_FRACTION, LEGACY_CURVES_CSV, STAT_METRICS, TENSOR_STATS_CSV, SeedGaps, bf16_noise,
+    curves_file, read_values_text,
 )
 from fp8bench.report.e2e import OURS
 from fp8bench.report.html import Chart, chart_id, colour_map, rows_table
 
 BENCHMARK = "numerics"
-DATA_FILES = (CURVES_CSV, TENSOR_STATS_CSV)  # what the page reads beside results.csv
+DATA_FILES = (CURVES_CSV, LEGACY_CURVES_CSV, TENSOR_STATS_CSV)  # what the page reads beside results.csv
 # (curve-name prefix of the implementation, reference arm, compared arm): fp8bench.benchmarks.numerics.STARTUP_ARMS
 STARTUP_PAIRS = (("", "calibrated", "scale-1"), ("", "master-from-hp", "master-from-fp8"), ("te-", "master-from-hp", "master-from-fp8"))
 STARTUP_TITLES = {"": "", "te-": "TransformerEngine's FP8 primary weights (fp8_model_init, preserve_high_precision_init_val): "}
@@ -58,10 +60,12 @@ TABLE_TEXT = ("curve", "recipe", "backend", "optimizer", "status", "verdict", "l
 
 
 def read_curves(run_dir: Path) -> pd.DataFrame:
-    """curves.csv of the run and its tensor statistics (TENSOR_STATS_CSV, where the run took them) in one
-    typed frame; an empty frame where the run has neither. Raises ValueError naming the file when one is
-    not a curves file (or not gzip where it should be)."""
-    frames = [_read_values(path) for path in (Path(run_dir) / CURVES_CSV, Path(run_dir) / TENSOR_STATS_CSV) if path.exists()]
+    """The run's curves file (curves_file) and its tensor statistics (TENSOR_STATS_CSV, where the run took
+    them) in one typed frame; an empty frame where the run has neither. Raises ValueError naming the file
+    when one is not a curves file (MalformedFile: not gzip where it should be, a torn plain last line), and
+    UsageError where the folder holds both curves files."""
+    paths = (curves_file(run_dir), Path(run_dir) / TENSOR_STATS_CSV)
+    frames = [_read_values(path) for path in paths if path is not None and path.exists()]
     if not frames:
         return pd.DataFrame({c: pd.Series(dtype=float if c in ("step", "value") else str) for c in CURVE_COLUMNS})
     return pd.concat(frames, ignore_index=True)
@@ -69,8 +73,8 @@ def read_curves(run_dir: Path) -> pd.DataFrame:
 
 def _read_values(path: Path) -> pd.DataFrame:
     try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False, compression="infer")
-    except (OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError) as err:
+        frame = pd.read_csv(io.StringIO(read_values_text(path), newline=""), dtype=str, keep_default_na=False)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
         raise ValueError(f"{path} cannot be read as a curves file: {err}") from None
     if tuple(frame.columns) != CURVE_COLUMNS:
         raise ValueError(f"{path} is not a curves file: its columns are {list(frame.columns)}, not {list(CURVE_COLUMNS)}")
@@ -141,7 +145,7 @@ def _seed(options: str) -> int:
 
 def headline(rows: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     """Per implementation and FP8 recipe of the `loss` case: its gap to BF16 over the last 10% of steps, the
-    mean over its seeds of each seed's gap to BF16 with the same seed (computed from curves.csv), the
+    mean over its seeds of each seed's gap to BF16 with the same seed (computed from the curves file), the
     seeds' range, the band the run-to-run noise alone would give the mean (fp8bench.harness.curves.SeedGaps:
     from the BF16 curves' spread) and whether the gap is within it and within 1%. The first line is BF16:
     its seeds and their noise."""
@@ -503,7 +507,7 @@ def optimizer_section(rows: pd.DataFrame, curves: pd.DataFrame) -> list[str]:
 
 
 def sections(run_dir: Path, rows: pd.DataFrame) -> list[str]:
-    """The page's HTML sections for the run's numerics rows and its curves.csv, headline first."""
+    """The page's HTML sections for the run's numerics rows and its curves file, headline first."""
     curves = read_curves(run_dir)
     parts = []
     if curves.empty:
