@@ -176,13 +176,20 @@ def test_strings_from_the_results_are_escaped(tmp_path):
         assert "x&lt;img src=x" in text.split('id="e2e-tokens"', 1)[1]  # in the charts' labels
 
 
+GEMM_GROWTH_MS, COMM_MS = 2.0, 30.0
+
+
 def _two_gpu_rows(run_dir: Path) -> pd.DataFrame:
-    """The fixture's ok compiled rows again on 2 GPUs, with made-up throughput (96% of one GPU's) and
-    all-gather bytes: synthetic, to check the arithmetic of the scaling table."""
+    """The fixture's ok compiled rows again on 2 GPUs, with made-up throughput (96% of one GPU's, the step
+    as much longer), GEMM time (GEMM_GROWTH_MS more), communication (COMM_MS) and all-gather bytes:
+    synthetic, to check the arithmetic of the scaling tables."""
     results = pd.read_csv(run_dir / "results.csv", dtype=str, keep_default_na=False)
     several = results[(results["status"] == "ok") & (results["compile"] == "block")].copy()
     several["world_size"] = "2"
     several["tokens_per_s"] = (several["tokens_per_s"].astype(float) * 0.96).map(str)
+    several["median_ms"] = (several["median_ms"].astype(float) / 0.96).map(str)
+    several["gemm_ms"] = (several["gemm_ms"].astype(float) + GEMM_GROWTH_MS).map(str)
+    several["comm_ms"] = str(COMM_MS)
     several["allgather_gb"] = "1.5"
     several["timer"] = "fake"
     pd.concat([results, several]).to_csv(run_dir / "results.csv", index=False)
@@ -192,12 +199,24 @@ def _two_gpu_rows(run_dir: Path) -> pd.DataFrame:
 def test_runs_on_several_gpus_show_all_gather_bytes_and_scaling_efficiency(tmp_path):
     run_dir = copy_fixture(tmp_path / "run")
     rows = page_rows(_two_gpu_rows(run_dir), Granularity.TENSORWISE)
-    (scaling,) = report_e2e.scaling_table(rows, GPU)
+    scaling, growth = report_e2e.scaling_table(rows, GPU)
     shown = table_cells(parse_html(scaling.to_html()))
     two = rows[(rows["world_size"] == "2")]
     assert [r["implementation"] for r in shown] == list(two["backend"])
     assert {r["scaling efficiency"] for r in shown} == {"96.0%"}
     assert {r["all-gathered per step per GPU, GB"] for r in shown} == {"1.500"}
+    # where the step grows: the step's growth, and each class's (here GEMM and communication only)
+    grown = table_cells(parse_html(growth.to_html()))
+    one = rows[rows["world_size"] == "1"].set_index(["backend", "recipe", "compile"])
+    assert [r["implementation"] for r in grown] == list(two["backend"])
+    for cells, (_, row) in zip(grown, two.iterrows()):
+        same_step = one.loc[(row["backend"], row["recipe"], row["compile"])]
+        step_1gpu = same_step["median_ms"]
+        assert cells["step on 1 GPU, ms"] == f"{step_1gpu:.1f}"
+        assert cells["step grows, ms"] == f"{step_1gpu / 0.96 - step_1gpu:+.1f}"
+        assert cells["GEMM, ms"] == f"{GEMM_GROWTH_MS:+.1f}"
+        assert cells["communication, ms"] == f"{COMM_MS - same_step['comm_ms']:+.1f}"
+        assert cells["attention, ms"] == "+0.0"
     assert report_e2e.scaling_table(page_rows(load_results(FIXTURE), Granularity.TENSORWISE), GPU) == []
     # a panel per world size in the charts
     (tokens,) = report_e2e.tokens_chart(rows, GPU)

@@ -336,20 +336,26 @@ def difference_tables(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Section]:
     return [Section("e2e-difference", "Where ours differs from the best reference", "".join(parts), note)]
 
 
+def _identity(rows: pd.DataFrame) -> dict[str, object]:
+    return {"configuration": [configuration(r) for _, r in rows.iterrows()], "implementation": rows["backend"],
+            "recipe": rows["recipe"]}
+
+
 def scaling_table(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Section]:
     """Rows on several GPUs: bytes all-gathered per step, and per-GPU throughput against the same step on
-    one GPU at the same per-GPU batch where the run holds it."""
+    one GPU at the same per-GPU batch where the run holds it; then, for those, where the step grows, per
+    kernel class."""
     ok = _plotted(rows)
     world_size = pd.to_numeric(ok["world_size"], errors="coerce")  # empty in a row written without it
     several = ok[world_size > 1]
     if several.empty:
         return []
     keys = ["case", "compile", "activation_checkpointing", "lm_head", "backend", "recipe"]
-    one_gpu = ok[world_size == 1].drop_duplicates(keys, keep="last")[[*keys, "tokens_per_s"]]
+    measures = ["tokens_per_s", "median_ms", *CLASS_COLUMNS]
+    one_gpu = ok[world_size == 1].drop_duplicates(keys, keep="last")[[*keys, *measures]]
     merged = several.merge(one_gpu, on=keys, how="left", suffixes=("", "_1gpu"))
     table = pd.DataFrame({
-        "configuration": [configuration(r) for _, r in merged.iterrows()], "implementation": merged["backend"],
-        "recipe": merged["recipe"], "all-gathered per step per GPU, GB": merged["allgather_gb"].map(lambda v: _fmt(v, ".3f")),
+        **_identity(merged), "all-gathered per step per GPU, GB": merged["allgather_gb"].map(lambda v: _fmt(v, ".3f")),
         "tokens/s per GPU": merged["tokens_per_s"].map(lambda v: _fmt(v, ",.0f")),
         "on 1 GPU": merged["tokens_per_s_1gpu"].map(lambda v: _fmt(v, ",.0f")),
         "scaling efficiency": (100 * merged["tokens_per_s"] / merged["tokens_per_s_1gpu"]).map(lambda v: _fmt(v, ".1f", "%")),
@@ -359,7 +365,26 @@ def scaling_table(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Section]:
         "for tensorwise weights of ours and torchao). Scaling efficiency: tokens/s per GPU on N GPUs over the "
         "same step's on one GPU at the same per-GPU batch, where the run holds both."
     )
-    return [Section("e2e-scaling", "Several GPUs: all-gather and scaling", rows_table(table, _TEXT), note)]
+    sections = [Section("e2e-scaling", "Several GPUs: all-gather and scaling", rows_table(table, _TEXT), note)]
+    compared = merged[merged["median_ms_1gpu"].notna()]
+    if compared.empty:
+        return sections
+    growth = pd.DataFrame({
+        **_identity(compared), "step on 1 GPU, ms": compared["median_ms_1gpu"].map(lambda v: _fmt(v, ".1f")),
+        "step, ms": compared["median_ms"].map(lambda v: _fmt(v, ".1f")),
+        "step grows, ms": (compared["median_ms"] - compared["median_ms_1gpu"]).map(lambda v: _fmt(v, "+.1f")),
+        **{f"{label}, ms": (compared[column] - compared[f"{column}_1gpu"]).map(lambda v: _fmt(v, "+.1f"))
+           for column, label in CLASS_COLUMNS.items()},
+    })  # fmt: skip
+    growth_note = (
+        "The median step on N GPUs against the same step on one, and each kernel class's time per step (one "
+        "profiled step each) on N GPUs less on one: where the step grows (a class's kernels slowed beside the "
+        "collectives, FSDP2's copies, the collectives themselves) and where it shrinks (the optimizer steps each "
+        "rank's shard). Communication runs beside the compute, so the classes' growth need not add up to the "
+        "step's; what the step grows beyond the compute classes' growth is communication nothing overlaps, or idle time."
+    )
+    sections.append(Section("e2e-scaling-growth", "Several GPUs: where the step grows", rows_table(growth, _TEXT), growth_note))
+    return sections
 
 
 def not_run_table(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Section]:
