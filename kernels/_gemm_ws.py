@@ -220,9 +220,11 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs
               SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr):
     """One warp: TMA loads of every K-tile of this program's work, in the order the consumers take it
     (_consumer), each into the next free ring slot. With DYNAMIC, the units it claims go to the consumers
-    through the program's slots of a log in global memory (unit_log_slots of them), each written before the
+    through the program's STAGES + 1 slots of a log in global memory, each written before the
     unit's first K-tile is loaded: the `ready` barrier that K-tile completes orders the write before the
-    consumers' read of it. After the last unit, -1 under a `ready` phase of its own ends their walk."""
+    consumers' read of it. After the last unit, -1 under a `ready` phase of its own ends their walk. A slot
+    is written again STAGES + 1 units later, each of at least one K-tile, after the producer has waited for
+    the consumers to hand back the K-tile STAGES before: by then they have read the slot."""
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // empty.type.shape[0]
     STAGES: gl.constexpr = empty.type.shape[0]
     BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
