@@ -21,6 +21,7 @@ from fp8bench.config import Status, TimingConfig  # noqa: E402
 from fp8bench.harness.case import Unsupported  # noqa: E402
 from fp8bench.harness.results import CASE_KEY, ID_COLUMNS, RunWriter, load_results, read_rows  # noqa: E402
 from fp8bench.harness.runner import rerun, resume, run_cases  # noqa: E402
+from fp8bench.harness.timing import KernelRecord  # noqa: E402
 from fp8bench.nn.float8_linear import Float8Linear  # noqa: E402
 from fp8bench.nn.llama import PRESETS, Llama, LlamaConfig  # noqa: E402
 from fp8bench.nn.recipes import RECIPES  # noqa: E402
@@ -200,9 +201,17 @@ class FakeClock:
         self._call(fn, count)
         return 12.0
 
-    def kernel_ms(self, fn, count):
+    def kernel_records(self, fn, count):
+        """Per step: on the compute stream (7) a GEMM [0, 6) ms, attention [7, 9), a cast and an elementwise
+        kernel to 9.75; on NCCL's (20) an all-gather [5.5, 7.5): 1 ms idle, all of it exposed communication."""
         self._call(fn, count)
-        return {"nvjet_tst_128x256": 6.0, "pytorch_flash::flash_fwd_kernel": 2.0, "_quantize_tensorwise_kernel": 0.5, "elementwise": 0.25}
+        ms = 1_000_000  # ns
+        step = [
+            KernelRecord("nvjet_tst_128x256", 0, 6 * ms, 7), KernelRecord("ncclDevKernel_AllGather_RING_LL", 11 * ms // 2, 2 * ms, 20),
+            KernelRecord("pytorch_flash::flash_fwd_kernel", 7 * ms, 2 * ms, 7), KernelRecord("_quantize_tensorwise_kernel", 9 * ms, ms // 2, 7),
+            KernelRecord("elementwise", 19 * ms // 2, ms // 4, 7),
+        ]  # fmt: skip
+        return [step for _ in range(count)]
 
     def sm_clock_mhz(self):
         return None
@@ -232,7 +241,8 @@ def test_run_writes_a_row_per_case_with_throughput_loss_and_breakdown(tmp_path, 
     assert bf16["median_ms"] == 11.0 and bf16["repeats"] == 3
     assert bf16["tokens_per_s"] == pytest.approx(64 / 0.011, rel=1e-5)  # the CSV keeps 6 digits
     assert bf16["tflops"] == pytest.approx(TINY.flops_per_token(32) * 64 / 0.011 / 1e12, rel=1e-5)
-    assert (bf16["gemm_ms"], bf16["attention_ms"], bf16["cast_ms"], bf16["other_ms"]) == (6.0, 2.0, 0.5, 0.25)
+    assert (bf16["gemm_ms"], bf16["attention_ms"], bf16["cast_ms"], bf16["other_ms"], bf16["comm_ms"]) == (6.0, 2.0, 0.5, 0.25, 2.0)
+    assert (bf16["compute_idle_ms"], bf16["exposed_comm_ms"]) == (1.0, 1.0)
     # Trained on Zipf tokens, the loss has fallen below the uniform loss ln(vocab) within a few steps.
     assert 0 < bf16["final_loss"] < math.log(TINY.vocab)
     assert (tmp_path / e2e.KERNELS_CSV).exists()

@@ -27,7 +27,6 @@ step time / this step time (the same tokens per GPU per step). Peak memory of th
 from __future__ import annotations
 
 import argparse
-import bisect
 import gc
 import json
 import os
@@ -42,6 +41,8 @@ import torch.distributed as dist
 
 from fp8bench.backends import convert
 from fp8bench.benchmarks import e2e
+from fp8bench.harness.overlap import compute_stream, merged, outside, stream_overlap
+from fp8bench.harness.timing import KernelRecord
 from fp8bench.nn.fsdp import ShardingPlan, all_gather_bytes, shard_model
 from fp8bench.nn.llama import PRESETS, Llama, loss_fn
 from fp8bench.nn.recipes import RECIPES
@@ -86,65 +87,32 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[tuple[float, float]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def _length(intervals: list[tuple[float, float]]) -> float:
-    return sum(end - start for start, end in intervals)
-
-
-def _outside(intervals: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
-    """Length of the union of `intervals` not covered by `cover` (merged and sorted)."""
-    starts = [start for start, _ in cover]
-    total = 0.0
-    for start, end in _merged(intervals):
-        covered = 0.0
-        for c_start, c_end in cover[max(0, bisect.bisect_right(starts, start) - 1) : bisect.bisect_left(starts, end)]:
-            covered += max(0.0, min(end, c_end) - max(start, c_start))
-        total += end - start - covered
-    return total
-
-
 def overlap_breakdown(trace: dict, steps: int) -> dict[str, float]:
     """From a Chrome trace's GPU kernels (torch.profiler's export), in ms per step: NCCL kernel time, the
     compute stream's busy and idle time over the traced span, the NCCL time while the compute stream is
-    idle (exposed), per collective, and the attention kernels' time."""
-    kernels = [event for event in trace["traceEvents"] if event.get("cat") == "kernel" and event.get("ph") == "X"]
+    idle (exposed; fp8bench.harness.overlap), per collective, and the attention kernels' time."""
+    kernels = [  # the trace's times are in us
+        KernelRecord(event["name"], round(1e3 * float(event["ts"])), round(1e3 * float(event["dur"])), event["args"]["stream"])
+        for event in trace["traceEvents"] if event.get("cat") == "kernel" and event.get("ph") == "X"
+    ]  # fmt: skip
     if not kernels:
         raise ValueError("the trace has no GPU kernels")
-
-    def interval(event) -> tuple[float, float]:
-        return (float(event["ts"]), float(event["ts"]) + float(event["dur"]))
-
-    nccl = [event for event in kernels if "nccl" in event["name"].lower()]
-    others = [event for event in kernels if "nccl" not in event["name"].lower()]
-    per_stream: dict[int, float] = {}
-    for event in others:
-        per_stream[event["args"]["stream"]] = per_stream.get(event["args"]["stream"], 0.0) + float(event["dur"])
-    compute_stream = max(per_stream, key=per_stream.get)
-    busy = _merged([interval(event) for event in others if event["args"]["stream"] == compute_stream])
-    span = max(end for _, end in map(interval, kernels)) - min(start for start, _ in map(interval, kernels))
-    ms = 1e-3 / steps
+    overlap = stream_overlap(kernels, e2e.is_collective, steps)
+    nccl = [kernel for kernel in kernels if e2e.is_collective(kernel.name)]
+    stream = compute_stream(kernels, e2e.is_collective)
+    busy = merged(kernel.span for kernel in kernels if kernel.stream == stream)
+    ms = 1e-6 / steps
     row = {
-        "nccl_ms": sum(float(event["dur"]) for event in nccl) * ms,
-        "compute_busy_ms": _length(busy) * ms,
-        "compute_idle_ms": (span - _length(busy)) * ms,
-        "exposed_comm_ms": _outside([interval(event) for event in nccl], busy) * ms,
-        "attention_ms": sum(float(event["dur"]) for event in kernels if e2e.kernel_class(event["name"]) == "attention") * ms,
-    }
-    on_compute = [event for event in others if event["args"]["stream"] == compute_stream]
+        "nccl_ms": sum(kernel.duration_ns for kernel in nccl) * ms, "compute_busy_ms": overlap.compute_busy_ms,
+        "compute_idle_ms": overlap.compute_idle_ms, "exposed_comm_ms": overlap.exposed_comm_ms,
+        "attention_ms": sum(kernel.duration_ns for kernel in kernels if e2e.kernel_class(kernel.name) == "attention") * ms,
+    }  # fmt: skip
+    on_compute = [kernel for kernel in kernels if kernel.stream == stream]
     for kind, column in e2e.CLASS_COLUMNS.items():  # the compute stream's kernel time by class: what overlap slows
-        row[f"compute_{column}"] = sum(float(event["dur"]) for event in on_compute if e2e.kernel_class(event["name"]) == kind) * ms
+        row[f"compute_{column}"] = sum(kernel.duration_ns for kernel in on_compute if e2e.kernel_class(kernel.name) == kind) * ms
     for collective in COLLECTIVES:
-        chosen = [interval(event) for event in nccl if collective.lower() in event["name"].lower()]
-        row[f"exposed_{collective.lower()}_ms"] = _outside(chosen, busy) * ms
+        chosen = [kernel.span for kernel in nccl if collective.lower() in kernel.name.lower()]
+        row[f"exposed_{collective.lower()}_ms"] = outside(chosen, busy) * ms
     return row
 
 

@@ -34,7 +34,9 @@ rate rises linearly to LEARNING_RATE over the first LR_WARMUP_STEPS steps, as tr
 Breakdown: one more step under torch.profiler (CUPTI), every kernel's time summed by `kernel_class` into
 gemm_ms, cast_ms, attention_ms, norm_act_ms, optimizer_ms, comm_ms and other_ms (kernel time; kernels on
 concurrent streams, such as FSDP2's collectives, overlap, so the classes may add up to more than the step);
-every kernel is in the run's e2e_kernels.csv. allgather_gb: the bytes FSDP2 all-gathers per step on each
+every kernel is in the run's e2e_kernels.csv. From the same kernels' start times and streams
+(fp8bench.harness.overlap): compute_idle_ms, the compute stream's idle time over the profiled step, and
+exposed_comm_ms, the NCCL kernels' time while it was idle (communication nothing overlaps). allgather_gb: the bytes FSDP2 all-gathers per step on each
 rank, from the parameters' sizes and all-gather dtypes (fp8bench.nn.fsdp.all_gather_bytes).
 
 The model-level roofline (`ideal_speedup`, `GemmRates`): the group's BF16 reference step with the GEMM time
@@ -55,7 +57,7 @@ import dataclasses
 import gc
 import math
 import re
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -69,7 +71,8 @@ from fp8bench.config import FastAccum, GemmShape, Granularity, Status, TimingCon
 from fp8bench.harness.case import Built, Failed, Unsupported, Work
 from fp8bench.harness.results import Row, RunWriter
 from fp8bench.harness.runner import Discard, run_cases
-from fp8bench.harness.timing import Measurement
+from fp8bench.harness.overlap import stream_overlap
+from fp8bench.harness.timing import KernelRecord, Measurement
 from fp8bench.model.hardware import GpuSpec
 from fp8bench.nn.llama import PRESETS, LlamaConfig
 from fp8bench.nn.recipes import RECIPES, GemmRole, Recipe
@@ -127,6 +130,12 @@ CLASS_COLUMNS = {name: f"{name}_ms" for name in (*(kind for kind, _ in KERNEL_CL
 def kernel_class(name: str) -> str:
     """gemm | cast | attention | norm_act | optimizer | comm | other, from a CUDA kernel's name (KERNEL_CLASSES)."""
     return first_matching_kind(name, KERNEL_CLASSES)
+
+
+def is_collective(name: str) -> bool:
+    """NCCL's kernels: the communication of the comm class (FSDP2's buffer copies, the rest of it, run on
+    the compute stream)."""
+    return "nccl" in name.lower()
 
 
 # ---- data ----------------------------------------------------------------------------------------
@@ -326,7 +335,7 @@ class E2EBenchmark:
     attention: str = "flash"
     name: str = BENCHMARK
     kernel_records: list[dict[str, Any]] = field(default_factory=list, init=False, repr=False)
-    _profiled: dict[str, float] = field(default_factory=dict, init=False, repr=False)  # the kernels of the case measured last
+    _profiled: list[KernelRecord] = field(default_factory=list, init=False, repr=False)  # the kernels of the case measured last
 
     def inputs(self, group: Hashable) -> "E2EInputs":
         if self.load_te:
@@ -334,13 +343,14 @@ class E2EBenchmark:
         rates = self.rates.source if self.rates else None
         return E2EInputs(self.device, self.process_group, self.batches or synthetic_batches, self.clock, rates, self._profile)
 
-    def _profile(self, kernels: Mapping[str, float]) -> None:
-        self._profiled = dict(kernels)
+    def _profile(self, kernels: Sequence[KernelRecord]) -> None:
+        self._profiled = list(kernels)
 
     def against_reference(self, case: E2ECase, values: Mapping[str, Any], reference: Mapping[str, Any] | None) -> dict[str, Any]:
         """The final loss against the reference's (Failed: `wrong result`), then MFU, the ideal speedup from
-        the reference's step and GEMM time, and the profiled step's time by kernel class."""
-        kernels, self._profiled = self._profiled, {}
+        the reference's step and GEMM time, and the profiled step's time by kernel class and its streams'
+        overlap."""
+        profiled, self._profiled = self._profiled, []
         problem = loss_problem(values["final_loss"], None if reference is None else reference["final_loss"])
         if problem:
             raise Failed(f"wrong result: {problem}", {column: values[column] for column in CHECK_COLUMNS if column in values})
@@ -353,8 +363,13 @@ class E2EBenchmark:
             if predicted is not None:
                 columns["predicted_speedup"] = reference["median_ms"] / predicted
         columns.update(dict.fromkeys(CLASS_COLUMNS.values(), 0.0))
-        for name, ms in kernels.items():
-            columns[CLASS_COLUMNS[kernel_class(name)]] += ms
+        kernels: dict[str, float] = {}
+        for kernel in profiled:
+            kernels[kernel.name] = kernels.get(kernel.name, 0.0) + kernel.ms
+            columns[CLASS_COLUMNS[kernel_class(kernel.name)]] += kernel.ms
+        if profiled:
+            overlap = stream_overlap(profiled, is_collective)
+            columns.update(compute_idle_ms=overlap.compute_idle_ms, exposed_comm_ms=overlap.exposed_comm_ms)
         self.record_kernels(case, kernels)
         return columns
 
@@ -413,7 +428,7 @@ class E2EInputs:
     batches: Callable[[E2ECase, "E2EInputs"], Iterator[Batch]] = synthetic_batches
     clock: "StepClock | None" = None
     ideal_rates: str | None = None
-    profiled: Callable[[Mapping[str, float]], None] = lambda kernels: None
+    profiled: Callable[[Sequence[KernelRecord]], None] = lambda kernels: None
 
     @property
     def rank(self) -> int:
@@ -548,7 +563,8 @@ def build_training(case: E2ECase, inputs: E2EInputs) -> Built:
             torch.cuda.reset_peak_memory_stats()
         step_ms = clock.samples(step, case.steps)
         wall_ms = clock.wall_ms(step, WALL_STEPS)
-        inputs.profiled(clock.kernel_ms(step, 1))
+        (profiled,) = clock.kernel_records(step, 1)
+        inputs.profiled(profiled)
         sm_clock = clock.sm_clock_mhz()
         return Measurement(tuple(step_ms), 1, wall_ms, clock.name, (sm_clock,) if sm_clock else ())
 
@@ -594,7 +610,7 @@ class StepClock(Protocol):
 
     def wall_ms(self, fn: Callable[[], object], count: int) -> float: ...
 
-    def kernel_ms(self, fn: Callable[[], object], count: int) -> dict[str, float]: ...
+    def kernel_records(self, fn: Callable[[], object], count: int) -> list[list[KernelRecord]]: ...
 
     def sm_clock_mhz(self) -> float | None: ...
 
@@ -611,8 +627,8 @@ class GpuStepClock:
         events, self._cupti = CudaEventTimer(gpu), CuptiTimer(gpu)
         self.run, self.samples, self.wall_ms, self.sm_clock_mhz = events.run, events.samples, events.wall_ms, events.sm_clock_mhz
 
-    def kernel_ms(self, fn: Callable[[], object], count: int) -> dict[str, float]:
-        return self._cupti.kernel_ms(fn, count)
+    def kernel_records(self, fn: Callable[[], object], count: int) -> list[list[KernelRecord]]:
+        return self._cupti.kernel_records(fn, count)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from fp8bench.config import TimingConfig
 
@@ -322,24 +322,42 @@ class CudaEventTimer:
         return self._nvml.max_sm_clock_mhz()
 
 
+class KernelRecord(NamedTuple):
+    """A GPU activity CUPTI recorded: its name, start and duration (ns) and the CUDA stream it ran on."""
+
+    name: str
+    start_ns: int
+    duration_ns: int
+    stream: int
+
+    @property
+    def ms(self) -> float:
+        return self.duration_ns / 1e6
+
+    @property
+    def span(self) -> tuple[int, int]:
+        """(start, end), ns."""
+        return self.start_ns, self.start_ns + self.duration_ns
+
+
 class CuptiTimer(CudaEventTimer):
     """Kernel durations from torch.profiler, summed between consecutive flush kernels."""
 
     name = "cupti"
 
     def samples(self, fn: Callable[[], object], count: int) -> list[float]:
-        return [sum(ms for _, ms in kernels) for kernels in self._kernels_per_sample(fn, count)]
+        return [sum(kernel.ms for kernel in kernels) for kernels in self.kernel_records(fn, count)]
 
     def kernel_ms(self, fn: Callable[[], object], count: int) -> dict[str, float]:
         """GPU time per call of each kernel name, ms: the mean over `count` flushed calls."""
         totals: dict[str, float] = {}
-        for kernels in self._kernels_per_sample(fn, count):
-            for name, ms in kernels:
-                totals[name] = totals.get(name, 0.0) + ms / count
+        for kernels in self.kernel_records(fn, count):
+            for kernel in kernels:
+                totals[kernel.name] = totals.get(kernel.name, 0.0) + kernel.ms / count
         return totals
 
-    def _kernels_per_sample(self, fn: Callable[[], object], count: int) -> list[list[tuple[str, float]]]:
-        """(name, ms) of every kernel of each of `count` flushed calls, in launch order."""
+    def kernel_records(self, fn: Callable[[], object], count: int) -> list[list[KernelRecord]]:
+        """Every kernel of each of `count` flushed calls, in start order (the flushes left out)."""
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -348,17 +366,19 @@ class CuptiTimer(CudaEventTimer):
                 fn()
             self._torch.cuda.synchronize()
         # The raw CUPTI records, not prof.events(): building its event tree costs ~10x more host time
-        # (tens of ms per repeat of a few hundred samples), and only names and durations are needed here.
+        # (tens of ms per repeat of a few hundred samples), and only names, times and streams are needed here.
         cuda = self._torch.autograd.DeviceType.CUDA
         kernels = sorted(
-            ((e.start_ns(), e.name(), e.duration_ns()) for e in prof.profiler.kineto_results.events() if e.device_type() == cuda),
-        )
-        per_sample: list[list[tuple[str, float]]] = []
-        for _, name, duration_ns in kernels:
-            if self.FLUSH_KERNEL_TAG in name:
+            (KernelRecord(e.name(), e.start_ns(), e.duration_ns(), e.device_resource_id())
+             for e in prof.profiler.kineto_results.events() if e.device_type() == cuda),
+            key=lambda kernel: kernel.start_ns,
+        )  # fmt: skip
+        per_sample: list[list[KernelRecord]] = []
+        for kernel in kernels:
+            if self.FLUSH_KERNEL_TAG in kernel.name:
                 per_sample.append([])
             elif per_sample:
-                per_sample[-1].append((name, duration_ns / 1e6))
+                per_sample[-1].append(kernel)
         if len(per_sample) != count:
             raise RuntimeError(f"CUPTI saw {len(per_sample)} flushes for {count} samples")
         return per_sample
