@@ -36,8 +36,9 @@ gemm_ms, cast_ms, attention_ms, norm_act_ms, optimizer_ms, comm_ms and other_ms 
 concurrent streams, such as FSDP2's collectives, overlap, so the classes may add up to more than the step);
 every kernel is in the run's e2e_kernels.csv. From the same kernels' start times and streams
 (fp8bench.harness.overlap): compute_idle_ms, the compute stream's idle time over the profiled step, and
-exposed_comm_ms, the NCCL kernels' time while it was idle (communication nothing overlaps). allgather_gb: the bytes FSDP2 all-gathers per step on each
-rank, from the parameters' sizes and all-gather dtypes (fp8bench.nn.fsdp.all_gather_bytes).
+exposed_comm_ms, the NCCL kernels' time while it was idle (communication nothing overlaps). allgather_gb:
+the bytes FSDP2 all-gathers per step on each rank, from the parameters' sizes and all-gather dtypes
+(fp8bench.nn.fsdp.all_gather_bytes).
 
 The model-level roofline (`ideal_speedup`, `GemmRates`): the group's BF16 reference step with the GEMM time
 of every converted linear (its share of the profiled gemm_ms by FLOPs; attention's products are not
