@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fp8bench.harness.overlap import compute_stream, merged, outside, stream_overlap
-from fp8bench.harness.timing import KernelRecord
+from fp8bench.harness.timing import KernelRecord, kernel_ms_by_name
 
 
 def _nccl(name: str) -> bool:
@@ -39,6 +39,8 @@ def test_a_step_on_two_streams_gives_the_idle_compute_and_the_exposed_collective
     assert overlap.compute_busy_ms == pytest.approx(200 / 1e6 / 2)
     assert overlap.compute_idle_ms == pytest.approx(100 / 1e6 / 2)  # span 300 less 200 busy
     assert overlap.exposed_comm_ms == pytest.approx(100 / 1e6 / 2)  # [100, 150) and [250, 300)
+    assert overlap.compute_stream == 7 and overlap.busy == ((0, 100), (150, 250))
+    assert overlap.exposed_ms([(240, 300)]) == pytest.approx(50 / 1e6 / 2)  # the reduce-scatter alone
 
 
 def test_one_stream_has_no_exposed_communication_and_only_collectives_are_an_error():
@@ -46,3 +48,10 @@ def test_one_stream_has_no_exposed_communication_and_only_collectives_are_an_err
     assert (alone.compute_busy_ms, alone.compute_idle_ms, alone.exposed_comm_ms) == pytest.approx((15e-6, 5e-6, 0.0))
     with pytest.raises(ValueError, match="no compute stream"):
         stream_overlap([KernelRecord("ncclAllGather", 0, 10, 20)], _nccl)
+
+
+def test_kernel_time_by_name_is_the_mean_per_call_of_each_name():
+    two_calls = [KernelRecord("gemm", 0, 3_000_000, 7), KernelRecord("cast", 3_000_000, 1_000_000, 7),
+                 KernelRecord("gemm", 9_000_000, 5_000_000, 7)]  # fmt: skip
+    assert kernel_ms_by_name(two_calls, calls=2) == pytest.approx({"gemm": 4.0, "cast": 0.5})
+    assert kernel_ms_by_name(two_calls[:2]) == pytest.approx({"gemm": 3.0, "cast": 1.0})

@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from fp8bench.backends import convert
 from fp8bench.benchmarks import e2e
-from fp8bench.harness.overlap import compute_stream, merged, outside, stream_overlap
+from fp8bench.harness.overlap import stream_overlap
 from fp8bench.harness.timing import KernelRecord
 from fp8bench.nn.fsdp import ShardingPlan, all_gather_bytes, shard_model
 from fp8bench.nn.llama import PRESETS, Llama, loss_fn
@@ -99,20 +99,18 @@ def overlap_breakdown(trace: dict, steps: int) -> dict[str, float]:
         raise ValueError("the trace has no GPU kernels")
     overlap = stream_overlap(kernels, e2e.is_collective, steps)
     nccl = [kernel for kernel in kernels if e2e.is_collective(kernel.name)]
-    stream = compute_stream(kernels, e2e.is_collective)
-    busy = merged(kernel.span for kernel in kernels if kernel.stream == stream)
     ms = 1e-6 / steps
     row = {
         "nccl_ms": sum(kernel.duration_ns for kernel in nccl) * ms, "compute_busy_ms": overlap.compute_busy_ms,
         "compute_idle_ms": overlap.compute_idle_ms, "exposed_comm_ms": overlap.exposed_comm_ms,
         "attention_ms": sum(kernel.duration_ns for kernel in kernels if e2e.kernel_class(kernel.name) == "attention") * ms,
     }  # fmt: skip
-    on_compute = [kernel for kernel in kernels if kernel.stream == stream]
+    on_compute = [kernel for kernel in kernels if kernel.stream == overlap.compute_stream]
     for kind, column in e2e.CLASS_COLUMNS.items():  # the compute stream's kernel time by class: what overlap slows
         row[f"compute_{column}"] = sum(kernel.duration_ns for kernel in on_compute if e2e.kernel_class(kernel.name) == kind) * ms
     for collective in COLLECTIVES:
         chosen = [kernel.span for kernel in nccl if collective.lower() in kernel.name.lower()]
-        row[f"exposed_{collective.lower()}_ms"] = outside(chosen, busy) * ms
+        row[f"exposed_{collective.lower()}_ms"] = overlap.exposed_ms(chosen)
     return row
 
 

@@ -73,7 +73,7 @@ from fp8bench.harness.case import Built, Failed, Unsupported, Work
 from fp8bench.harness.results import Row, RunWriter
 from fp8bench.harness.runner import Discard, run_cases
 from fp8bench.harness.overlap import stream_overlap
-from fp8bench.harness.timing import KernelRecord, Measurement
+from fp8bench.harness.timing import KernelRecord, Measurement, kernel_ms_by_name
 from fp8bench.model.hardware import GpuSpec
 from fp8bench.nn.llama import PRESETS, LlamaConfig
 from fp8bench.nn.recipes import RECIPES, GemmRole, Recipe
@@ -364,10 +364,9 @@ class E2EBenchmark:
             if predicted is not None:
                 columns["predicted_speedup"] = reference["median_ms"] / predicted
         columns.update(dict.fromkeys(CLASS_COLUMNS.values(), 0.0))
-        kernels: dict[str, float] = {}
-        for kernel in profiled:
-            kernels[kernel.name] = kernels.get(kernel.name, 0.0) + kernel.ms
-            columns[CLASS_COLUMNS[kernel_class(kernel.name)]] += kernel.ms
+        kernels = kernel_ms_by_name(profiled)
+        for name, ms in kernels.items():
+            columns[CLASS_COLUMNS[kernel_class(name)]] += ms
         if profiled:
             overlap = stream_overlap(profiled, is_collective)
             columns.update(compute_idle_ms=overlap.compute_idle_ms, exposed_comm_ms=overlap.exposed_comm_ms)

@@ -48,12 +48,20 @@ def outside(intervals: Iterable[Interval], cover: Sequence[Interval]) -> float:
 
 @dataclass(frozen=True)
 class StreamOverlap:
-    """Per step, ms: the compute stream's kernel time (its union), its idle time over the span, and the
+    """The kernels of `steps` steps seen from their compute stream: which stream that is, the union of its
+    kernels' intervals (ns), and per step, ms, its kernel time, its idle time over the span and the
     collectives' time while it was idle."""
 
+    compute_stream: int
+    busy: tuple[Interval, ...]
+    steps: int
     compute_busy_ms: float
     compute_idle_ms: float
     exposed_comm_ms: float
+
+    def exposed_ms(self, intervals: Iterable[Interval]) -> float:
+        """Per step, ms: the union of `intervals` (ns) while the compute stream had no kernel running."""
+        return outside(intervals, self.busy) * 1e-6 / self.steps
 
 
 def compute_stream(records: Sequence[KernelRecord], is_collective: Callable[[str], bool]) -> int:
@@ -70,8 +78,9 @@ def compute_stream(records: Sequence[KernelRecord], is_collective: Callable[[str
 def stream_overlap(records: Sequence[KernelRecord], is_collective: Callable[[str], bool], steps: int = 1) -> StreamOverlap:
     """The overlap of `steps` steps' kernels (see the module docstring), per step."""
     stream = compute_stream(records, is_collective)
-    busy = merged(record.span for record in records if record.stream == stream)
+    busy = tuple(merged(record.span for record in records if record.stream == stream))
     collectives = [record.span for record in records if is_collective(record.name)]
     whole = max(record.span[1] for record in records) - min(record.start_ns for record in records)
     per_step_ms = 1e-6 / steps
-    return StreamOverlap(length(busy) * per_step_ms, (whole - length(busy)) * per_step_ms, outside(collectives, busy) * per_step_ms)
+    return StreamOverlap(stream, busy, steps, length(busy) * per_step_ms, (whole - length(busy)) * per_step_ms,
+                         outside(collectives, busy) * per_step_ms)

@@ -35,10 +35,11 @@ Wall time (host clock around one synchronized call) is measured beside either.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -340,6 +341,14 @@ class KernelRecord(NamedTuple):
         return self.start_ns, self.start_ns + self.duration_ns
 
 
+def kernel_ms_by_name(kernels: Iterable[KernelRecord], calls: int = 1) -> dict[str, float]:
+    """GPU time per call of each kernel name, ms: the kernels of `calls` calls summed by name over `calls`."""
+    totals: dict[str, float] = {}
+    for kernel in kernels:
+        totals[kernel.name] = totals.get(kernel.name, 0.0) + kernel.ms / calls
+    return totals
+
+
 class CuptiTimer(CudaEventTimer):
     """Kernel durations from torch.profiler, summed between consecutive flush kernels."""
 
@@ -350,11 +359,7 @@ class CuptiTimer(CudaEventTimer):
 
     def kernel_ms(self, fn: Callable[[], object], count: int) -> dict[str, float]:
         """GPU time per call of each kernel name, ms: the mean over `count` flushed calls."""
-        totals: dict[str, float] = {}
-        for kernels in self.kernel_records(fn, count):
-            for kernel in kernels:
-                totals[kernel.name] = totals.get(kernel.name, 0.0) + kernel.ms / count
-        return totals
+        return kernel_ms_by_name(itertools.chain.from_iterable(self.kernel_records(fn, count)), count)
 
     def kernel_records(self, fn: Callable[[], object], count: int) -> list[list[KernelRecord]]:
         """Every kernel of each of `count` flushed calls, in start order (the flushes left out)."""
