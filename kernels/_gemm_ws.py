@@ -236,28 +236,29 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs
     program = gl.program_id(axis=0)
     loaded = 0
     units = num_pid_m * num_pid_n - split_tiles + split_tiles * splits
+    log = log_ptr + program * (STAGES + 1)
     if DYNAMIC:
-        log = log_ptr + program * (STAGES + 1)
         unit = _claim_unit(counter_ptr)
-        walked = 0
-        while unit < units:
+    else:
+        unit = program
+    walked = 0
+    while unit < units:
+        if DYNAMIC:
             following = _claim_unit(counter_ptr)  # a unit ahead: the atomic's round trip overlaps this unit's loads
             gl.store(log + walked % (STAGES + 1), unit)
-            loaded = _load_unit(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, loaded,
-                                unit, num_pid_m, num_pid_n, k_tiles, split_tiles, splits, stride_sa_k, stride_sb_n,
-                                stride_sb_k, GROUP_M, SCALE_BLOCK)
-            unit = following
-            walked += 1
+        else:
+            following = unit + num_programs
+        loaded = _load_unit(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, loaded,
+                            unit, num_pid_m, num_pid_n, k_tiles, split_tiles, splits, stride_sa_k, stride_sb_n,
+                            stride_sb_k, GROUP_M, SCALE_BLOCK)
+        unit = following
+        walked += 1
+    if DYNAMIC:
         slot = loaded % STAGES
         gl.store(log + walked % (STAGES + 1), -1)
         mbarrier.wait(empty.index(slot), ((loaded // STAGES) & 1) ^ 1)
         mbarrier.arrive(ready.index(slot), count=1)
         _finish_claims(counter_ptr, num_programs)
-    else:
-        for unit in range(program, units, num_programs):
-            loaded = _load_unit(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, loaded,
-                                unit, num_pid_m, num_pid_n, k_tiles, split_tiles, splits, stride_sa_k, stride_sb_n,
-                                stride_sb_k, GROUP_M, SCALE_BLOCK)
 
 
 @gluon.jit
@@ -506,34 +507,33 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
     program = gl.program_id(axis=0)
     consumed = 0
     units = num_pid_m * num_pid_n - split_tiles + split_tiles * splits
-    if DYNAMIC:
-        log = log_ptr + program * (STAGES + 1)
-        walked = 0
-        unit = _logged_unit(ready, consumed, log, walked)
-        while unit >= 0:
-            consumed = _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr,
-                                     scale_b_ptr, workspace_desc, staging, partial_bars, flags_ptr, M, N, stride_sa_m,
-                                     stride_sb_n, stride_sb_k, split_tiles, splits, unit, consumed, zero, num_pid_m,
-                                     num_pid_n, k_tiles, SCALING, ACTIVATION, PROMOTE, GROUP_M, SCALE_BLOCK, WARPGROUP)
-            walked += 1
-            unit = _logged_unit(ready, consumed, log, walked)
-    else:
-        for unit in range(program, units, num_programs):
-            consumed = _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr,
-                                     scale_b_ptr, workspace_desc, staging, partial_bars, flags_ptr, M, N, stride_sa_m,
-                                     stride_sb_n, stride_sb_k, split_tiles, splits, unit, consumed, zero, num_pid_m,
-                                     num_pid_n, k_tiles, SCALING, ACTIVATION, PROMOTE, GROUP_M, SCALE_BLOCK, WARPGROUP)
+    log = log_ptr + program * (STAGES + 1)
+    walked = 0
+    unit = _next_unit(ready, consumed, log, walked, program, num_programs, units, DYNAMIC)
+    while unit >= 0:
+        consumed = _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr,
+                                 scale_b_ptr, workspace_desc, staging, partial_bars, flags_ptr, M, N, stride_sa_m,
+                                 stride_sb_n, stride_sb_k, split_tiles, splits, unit, consumed, zero, num_pid_m,
+                                 num_pid_n, k_tiles, SCALING, ACTIVATION, PROMOTE, GROUP_M, SCALE_BLOCK, WARPGROUP)
+        walked += 1
+        unit = _next_unit(ready, consumed, log, walked, program, num_programs, units, DYNAMIC)
     tma.store_wait(pendings=0)
 
 
 @gluon.jit
-def _logged_unit(ready, consumed, log, walked):
-    """DYNAMIC: the program's `walked`-th unit (or -1, the end), read from the producer's log once the ring
-    slot of the program's `consumed`-th K-tile, the unit's first, is loaded (the wait for it is repeated
-    when the K-tile is taken, and returns at once)."""
-    STAGES: gl.constexpr = ready.type.shape[0]
-    mbarrier.wait(ready.index(consumed % STAGES), (consumed // STAGES) & 1)
-    return gl.load(log + walked % (STAGES + 1), volatile=True)
+def _next_unit(ready, consumed, log, walked, program, num_programs, units, DYNAMIC: gl.constexpr):
+    """The program's `walked`-th unit, or -1 past its last: every num_programs-th from its own, or with
+    DYNAMIC read from the producer's log once the ring slot of the program's `consumed`-th K-tile, the
+    unit's first, is loaded (the wait for it is repeated when the K-tile is taken, and returns at once)."""
+    if DYNAMIC:
+        STAGES: gl.constexpr = ready.type.shape[0]
+        mbarrier.wait(ready.index(consumed % STAGES), (consumed // STAGES) & 1)
+        unit = gl.load(log + walked % (STAGES + 1), volatile=True)
+    else:
+        unit = program + walked * num_programs
+        if unit >= units:
+            unit = -1
+    return unit
 
 
 @gluon.jit

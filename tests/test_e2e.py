@@ -23,7 +23,7 @@ from fp8bench.harness.results import CASE_KEY, ID_COLUMNS, RunWriter, load_resul
 from fp8bench.harness.runner import rerun, resume, run_cases  # noqa: E402
 from fp8bench.harness.timing import KernelRecord  # noqa: E402
 from fp8bench.nn.float8_linear import Float8Linear  # noqa: E402
-from fp8bench.nn.llama import PRESETS, Llama, LlamaConfig  # noqa: E402
+from fp8bench.nn.llama import PRESETS, Llama, LlamaConfig, loss_fn  # noqa: E402
 from fp8bench.nn.recipes import RECIPES  # noqa: E402
 from compiled_graphs import saved_by_compiled_block  # noqa: E402
 
@@ -474,3 +474,12 @@ def test_the_prediction_on_a_recorded_bf16_step_lies_between_bf16_and_the_ideal(
         columns = bench.against_reference(case, {"final_loss": 1.0, "tflops": 600.0}, reference)
         assert columns["predicted_speedup"] == pytest.approx(bf16["median_ms"] / predicted_ms)
         assert 1.0 < columns["predicted_speedup"] < columns["ideal_speedup"]
+
+
+def test_the_loss_is_compiled_whenever_the_model_is():
+    """torchtitan's practice: eager, the loss's float32 logits are a copy of their own, read and written again
+    in the backward, the same in every row."""
+    assert e2e.training_loss("none") is loss_fn
+    for mode in ("block", "model"):
+        compiled = e2e.training_loss(mode)
+        assert compiled is not loss_fn and compiled._torchdynamo_orig_callable is loss_fn
