@@ -55,6 +55,8 @@ kernels/_gemm_persistent.py, and this kernel is checked by the GPU tests.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton.language as tl
 from triton.experimental import gluon
@@ -72,7 +74,7 @@ from fp8kernels.scaling import BLOCK, Activation, Granularity
 from fp8kernels._gemm_persistent import ACTIVATION_CODES, SCALING_CODES, _tile_coords, scale_strides
 from fp8kernels.gemm_configs import Fp8GemmConfig, is_promoted, persistent_grid
 
-_GL_DTYPES = {"float8_e4m3fn": gl.float8e4nv, "float8_e5m2": gl.float8e5, "bfloat16": gl.bfloat16}
+_GL_DTYPES = {"float8_e4m3fn": gl.float8e4nv, "float8_e5m2": gl.float8e5, "bfloat16": gl.bfloat16, "float32": gl.float32}
 # Rows of the tile each consumer warpgroup owns: one m64 wgmma.
 CONSUMER_ROWS = gl.constexpr(64)
 WARPGROUP_THREADS = gl.constexpr(128)
@@ -664,7 +666,13 @@ def _fp8_gemm_ws_kernel(
 
 
 def shared_layout(block_shape: list[int], dtype_name: str) -> gl.NVMMASharedLayout:
-    return gl.NVMMASharedLayout.get_default_for(block_shape, _GL_DTYPES[dtype_name])
+    return _shared_layout(tuple(block_shape), dtype_name)
+
+
+# Layouts are immutable and few; made afresh, the three a launch needs took a fifth of its host time.
+@functools.lru_cache(maxsize=64)
+def _shared_layout(block_shape: tuple[int, ...], dtype_name: str) -> gl.NVMMASharedLayout:
+    return gl.NVMMASharedLayout.get_default_for(list(block_shape), _GL_DTYPES[dtype_name])
 
 
 def tma_ready_scales(scale_a, scale_b):
@@ -691,13 +699,15 @@ def scale_storage(scale):
     return scale.as_strided((span,), (1,))
 
 
+_SCALE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+
+
 def _scale_descriptors(scale_a, scale_b):
     """1-D TMA descriptors over the storage of tma_ready_scales' output: the producer computes each
     box's start from the strides, so one descriptor serves every scale layout (a 2-D one would need its
     row stride 16-byte aligned, and a 1-wide weight-scale box is not a TMA box). Activation scales come in
     one consumer's 64 rows a box, as A does."""
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
-    return [TensorDescriptor.from_tensor(scale_storage(scale), [box], layout)
+    return [TensorDescriptor.from_tensor(scale_storage(scale), [box], _SCALE_LAYOUT)
             for scale, box in ((scale_a, CONSUMER_ROWS.value), (scale_b, WEIGHT_SCALE_BOX))]
 
 
@@ -740,7 +750,7 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
         # BLOCK_M x BLOCK_N floats each, written in half-tiles through the epilogue buffers.
         contributors = split_tiles * (splits - 1)
         workspace = torch.empty((contributors * bm, bn), dtype=torch.float32, device=a.device)
-        workspace_desc = TensorDescriptor.from_tensor(workspace, c_block, gl.NVMMASharedLayout.get_default_for(c_block, gl.float32))
+        workspace_desc = TensorDescriptor.from_tensor(workspace, c_block, shared_layout(c_block, "float32"))
         flags = stream_scratch("flags", a.device, contributors * (bm // CONSUMER_ROWS.value))
     counter = log = out  # stand-ins the kernel does not touch without dynamic tiles
     if config.dynamic_tiles:

@@ -18,6 +18,7 @@ warp-specialized; every regime on a GPU with Triton 3.6); their tuning: kernels/
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -50,7 +51,12 @@ def device_properties(device: torch.device) -> DeviceProperties:
     the CPU interpreter a few programs and sm_90's shared memory."""
     if device.type != "cuda":
         return DeviceProperties(INTERPRETER_PROGRAMS, SM90_SHARED_MEMORY_PER_PROGRAM)
-    props = torch.cuda.get_device_properties(device)
+    return _cuda_device_properties(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.cache  # read on every launch: its host time counts where the GPU waits for the CPU
+def _cuda_device_properties(index: int) -> DeviceProperties:
+    props = torch.cuda.get_device_properties(index)
     return DeviceProperties(props.multi_processor_count,
                             getattr(props, "shared_memory_per_block_optin", SM90_SHARED_MEMORY_PER_PROGRAM))
 
