@@ -486,3 +486,30 @@ def test_under_full_checkpointing_our_fp8_all_gather_holds_no_more_than_bf16_aft
         grown_ours, grown_bf16 = ours[phase] - ours[forwards[0]], bf16[phase] - bf16[forwards[0]]
         assert grown_ours <= grown_bf16 + in_flight, (phase, grown_ours, grown_bf16)
     assert bf16["forward block 1"] > bf16["forward block 0"]  # the meter sees the blocks' inputs pile up
+
+
+def _shards(device: str) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(3)
+    shards = [torch.randn(rows, 48, generator=generator).to(torch.bfloat16) for rows in (7, 0, 33)]
+    shards[2][5, 11] = -9.5  # the largest magnitude, negative
+    return [shard.to(device) for shard in shards]
+
+
+def test_local_amaxes_are_each_shards_largest_magnitude_and_zero_for_an_empty_one():
+    shards = _shards("cpu")
+    amaxes = fsdp.local_amaxes(shards)
+    assert amaxes.dtype == torch.float32 and amaxes.shape == (3,)
+    assert amaxes.tolist() == [shards[0].abs().max().item(), 0.0, 9.5]
+    assert fsdp.local_amaxes(_shards("cpu")[1:2]).tolist() == [0.0]
+
+
+@pytest.mark.gpu
+def test_local_amaxes_do_not_make_the_host_wait_for_the_gpu():
+    """Called after every optimizer step: a host wait there starts each forward with an empty GPU queue."""
+    shards = _shards("cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        amaxes = fsdp.local_amaxes(shards)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert amaxes.tolist() == [shards[0].abs().max().item(), 0.0, 9.5]
