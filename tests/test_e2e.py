@@ -203,15 +203,20 @@ class FakeClock:
 
     def kernel_records(self, fn, count):
         """Per step: on the compute stream (7) a GEMM [0, 6) ms, attention [7, 9), a cast and an elementwise
-        kernel to 9.75; on NCCL's (20) an all-gather [5.5, 7.5): 1 ms idle, all of it exposed communication."""
+        kernel to 9.75; on NCCL's (20) an all-gather [5.5, 7.5): 1 ms idle, all of it exposed communication.
+        The first step's cast starts 5 ms late (a queue the host was still filling): the breakdown's is the last."""
         self._call(fn, count)
         ms = 1_000_000  # ns
-        step = [
-            KernelRecord("nvjet_tst_128x256", 0, 6 * ms, 7), KernelRecord("ncclDevKernel_AllGather_RING_LL", 11 * ms // 2, 2 * ms, 20),
-            KernelRecord("pytorch_flash::flash_fwd_kernel", 7 * ms, 2 * ms, 7), KernelRecord("_quantize_tensorwise_kernel", 9 * ms, ms // 2, 7),
-            KernelRecord("elementwise", 19 * ms // 2, ms // 4, 7),
-        ]  # fmt: skip
-        return [step for _ in range(count)]
+
+        def step(late_ms: int) -> list[KernelRecord]:
+            return [
+                KernelRecord("nvjet_tst_128x256", 0, 6 * ms, 7), KernelRecord("ncclDevKernel_AllGather_RING_LL", 11 * ms // 2, 2 * ms, 20),
+                KernelRecord("pytorch_flash::flash_fwd_kernel", 7 * ms, 2 * ms, 7),
+                KernelRecord("_quantize_tensorwise_kernel", (9 + late_ms) * ms, ms // 2, 7),
+                KernelRecord("elementwise", (19 + 2 * late_ms) * ms // 2, ms // 4, 7),
+            ]  # fmt: skip
+
+        return [step(5 if index == 0 else 0) for index in range(count)]
 
     def sm_clock_mhz(self):
         return None
@@ -237,7 +242,7 @@ def test_run_writes_a_row_per_case_with_throughput_loss_and_breakdown(tmp_path, 
     assert list(frame["backend"]) == ["bf16", "te"]
     bf16, te = frame.iloc[0], frame.iloc[1]
     assert bf16["status"] == Status.OK.value and te["status"].startswith("unsupported: transformer_engine")
-    assert clock.calls == config.warmup + config.steps + e2e.WALL_STEPS + 1
+    assert clock.calls == config.warmup + config.steps + e2e.WALL_STEPS + e2e.PROFILED_STEPS
     assert bf16["median_ms"] == 11.0 and bf16["repeats"] == 3
     assert bf16["tokens_per_s"] == pytest.approx(64 / 0.011, rel=1e-5)  # the CSV keeps 6 digits
     assert bf16["tflops"] == pytest.approx(TINY.flops_per_token(32) * 64 / 0.011 / 1e12, rel=1e-5)
@@ -311,7 +316,7 @@ def test_a_resumed_run_measures_the_groups_left_and_keeps_the_finished_ones(tmp_
     benchmark.resume_kernels(first.cases())
     with RunWriter(tmp_path, {}, resume=True) as writer:
         run_cases(benchmark, left, writer, None, TimingConfig())
-    assert clock.calls == first.warmup + first.steps + e2e.WALL_STEPS + 1  # the second group's BF16 only
+    assert clock.calls == first.warmup + first.steps + e2e.WALL_STEPS + e2e.PROFILED_STEPS  # the second group's BF16 only
     frame = load_results(tmp_path)
     assert [(row.M, row.backend) for row in frame.itertuples()] == [(64, "bf16"), (64, "te"), (32, "bf16"), (32, "te")]
     kernels = pd.read_csv(tmp_path / e2e.KERNELS_CSV)
@@ -328,7 +333,7 @@ def test_the_gate_reruns_a_flagged_e2e_case_from_its_identity_beside_its_referen
     assert [(r.values["backend"], r.values["recipe"]) for r in rows] == [("bf16", "bf16"), ("te", "tensorwise")]
     assert rows[0].values["status"] == Status.OK.value and rows[0].values["final_loss"] > 0
     assert rows[1].values["status"].startswith("unsupported: transformer_engine")
-    assert clock.calls == config.warmup + config.steps + e2e.WALL_STEPS + 1  # the reference alone trained
+    assert clock.calls == config.warmup + config.steps + e2e.WALL_STEPS + e2e.PROFILED_STEPS  # the reference alone trained
     rerun_ids = load_results(tmp_path / "rerun")[list(CASE_KEY)].astype(str).values.tolist()
     run_ids = load_results(tmp_path / "run")[list(CASE_KEY)].astype(str).values.tolist()
     assert all(identity in run_ids for identity in rerun_ids)
