@@ -721,7 +721,7 @@ def e2e(
     warmup: int = typer.Option(3, min=1, help="training steps before the measured ones (compilation, autotuning)"),
     recipe: Optional[list[str]] = typer.Option(None, help=_RECIPE_HELP),
     implementation: Optional[list[str]] = typer.Option(None, help="repeatable; bf16 | triton (ours) | torchao | te | te-layer (TE's TransformerLayer, also in BF16) | all (default); BF16 always runs as the reference"),
-    compile: str = typer.Option("block", "--compile", help="torch.compile: none | block | model (BF16 also runs eagerly)"),
+    compile: str = typer.Option("block", "--compile", help="torch.compile: none | block | model, and the loss with either (BF16 also runs eagerly)"),
     activation_checkpointing: str = typer.Option("none", help="none | selective | full, per block"),
     lm_head: str = typer.Option("bf16", help="bf16 | fp8: the LM head's products"),
     attention: str = typer.Option(
