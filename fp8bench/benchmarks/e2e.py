@@ -1,20 +1,19 @@
 """`fp8bench e2e`: training throughput of a LLaMa-3 model (fp8bench.nn.llama) or an N-layer proxy, on one GPU
 or several (FSDP2), BF16 against every FP8 implementation in one run.
 
-A case is one configuration trained for `warmup + steps` steps and then some: the model built from one seed
-(the same weights for every case), converted per implementation (the MODEL level of the backend registry,
-fp8bench.backends.convert), wrapped in activation checkpointing (`none | selective | full`, per block),
-compiled (`none | block | model`; the loss too whenever the model is, as torchtitan does), sharded with FSDP2 when there are several ranks (fp8bench.nn.fsdp), and
-trained with fused AdamW on seeded synthetic tokens (`SyntheticTokens`; any iterator of (tokens, targets)
-can replace them). The cases of a group (model, layers, seq, batch, world size, compile mode,
-checkpointing) share a BF16 reference, measured first; BF16 also runs eagerly, in its own group, so a run
-holds BF16 eager and compiled and every implementation; an implementation that also runs without FP8
-(`te-layer`: TE's own TransformerLayer, Backend.runs_bf16) has a BF16 row of its own in the compile
-mode's group, recipe `bf16`. The cases run through the one run loop
-(fp8bench.harness.runner: rows as they finish, resume, the gate's re-run from a row's identity): each
-measures itself (`Built.measure`), and `E2EBenchmark.against_reference` judges it against its group's BF16
-reference row. Under torchrun every rank runs every case (the collectives need them all) and rank 0
-records.
+A case is one configuration trained for `warmup + steps` steps and then some: the model built from one seed (the
+same weights for every case), converted per implementation (the MODEL level of the backend registry,
+fp8bench.backends.convert), wrapped in activation checkpointing (`none | selective | full`, per block), compiled
+(`none | block | model`; the loss too whenever the model is, as torchtitan does), sharded with FSDP2 when there
+are several ranks (fp8bench.nn.fsdp), and trained with fused AdamW on seeded synthetic tokens (`SyntheticTokens`;
+any iterator of (tokens, targets) can replace them). The cases of a group (model, layers, seq, batch, world size,
+compile mode, checkpointing) share a BF16 reference, measured first; BF16 also runs eagerly, in its own group, so
+a run holds BF16 eager and compiled and every implementation; an implementation that also runs without FP8
+(`te-layer`: TE's own TransformerLayer, Backend.runs_bf16) has a BF16 row of its own in the compile mode's group,
+recipe `bf16`. The cases run through the one run loop (fp8bench.harness.runner: rows as they finish, resume, the
+gate's re-run from a row's identity): each measures itself (`Built.measure`), and `E2EBenchmark.against_reference`
+judges it against its group's BF16 reference row. Under torchrun every rank runs every case (the collectives need
+them all) and rank 0 records.
 
 Identity: `case` is `<model>.L<layers>.S<seq>.B<batch>` (`custom-d<dim>-f<ffn>-h<heads>-kv<kv>-v<vocab>` for a
 custom model), M the tokens of one step on one GPU, K the model width, N the SwiGLU width, backend the
@@ -34,13 +33,13 @@ against the GPU's dense BF16 and FP8 peaks (fp8bench.model.hardware). Memory: pe
 over the measured steps. final_loss: the mean loss of the last step; an FP8 row whose final loss is above its
 BF16 reference's (same tokens, same steps) by more than LOSS_RTOL is `failed: wrong result`. AdamW's learning
 rate rises linearly to LEARNING_RATE over the first LR_WARMUP_STEPS steps, as training runs start.
-Breakdown: the last of PROFILED_STEPS more steps under torch.profiler (CUPTI), every kernel's time summed by `kernel_class` into
-gemm_ms, cast_ms, attention_ms, norm_act_ms, optimizer_ms, comm_ms and other_ms (kernel time; kernels on
-concurrent streams, such as FSDP2's collectives, overlap, so the classes may add up to more than the step);
-every kernel is in the run's e2e_kernels.csv. From the same kernels' start times and streams
+Breakdown: the last of PROFILED_STEPS more steps under torch.profiler (CUPTI), every kernel's time summed by
+`kernel_class` into gemm_ms, cast_ms, attention_ms, norm_act_ms, optimizer_ms, comm_ms and other_ms (kernel time;
+kernels on concurrent streams, such as FSDP2's collectives, overlap, so the classes may add up to more than the
+step); every kernel is in the run's e2e_kernels.csv. From the same kernels' start times and streams
 (fp8bench.harness.overlap): compute_idle_ms, the compute stream's idle time over the profiled step, and
-exposed_comm_ms, the NCCL kernels' time while it was idle (communication nothing overlaps). allgather_gb:
-the bytes FSDP2 all-gathers per step on each rank, from the parameters' sizes and all-gather dtypes
+exposed_comm_ms, the NCCL kernels' time while it was idle (communication nothing overlaps). allgather_gb: the
+bytes FSDP2 all-gathers per step on each rank, from the parameters' sizes and all-gather dtypes
 (fp8bench.nn.fsdp.all_gather_bytes).
 
 The model-level roofline (`ideal_speedup`, `GemmRates`): the group's BF16 reference step with the GEMM time
