@@ -201,10 +201,6 @@ class FakeClock:
         self._call(fn, count)
         return 12.0
 
-    def enqueue_ms(self, fn, count):
-        self._call(fn, count)
-        return 4.0
-
     def kernel_records(self, fn, count):
         """Per step: on the compute stream (7) a GEMM [0, 6) ms, attention [7, 9), a cast and an elementwise
         kernel to 9.75; on NCCL's (20) an all-gather [5.5, 7.5): 1 ms idle, all of it exposed communication.
@@ -246,12 +242,12 @@ def test_run_writes_a_row_per_case_with_throughput_loss_and_breakdown(tmp_path, 
     assert list(frame["backend"]) == ["bf16", "te"]
     bf16, te = frame.iloc[0], frame.iloc[1]
     assert bf16["status"] == Status.OK.value and te["status"].startswith("unsupported: transformer_engine")
-    assert clock.calls == config.warmup + config.steps + 2 * e2e.WALL_STEPS + e2e.PROFILED_STEPS
+    assert clock.calls == config.warmup + config.steps + e2e.WALL_STEPS + e2e.PROFILED_STEPS
     assert bf16["median_ms"] == 11.0 and bf16["repeats"] == 3
     assert bf16["tokens_per_s"] == pytest.approx(64 / 0.011, rel=1e-5)  # the CSV keeps 6 digits
     assert bf16["tflops"] == pytest.approx(TINY.flops_per_token(32) * 64 / 0.011 / 1e12, rel=1e-5)
     assert (bf16["gemm_ms"], bf16["attention_ms"], bf16["cast_ms"], bf16["other_ms"], bf16["comm_ms"]) == (6.0, 2.0, 0.5, 0.25, 2.0)
-    assert (bf16["compute_idle_ms"], bf16["exposed_comm_ms"], bf16["host_ms"]) == (1.0, 1.0, 4.0)
+    assert (bf16["compute_idle_ms"], bf16["exposed_comm_ms"]) == (1.0, 1.0)
     # Trained on Zipf tokens, the loss has fallen below the uniform loss ln(vocab) within a few steps.
     assert 0 < bf16["final_loss"] < math.log(TINY.vocab)
     assert (tmp_path / e2e.KERNELS_CSV).exists()
@@ -320,7 +316,7 @@ def test_a_resumed_run_measures_the_groups_left_and_keeps_the_finished_ones(tmp_
     benchmark.resume_kernels(first.cases())
     with RunWriter(tmp_path, {}, resume=True) as writer:
         run_cases(benchmark, left, writer, None, TimingConfig())
-    assert clock.calls == first.warmup + first.steps + 2 * e2e.WALL_STEPS + e2e.PROFILED_STEPS  # the second group's BF16 only
+    assert clock.calls == first.warmup + first.steps + e2e.WALL_STEPS + e2e.PROFILED_STEPS  # the second group's BF16 only
     frame = load_results(tmp_path)
     assert [(row.M, row.backend) for row in frame.itertuples()] == [(64, "bf16"), (64, "te"), (32, "bf16"), (32, "te")]
     kernels = pd.read_csv(tmp_path / e2e.KERNELS_CSV)
@@ -337,7 +333,7 @@ def test_the_gate_reruns_a_flagged_e2e_case_from_its_identity_beside_its_referen
     assert [(r.values["backend"], r.values["recipe"]) for r in rows] == [("bf16", "bf16"), ("te", "tensorwise")]
     assert rows[0].values["status"] == Status.OK.value and rows[0].values["final_loss"] > 0
     assert rows[1].values["status"].startswith("unsupported: transformer_engine")
-    assert clock.calls == config.warmup + config.steps + 2 * e2e.WALL_STEPS + e2e.PROFILED_STEPS  # the reference alone trained
+    assert clock.calls == config.warmup + config.steps + e2e.WALL_STEPS + e2e.PROFILED_STEPS  # the reference alone trained
     rerun_ids = load_results(tmp_path / "rerun")[list(CASE_KEY)].astype(str).values.tolist()
     run_ids = load_results(tmp_path / "run")[list(CASE_KEY)].astype(str).values.tolist()
     assert all(identity in run_ids for identity in rerun_ids)
@@ -363,7 +359,6 @@ def test_e2e_on_the_gpu_measures_bf16_and_ours(tmp_path):
     assert statuses == ["ok"] * 3, statuses
     ours = rows[2].values
     assert ours["speedup_vs_bf16"] > 0.5 and ours["gemm_ms"] > 0 and ours["mem_alloc_gb"] > 0
-    assert 0 < ours["host_ms"] < 10 * ours["median_ms"] and ours["compute_idle_ms"] >= 0
 
 
 @pytest.mark.parametrize("checkpointing", ["selective", "full"])

@@ -24,9 +24,6 @@ Measured (`StepClock`: fp8bench.harness.timing's clocks): after `warmup` steps, 
 each between a CUDA event pair (its L2 flush outside the pair); median_ms is their median, spread_pct their
 interquartile range / median, repeat_ms every step (throttled and dropped_repeats stay empty: the steps are
 neither watched for throttling nor dropped). wall_ms: host time of a synchronized step (median of WALL_STEPS).
-host_ms: the host's time to enqueue one step while the GPU runs the ones before (median of WALL_STEPS, from an
-empty queue on): well below median_ms the host runs ahead; near it, the host sets the step's pace (a launch-bound
-step, or one that waits for the GPU).
 tokens_per_s = batch * seq / median step time, per GPU. tflops = flops_per_token * tokens_per_s with
 torchtitan's formula (LlamaConfig.flops_per_token: 6 N + 12 L H head_dim S), mfu_bf16_pct and mfu_fp8_pct
 against the GPU's dense BF16 and FP8 peaks (fp8bench.model.hardware). Memory: peak allocated and reserved
@@ -343,7 +340,7 @@ class E2EBenchmark:
     attention: str = "flash"
     name: str = BENCHMARK
     kernel_records: list[dict[str, Any]] = field(default_factory=list, init=False, repr=False)
-    _profiled: StepProfile | None = field(default=None, init=False, repr=False)  # of the case measured last
+    _profiled: list[KernelRecord] = field(default_factory=list, init=False, repr=False)  # the kernels of the case measured last
 
     def inputs(self, group: Hashable) -> "E2EInputs":
         if self.load_te:
@@ -351,15 +348,14 @@ class E2EBenchmark:
         rates = self.rates.source if self.rates else None
         return E2EInputs(self.device, self.process_group, self.batches or synthetic_batches, self.clock, rates, self._profile)
 
-    def _profile(self, profile: "StepProfile") -> None:
-        self._profiled = profile
+    def _profile(self, kernels: Sequence[KernelRecord]) -> None:
+        self._profiled = list(kernels)
 
     def against_reference(self, case: E2ECase, values: Mapping[str, Any], reference: Mapping[str, Any] | None) -> dict[str, Any]:
         """The final loss against the reference's (Failed: `wrong result`), then MFU, the ideal speedup from
         the reference's step and GEMM time, and the profiled step's time by kernel class and its streams'
         overlap."""
-        profile, self._profiled = self._profiled, None
-        profiled = list(profile.kernels) if profile else []
+        profiled, self._profiled = self._profiled, []
         problem = loss_problem(values["final_loss"], None if reference is None else reference["final_loss"])
         if problem:
             raise Failed(f"wrong result: {problem}", {column: values[column] for column in CHECK_COLUMNS if column in values})
@@ -378,8 +374,6 @@ class E2EBenchmark:
         if profiled:
             overlap = stream_overlap(profiled, is_collective)
             columns.update(compute_idle_ms=overlap.compute_idle_ms, exposed_comm_ms=overlap.exposed_comm_ms)
-        if profile:
-            columns["host_ms"] = profile.host_ms
         self.record_kernels(case, kernels)
         return columns
 
@@ -427,15 +421,6 @@ def synthetic_batches(case: E2ECase, inputs: "E2EInputs") -> Iterator[Batch]:
 
 
 @dataclass(frozen=True)
-class StepProfile:
-    """What a case's measurement learns beside its step times: the kernels of a profiled step (KernelRecord)
-    and the host's time to enqueue a step while the GPU runs earlier ones (the module docstring's host_ms)."""
-
-    kernels: Sequence[KernelRecord]
-    host_ms: float
-
-
-@dataclass(frozen=True)
 class E2EInputs:
     """What every case of a run shares: the device, the data-parallel group (None on one GPU), the source
     of batches (a fresh iterator per case, so every case trains on the same tokens), the clock that
@@ -447,7 +432,7 @@ class E2EInputs:
     batches: Callable[[E2ECase, "E2EInputs"], Iterator[Batch]] = synthetic_batches
     clock: "StepClock | None" = None
     ideal_rates: str | None = None
-    profiled: Callable[["StepProfile"], None] = lambda profile: None
+    profiled: Callable[[Sequence[KernelRecord]], None] = lambda kernels: None
 
     @property
     def rank(self) -> int:
@@ -596,8 +581,7 @@ def build_training(case: E2ECase, inputs: E2EInputs) -> Built:
             torch.cuda.reset_peak_memory_stats()
         step_ms = clock.samples(step, case.steps)
         wall_ms = clock.wall_ms(step, WALL_STEPS)
-        host_ms = clock.enqueue_ms(step, WALL_STEPS)
-        inputs.profiled(StepProfile(clock.kernel_records(step, PROFILED_STEPS)[-1], host_ms))
+        inputs.profiled(clock.kernel_records(step, PROFILED_STEPS)[-1])
         sm_clock = clock.sm_clock_mhz()
         return Measurement(tuple(step_ms), 1, wall_ms, clock.name, (sm_clock,) if sm_clock else ())
 
@@ -643,8 +627,6 @@ class StepClock(Protocol):
 
     def wall_ms(self, fn: Callable[[], object], count: int) -> float: ...
 
-    def enqueue_ms(self, fn: Callable[[], object], count: int) -> float: ...
-
     def kernel_records(self, fn: Callable[[], object], count: int) -> list[list[KernelRecord]]: ...
 
     def sm_clock_mhz(self) -> float | None: ...
@@ -660,7 +642,7 @@ class GpuStepClock:
 
         gpu = GpuClock()
         events, self._cupti = CudaEventTimer(gpu), CuptiTimer(gpu)
-        self.run, self.samples, self.wall_ms, self.enqueue_ms, self.sm_clock_mhz = events.run, events.samples, events.wall_ms, events.enqueue_ms, events.sm_clock_mhz
+        self.run, self.samples, self.wall_ms, self.sm_clock_mhz = events.run, events.samples, events.wall_ms, events.sm_clock_mhz
 
     def kernel_records(self, fn: Callable[[], object], count: int) -> list[list[KernelRecord]]:
         return self._cupti.kernel_records(fn, count)

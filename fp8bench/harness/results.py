@@ -102,7 +102,6 @@ SCHEMA: tuple[Column, ...] = (
     Column("comm_ms", "measure", "float", "e2e step: GPU time of collectives and FSDP2's buffer copies, ms (overlaps compute)"),
     Column("compute_idle_ms", "measure", "float", "e2e step: time the compute stream had no kernel running, ms (fp8bench.harness.overlap)"),
     Column("exposed_comm_ms", "measure", "float", "e2e step: NCCL kernel time while the compute stream had none, ms: communication nothing overlaps"),
-    Column("host_ms", "measure", "float", "e2e step: host time to enqueue one step while the GPU runs earlier ones, ms: near median_ms, the host sets the pace"),
     Column("allgather_gb", "derived", "float", "e2e: bytes FSDP2 all-gathers per step per rank, GB, from parameter sizes and dtypes"),
     Column("ideal_speedup", "predicted", "float", "e2e: the BF16 reference's step with every converted linear's GEMMs at the "
            "FP8 rate (calibrated where a profile exists), casts free: the most FP8 can give this model"),

@@ -46,14 +46,12 @@ CLASS_COLUMNS = {
 }
 # From the profiled step's streams (fp8bench.harness.overlap): what the step spends waiting.
 OVERLAP_COLUMNS = {"compute_idle_ms": "compute stream idle", "exposed_comm_ms": "communication nothing overlaps"}
-# The host's side of a step: near the step's time, the GPU waits for the host.
-HOST_COLUMNS = {"host_ms": "host time to enqueue a step"}
 MFU_COLUMNS = {"mfu_bf16_pct": "MFU against the BF16 dense peak, %", "mfu_fp8_pct": "MFU against the FP8 dense peak, %"}
 MEMORY_COLUMNS = {"mem_alloc_gb": "peak allocated, GB", "mem_reserved_gb": "peak reserved, GB"}
 TABLE_COLUMNS = (
     "case", "world_size", "compile", "activation_checkpointing", "lm_head", "backend", "recipe", "status",
     "tokens_per_s", "speedup_vs_bf16", "ideal_speedup", "predicted_speedup", "measured_vs_predicted", "tflops", "mfu_bf16_pct", "mfu_fp8_pct", "mem_alloc_gb",
-    "mem_reserved_gb", "final_loss", *CLASS_COLUMNS, *OVERLAP_COLUMNS, "allgather_gb", "wall_ms", *HOST_COLUMNS, "repeats", "timer", "options",
+    "mem_reserved_gb", "final_loss", *CLASS_COLUMNS, *OVERLAP_COLUMNS, "allgather_gb", "wall_ms", "repeats", "timer", "options",
 )
 _TEXT = ("case", "configuration", "implementation", "recipe", "status", "kernel class")
 _LABELS = {
@@ -355,7 +353,7 @@ def scaling_table(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Section]:
     if several.empty:
         return []
     keys = ["case", "compile", "activation_checkpointing", "lm_head", "backend", "recipe"]
-    measures = ["tokens_per_s", "median_ms", *CLASS_COLUMNS, *OVERLAP_COLUMNS, *HOST_COLUMNS]
+    measures = ["tokens_per_s", "median_ms", *CLASS_COLUMNS, *OVERLAP_COLUMNS]
     one_gpu = ok[world_size == 1].drop_duplicates(keys, keep="last")[[*keys, *measures]]
     merged = several.merge(one_gpu, on=keys, how="left", suffixes=("", "_1gpu"))
     table = pd.DataFrame({
@@ -378,7 +376,7 @@ def scaling_table(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Section]:
         "step, ms": compared["median_ms"].map(lambda v: _fmt(v, ".1f")),
         "step grows, ms": (compared["median_ms"] - compared["median_ms_1gpu"]).map(lambda v: _fmt(v, "+.1f")),
         **{f"{label}, ms": (compared[column] - compared[f"{column}_1gpu"]).map(lambda v: _fmt(v, "+.1f"))
-           for column, label in (CLASS_COLUMNS | OVERLAP_COLUMNS | HOST_COLUMNS).items()},
+           for column, label in (CLASS_COLUMNS | OVERLAP_COLUMNS).items()},
     })  # fmt: skip
     growth_note = (
         "The median step on N GPUs against the same step on one, and each kernel class's time per step (one "
@@ -387,8 +385,7 @@ def scaling_table(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Section]:
         "rank's shard). Communication runs beside the compute, so the classes' growth need not add up to the "
         "step's. The compute stream's idle time (the step's span less the time it has a kernel running) and, of "
         "it, the time NCCL's kernels run while it has none (communication nothing overlaps) come from the same "
-        "profiled step; the host's time to enqueue a step, from steps of its own. Each is empty for a run written "
-        "before it was recorded."
+        "profiled step; empty for a run written before they were recorded."
     )
     sections.append(Section("e2e-scaling-growth", "Several GPUs: where the step grows", rows_table(growth, _TEXT), growth_note))
     return sections
