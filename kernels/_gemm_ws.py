@@ -152,10 +152,8 @@ def _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_b
     return loaded + 1
 
 
-# Dynamic tiles (config.dynamic_tiles): each program's producer claims its next unit of work from a counter
-# in global memory (lane 0's atomic, broadcast to the warp) as it comes free, instead of walking every
-# num_programs-th unit. Beside NCCL's kernels, which hold SMs, a program that starts late then takes fewer
-# units rather than finishing a fixed share after the others (reports/h100-sxm/gemm-beside-collectives).
+# Claimed tiles (the module docstring): a claim is lane 0's atomic add on the counter in global memory,
+# broadcast to the producer's warp.
 _CLAIM_PTX = gl.constexpr("""{
 .reg .pred %p0;
 .reg .b32 %r<2>;

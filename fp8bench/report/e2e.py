@@ -396,10 +396,7 @@ def not_run_table(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Section]:
     missing = rows[rows["status"] != Status.OK.value]
     if missing.empty:
         return []
-    table = pd.DataFrame({
-        "configuration": [configuration(r) for _, r in missing.iterrows()], "implementation": missing["backend"],
-        "recipe": missing["recipe"], "LM head": missing["lm_head"], "status": missing["status"],
-    })  # fmt: skip
+    table = pd.DataFrame({**_identity(missing), "LM head": missing["lm_head"], "status": missing["status"]})
     return [Section("e2e-not-run", "Steps that did not run", rows_table(table, _TEXT))]
 
 
