@@ -30,12 +30,13 @@ against the GPU's dense BF16 and FP8 peaks (fp8bench.model.hardware). Memory: pe
 over the measured steps. final_loss: the mean loss of the last step; an FP8 row whose final loss is above its
 BF16 reference's (same tokens, same steps) by more than LOSS_RTOL is `failed: wrong result`. AdamW's learning
 rate rises linearly to LEARNING_RATE over the first LR_WARMUP_STEPS steps, as training runs start.
-Breakdown: the last of PROFILED_STEPS more steps under torch.profiler (CUPTI), every kernel's time summed by
-`kernel_class` into gemm_ms, cast_ms, attention_ms, norm_act_ms, optimizer_ms, comm_ms and other_ms (kernel time;
-kernels on concurrent streams, such as FSDP2's collectives, overlap, so the classes may add up to more than the
-step); every kernel is in the run's e2e_kernels.csv. From the same kernels' start times and streams
-(fp8bench.harness.overlap): compute_idle_ms, the compute stream's idle time over the profiled step, and
-exposed_comm_ms, the NCCL kernels' time while it was idle (communication nothing overlaps). allgather_gb: the
+Breakdown: PROFILED_STEPS more steps under torch.profiler (CUPTI), the first left out, every kernel's time per
+step (the mean over the others) summed by `kernel_class` into gemm_ms, cast_ms, attention_ms, norm_act_ms,
+optimizer_ms, comm_ms and other_ms (kernel time; kernels on concurrent streams, such as FSDP2's collectives,
+overlap, so the classes may add up to more than the step); every kernel is in the run's e2e_kernels.csv. From the
+same kernels' start times and streams (fp8bench.harness.overlap), each step's mean: compute_idle_ms, the compute
+stream's idle time over the step, and exposed_comm_ms, the NCCL kernels' time while it was idle (communication
+nothing overlaps). allgather_gb: the
 bytes FSDP2 all-gathers per step on each rank, from the parameters' sizes and all-gather dtypes
 (fp8bench.nn.fsdp.all_gather_bytes).
 
@@ -55,8 +56,10 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import math
 import re
+import statistics
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,10 +107,12 @@ WALL_STEPS = 3
 # is no divergence.
 LOSS_RTOL = 0.10
 BYTES_PER_GB = 1e9
-# The breakdown's step is the second of two under the profiler: the first starts with the GPU's queue empty (the
-# profiler starts after a synchronize), so its idle time counted the host's launches, which in the timed steps
-# run ahead of the GPU (on 2 x H100 with FSDP2, ours' step so profiled showed 23 ms of idle compute stream).
-PROFILED_STEPS = 2
+# The breakdown leaves out the first profiled step: it starts with the GPU's queue empty (the profiler starts after
+# a synchronize), so its idle time counted the host's launches, which in the timed steps run ahead of the GPU (on
+# 2 x H100 with FSDP2, ours' step so profiled showed 23 ms of idle compute stream). It averages the others: a
+# single step's kernels ran at whatever SM clock the 700 W cap left (1455-1905 MHz on an H100), which moved the
+# same BF16 LM-head GEMMs' time 13% between rows of one run.
+PROFILED_STEPS = 4
 
 # What an FP8 row whose final loss is wrong keeps: the sanity columns, no time (a wrong result's time measures nothing).
 CHECK_COLUMNS = ("final_loss", "mem_alloc_gb", "mem_reserved_gb")
@@ -340,7 +345,7 @@ class E2EBenchmark:
     attention: str = "flash"
     name: str = BENCHMARK
     kernel_records: list[dict[str, Any]] = field(default_factory=list, init=False, repr=False)
-    _profiled: list[KernelRecord] = field(default_factory=list, init=False, repr=False)  # the kernels of the case measured last
+    _profiled: list[Sequence[KernelRecord]] = field(default_factory=list, init=False, repr=False)  # per profiled step of the case measured last
 
     def inputs(self, group: Hashable) -> "E2EInputs":
         if self.load_te:
@@ -348,8 +353,8 @@ class E2EBenchmark:
         rates = self.rates.source if self.rates else None
         return E2EInputs(self.device, self.process_group, self.batches or synthetic_batches, self.clock, rates, self._profile)
 
-    def _profile(self, kernels: Sequence[KernelRecord]) -> None:
-        self._profiled = list(kernels)
+    def _profile(self, steps: Sequence[Sequence[KernelRecord]]) -> None:
+        self._profiled = [step for step in steps if step]
 
     def against_reference(self, case: E2ECase, values: Mapping[str, Any], reference: Mapping[str, Any] | None) -> dict[str, Any]:
         """The final loss against the reference's (Failed: `wrong result`), then MFU, the ideal speedup from
@@ -368,12 +373,14 @@ class E2EBenchmark:
             if predicted is not None:
                 columns["predicted_speedup"] = reference["median_ms"] / predicted
         columns.update(dict.fromkeys(CLASS_COLUMNS.values(), 0.0))
-        kernels = kernel_ms_by_name(profiled)
+        kernels = kernel_ms_by_name(itertools.chain.from_iterable(profiled), max(1, len(profiled)))
         for name, ms in kernels.items():
             columns[CLASS_COLUMNS[kernel_class(name)]] += ms
         if profiled:
-            overlap = stream_overlap(profiled, is_collective)
-            columns.update(compute_idle_ms=overlap.compute_idle_ms, exposed_comm_ms=overlap.exposed_comm_ms)
+            # Step by step: between two profiled steps the compute stream idles while the L2 flush runs.
+            overlaps = [stream_overlap(step, is_collective) for step in profiled]
+            columns.update(compute_idle_ms=statistics.fmean(o.compute_idle_ms for o in overlaps),
+                           exposed_comm_ms=statistics.fmean(o.exposed_comm_ms for o in overlaps))  # fmt: skip
         self.record_kernels(case, kernels)
         return columns
 
@@ -432,7 +439,7 @@ class E2EInputs:
     batches: Callable[[E2ECase, "E2EInputs"], Iterator[Batch]] = synthetic_batches
     clock: "StepClock | None" = None
     ideal_rates: str | None = None
-    profiled: Callable[[Sequence[KernelRecord]], None] = lambda kernels: None
+    profiled: Callable[[Sequence[Sequence[KernelRecord]]], None] = lambda steps: None
 
     @property
     def rank(self) -> int:
@@ -581,7 +588,7 @@ def build_training(case: E2ECase, inputs: E2EInputs) -> Built:
             torch.cuda.reset_peak_memory_stats()
         step_ms = clock.samples(step, case.steps)
         wall_ms = clock.wall_ms(step, WALL_STEPS)
-        inputs.profiled(clock.kernel_records(step, PROFILED_STEPS)[-1])
+        inputs.profiled(clock.kernel_records(step, PROFILED_STEPS)[1:])
         sm_clock = clock.sm_clock_mhz()
         return Measurement(tuple(step_ms), 1, wall_ms, clock.name, (sm_clock,) if sm_clock else ())
 
