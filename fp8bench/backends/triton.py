@@ -128,17 +128,18 @@ class TritonBackend(Backend):
         if problem:
             raise Unsupported(problem)
         # RMSNorm -> linear pairs become one module whose norm writes the FP8 input (where the recipe's input
-        # cast can be fused: delayed and blockwise scaling), and SwiGLU -> w2 pairs one module whose SwiGLU
-        # writes w2's FP8 input (rowwise and blockwise: fp8bench.nn.swiglu_fusion); convert_to_float8 leaves
-        # those modules as they are. Under FP8 all-gather w2 stays a Float8Linear, whose weight fp8bench.nn.fsdp
-        # all-gathers in FP8.
+        # cast can be fused: delayed and blockwise scaling), and each SwiGLU goes into w2, writing w2's FP8
+        # input (rowwise and blockwise), or into w13, whose backward it then casts (fp8bench.nn.swiglu_fusion);
+        # convert_to_float8 leaves those modules as they are. Under FP8 all-gather the SwiGLU stays a module of
+        # its own and w2 and w13 plain Float8Linears, whose weights fp8bench.nn.fsdp all-gathers in FP8.
         fusion = fuse_norm_linears(model, recipe)
-        swiglu_fused = 0 if fp8_all_gather else len(fuse_swiglu_linears(model, recipe).fused)
+        swiglu_fused = () if fp8_all_gather else fuse_swiglu_linears(model, recipe).fused
         done = convert_to_float8(model, recipe, lambda module, name: keep(name))
         options: dict[str, Any] = {
-            # every linear now FP8: those convert_to_float8 swapped and those fused with their producer
-            "converted_linears": len(done.converted) + len(fusion.fused) + swiglu_fused, "norm_fused_linears": len(fusion.fused),
-            "swiglu_fused_linears": swiglu_fused, "summary": recipe.summary(),
+            # every linear now FP8: those convert_to_float8 swapped and those fused with their producer or the
+            # SwiGLU (a w13 can be both)
+            "converted_linears": len(done.converted) + len(set(fusion.fused) | set(swiglu_fused)), "norm_fused_linears": len(fusion.fused),
+            "swiglu_fused_linears": len(swiglu_fused), "summary": recipe.summary(),
         }
         if done.left_in_bf16:
             options["left_in_bf16"] = done.left_in_bf16

@@ -17,6 +17,11 @@ and dtypes without running a kernel) and eager mode simply calls them.
   Float8Linear casts with torch ops that inductor fuses into the tensor's producer (which then writes the
   rowwise fp8 copy itself): our fp8 transpose makes the transposed copy, and the tensor's amax (also
   computed in the producer) goes to the front of its history.
+- `fp8bench::swiglu_backward_amax` and `fp8bench::swiglu_backward_quantize_delayed`: the SwiGLU's backward
+  (fp8kernels.swiglu_backward) for a Float8Linear that returns the SwiGLU of its gate+up product: the
+  gradient with its amax (a dynamic tensorwise cast follows), or that gradient cast with the history's
+  amax, both copies, recording its own amax (delayed scaling). Inductor's kernel for the same ops
+  reads gate, up and the incoming gradient once for each half of its output.
 - `fp8bench::fp8_gemm`: our persistent FP8 GEMM (fp8kernels.gemm), bf16 out, with the activation (if any)
   applied in its epilogue.
 - `fp8bench::fp8_gemm_1x128_1x128`: the blockwise product whose operands both have 1 x 128 scales
@@ -214,6 +219,41 @@ def quantize_tensorwise_scaled(
 @quantize_tensorwise_scaled.register_fake
 def _tensorwise_fake(x, amax_or_history, fp8_dtype, power_of_two, rowwise, columnwise):
     return _quantize_fake(x, Granularity.TENSORWISE.value, 0, fp8_dtype, power_of_two, rowwise, columnwise)
+
+
+@torch.library.custom_op("fp8bench::swiglu_backward_amax", mutates_args=())
+def swiglu_backward_amax(grad_h: torch.Tensor, gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradient of gate_up[R, 2F] from grad_h[R, F], that of silu(gate) * up, and its amax (0-d float32)."""
+    from fp8kernels.swiglu_backward import swiglu_backward
+
+    return swiglu_backward(grad_h, gate_up, amax=True)
+
+
+@swiglu_backward_amax.register_fake
+def _swiglu_backward_amax_fake(grad_h, gate_up):
+    return torch.empty_like(gate_up), gate_up.new_empty((), dtype=torch.float32)
+
+
+@torch.library.custom_op("fp8bench::swiglu_backward_quantize_delayed", mutates_args=("amax_history",))
+def swiglu_backward_quantize_delayed(
+    grad_h: torch.Tensor, gate_up: torch.Tensor, amax_history: torch.Tensor, fp8_dtype: str, power_of_two: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """swiglu_backward_amax's gradient cast tensorwise with the largest amax of the history (history_amax),
+    in one kernel: data [R, 2F], scale, data_t [2F, R]; its own amax then goes to the front of the history."""
+    from fp8kernels.reference import fp8_max, scales_from_amax
+    from fp8kernels.swiglu_backward import swiglu_backward_fp8
+
+    dtype = FP8_DTYPES[fp8_dtype]
+    multiplier, scale = scales_from_amax(history_amax(amax_history, fp8_max(dtype)), dtype, power_of_two)
+    data, data_t, current = swiglu_backward_fp8(grad_h, gate_up, multiplier, dtype, transposed=True)
+    record_amax(amax_history, current)
+    return data, scale, data_t
+
+
+@swiglu_backward_quantize_delayed.register_fake
+def _swiglu_backward_quantize_delayed_fake(grad_h, gate_up, amax_history, fp8_dtype, power_of_two):
+    data, scale, data_t, _ = _quantize_fake(gate_up, Granularity.TENSORWISE.value, 0, fp8_dtype, power_of_two, True, True)
+    return data, scale, data_t
 
 
 @torch.library.custom_op("fp8bench::transpose_fp8", mutates_args=())

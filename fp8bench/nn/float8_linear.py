@@ -36,6 +36,12 @@ where the module has no bias (no extra pass over the output; the backward comput
 gradient from that saved output before grad_output's casts, so under torch.compile inductor fuses it
 into the same kernel as the delayed cast), else after the bias, with torch.
 
+`fuse_swiglu` makes a module without either return silu(gate) * up of its gate+up product instead (LLaMa's
+w13 with the SwiGLU after it): the forward in torch ops after the product; the backward in one kernel of
+ours that reads the SwiGLU's inputs once and writes grad_output's tensorwise casts, or the gradient and its
+amax for them (swiglu_grad_forms). Inductor's kernel for the plain ops reads gate, up and grad_h once for
+each half of the gate+up gradient it writes.
+
 `convert_to_float8` swaps the nn.Linear modules of a model, leaving in BF16 those whose dimensions the
 recipe's products cannot run at, and says which.
 """
@@ -50,6 +56,7 @@ import torch
 from torch import nn
 
 from fp8bench.nn import _float8_ops as ops
+from fp8bench.nn.llama import swiglu
 from fp8bench.config import BLOCK, FP8_DIM_MULTIPLE, Activation, GemmShape, Granularity
 from fp8bench.nn.recipes import (
     CastConfig,
@@ -121,6 +128,7 @@ class _Plan:
     quantize: LinearTensors[tuple[_QuantizeCall, ...]]  # per tensor: its quantize kernel calls
     gemms: LinearGemms[_GemmCall]
     activation: str  # applied to the output product's result (Activation's value; "none")
+    swiglu: bool  # the module returns silu(gate) * up of its gate+up product (Float8Linear.fuse_swiglu)
 
 
 BF16_GEMM = "bf16"
@@ -155,13 +163,14 @@ def _gemm_call(recipe: Recipe, gemm: GemmRole) -> _GemmCall:
     return _GemmCall(granularity.value, recipe.gemms[gemm].use_fast_accum, broadcast)
 
 
-def plan(recipe: Recipe, activation: Activation = Activation.NONE) -> _Plan:
-    """The kernel calls of one training step under `recipe`, `activation` applied to the output product
-    (module docstring)."""
+def plan(recipe: Recipe, activation: Activation = Activation.NONE, swiglu: bool = False) -> _Plan:
+    """The kernel calls of one training step under `recipe`, `activation` applied to the output product, or
+    the SwiGLU after it (module docstring)."""
     return _Plan(
         LinearTensors.build(lambda role: _quantize_calls(recipe, role)),
         LinearGemms.build(lambda gemm: _gemm_call(recipe, gemm)),
         Activation(activation).value,
+        swiglu,
     )
 
 
@@ -226,6 +235,25 @@ def cast_tensor(x: torch.Tensor, calls: tuple[_QuantizeCall, ...], history: torc
     return Forms(first, second)
 
 
+def swiglu_grad_forms(grad_h: torch.Tensor, gate_up: torch.Tensor, calls: tuple[_QuantizeCall, ...], history: torch.Tensor | None,
+                      histories_filled: bool) -> tuple[torch.Tensor | None, Forms]:  # fmt: skip
+    """The gradient of the gate+up product from grad_h, that of silu(gate) * up, in the forms `calls` make
+    (as cast_tensor's): (the gradient itself, None where both uses take FP8 forms the SwiGLU's kernel
+    wrote; its forms). One kernel reads grad_h and gate_up once (fp8bench.nn._float8_ops): a tensorwise
+    cast of both uses follows it, scaled by the amax it returns, or is its own where the scale is
+    delayed and the history holds an amax; any other cast follows it as cast_tensor makes it."""
+    call = calls[0] if len(calls) == 1 else None
+    both_tensorwise = call is not None and call.granularity == Granularity.TENSORWISE.value and call.rowwise and call.columnwise
+    if both_tensorwise and call.delayed and histories_filled:
+        data, scale, data_t = ops.swiglu_backward_quantize_delayed(grad_h, gate_up, history, call.fp8_dtype, call.power_of_two)
+        return None, Forms((data, scale), (data_t, scale))
+    grad, amax = ops.swiglu_backward_amax(grad_h, gate_up)
+    if both_tensorwise and not call.delayed:
+        data, scale, data_t, _ = ops.quantize_tensorwise_scaled(grad, amax, call.fp8_dtype, call.power_of_two, True, True)
+        return grad, Forms((data, scale), (data_t, scale))
+    return grad, cast_tensor(grad, calls, history, histories_filled)
+
+
 def run_gemm(call: _GemmCall, a: Form, b_t: Form, activation: str = Activation.NONE.value) -> torch.Tensor:
     """activation(a[m, k] @ b_t[n, k].T), bf16 out: in our GEMM's epilogue, or after a product without one."""
     if call.kernel == BF16_GEMM:
@@ -259,8 +287,12 @@ def forward_products(x: torch.Tensor | None, x_forms: Forms, weight: torch.Tenso
     # Second uses, read transposed: [K, N] of the weight for grad_input, [K, M] of x for grad_weight.
     x_second = _flat(x_forms.second if x_forms.second is not None else x.t())  # x is None where both are FP8
     w_second = _flat(_or_original(w_second, weight.t()))
-    activated = (out,) if how.activation != Activation.NONE.value else ()
-    return out, (*activated, *w_second, *x_second), len(w_second)
+    # The backward's first input: the activated output (the activation's gradient is taken from it), or
+    # the gate+up product the SwiGLU's gradient reads.
+    kept = (out,) if how.activation != Activation.NONE.value or how.swiglu else ()
+    if how.swiglu:
+        out = swiglu(out)
+    return out, (*kept, *w_second, *x_second), len(w_second)
 
 
 def backward_products(how: _Plan, saved, weight_tensors: int, grad_output, grad_output_history, histories_filled: bool,
@@ -270,16 +302,23 @@ def backward_products(how: _Plan, saved, weight_tensors: int, grad_output, grad_
     if how.activation != Activation.NONE.value:
         activated, saved = saved[0], saved[1:]
         grad_output = _ACTIVATION_BACKWARD[how.activation](grad_output, in_input_dtype(activated, grad_output))
+    if how.swiglu:
+        gate_up, saved = saved[0], saved[1:]
     w_saved, x_saved = saved[:weight_tensors], saved[weight_tensors:]
     w_second = w_saved if len(w_saved) == 2 else w_saved[0]
     x_second = x_saved if len(x_saved) == 2 else x_saved[0]
     grad_output = grad_output.contiguous()
-    g_first, g_second = cast_tensor(grad_output, how.quantize.grad_output, grad_output_history, histories_filled)
+    if how.swiglu:
+        grad_output, (g_first, g_second) = swiglu_grad_forms(
+            grad_output, gate_up, how.quantize.grad_output, grad_output_history, histories_filled
+        )
+    else:
+        g_first, g_second = cast_tensor(grad_output, how.quantize.grad_output, grad_output_history, histories_filled)
     grad_input = grad_weight = None
     if needs_grad_input:
         grad_input = run_gemm(how.gemms.grad_input, _or_original(g_first, grad_output), w_second)
     if needs_grad_weight:
-        grad_weight = run_gemm(how.gemms.grad_weight, _or_original(g_second, grad_output.t()), x_second)
+        grad_weight = run_gemm(how.gemms.grad_weight, g_second if g_second is not None else grad_output.t(), x_second)
     return grad_input, grad_weight
 
 
@@ -379,10 +418,19 @@ class Float8Linear(nn.Linear):
         """The plan of this call: the activation in the output product's epilogue unless a bias comes first."""
         return self._epilogue_plan if self.bias is None else self._plan
 
+    def fuse_swiglu(self) -> None:
+        """From now on return silu(gate) * up of the product, out_features being the gate+up product's (gate
+        first) and the output half as wide: the SwiGLU's backward then makes grad_output's casts itself
+        (swiglu_grad_forms). ValueError for a module with a bias or an activation, or an odd out_features."""
+        if self.bias is not None or self.activation is not Activation.NONE or self.out_features % 2:
+            raise ValueError(f"{type(self).__name__}({self.in_features} -> {self.out_features}) takes the SwiGLU of its product only without a "
+                             "bias or an activation, with an even number of output features (gate, then up)")  # fmt: skip
+        self._plan = self._epilogue_plan = plan(self.recipe, swiglu=True)
+
     def finish(self, out2d: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The [M, N] product back in x's leading dimensions, plus the bias, then the activation where the
-        product did not apply it (call_plan)."""
-        out = out2d.reshape(*x.shape[:-1], self.out_features)
+        """The [M, N] product (its SwiGLU [M, N / 2] where fused) back in x's leading dimensions, plus the
+        bias, then the activation where the product did not apply it (call_plan)."""
+        out = out2d.reshape(*x.shape[:-1], out2d.shape[-1])
         if self.bias is None:
             return out
         return _activated(out + self.bias.to(out.dtype), self.activation.value)
@@ -395,7 +443,8 @@ class Float8Linear(nn.Linear):
 
     def extra_repr(self) -> str:
         activation = "" if self.activation is Activation.NONE else f", activation={self.activation.value}"
-        return f"{super().extra_repr()}, recipe={self.recipe.name}{activation}"
+        swiglu = ", swiglu" if self._plan.swiglu else ""
+        return f"{super().extra_repr()}, recipe={self.recipe.name}{activation}{swiglu}"
 
 
 @dataclass(frozen=True)

@@ -138,13 +138,18 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of the gate+up product [..., 2 * ffn_dim] (gate first)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 class SwiGLU(nn.Module):
-    """silu(gate) * up of the gate+up product [..., 2 * ffn_dim] (gate first). A module of its own so that
-    a converter can fuse it into the down projection (fp8bench.nn.swiglu_fusion)."""
+    """swiglu as a module of its own, so that a converter can fuse it into the linear before or after it
+    (fp8bench.nn.swiglu_fusion)."""
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return swiglu(gate_up)
 
 
 class FeedForward(nn.Module):

@@ -1,16 +1,23 @@
-"""The LLaMa feed-forward's SwiGLU fused into the down projection `w2`, so that the SwiGLU writes w2's FP8
-input itself (fp8kernels.swiglu_cast): the bf16 h = silu(gate) * up is neither written nor read back.
+"""The LLaMa feed-forward's SwiGLU fused into the linear beside it, so that FP8 copies come straight out of
+the SwiGLU's kernels:
+- into the down projection `w2` where the recipe casts h axiswise or in 1 x 128 groups (swiglu_fusion): the
+  SwiGLU writes w2's FP8 input itself (fp8kernels.swiglu_cast), the bf16 h = silu(gate) * up neither
+  written nor read back;
+- into the gate+up projection `w13` otherwise (the tensorwise recipes): its backward computes the gate+up
+  gradient in one of our kernels that writes w13's tensorwise grad_output casts, or the gradient and its
+  amax for them (Float8Linear.fuse_swiglu).
 
 In each fp8bench.nn.llama.FeedForward, `swiglu` turns w13's gate+up product into h and only `w2` reads h:
 fuse_swiglu_linears swaps `w2` for a Float8SwiGLULinear (sharing its weight, no copy), which takes the
-gate+up product, and `swiglu` for nn.Identity. Parameter names do not change.
+gate+up product, or makes w13 a Float8Linear returning h; `swiglu` becomes nn.Identity. Parameter names do
+not change.
 
 Where the recipe casts h in one config for both of its uses (the output product reads h, grad_weight
 reads h.T), one kernel writes both copies:
 - rowwise (axiswise both ways): an amax pass (per row and per column of h), then the cast pass;
 - blockwise (1 x 128 groups both ways): one pass; a 128 x 128 tile of h holds whole groups of both copies.
 rowwise_with_gw_hp keeps h in bf16 for grad_weight, and tensorwise recipes cast h after the SwiGLU
-(_FUSED_GRANULARITIES says why): w2 stays a plain Float8Linear there.
+(_FUSED_GRANULARITIES says why).
 
 The copies equal those Float8Linear casts from the unfused h (the kernel rounds silu and the product to
 bf16 as the torch ops do), so a fused FFN computes what the unfused one does, bit for bit, eagerly. The
@@ -149,37 +156,46 @@ class Float8SwiGLULinear(Float8Linear):
 
 
 def fuse_swiglu_linears(model: nn.Module, recipe: Recipe) -> Fusion:
-    """Swap, in place, the SwiGLU -> w2 pair of every llama FeedForward in `model` for a
-    Float8SwiGLULinear running `recipe` (module docstring); returns which w2 linears were fused. A w2 the
-    recipe cannot run (shape_problem), one already converted to something other than Float8Linear, and
-    every pair of a recipe whose cast of h does not fuse (swiglu_fusion) are left as they are, with the
-    reason. Call it before convert_to_float8, which then leaves the fused modules as they are.
+    """Fuse, in place, the SwiGLU of every llama FeedForward in `model` into its w2 (a Float8SwiGLULinear
+    running `recipe`) where the recipe's cast of h fuses (swiglu_fusion), else into its w13 (a Float8Linear
+    running `recipe`, or the one it already is, returning the SwiGLU: Float8Linear.fuse_swiglu); returns
+    which linears took it. A linear the recipe cannot run (shape_problem) or that is already converted to
+    something other than a Float8Linear is left as it is, with the reason. Call it before
+    convert_to_float8, which then leaves the fused modules as they are.
 
     ValueError for a recipe our kernels cannot run (recipe_problem)."""
     problem = recipe_problem(recipe)
     if problem:
         raise ValueError(f"recipe {recipe.name!r} cannot run on our kernels: {problem}")
-    recipe_reason = swiglu_fusion(plan(recipe))
+    into_w2 = swiglu_fusion(plan(recipe)) is None
     fused: list[str] = []
     unfused: dict[str, str] = {}
     for ffn_name, ffn in model.named_modules():
         if not isinstance(ffn, FeedForward):
             continue
-        name = f"{ffn_name}.w2" if ffn_name else "w2"
-        reason = recipe_reason or _why_not(ffn, recipe)
+        child = "w2" if into_w2 else "w13"
+        name = f"{ffn_name}.{child}" if ffn_name else child
+        reason = _why_not(ffn, getattr(ffn, child), recipe)
         if reason:
             unfused[name] = reason
             continue
-        ffn.w2 = Float8SwiGLULinear.from_linear(ffn.w2, recipe)
+        if into_w2:
+            ffn.w2 = Float8SwiGLULinear.from_linear(ffn.w2, recipe)
+        else:
+            if type(ffn.w13) is nn.Linear:
+                ffn.w13 = Float8Linear.from_linear(ffn.w13, recipe)
+            ffn.w13.fuse_swiglu()
         ffn.swiglu = nn.Identity()
         fused.append(name)
     return Fusion(tuple(fused), unfused)
 
 
-def _why_not(ffn: FeedForward, recipe: Recipe) -> str | None:
-    """Why this FeedForward's SwiGLU -> w2 stays as it is, or None."""
-    if not isinstance(ffn.swiglu, SwiGLU) or isinstance(ffn.w2, Float8SwiGLULinear):
+def _why_not(ffn: FeedForward, linear: nn.Module, recipe: Recipe) -> str | None:
+    """Why this FeedForward's SwiGLU stays out of `linear` (its w2 or w13), or None."""
+    if not isinstance(ffn.swiglu, SwiGLU):
         return "already fused"
-    if type(ffn.w2) not in (nn.Linear, Float8Linear):
-        return f"w2 is a {type(ffn.w2).__name__}, not an nn.Linear"
-    return shape_problem(BLOCK, ffn.w2.in_features, ffn.w2.out_features, recipe)
+    if type(linear) is not nn.Linear and not (isinstance(linear, Float8Linear) and not isinstance(linear, Float8SwiGLULinear)):
+        return f"the linear is a {type(linear).__name__}, not an nn.Linear or Float8Linear"
+    if linear.bias is not None:
+        return "the linear has a bias"
+    return shape_problem(BLOCK, linear.in_features, linear.out_features, recipe)

@@ -1,0 +1,165 @@
+"""fp8kernels.swiglu_backward against autograd's ops (swiglu_backward_reference, itself checked against
+autograd), and tools/swiglu_backward_probe.py's CPU side. Without a GPU the kernels run under
+TRITON_INTERPRET=1, on awkward shapes (rows and F off the 64 x 128 tile).
+
+How close grad_gu must be to eager's: in bf16, grad_up bit for bit and grad_gate within one bf16 step;
+in fp16, both within two steps (one in silu, then one in the product). The interpreter takes exp from
+numpy, torch's CPU ops from Sleef, and the two differ in the last float32 bit for a few inputs; where a
+float32 value lies on a midpoint between two values of the dtype, that bit picks the neighbour: about 3
+bf16 grad_gate elements in 100 000 here, 3 fp16 elements in 10 000. At most one element in 1000 may
+differ: leaving out one of eager's roundings moves a quarter of them, so the bound still tells a wrong
+formula. The amax must equal max |grad_gu| of the kernel's own output; the fp8 copies must be the
+reference cast of that output, under test_kernels_quantize's rules for the interpreter's fp8 rounding,
+and the transposed copy q.T exactly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_kernels_quantize import assert_fp8_matches, poisoned  # noqa: F401 (poisoned: a fixture)
+from typer.testing import CliRunner
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from fp8kernels import reference as ref  # noqa: E402
+from fp8kernels.quantize import QuantizeSpec  # noqa: E402
+from fp8kernels.reference import E4M3, E5M2  # noqa: E402
+from fp8kernels.swiglu_backward import swiglu_backward, swiglu_backward_fp8, swiglu_backward_reference  # noqa: E402
+
+spec = importlib.util.spec_from_file_location("swiglu_backward_probe", Path(__file__).parents[1] / "tools/swiglu_backward_probe.py")
+probe = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = probe  # its dataclasses look their module up there
+spec.loader.exec_module(probe)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+AWKWARD = [(37, 200), (128, 384), (1, 130)]  # rows, ffn: partial tiles both ways, one row
+STEPS = {torch.bfloat16: 1, torch.float16: 2}  # the most steps from eager's (module docstring)
+MOST_MOVED = 1e-3  # the share of elements that may differ from eager's
+
+
+def inputs(rows: int, ffn: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_h [rows, ffn], gu [rows, 2 ffn]), seeded normal values: gate and up over several units, as
+    activations are, never zero."""
+    generator = torch.Generator().manual_seed(seed)
+    grad_h = 0.5 * torch.randn(rows, ffn, generator=generator)
+    gu = 3 * torch.randn(rows, 2 * ffn, generator=generator)
+    return grad_h.to(dtype).to(DEVICE), gu.to(dtype).to(DEVICE)
+
+
+def assert_autograds(grad_gu: torch.Tensor, expected: torch.Tensor) -> None:
+    """grad_gu against eager's, under the module docstring's rules."""
+    assert grad_gu.dtype == expected.dtype and grad_gu.shape == expected.shape
+    steps = probe.steps_apart(grad_gu, expected)
+    assert int(steps.max()) <= STEPS[expected.dtype], f"{int(steps.max())} steps from eager's"
+    assert int(steps.count_nonzero()) <= MOST_MOVED * steps.numel(), f"{int(steps.count_nonzero())} values moved"
+    if expected.dtype == torch.bfloat16:
+        assert not steps[:, expected.shape[1] // 2 :].any(), "grad_up"
+
+
+def test_the_reference_is_autograd():
+    grad_h, gu = inputs(37, 200, 1)
+    gu = gu.detach().requires_grad_()
+    gate, up = gu.chunk(2, dim=-1)
+    (F.silu(gate) * up).backward(grad_h)
+    assert torch.equal(swiglu_backward_reference(grad_h, gu.detach()), gu.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows,ffn", AWKWARD)
+def test_high_precision_is_autograds(rows, ffn, dtype, poisoned):  # noqa: F811
+    grad_h, gu = inputs(rows, ffn, 2, dtype)
+    grad_gu, amax = swiglu_backward(grad_h, gu)
+    assert amax is None
+    assert_autograds(grad_gu, swiglu_backward_reference(grad_h, gu))
+
+
+@pytest.mark.parametrize("rows,ffn", AWKWARD)
+def test_amax_is_the_outputs(rows, ffn):
+    grad_h, gu = inputs(rows, ffn, 3)
+    grad_gu, amax = swiglu_backward(grad_h, gu, amax=True)
+    assert amax.shape == () and amax.dtype == torch.float32
+    assert torch.equal(amax, grad_gu.float().abs().max())
+    torch.testing.assert_close(amax, swiglu_backward_reference(grad_h, gu).float().abs().max(), rtol=2**-7, atol=0)
+
+
+def assert_fp8_cast(rows: int, ffn: int, dtype: torch.dtype, fp8_dtype: torch.dtype, transposed: bool) -> None:
+    """swiglu_backward_fp8's copies against the reference cast of swiglu_backward's grad_gu, scaled from a
+    history amax below grad_gu's own (the largest values saturate), and its amax against grad_gu's."""
+    grad_h, gu = inputs(rows, ffn, 4, dtype)
+    grad_gu, own_amax = swiglu_backward(grad_h, gu, amax=True)
+    history_amax = 0.5 * own_amax
+    multiplier, scale = ref.scales_from_amax(history_amax, fp8_dtype, False)
+    q, q_t, amax = swiglu_backward_fp8(grad_h, gu, multiplier, fp8_dtype, transposed)
+    assert torch.equal(amax, own_amax)
+    reference_cast = lambda x, spec: ref.quantize_with_amax(x, history_amax, spec.dtype)  # noqa: E731
+    assert_fp8_matches(q, scale, grad_gu, QuantizeSpec(fp8_dtype), reference_cast)
+    assert (q.float().abs() == ref.fp8_max(fp8_dtype)).any(), "no value saturated: the test lost its point"
+    if transposed:
+        assert q_t.shape == (2 * ffn, rows) and torch.equal(q_t.view(torch.uint8), q.view(torch.uint8).t())
+    else:
+        assert q_t is None
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["rowwise", "transposed"])
+@pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("rows,ffn", AWKWARD)
+def test_fp8_is_the_cast_of_grad_gu(rows, ffn, fp8_dtype, transposed, poisoned):  # noqa: F811
+    assert_fp8_cast(rows, ffn, torch.bfloat16, fp8_dtype, transposed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_fp8_of_other_input_dtypes(dtype, poisoned):  # noqa: F811
+    assert_fp8_cast(37, 200, dtype, E4M3, transposed=True)
+
+
+def test_bad_inputs_say_what_is_wrong():
+    grad_h, gu = inputs(16, 32)
+    one = torch.ones((), device=DEVICE)
+    with pytest.raises(ValueError, match=r"gu must be \[R, 2F\] \(gate, then up\) for grad_h \[R, F\], got grad_h \(16, 32\) and gu \(16, 48\)"):
+        swiglu_backward(grad_h, gu[:, :48].contiguous())
+    with pytest.raises(ValueError, match="must share dtype and device, got torch.bfloat16 on .* and torch.float16"):
+        swiglu_backward(grad_h, gu.half())
+    with pytest.raises(ValueError, match="gu: the input must be contiguous"):
+        swiglu_backward(grad_h, torch.cat((gu, gu))[::2])
+    with pytest.raises(ValueError, match="grad_h: expected a 2-D tensor, got shape"):
+        swiglu_backward(grad_h[None], gu)
+    with pytest.raises(ValueError, match="grad_h: input dtype must be one of"):
+        swiglu_backward(grad_h.double(), gu.double())
+    with pytest.raises(ValueError, match="fp8 dtype must be"):
+        swiglu_backward_fp8(grad_h, gu, one, torch.bfloat16)
+    with pytest.raises(ValueError, match="the multiplier must be a float32 tensor of one element"):
+        swiglu_backward_fp8(grad_h, gu, torch.ones(2, device=DEVICE))
+    with pytest.raises(ValueError, match="the multiplier must be a float32 tensor of one element"):
+        swiglu_backward_fp8(grad_h, gu, 1.0)
+
+
+def test_probe_counts_each_tensor_once():
+    rows, ffn = 8192, 14336
+    assert probe.bytes_moved(rows, ffn, 2, fp8=False, transposed=False) == (2 + 4 + 4) * rows * ffn  # grad_h, gu, grad_gu
+    assert probe.bytes_moved(rows, ffn, 2, fp8=True, transposed=False) == (2 + 4 + 2) * rows * ffn
+    assert probe.bytes_moved(rows, ffn, 2, fp8=True, transposed=True) == (2 + 4 + 2 + 2) * rows * ffn
+    assert probe.bytes_moved(3, 5, 4, fp8=False, transposed=False) == (4 + 8 + 8) * 15
+
+
+def test_probe_counts_steps_between_floats():
+    x = torch.tensor([1.0, -1.0, 0.0, 3.0, -2.0], dtype=torch.bfloat16)
+    neighbours = torch.tensor([1.0078125, -0.99609375, -0.0, 3.0, -2.03125], dtype=torch.bfloat16)
+    assert probe.steps_apart(neighbours, x).tolist() == [1, 1, 0, 0, 2]
+    fp8 = torch.tensor([448.0, -448.0, 1.0], dtype=E4M3)
+    assert probe.steps_apart(fp8, torch.tensor([416.0, 448.0, 1.125], dtype=E4M3)).tolist() == [1, 252, 1]
+
+
+def test_probe_refuses_without_a_gpu(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the probe would run")
+    result = CliRunner().invoke(probe.app, ["--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "needs a CUDA GPU" in result.output
+    assert not (tmp_path / "out").exists()
