@@ -10,7 +10,8 @@ Values are computed in float32 and rounded to the inputs' dtype where eager torc
 they are autograd's (mul's backward, then aten.silu_backward's formula):
   silu = g / (1 + exp(-g)), rounded;       grad_up = grad_h * silu, rounded;
   grad_a = grad_h * up, rounded;           grad_gate = grad_a * s * (1 + g * (1 - s)), rounded,
-with s = 1 / (1 + exp(-g)). Divisions are correctly rounded, as torch's are.
+with s = 1 / (1 + exp(-g)). Divisions are correctly rounded and exp is CUDA's expf, as in torch's kernels:
+on an H100, grad_gu was eager's bit for bit (bf16 and fp16, R = 4096 and 8192, F = 14336).
 
 OUTPUT picks what the tile writes:
 - HIGH_PRECISION: grad_gu in the inputs' dtype;
@@ -40,9 +41,9 @@ _INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 @triton.jit
 def _exp(x):
-    """exp as eager torch's CUDA kernels take it: CUDA's expf, so the same bits (tl.exp's approximate
-    ex2 moved 1 bf16 grad_gate in 40 000 of an H100's one step); numpy's under the interpreter, which
-    runs no libdevice."""
+    """exp as eager torch's CUDA kernels take it: CUDA's expf, so the same bits (with tl.exp, an
+    approximate ex2, 1 bf16 grad_gate value in 40 000 was a step from eager's on an H100); numpy's under
+    the interpreter, which runs no libdevice."""
     if _INTERPRETING:
         return tl.exp(x)
     else:
@@ -53,7 +54,7 @@ def _exp(x):
 def _round(x, like):
     """float32 x rounded to nearest even in the dtype of `like`, back in float32: by the conversion
     instruction on a GPU, by _rounded's bit arithmetic under the interpreter, which truncates (on an H100
-    the bit arithmetic took 15-35% more time than the instruction)."""
+    the kernel took 1.2x as long with the bit arithmetic for bf16 output, 1.55x for fp8)."""
     if _INTERPRETING:
         return _rounded(x, like)
     else:

@@ -2,7 +2,11 @@
 and the gate+up product gu[R, 2F] (gate in columns 0..F-1, up in F..2F-1), the gradient
 grad_gu[R, 2F] = cat(grad_gate, grad_up) that autograd's ops give (`swiglu_backward_reference`), from one
 read of each input. Either grad_gu itself, with its amax if asked, or its FP8 cast scaled by a known
-multiplier (delayed scaling), the transposed copy too if asked, with its amax for the history."""
+multiplier (delayed scaling), the transposed copy too if asked, with its amax for the history.
+
+On an H100 at R = 8192, F = 14336 (tools/swiglu_backward_probe.py, CUPTI kernel time): grad_gu with its
+amax 0.41 ms, 94% of the copy bandwidth (torch.compile of the reference: 0.53 ms, 0.47 without the amax);
+the e4m3 cast with its amax 0.42 ms (compiled: 0.63); with the transposed copy too, 0.47 ms."""
 
 from __future__ import annotations
 
@@ -17,8 +21,9 @@ from fp8kernels._swiglu_backward import FP8, HIGH_PRECISION, _swiglu_backward_ke
 from fp8kernels.quantize import QuantizeSpec
 from fp8kernels.reference import E4M3
 
-# 32 x 128 tiles, 4 warps: 32 elements a thread of each tensor (tools/swiglu_backward_probe.py: the fastest
-# of 9 tiles from 8 x 512 to 128 x 128 on an H100 in every mode; 64 x 128 at 8 warps took up to 35% longer).
+# 32 x 128 tiles, 4 warps: 32 elements a thread of each tensor. Of 9 tiles from 8 x 512 to 64 x 128 timed
+# on an H100 (R = 8192, F = 14336), within 3% of the fastest in each mode; 64 x 128 at 8 warps took 1.33x
+# as long for fp8 output.
 BLOCK_ROWS = 32
 BLOCK_COLS = 128
 NUM_WARPS = 4
@@ -76,7 +81,8 @@ def swiglu_backward_fp8(
     delayed scaling's history (its dequantization scale is 1 / multiplier)."""
     _check(grad_h, gu)
     spec = QuantizeSpec(fp8_dtype, columnwise=transposed)  # a ValueError for a dtype other than e4m3 or e5m2
-    if not isinstance(multiplier, torch.Tensor) or multiplier.dtype != torch.float32 or multiplier.numel() != 1 or multiplier.device != gu.device:
+    one_float = isinstance(multiplier, torch.Tensor) and multiplier.dtype == torch.float32 and multiplier.numel() == 1
+    if not (one_float and multiplier.device == gu.device):
         raise ValueError(f"the multiplier must be a float32 tensor of one element on {gu.device}")
     rows, ffn = grad_h.shape
     q, q_t, amax = empty_fp8((rows, 2 * ffn), spec, gu, True), empty_fp8((2 * ffn, rows), spec, gu, transposed), _zero_amax(gu)

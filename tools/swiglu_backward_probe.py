@@ -13,12 +13,14 @@ On seeded bf16 inputs grad_h [R, F] and gu [R, 2F] (the defaults: LLaMa-3-8B's F
 The multiplier is fp8_max / eager grad_gu's amax. Each variant is timed by fp8bench.harness.timing.measure
 with the CUPTI timer (its kernels' durations summed, every call after an L2 flush): `kernel_ms` is the
 median of the repeats' medians, `spread_pct` their interquartile range over it, `kernels` how many
-kernels one call launches. GB/s counts the bytes a variant must move (`bytes_moved`: each input read
-once, each output written once), also as a % of a device copy's GB/s. Every output is first checked
-against eager autograd's: bf16 within two bf16 steps (torch.compile and our kernel take exp with other
-roundings than eager, which moves a value on a bf16 rounding midpoint one step), fp8 within one fp8 step
-of eager grad_gu cast the same way, the transposed copy equal to q.T, the amax within 2^-7;
-`max_steps` and `mismatch_pct` (elements whose bits differ from eager's) say how close. Prints a table;
+kernels one call launches (the amax's zero fill counts). GB/s counts the bytes a variant must move
+(`bytes_moved`: each input read once, each output written once), also as a % of a device copy's GB/s.
+Every output is first checked against eager autograd's: bf16 within two bf16 steps (torch.compile keeps
+in float32 the intermediates eager rounds to bf16, which puts a quarter of its values a step away), fp8
+within one fp8 step of eager grad_gu cast the same way, the transposed copy equal to q.T, the amax within
+2^-7; `max_steps` and `mismatch_pct` (elements whose bits differ from eager's) say how close.
+`speedup_vs_compiled`: the kernel_ms of the compiled variant with the same outputs (`like`; for
+ours-fp8-t-amax, compiled-fp8-amax, which writes no transposed copy) over this one's. Prints a table;
 with --out, writes DIR/swiglu_backward.csv and DIR/metadata.json (GPU, versions, git revision, command).
 """
 
