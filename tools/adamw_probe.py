@@ -36,7 +36,7 @@ from typing import Optional
 import pandas as pd
 import typer
 from rich.console import Console
-from rich.table import Table
+from fp8bench.report.console import frame_table
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 console = Console(width=200)
@@ -259,23 +259,9 @@ def _record(set_name, tensors, numel, implementation, config, update_bytes, amax
     }  # fmt: skip
 
 
-def print_table(frame: pd.DataFrame, title: str) -> None:
-    table = Table(title=title, title_justify="left")
-    columns = ("set", "implementation", "block", "num_warps", "programs_per_sm", "launches", "kernel_ms", "amax_kernel_ms", "event_ms", "kernel_gbps",
-               "pct_copy_kernel", "pct_copy_event", "speedup_vs_torch_kernel", "speedup_vs_torch_event")  # fmt: skip
-    for column in columns:
-        table.add_column(column)
-    for record in frame.to_dict("records"):
-        table.add_row(*(_cell(record[c]) for c in columns))
-    console.print(table)
-
-
-def _cell(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return "" if value != value else f"{value:.4g}"
-    return str(value)
+# The table's columns, in order.
+TABLE_COLUMNS = ("set", "implementation", "block", "num_warps", "programs_per_sm", "launches", "kernel_ms", "amax_kernel_ms", "event_ms",
+                 "kernel_gbps", "pct_copy_kernel", "pct_copy_event", "speedup_vs_torch_kernel", "speedup_vs_torch_event")  # fmt: skip
 
 
 @app.command()
@@ -305,7 +291,7 @@ def main(
 
     metadata = run_metadata(" ".join(["python tools/adamw_probe.py", *sys.argv[1:]]), {"steps": steps, "warmup": warmup})
     (out.parent / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
-    print_table(frame, f"one optimizer step on {torch.cuda.get_device_name()}, medians of {steps} steps; written to {out}")
+    console.print(frame_table(frame, f"one optimizer step on {torch.cuda.get_device_name()}, medians of {steps} steps; written to {out}", TABLE_COLUMNS))
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from typing import NamedTuple, Optional
 import pandas as pd
 import typer
 from rich.console import Console
-from rich.table import Table
+from fp8bench.report.console import frame_table
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 console = Console(width=200)
@@ -192,23 +192,6 @@ def _record(name, rows, ffn, kernels, moved, measurement, copy_gbps, like, check
     }  # fmt: skip
 
 
-def print_table(frame: pd.DataFrame, title: str) -> None:
-    table = Table(title=title, title_justify="left")
-    for column in frame.columns:
-        table.add_column(column)
-    for record in frame.to_dict("records"):
-        table.add_row(*(_cell(record[c]) for c in frame.columns))
-    console.print(table)
-
-
-def _cell(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return "" if value != value else f"{value:.4g}"
-    return str(value)
-
-
 @app.command()
 def main(
     rows: int = typer.Option(8192, min=1, help="R: rows of grad_h and gu (tokens)"),
@@ -230,7 +213,7 @@ def main(
         metadata = run_metadata(" ".join(["python tools/swiglu_backward_probe.py", *sys.argv[1:]]), {"rows": rows, "ffn": ffn})
         (out / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
         title += f"; written to {out}"
-    print_table(frame, title)
+    console.print(frame_table(frame, title))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
-"""Console output of result rows: one line per finished case, then a table in torchao's shape."""
+"""Console output of result rows: one line per finished case, then a table in torchao's shape; and a
+DataFrame as a table, for the tools' probes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
@@ -10,6 +14,23 @@ from fp8bench.harness.results import Row
 
 def _fmt(value, spec: str) -> str:
     return "" if value is None else format(value, spec)
+
+
+def frame_table(frame: pd.DataFrame, title: str, columns: Sequence[str] | None = None) -> Table:
+    """`columns` of `frame` (all by default) as a rich table: floats to 4 significant digits, missing values blank."""
+    table = Table(title=title, title_justify="left")
+    columns = list(frame.columns if columns is None else columns)
+    for column in columns:
+        table.add_column(column)
+    for record in frame.to_dict("records"):
+        table.add_row(*(_frame_cell(record[c]) for c in columns))
+    return table
+
+
+def _frame_cell(value) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def print_row(console: Console, row: Row) -> None:
