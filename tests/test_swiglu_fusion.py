@@ -1,10 +1,10 @@
 """fuse_swiglu_linears (fp8bench.nn.swiglu_fusion): a LLaMa feed-forward whose SwiGLU writes w2's FP8
-input, or whose w13 returns the SwiGLU and casts its gradient in the SwiGLU's backward kernel, computes
-what the unfused converted one computes (SwiGLU in torch, then Float8Linear's casts), bit for bit:
-forward output, every gradient and buffer, step after step. The fused linear compiled (aot_eager: the
-same kernels, the custom ops' fake implementations traced) computes what it computes eagerly, bit for
-bit (the compiled module is the fused linear alone, the reference the fused FFN run eagerly).
-Without a GPU the kernels run under TRITON_INTERPRET=1."""
+input, or whose w13 returns the SwiGLU and casts its gradient in the SwiGLU's backward kernel, trains as
+the unfused converted one (SwiGLU in torch, then Float8Linear's casts): the same outputs bit for bit, the
+same gradients and buffers within `close` (our SwiGLU backward kernel under the CPU interpreter takes exp
+from numpy), step after step. The fused linear compiled (aot_eager: the same kernels, the custom ops'
+fake implementations traced) computes what it computes eagerly (the compiled module is the fused linear
+alone, the reference the fused FFN run eagerly). Without a GPU the kernels run under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from fp8bench.backends.triton import TritonBackend  # noqa: E402
 from fp8bench.nn.float8_linear import Float8Linear, convert_to_float8  # noqa: E402
 from fp8bench.nn.llama import FeedForward, Llama, LlamaConfig, SwiGLU, loss_fn  # noqa: E402
 from fp8bench.nn.recipes import RECIPES, TensorRole  # noqa: E402
-from fp8bench.nn.swiglu_fusion import Float8SwiGLULinear, fuse_swiglu_linears, swiglu_backward  # noqa: E402
+from fp8bench.nn.swiglu_fusion import Float8SwiGLULinear, fuse_swiglu_linears  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = LlamaConfig("small", dim=128, ffn_dim=256, heads=2, kv_heads=1, vocab=128, layers=2)
@@ -104,7 +104,7 @@ def step(model: nn.Module, x: torch.Tensor):
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("name", FUSED)
-def test_fused_ffn_is_the_unfused_ffn_bit_for_bit(monkeypatch, name, compiled):
+def test_fused_ffn_trains_as_the_unfused_ffn(monkeypatch, name, compiled):
     torch._dynamo.reset()
     unfused, fused, fusion = feed_forwards(RECIPES[name])
     assert fusion.fused == ("0.w2",) and fusion.unfused == {}
@@ -114,8 +114,9 @@ def test_fused_ffn_is_the_unfused_ffn_bit_for_bit(monkeypatch, name, compiled):
         unfused = copy.deepcopy(fused)
         fused[0].w2 = torch.compile(fused[0].w2, backend="aot_eager", fullgraph=True)
     granularity = RECIPES[name].cast(TensorRole.INPUT, False).granularity.value
-    for index, calls in enumerate(assert_steps_equal(fused, unfused, monkeypatch)):
-        assert calls[f"swiglu_cast_{granularity}"] == 1, (index, calls)
+    # The forward bit for bit; the backward runs our SwiGLU backward kernel (`close` says why not bit for bit).
+    for index, calls in enumerate(assert_steps_equal(fused, unfused, monkeypatch, equal=close)):
+        assert calls[f"swiglu_cast_{granularity}"] == 1 and calls["swiglu_backward"] == 1, (index, calls)
 
 
 # Compiled (aot_eager, the CPU interpreter), a delayed Float8Linear's output differs from its eager one from
@@ -166,13 +167,6 @@ def test_the_w13_comparison_is_sensitive(monkeypatch):
     monkeypatch.setattr(swiglu_backward, "swiglu_backward", swapped)
     with pytest.raises(AssertionError):
         assert_steps_equal(fused, unfused, monkeypatch, steps=1, equal=close)
-
-
-def test_swiglu_backward_is_autograds():
-    gate_up = torch.randn(64, 96, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16).requires_grad_()
-    grad_h = torch.randn(64, 48, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
-    SwiGLU()(gate_up).backward(grad_h)
-    assert torch.equal(swiglu_backward(grad_h, gate_up.detach()), gate_up.grad)
 
 
 def test_a_recipe_that_keeps_h_in_bf16_fuses_into_w13():

@@ -20,10 +20,11 @@ rowwise_with_gw_hp keeps h in bf16 for grad_weight, and tensorwise recipes cast 
 (_FUSED_GRANULARITIES says why).
 
 The copies equal those Float8Linear casts from the unfused h (the kernel rounds silu and the product to
-bf16 as the torch ops do), so a fused FFN computes what the unfused one does, bit for bit, eagerly. The
-backward is Float8Linear's (float8_linear.backward_products) for w2, then d(silu(gate) * up) in torch
-ops from the saved gate+up product, the ops autograd runs for the plain formula (inductor fuses them
-into one kernel under torch.compile).
+bf16 as the torch ops do), so a fused FFN's forward computes what the unfused one does, bit for bit. The
+backward is Float8Linear's (float8_linear.backward_products) for w2, then d(silu(gate) * up) from the
+saved gate+up product in our SwiGLU backward kernel (fp8kernels.swiglu_backward: autograd's values,
+bit for bit on a GPU, in one read of its inputs where inductor's kernel for autograd's ops reads them
+once for each half of its output).
 """
 
 from __future__ import annotations
@@ -99,14 +100,6 @@ def _swiglu_quantize_fake(gate_up, granularity, fp8_dtype, power_of_two):
     return ops._quantize_fake(_h_like(gate_up), granularity, 1, fp8_dtype, power_of_two, True, True)
 
 
-def swiglu_backward(grad_h: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
-    """The gradient of gate_up[..., 2F] from that of h = silu(gate) * up: autograd's ops for the plain
-    formula (mul's backward, then silu's), so the same values."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    grad_gate = torch.ops.aten.silu_backward(grad_h * up, gate)
-    return torch.cat((grad_gate, grad_h * F.silu(gate)), dim=-1)
-
-
 class _Float8SwiGLULinearFunction(torch.autograd.Function):
     """silu(gate) * up of gate_up[M, 2K], @ weight[N, K].T, the SwiGLU fused with the input's casts."""
 
@@ -127,7 +120,7 @@ class _Float8SwiGLULinearFunction(torch.autograd.Function):
         grad_h, grad_weight = backward_products(
             ctx.plan, saved, ctx.weight_tensors, grad_output, grad_output_history, ctx.histories_filled, needs_gate_up, needs_weight
         )
-        grad_gate_up = swiglu_backward(grad_h, gate_up) if needs_gate_up else None
+        grad_gate_up = ops.swiglu_backward_amax(grad_h.contiguous(), gate_up)[0] if needs_gate_up else None  # its amax unread
         return grad_gate_up, grad_weight, None, None, None, None, None
 
 
