@@ -119,8 +119,10 @@ def test_fused_ffn_trains_as_the_unfused_ffn(monkeypatch, name, compiled):
         assert calls[f"swiglu_cast_{granularity}"] == 1 and calls["swiglu_backward"] == 1, (index, calls)
 
 
-# Compiled (aot_eager, the CPU interpreter), a delayed Float8Linear's output differs from its eager one from
-# its second step on, SwiGLU fused or not; the fused delayed w13 is checked eagerly.
+# Compiled, a delayed Float8Linear casts its input with torch ops from its second step (the producer's
+# fusion), eagerly with our kernel; under the CPU interpreter the kernel's fp8 conversion sends some values
+# just below a power of two down a binade (e4m3: -127.9 to -64, where torch gives -128), so the two differ
+# on the CPU, fused or not. The fused delayed w13 is checked eagerly.
 @pytest.mark.parametrize(
     ("name", "compiled"), [(name, compiled) for name in FUSED_INTO_W13 for compiled in (False, True) if not (compiled and name == "tensorwise-delayed")]
 )
