@@ -24,41 +24,13 @@ history records.
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
-from fp8kernels._quantize_common import cast_to_fp8
-from fp8kernels._swiglu_cast import _rounded
+from fp8kernels._quantize_common import cast_to_fp8, rounded, torch_exp
 
 HIGH_PRECISION = tl.constexpr(0)
 FP8 = tl.constexpr(1)
-# Fixed when this module is imported, as Triton's own choice to interpret or compile is.
-_INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
-
-
-@triton.jit
-def _exp(x):
-    """exp as eager torch's CUDA kernels take it: CUDA's expf, so the same bits (with tl.exp, an
-    approximate ex2, 1 bf16 grad_gate value in 40 000 was a step from eager's on an H100); numpy's under
-    the interpreter, which runs no libdevice."""
-    if _INTERPRETING:
-        return tl.exp(x)
-    else:
-        return libdevice.exp(x)
-
-
-@triton.jit
-def _round(x, like):
-    """float32 x rounded to nearest even in the dtype of `like`, back in float32: by the conversion
-    instruction on a GPU, by _rounded's bit arithmetic under the interpreter, which truncates (on an H100
-    the kernel took 1.2x as long with the bit arithmetic for bf16 output, 1.55x for fp8)."""
-    if _INTERPRETING:
-        return _rounded(x, like)
-    else:
-        return x.to(like.dtype).to(tl.float32)
 
 
 @triton.jit
@@ -79,12 +51,12 @@ def _swiglu_backward_kernel(
     dh, g = grad.to(tl.float32), gate.to(tl.float32)
 
     one = tl.full(g.shape, 1.0, tl.float32)
-    denominator = 1.0 + _exp(-g)
+    denominator = 1.0 + torch_exp(-g)
     s = tl.math.div_rn(one, denominator)
-    silu = _round(tl.math.div_rn(g, denominator), gate)
-    grad_up = _round(dh * silu, gate)
-    grad_a = _round(dh * up.to(tl.float32), gate)
-    grad_gate = _round(grad_a * s * (1.0 + g * (1.0 - s)), gate)  # 0 outside the mask, as grad_up
+    silu = rounded(tl.math.div_rn(g, denominator), gate)
+    grad_up = rounded(dh * silu, gate)
+    grad_a = rounded(dh * up.to(tl.float32), gate)
+    grad_gate = rounded(grad_a * s * (1.0 + g * (1.0 - s)), gate)  # 0 outside the mask, as grad_up
 
     if AMAX:
         tl.atomic_max(amax_ptr, tl.max(tl.max(tl.maximum(tl.abs(grad_gate), tl.abs(grad_up)), axis=1), axis=0))

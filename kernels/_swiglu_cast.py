@@ -23,22 +23,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp8kernels._quantize_common import cast_to_fp8, dequantization_scale, multiplier_from_amax, store_transposed
+from fp8kernels._quantize_common import cast_to_fp8, dequantization_scale, multiplier_from_amax, rounded, store_transposed, torch_exp
 
 AMAX = tl.constexpr(0)
 AXISWISE = tl.constexpr(1)
 BLOCKWISE = tl.constexpr(2)
-
-
-@triton.jit
-def _rounded(x, like):
-    """float32 x rounded to nearest even in the dtype of `like`, back in float32. bfloat16 by its bits (ties
-    to even, NaN aside): Triton's interpreter truncates a float32 -> bfloat16 conversion, a GPU rounds it."""
-    if like.dtype == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
-    return x.to(like.dtype).to(tl.float32)
 
 
 @triton.jit
@@ -47,8 +36,8 @@ def _swiglu_tile(gu_ptr, r, c, rows, ffn, mask):
     gate = tl.load(gu_ptr + r[:, None] * (2 * ffn) + c[None, :], mask=mask, other=0.0)
     up = tl.load(gu_ptr + r[:, None] * (2 * ffn) + ffn + c[None, :], mask=mask, other=0.0)
     g = gate.to(tl.float32)
-    silu = _rounded(g / (1.0 + tl.exp(-g)), gate)
-    return _rounded(silu * up.to(tl.float32), gate)
+    silu = rounded(tl.math.div_rn(g, 1.0 + torch_exp(-g)), gate)  # torch's silu: a correctly rounded division
+    return rounded(silu * up.to(tl.float32), gate)
 
 
 @triton.jit
