@@ -297,6 +297,10 @@ def test_our_fp8_all_gather_is_only_for_dynamic_tensorwise_weights():
         model = nn.Sequential(nn.Linear(128, 256, bias=False), nn.Linear(256, 128, bias=False))
         convert_to_float8(model, RECIPES[recipe])
         assert enable_float8_all_gather(model) == expected, recipe
+    with_swiglu = nn.Sequential(nn.Linear(128, 256, bias=False))
+    convert_to_float8(with_swiglu, RECIPES["tensorwise"])
+    with_swiglu[0].fuse_swiglu()  # LLaMa's w13 taking the SwiGLU (fp8bench.nn.swiglu_fusion) keeps it
+    assert enable_float8_all_gather(with_swiglu) == 1 and type(with_swiglu[0]) is Float8AllGatherLinear and with_swiglu[0].swiglu
 
 
 def _on_fp8_grid(rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -307,16 +311,21 @@ def _on_fp8_grid(rows: int, cols: int, seed: int) -> torch.Tensor:
     return values.to(torch.bfloat16)
 
 
-def test_a_gathered_fp8_weight_trains_as_float8linear_on_the_full_weight():
+@pytest.mark.parametrize("swiglu", [False, True], ids=["plain", "swiglu"])
+def test_a_gathered_fp8_weight_trains_as_float8linear_on_the_full_weight(swiglu):
     """Float8AllGatherLinear on the weight as the all-gather delivers it (FP8 data and scale) gives the
-    output and gradients of Float8Linear casting the full BF16 weight itself."""
+    output and gradients of Float8Linear casting the full BF16 weight itself, the SwiGLU after the product
+    or not."""
     recipe = RECIPES["tensorwise"]
-    weight, x, grad_output = _on_fp8_grid(256, 128, 0), _on_fp8_grid(32, 128, 1), _on_fp8_grid(32, 256, 2)
+    weight, x, grad_output = _on_fp8_grid(256, 128, 0), _on_fp8_grid(32, 128, 1), _on_fp8_grid(32, 128 if swiglu else 256, 2)
     linear = nn.Linear(128, 256, bias=False, dtype=torch.bfloat16)
     with torch.no_grad():
         linear.weight.copy_(weight)
     expected = Float8Linear.from_linear(linear, recipe)
     gathered = Float8AllGatherLinear.from_linear(nn.Linear(128, 256, bias=False, dtype=torch.bfloat16), recipe)
+    if swiglu:
+        expected.fuse_swiglu()
+        gathered.fuse_swiglu()
     gathered.weight = nn.Parameter(GatheredFloat8Weight(*reference.quantize_tensorwise(weight, torch.float8_e4m3fn), torch.bfloat16))
     results = []
     for module in (expected, gathered):

@@ -130,10 +130,10 @@ class TritonBackend(Backend):
         # RMSNorm -> linear pairs become one module whose norm writes the FP8 input (where the recipe's input
         # cast can be fused: delayed and blockwise scaling), and each SwiGLU goes into w2, writing w2's FP8
         # input (rowwise and blockwise), or into w13, whose backward it then casts (fp8bench.nn.swiglu_fusion);
-        # convert_to_float8 leaves those modules as they are. Under FP8 all-gather the SwiGLU stays a module of
-        # its own and w2 and w13 plain Float8Linears, whose weights fp8bench.nn.fsdp all-gathers in FP8.
+        # convert_to_float8 leaves those modules as they are. Under FP8 all-gather (tensorwise) fp8bench.nn.fsdp
+        # swaps the plain Float8Linears, w13 with its SwiGLU among them, for ones whose weights it all-gathers in FP8.
         fusion = fuse_norm_linears(model, recipe)
-        swiglu_fused = () if fp8_all_gather else fuse_swiglu_linears(model, recipe).fused
+        swiglu_fused = fuse_swiglu_linears(model, recipe).fused
         done = convert_to_float8(model, recipe, lambda module, name: keep(name))
         options: dict[str, Any] = {
             # every linear now FP8: those convert_to_float8 swapped and those fused with their producer or the

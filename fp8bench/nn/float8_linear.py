@@ -287,12 +287,15 @@ def forward_products(x: torch.Tensor | None, x_forms: Forms, weight: torch.Tenso
     # Second uses, read transposed: [K, N] of the weight for grad_input, [K, M] of x for grad_weight.
     x_second = _flat(x_forms.second if x_forms.second is not None else x.t())  # x is None where both are FP8
     w_second = _flat(_or_original(w_second, weight.t()))
-    # The backward's first input: the activated output (the activation's gradient is taken from it), or
-    # the gate+up product the SwiGLU's gradient reads.
-    kept = (out,) if how.activation != Activation.NONE.value or how.swiglu else ()
-    if how.swiglu:
-        out = swiglu(out)
+    out, kept = output_and_kept(out, how)
     return out, (*kept, *w_second, *x_second), len(w_second)
+
+
+def output_and_kept(product: torch.Tensor, how: _Plan) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The module's output from the output product, and what the backward keeps of it first: the activated
+    output (the activation's gradient is taken from it), or the gate+up product the SwiGLU's gradient reads."""
+    kept = (product,) if how.activation != Activation.NONE.value or how.swiglu else ()
+    return (swiglu(product) if how.swiglu else product), kept
 
 
 def backward_products(how: _Plan, saved, weight_tensors: int, grad_output, grad_output_history, histories_filled: bool,
@@ -418,6 +421,11 @@ class Float8Linear(nn.Linear):
         """The plan of this call: the activation in the output product's epilogue unless a bias comes first."""
         return self._epilogue_plan if self.bias is None else self._plan
 
+    @property
+    def swiglu(self) -> bool:
+        """Whether the module returns the SwiGLU of its product (fuse_swiglu)."""
+        return self._plan.swiglu
+
     def fuse_swiglu(self) -> None:
         """From now on return silu(gate) * up of the product, out_features being the gate+up product's (gate
         first) and the output half as wide: the SwiGLU's backward then makes grad_output's casts itself
@@ -443,7 +451,7 @@ class Float8Linear(nn.Linear):
 
     def extra_repr(self) -> str:
         activation = "" if self.activation is Activation.NONE else f", activation={self.activation.value}"
-        swiglu = ", swiglu" if self._plan.swiglu else ""
+        swiglu = ", swiglu" if self.swiglu else ""
         return f"{super().extra_repr()}, recipe={self.recipe.name}{activation}{swiglu}"
 
 

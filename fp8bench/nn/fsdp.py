@@ -40,9 +40,9 @@ import torch.distributed as dist
 import torch.utils._pytree as pytree
 from torch import nn
 
-from fp8bench.config import Activation, Granularity
+from fp8bench.config import Granularity
 from fp8bench.nn import _float8_ops as ops
-from fp8bench.nn.float8_linear import Float8Linear, backward_products, cast_tensor, in_input_dtype, run_gemm
+from fp8bench.nn.float8_linear import Float8Linear, backward_products, cast_tensor, in_input_dtype, output_and_kept, run_gemm
 from fp8bench.nn.recipes import CastConfig, ScalingType, TensorRole
 from fp8kernels import reference
 
@@ -270,10 +270,9 @@ class _GatheredWeightFunction(torch.autograd.Function):
     def forward(ctx, x, weight: GatheredFloat8Weight, how):
         x_forms = cast_tensor(x, how.quantize.input, None, True)
         data, scale = weight._data, weight._scale
-        out = run_gemm(how.gemms.output, x_forms.first, (data, scale), how.activation)
-        activated = (out,) if how.activation != Activation.NONE.value else ()
-        ctx.save_for_backward(*activated, data, scale, *x_forms.second)
-        ctx.plan, ctx.data_index = how, len(activated)
+        out, kept = output_and_kept(run_gemm(how.gemms.output, x_forms.first, (data, scale), how.activation), how)
+        ctx.save_for_backward(*kept, data, scale, *x_forms.second)
+        ctx.plan, ctx.data_index = how, len(kept)
         return in_input_dtype(out, x)
 
     @staticmethod
@@ -305,6 +304,8 @@ def enable_float8_all_gather(model: nn.Module) -> int:
         if not (first == second and fp8_all_gather_cast(first)):
             continue
         new = Float8AllGatherLinear.from_linear(module, module.recipe, module.activation)
+        if module.swiglu:
+            new.fuse_swiglu()
         new.weight = nn.Parameter(Float8AllGatherWeight(module.weight.data, ops.FP8_DTYPES[first.dtype.value], first.power_of_two_scale))
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, new)
