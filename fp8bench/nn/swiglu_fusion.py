@@ -3,9 +3,9 @@ the SwiGLU's kernels:
 - into the down projection `w2` where the recipe casts h axiswise or in 1 x 128 groups (swiglu_fusion): the
   SwiGLU writes w2's FP8 input itself (fp8kernels.swiglu_cast), the bf16 h = silu(gate) * up neither
   written nor read back;
-- into the gate+up projection `w13` otherwise (the tensorwise recipes): its backward computes the gate+up
-  gradient in one of our kernels that writes w13's tensorwise grad_output casts, or the gradient and its
-  amax for them (Float8Linear.fuse_swiglu).
+- into the gate+up projection `w13` otherwise (the tensorwise recipes, and rowwise_with_gw_hp): its backward
+  computes the gate+up gradient in one of our kernels that writes w13's tensorwise grad_output casts, or the
+  gradient and its amax for them (Float8Linear.fuse_swiglu).
 
 In each fp8bench.nn.llama.FeedForward, `swiglu` turns w13's gate+up product into h and only `w2` reads h:
 fuse_swiglu_linears swaps `w2` for a Float8SwiGLULinear (sharing its weight, no copy), which takes the
@@ -30,7 +30,6 @@ once for each half of its output).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fp8bench.config import BLOCK, Granularity
@@ -120,7 +119,8 @@ class _Float8SwiGLULinearFunction(torch.autograd.Function):
         grad_h, grad_weight = backward_products(
             ctx.plan, saved, ctx.weight_tensors, grad_output, grad_output_history, ctx.histories_filled, needs_gate_up, needs_weight
         )
-        grad_gate_up = ops.swiglu_backward_amax(grad_h.contiguous(), gate_up)[0] if needs_gate_up else None  # its amax unread
+        # Our SwiGLU backward kernel: its amax goes unread, w13 casts its grad_output itself (module docstring).
+        grad_gate_up = ops.swiglu_backward_amax(grad_h.contiguous(), gate_up)[0] if needs_gate_up else None
         return grad_gate_up, grad_weight, None, None, None, None, None
 
 
