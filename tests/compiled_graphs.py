@@ -33,7 +33,9 @@ def saved_by_compiled_block(implementation: str, checkpointing: str, process_gro
 
     partition = partial(min_cut_rematerialization_partition, compiler="inductor")
     backend = aot_autograd(fw_compiler=keep_forward, bw_compiler=lambda graph, inputs: make_boxed_func(graph), partition_fn=partition)
-    model = Llama(ONE_BLOCK, dtype=torch.bfloat16)
+    # On a GPU where it runs alone: there the kernels are compiled, not interpreted, and take CUDA tensors.
+    device = "cuda" if torch.cuda.is_available() and process_group is None else "cpu"
+    model = Llama(ONE_BLOCK, device=device, dtype=torch.bfloat16)
     model.init_weights(e2e.SEED)
     recipe = None if implementation == "bf16" else RECIPES["tensorwise"]
     converted = convert(model, implementation, recipe, fp8_all_gather=process_group is not None, process_group=process_group)
@@ -43,7 +45,7 @@ def saved_by_compiled_block(implementation: str, checkpointing: str, process_gro
         from fp8bench.nn.fsdp import shard_model
 
         shard_model(model, process_group)
-    tokens = torch.randint(0, ONE_BLOCK.vocab, (1, 128), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, ONE_BLOCK.vocab, (1, 128), generator=torch.Generator().manual_seed(0)).to(device)
     with converted.step_context():
         logits = model(tokens)
     logits.float().square().mean().backward()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import sys
 
 import pandas as pd
 import pytest
@@ -29,6 +30,14 @@ from fp8bench.nn.recipes import RECIPES  # noqa: E402
 from compiled_graphs import saved_by_compiled_block  # noqa: E402
 
 TINY = LlamaConfig("tiny", dim=64, ffn_dim=128, heads=4, kv_heads=2, vocab=256, layers=2)
+
+
+@pytest.fixture(autouse=True)
+def without_transformer_engine(monkeypatch):
+    """The CPU tests describe a machine without TransformerEngine (its rows `unsupported`): on a GPU host that has
+    it, its import is made to fail as a missing package's does."""
+    for name in ("transformer_engine", "transformer_engine.pytorch"):
+        monkeypatch.setitem(sys.modules, name, None)
 
 # Kernel names recorded from torch.profiler traces of LLaMa training steps on an H100 (BF16 and FP8, eager,
 # compiled and FSDP2), with the class each belongs to.
