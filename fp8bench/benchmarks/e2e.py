@@ -36,9 +36,8 @@ optimizer_ms, comm_ms and other_ms (kernel time; kernels on concurrent streams, 
 overlap, so the classes may add up to more than the step); every kernel is in the run's e2e_kernels.csv. From the
 same kernels' start times and streams (fp8bench.harness.overlap), each step's mean: compute_idle_ms, the compute
 stream's idle time over the step, and exposed_comm_ms, the NCCL kernels' time while it was idle (communication
-nothing overlaps). allgather_gb: the
-bytes FSDP2 all-gathers per step on each rank, from the parameters' sizes and all-gather dtypes
-(fp8bench.nn.fsdp.all_gather_bytes).
+nothing overlaps). allgather_gb: the bytes FSDP2 all-gathers per step on each rank, from the parameters' sizes
+and all-gather dtypes (fp8bench.nn.fsdp.all_gather_bytes).
 
 The model-level roofline (`ideal_speedup`, `GemmRates`): the group's BF16 reference step with the GEMM time
 of every converted linear (its share of the profiled gemm_ms by FLOPs; attention's products are not
@@ -373,7 +372,7 @@ class E2EBenchmark:
             if predicted is not None:
                 columns["predicted_speedup"] = reference["median_ms"] / predicted
         columns.update(dict.fromkeys(CLASS_COLUMNS.values(), 0.0))
-        kernels = kernel_ms_by_name(itertools.chain.from_iterable(profiled), max(1, len(profiled)))
+        kernels = kernel_ms_by_name(itertools.chain.from_iterable(profiled), len(profiled))  # no kernels, no division
         for name, ms in kernels.items():
             columns[CLASS_COLUMNS[kernel_class(name)]] += ms
         if profiled:

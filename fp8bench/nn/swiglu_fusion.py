@@ -187,7 +187,7 @@ def _why_not(ffn: FeedForward, linear: nn.Module, recipe: Recipe) -> str | None:
     """Why this FeedForward's SwiGLU stays out of `linear` (its w2 or w13), or None."""
     if not isinstance(ffn.swiglu, SwiGLU):
         return "already fused"
-    if type(linear) is not nn.Linear and not (isinstance(linear, Float8Linear) and not isinstance(linear, Float8SwiGLULinear)):
+    if not (type(linear) is nn.Linear or isinstance(linear, Float8Linear)):  # a fused w2 comes with the SwiGLU's Identity
         return f"the linear is a {type(linear).__name__}, not an nn.Linear or Float8Linear"
     if linear.bias is not None:
         return "the linear has a bias"
