@@ -146,7 +146,7 @@ def command_line() -> str:
 
 @app.command()
 def matmul(
-    shape_gen: str = typer.Option("square", help="square | pow2-extended | llama | sweep | dsv3 | awkward (moe, tp-shards, unaligned, small-m) | custom"),
+    shape_gen: str = typer.Option("square", help="square | pow2-extended | llama | training (every product of a LLaMa-3 8B training step) | sweep | dsv3 | awkward (moe, tp-shards, unaligned, small-m) | custom"),
     granularity: str = typer.Option("all", help="tensorwise | axiswise (alias rowwise) | blockwise | all"),
     backend: Optional[list[str]] = typer.Option(None, help="repeatable; default: every available backend"),
     fast_accum: str = typer.Option("both", help="on | off | both"),
@@ -576,7 +576,7 @@ def baseline_save(
 
 @app.command()
 def roofline(
-    shape_gen: str = typer.Option("square", help="square | pow2-extended | llama | sweep | dsv3 | awkward (moe, tp-shards, unaligned, small-m) | custom"),
+    shape_gen: str = typer.Option("square", help="square | pow2-extended | llama | training (every product of a LLaMa-3 8B training step) | sweep | dsv3 | awkward (moe, tp-shards, unaligned, small-m) | custom"),
     granularity: str = typer.Option("all", help="keep the recipes of: tensorwise | axiswise (alias rowwise) | blockwise | all"),
     recipe: Optional[list[str]] = typer.Option(None, help=_RECIPE_HELP),
     implementation: Optional[list[str]] = typer.Option(None, help="repeatable; triton | torchao | te | unfused | all (default)"),

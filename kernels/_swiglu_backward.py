@@ -6,8 +6,9 @@ once and writes the tile's columns of both halves (grad_gate at c, grad_up at F 
 the cat is one pointwise kernel whose every output element loads its own inputs, so each of the three
 is read twice, once per half.
 
-Values are computed in float32 and rounded to the inputs' dtype where eager torch rounds them, so that
-they are autograd's (mul's backward, then aten.silu_backward's formula):
+Values are computed in float32 (`_swiglu_gradient`, which every mode takes) and rounded to the inputs'
+dtype where eager torch rounds them, so that they are autograd's (mul's backward, then
+aten.silu_backward's formula):
   silu = g / (1 + exp(-g)), rounded;       grad_up = grad_h * silu, rounded;
   grad_a = grad_h * up, rounded;           grad_gate = grad_a * s * (1 + g * (1 - s)), rounded,
 with s = 1 / (1 + exp(-g)). Divisions are correctly rounded and exp is CUDA's expf, as in torch's kernels:
@@ -16,10 +17,20 @@ on an H100, grad_gu was eager's bit for bit (bf16 and fp16, R = 4096 and 8192, F
 OUTPUT picks what the tile writes:
 - HIGH_PRECISION: grad_gu in the inputs' dtype;
 - FP8: grad_gu cast with a known tensorwise multiplier (delayed scaling: its amax history's) into q[R, 2F]
-  and, when TRANSPOSED, into q_t[2F, R] too, the copy the weight gradient's product reads.
-With AMAX, max |grad_gu| of the tile (of the rounded values) is folded into one zeroed float by atomic max
-(amaxes are >= 0, so float atomic max is exact): the amax dynamic scaling scales with, or delayed scaling's
-history records.
+  and, when COLUMNWISE, into q_t[2F, R] too, the copy the weight gradient's product reads;
+- BLOCKWISE: grad_gu cast in 1 x 128 groups into q[R, 2F] (ROWWISE) and grad_gu.T in 1 x 128 groups into
+  q_t[2F, R] (COLUMNWISE), with their scales; no grad_gu in the inputs' dtype. A 128 x 128 tile holds
+  whole groups of both copies for both halves: row r's 128 columns c (and F + c) of the rowwise copy, and
+  column c's (and F + c's) 128 rows r of the transposed one, so both are written from one read of the
+  inputs (scales outer-dimension-major, fp8kernels.quantize's layouts). It takes whole tiles (the caller
+  checks).
+AMAX picks what the tile reduces of |grad_gu| (of the rounded values), into zeroed floats by atomic max
+(amaxes are >= 0, so float atomic max is exact):
+- TENSOR_AMAX: max |grad_gu| into one float, the amax dynamic tensorwise scaling scales with, or delayed
+  scaling's history records;
+- AXIS_AMAX: each row's amax over all 2F columns into row_amax[R], each column's into col_amax[2F]: the
+  amaxes axiswise scaling needs over whole rows and columns before any cast, so that the cast pass
+  (fp8kernels.quantize_axiswise.cast_axiswise) reads grad_gu once instead of twice.
 """
 
 from __future__ import annotations
@@ -27,23 +38,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp8kernels._quantize_common import cast_to_fp8, rounded, torch_exp
+from fp8kernels._quantize_common import cast_to_fp8, dequantization_scale, multiplier_from_amax, rounded, torch_exp
 
 HIGH_PRECISION = tl.constexpr(0)
 FP8 = tl.constexpr(1)
+BLOCKWISE = tl.constexpr(2)
+
+NO_AMAX = tl.constexpr(0)
+TENSOR_AMAX = tl.constexpr(1)
+AXIS_AMAX = tl.constexpr(2)
 
 
 @triton.jit
-def _swiglu_backward_kernel(
-    grad_h_ptr, gu_ptr, out_ptr, q_t_ptr, multiplier_ptr, amax_ptr, rows, ffn,
-    OUTPUT: tl.constexpr, TRANSPOSED: tl.constexpr, AMAX: tl.constexpr, FP8_MAX: tl.constexpr,
-    FP8_DTYPE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
-):  # fmt: skip
-    """grad_gu of a (rows, ffn) grad_h, tile (program_id(0), program_id(1)), into out (grad_gu, or q in
-    FP8); the module docstring says what each mode writes."""
-    r = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    c = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
-    mask = (r[:, None] < rows) & (c[None, :] < ffn)
+def _swiglu_gradient(grad_h_ptr, gu_ptr, r, c, ffn, mask):
+    """(grad_gate, grad_up) of rows r and columns c of a (rows, ffn) grad_h, float32 values rounded as
+    the module docstring says; 0 outside `mask`."""
     gate_at = gu_ptr + r[:, None] * (2 * ffn) + c[None, :]
     grad = tl.load(grad_h_ptr + r[:, None] * ffn + c[None, :], mask=mask, other=0.0)
     gate = tl.load(gate_at, mask=mask, other=0.0)
@@ -57,24 +66,77 @@ def _swiglu_backward_kernel(
     grad_up = rounded(dh * silu, gate)
     grad_a = rounded(dh * up.to(tl.float32), gate)
     grad_gate = rounded(grad_a * s * (1.0 + g * (1.0 - s)), gate)  # 0 outside the mask, as grad_up
+    return grad_gate, grad_up
 
-    if AMAX:
-        tl.atomic_max(amax_ptr, tl.max(tl.max(tl.maximum(tl.abs(grad_gate), tl.abs(grad_up)), axis=1), axis=0))
-    out_at = out_ptr + r[:, None] * (2 * ffn) + c[None, :]
-    if OUTPUT == HIGH_PRECISION:  # already rounded: the conversion is exact
-        tl.store(out_at, grad_gate.to(gate.dtype), mask=mask)
-        tl.store(out_at + ffn, grad_up.to(gate.dtype), mask=mask)
-    else:
-        multiplier = tl.load(multiplier_ptr)
-        q_gate = cast_to_fp8(grad_gate, multiplier, FP8_MAX, FP8_DTYPE)
-        q_up = cast_to_fp8(grad_up, multiplier, FP8_MAX, FP8_DTYPE)
-        tl.store(out_at, q_gate, mask=mask)
-        tl.store(out_at + ffn, q_up, mask=mask)
-        if TRANSPOSED:  # q_t[c, r]: grad_gate's columns are its rows 0..F-1, grad_up's rows F..2F-1
-            # The float32 tiles are transposed, then cast: _quantize_common.store_transposed's transpose of
-            # the fp8 tile (as 16-bit lanes) spoiled a quarter of this copy on an H100 (Triton 3.6) at every
-            # tile tried, and with partial tiles the row-major copy too.
-            t_at = q_t_ptr + c[:, None] * rows + r[None, :]
-            t_mask = (c[:, None] < ffn) & (r[None, :] < rows)
-            tl.store(t_at, cast_to_fp8(tl.trans(grad_gate), multiplier, FP8_MAX, FP8_DTYPE), mask=t_mask)
-            tl.store(t_at + ffn * rows, cast_to_fp8(tl.trans(grad_up), multiplier, FP8_MAX, FP8_DTYPE), mask=t_mask)
+
+@triton.jit
+def _store_transposed(q_t_ptr, grad, multiplier, r, j, rows, mask_t, FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr):  # fmt: skip
+    """q_t[j, r] of a float32 tile grad[r, j - its half's offset]: the tile is transposed in float32, then
+    cast, with `multiplier` broadcast against the transposed (columns, rows) tile.
+
+    Not _quantize_common.store_transposed: its transpose of the fp8 tile (as 16-bit lanes) spoiled a
+    quarter of this copy on an H100 (Triton 3.6) at every tile tried, and with partial tiles the row-major
+    copy too."""
+    tl.store(q_t_ptr + j[:, None] * rows + r[None, :], cast_to_fp8(tl.trans(grad), multiplier, FP8_MAX, FP8_DTYPE), mask=mask_t)
+
+
+@triton.jit
+def _swiglu_backward_kernel(
+    grad_h_ptr, gu_ptr, out_ptr, scale_ptr, q_t_ptr, scale_t_ptr, multiplier_ptr, amax_ptr, col_amax_ptr, rows, ffn,
+    OUTPUT: tl.constexpr, ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, AMAX: tl.constexpr,
+    FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr, POWER_OF_TWO: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, ROW_TILES: tl.constexpr,
+):  # fmt: skip
+    """grad_gu of a (rows, ffn) grad_h over columns program_id(1) * BLOCK_COLS + [0, BLOCK_COLS) of both
+    halves and ROW_TILES tiles of BLOCK_ROWS rows from row program_id(0) * ROW_TILES * BLOCK_ROWS, into out
+    (grad_gu, or q in FP8 and BLOCKWISE); amax_ptr is the tensor amax, or row_amax beside col_amax_ptr in
+    AXIS_AMAX. The module docstring says what each mode writes."""
+    pid_r, pid_c = tl.program_id(0), tl.program_id(1)
+    c = pid_c * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+    col_mask = c < ffn
+    # AXIS_AMAX: the column amaxes of the program's row tiles, elementwise (no reduction across threads
+    # until the last tile), then one atomic max per column.
+    gate_columns = tl.zeros([BLOCK_ROWS, BLOCK_COLS], tl.float32)
+    up_columns = tl.zeros([BLOCK_ROWS, BLOCK_COLS], tl.float32)
+    for step in tl.static_range(ROW_TILES):
+        r = (pid_r * ROW_TILES + step) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        row_mask = r < rows
+        mask = row_mask[:, None] & col_mask[None, :]
+        out_at = out_ptr + r[:, None] * (2 * ffn) + c[None, :]
+        if OUTPUT == BLOCKWISE:
+            # One half at a time (whole tiles of BLOCK_ROWS = BLOCK_COLS = 128): a 128 x 128 float32 tile and
+            # its transpose, not two, live in registers; the second half's loads of grad_h and gate find
+            # them in cache.
+            for half in tl.static_range(2):
+                grad = _swiglu_gradient(grad_h_ptr, gu_ptr, r, c, ffn, mask)[half]
+                magnitude = tl.abs(grad)
+                if ROWWISE:  # group F / 128 * half + pid_c of rows r; scale[r, g] at g * rows + r
+                    multiplier = multiplier_from_amax(tl.max(magnitude, axis=1), FP8_MAX, POWER_OF_TWO)
+                    tl.store(out_at + half * ffn, cast_to_fp8(grad, multiplier[:, None], FP8_MAX, FP8_DTYPE))
+                    tl.store(scale_ptr + (half * (ffn // BLOCK_COLS) + pid_c) * rows + r, dequantization_scale(multiplier))
+                if COLUMNWISE:  # group pid_r of column half * F + c; scale_t[j, g] at g * 2F + j
+                    multiplier_t = multiplier_from_amax(tl.max(magnitude, axis=0), FP8_MAX, POWER_OF_TWO)
+                    _store_transposed(q_t_ptr, grad, multiplier_t[:, None], r, half * ffn + c, rows, None, FP8_MAX, FP8_DTYPE)
+                    tl.store(scale_t_ptr + pid_r * (2 * ffn) + half * ffn + c, dequantization_scale(multiplier_t))
+        else:
+            grad_gate, grad_up = _swiglu_gradient(grad_h_ptr, gu_ptr, r, c, ffn, mask)
+            if AMAX == TENSOR_AMAX:
+                tl.atomic_max(amax_ptr, tl.max(tl.max(tl.maximum(tl.abs(grad_gate), tl.abs(grad_up)), axis=1), axis=0))
+            elif AMAX == AXIS_AMAX:  # 0 outside the mask, so partial tiles fold in nothing
+                tl.atomic_max(amax_ptr + r, tl.max(tl.maximum(tl.abs(grad_gate), tl.abs(grad_up)), axis=1), mask=row_mask)
+                gate_columns = tl.maximum(gate_columns, tl.abs(grad_gate))
+                up_columns = tl.maximum(up_columns, tl.abs(grad_up))
+            if OUTPUT == HIGH_PRECISION:  # already rounded: the conversion is exact
+                tl.store(out_at, grad_gate.to(out_ptr.dtype.element_ty), mask=mask)
+                tl.store(out_at + ffn, grad_up.to(out_ptr.dtype.element_ty), mask=mask)
+            else:  # FP8
+                multiplier = tl.load(multiplier_ptr)
+                tl.store(out_at, cast_to_fp8(grad_gate, multiplier, FP8_MAX, FP8_DTYPE), mask=mask)
+                tl.store(out_at + ffn, cast_to_fp8(grad_up, multiplier, FP8_MAX, FP8_DTYPE), mask=mask)
+                if COLUMNWISE:  # grad_gate's columns are q_t's rows 0..F-1, grad_up's rows F..2F-1
+                    mask_t = col_mask[:, None] & row_mask[None, :]
+                    _store_transposed(q_t_ptr, grad_gate, multiplier, r, c, rows, mask_t, FP8_MAX, FP8_DTYPE)
+                    _store_transposed(q_t_ptr, grad_up, multiplier, r, ffn + c, rows, mask_t, FP8_MAX, FP8_DTYPE)
+    if AMAX == AXIS_AMAX:
+        tl.atomic_max(col_amax_ptr + c, tl.max(gate_columns, axis=0), mask=col_mask)
+        tl.atomic_max(col_amax_ptr + ffn + c, tl.max(up_columns, axis=0), mask=col_mask)

@@ -1,12 +1,23 @@
 """The SwiGLU backward (kernel in _swiglu_backward.py): from grad_h[R, F], the gradient of h = silu(gate) * up,
 and the gate+up product gu[R, 2F] (gate in columns 0..F-1, up in F..2F-1), the gradient
 grad_gu[R, 2F] = cat(grad_gate, grad_up) that autograd's ops give (`swiglu_backward_reference`), from one
-read of each input. Either grad_gu itself, with its amax if asked, or its FP8 cast scaled by a known
-multiplier (delayed scaling), the transposed copy too if asked, with its amax for the history.
+read of each input. What each function returns of it, for w13's grad_output in FP8 training:
+- `swiglu_backward`: grad_gu itself, with its amax if asked (tensorwise dynamic scaling);
+- `swiglu_backward_fp8`: its FP8 cast scaled by a known multiplier (delayed scaling), the transposed
+  copy too if asked, with its amax for the history;
+- `swiglu_backward_axiswise_amax`: grad_gu with the amax of each row and each column, so that axiswise
+  scaling's cast (fp8kernels.quantize_axiswise.cast_axiswise) needs no amax pass over grad_gu;
+- `swiglu_backward_blockwise`: grad_gu cast in 1 x 128 groups and its transposed copy in 1 x 128 groups
+  of grad_gu.T, exactly what quantize_blockwise(grad_gu, 1, spec) returns, with no grad_gu written.
 
 On an H100 at R = 8192, F = 14336 (tools/swiglu_backward_probe.py, CUPTI kernel time): grad_gu with its
 amax 0.41 ms, 94% of the copy bandwidth (torch.compile of the reference: 0.53 ms, 0.47 without the amax);
-the e4m3 cast with its amax 0.42 ms (compiled: 0.63); with the transposed copy too, 0.47 ms."""
+the e4m3 cast with its amax 0.42 ms (compiled: 0.63); with the transposed copy too, 0.47 ms. grad_gu with
+its row and column amaxes 0.57 ms (the atomics and the two reductions a tile). Both e4m3 copies: axiswise,
+this kernel then cast_axiswise 0.98 ms (timed with a 64 x 128 amax tile, 0.06 ms slower than the one
+kept), against 1.01 ms for swiglu_backward then quantize_axiswise; blockwise, 0.90 ms, slower than
+swiglu_backward then quantize_blockwise (0.80 ms): its 128 x 128 tiles of both halves take 255 registers
+a thread and spill 48 more (the unfused kernels: 72 and 180 registers, no spills)."""
 
 from __future__ import annotations
 
@@ -16,10 +27,11 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from fp8kernels._quantize_common import check_input, empty_fp8, fp8_constants
-from fp8kernels._swiglu_backward import FP8, HIGH_PRECISION, _swiglu_backward_kernel
-from fp8kernels.quantize import QuantizeSpec
+from fp8kernels._quantize_common import check_input, empty_fp8, empty_scales, fp8_constants
+from fp8kernels._swiglu_backward import AXIS_AMAX, BLOCKWISE, FP8, HIGH_PRECISION, NO_AMAX, TENSOR_AMAX, _swiglu_backward_kernel
+from fp8kernels.quantize import QuantizedTensor, QuantizeSpec
 from fp8kernels.reference import E4M3
+from fp8kernels.scaling import BLOCK
 
 # 32 x 128 tiles, 4 warps: 32 elements a thread of each tensor. Of 9 tiles from 8 x 512 to 64 x 128 timed
 # on an H100 (R = 8192, F = 14336), within 3% of the fastest in each mode; 64 x 128 at 8 warps took 1.33x
@@ -27,6 +39,13 @@ from fp8kernels.reference import E4M3
 BLOCK_ROWS = 32
 BLOCK_COLS = 128
 NUM_WARPS = 4
+# Row and column amaxes: 32 x 128 tiles, 4 warps, each program walking AXIS_AMAX_ROW_TILES of them down the
+# rows with running column maxima, so that a column's atomic max comes once per program, not once per tile.
+AXIS_AMAX_BLOCK_ROWS = 32
+AXIS_AMAX_NUM_WARPS = 4
+AXIS_AMAX_ROW_TILES = 4
+# 1 x 128 groups of both copies need 128 x 128 tiles, each half in turn (the kernel's docstring).
+BLOCKWISE_NUM_WARPS = 8
 
 
 def swiglu_backward_reference(grad_h: torch.Tensor, gu: torch.Tensor) -> torch.Tensor:
@@ -48,18 +67,25 @@ def _check(grad_h: torch.Tensor, gu: torch.Tensor) -> None:
         raise ValueError(f"gu must be [R, 2F] (gate, then up) for grad_h [R, F], got grad_h {tuple(grad_h.shape)} and gu {tuple(gu.shape)}")
 
 
-def _zero_amax(like: torch.Tensor) -> torch.Tensor:
-    return torch.zeros((), dtype=torch.float32, device=like.device)  # atomic max needs a zero start
+def _zero_amax(like: torch.Tensor, *shape: int) -> torch.Tensor:
+    return torch.zeros(shape, dtype=torch.float32, device=like.device)  # atomic max needs a zero start
 
 
-def _launch(grad_h, gu, output, out, amax, spec: QuantizeSpec, q_t=None, multiplier=None) -> None:
+def _launch(
+    grad_h, gu, output, spec: QuantizeSpec, tile: tuple[int, int, int], out=None, scale=None, q_t=None, scale_t=None,
+    multiplier=None, amax=None, col_amax=None, row_tiles: int = 1,
+) -> None:  # fmt: skip
+    """One launch over (block_rows, block_cols, num_warps) `tile`s, `row_tiles` of them down the rows a
+    program; the buffers given pick the copies (out: rowwise, q_t: columnwise) and the amaxes (amax alone:
+    tensorwise; with col_amax: axiswise)."""
     rows, ffn = grad_h.shape
+    block_rows, block_cols, num_warps = tile
     unused = gu  # a pointer for arguments the mode does not read
-    constants = fp8_constants(spec)
-    _swiglu_backward_kernel[(triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(ffn, BLOCK_COLS))](
-        grad_h, gu, out, *(unused if t is None else t for t in (q_t, multiplier, amax)), rows, ffn,
-        OUTPUT=output, TRANSPOSED=q_t is not None, AMAX=amax is not None, FP8_MAX=constants["FP8_MAX"],
-        FP8_DTYPE=constants["FP8_DTYPE"], BLOCK_ROWS=BLOCK_ROWS, BLOCK_COLS=BLOCK_COLS, num_warps=NUM_WARPS,
+    amax_kind = NO_AMAX if amax is None else TENSOR_AMAX if col_amax is None else AXIS_AMAX
+    _swiglu_backward_kernel[(triton.cdiv(rows, block_rows * row_tiles), triton.cdiv(ffn, block_cols))](
+        grad_h, gu, *(unused if t is None else t for t in (out, scale, q_t, scale_t, multiplier, amax, col_amax)), rows, ffn,
+        OUTPUT=output, ROWWISE=out is not None, COLUMNWISE=q_t is not None, AMAX=amax_kind, **fp8_constants(spec),
+        BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, ROW_TILES=row_tiles, num_warps=num_warps,
     )  # fmt: skip
 
 
@@ -68,7 +94,8 @@ def swiglu_backward(grad_h: torch.Tensor, gu: torch.Tensor, amax: bool = False) 
     _check(grad_h, gu)
     grad_gu = torch.empty(gu.shape, dtype=gu.dtype, device=gu.device)
     found = _zero_amax(gu) if amax else None
-    _launch(grad_h, gu, HIGH_PRECISION, grad_gu, found, QuantizeSpec())  # the spec's fp8 constants go unread
+    # the spec's fp8 constants go unread
+    _launch(grad_h, gu, HIGH_PRECISION, QuantizeSpec(), (BLOCK_ROWS, BLOCK_COLS, NUM_WARPS), out=grad_gu, amax=found)
     return grad_gu, found
 
 
@@ -86,5 +113,37 @@ def swiglu_backward_fp8(
         raise ValueError(f"the multiplier must be a float32 tensor of one element on {gu.device}")
     rows, ffn = grad_h.shape
     q, q_t, amax = empty_fp8((rows, 2 * ffn), spec, gu, True), empty_fp8((2 * ffn, rows), spec, gu, transposed), _zero_amax(gu)
-    _launch(grad_h, gu, FP8, q, amax, spec, q_t, multiplier)
+    _launch(grad_h, gu, FP8, spec, (BLOCK_ROWS, BLOCK_COLS, NUM_WARPS), out=q, q_t=q_t, multiplier=multiplier, amax=amax)
     return q, q_t, amax
+
+
+def swiglu_backward_axiswise_amax(grad_h: torch.Tensor, gu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad_gu [R, 2F] in the inputs' dtype as swiglu_backward returns it, the amax of each of its rows
+    over all 2F columns as float32 (R,), the amax of each of its columns as float32 (2F,)): exactly
+    grad_gu.abs().amax(dim=1).float() and .amax(dim=0).float(), what quantize_axiswise's amax pass would
+    find, for fp8kernels.quantize_axiswise.cast_axiswise."""
+    _check(grad_h, gu)
+    rows, ffn = grad_h.shape
+    grad_gu = torch.empty(gu.shape, dtype=gu.dtype, device=gu.device)
+    amax = _zero_amax(gu, rows + 2 * ffn)  # one fill for both
+    row_amax, col_amax = amax[:rows], amax[rows:]
+    tile = (AXIS_AMAX_BLOCK_ROWS, BLOCK_COLS, AXIS_AMAX_NUM_WARPS)
+    _launch(grad_h, gu, HIGH_PRECISION, QuantizeSpec(), tile, out=grad_gu, amax=row_amax, col_amax=col_amax, row_tiles=AXIS_AMAX_ROW_TILES)
+    return grad_gu, row_amax, col_amax
+
+
+def swiglu_backward_blockwise(grad_h: torch.Tensor, gu: torch.Tensor, spec: QuantizeSpec) -> QuantizedTensor:
+    """grad_gu cast in 1 x 128 groups (`data` [R, 2F]) and, for the transposed copy, in 1 x 128 groups of
+    grad_gu.T (`data_t` [2F, R]), as `spec` asks: bit for bit quantize_blockwise(grad_gu, 1, spec) of
+    swiglu_backward's grad_gu, scales in its layouts (outer-dimension-major), from one read of the
+    inputs and with no grad_gu written. R and F must be multiples of 128."""
+    _check(grad_h, gu)
+    rows, ffn = grad_h.shape
+    if rows % BLOCK or ffn % BLOCK:
+        raise ValueError(f"1x{BLOCK} groups of grad_gu and grad_gu.T need R and F to be multiples of {BLOCK}, got R={rows}, F={ffn}")
+    cols = 2 * ffn
+    q, q_t = empty_fp8((rows, cols), spec, gu, spec.rowwise), empty_fp8((cols, rows), spec, gu, spec.columnwise)
+    # outer-dimension-major: allocate the transposes, return their views
+    scale, scale_t = empty_scales((cols // BLOCK, rows), gu, spec.rowwise), empty_scales((rows // BLOCK, cols), gu, spec.columnwise)
+    _launch(grad_h, gu, BLOCKWISE, spec, (BLOCK, BLOCK, BLOCKWISE_NUM_WARPS), out=q, scale=scale, q_t=q_t, scale_t=scale_t)
+    return QuantizedTensor(q, scale.t() if spec.rowwise else None, q_t, scale_t.t() if spec.columnwise else None)

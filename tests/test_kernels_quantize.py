@@ -35,7 +35,7 @@ from fp8bench.config import BLOCK  # noqa: E402
 from fp8kernels import reference as ref  # noqa: E402
 from fp8kernels.layernorm_cast import layernorm_cast_blockwise, layernorm_cast_tensorwise  # noqa: E402
 from fp8kernels.quantize import QuantizedTensor, QuantizeSpec  # noqa: E402
-from fp8kernels.quantize_axiswise import axiswise_kernel, quantize_axiswise  # noqa: E402
+from fp8kernels.quantize_axiswise import axiswise_kernel, cast_axiswise, quantize_axiswise  # noqa: E402
 from fp8kernels.quantize_blockwise import blockwise_kernel, quantize_blockwise  # noqa: E402
 from fp8kernels.quantize_configs import QuantizeConfig, QuantizeKernel, candidates, choose  # noqa: E402
 from fp8kernels.quantize_tensorwise import cast_tensorwise, quantize_tensorwise, tensor_amax  # noqa: E402
@@ -303,6 +303,63 @@ def test_bad_input_gives_clear_errors():
     assert blockwise_kernel(1) is QuantizeKernel.BLOCKWISE_1X128
 
 
+def own_amaxes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    magnitude = x.abs()
+    return magnitude.amax(dim=1).float(), magnitude.amax(dim=0).float()
+
+
+def assert_same_copies(got: QuantizedTensor, want: QuantizedTensor) -> None:
+    """Bit for bit, scales' shapes and strides included."""
+    for name in ("data", "scale", "data_t", "scale_t"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert (a is None) == (b is None), name
+        if b is not None:
+            assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride(), name
+            assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a, b.view(torch.uint8) if b.element_size() == 1 else b), name
+
+
+@pytest.mark.parametrize("shape", [(1, 48), (17, 33), (130, 200)])
+@pytest.mark.parametrize(
+    "spec",
+    [BOTH_COPIES, QuantizeSpec(), QuantizeSpec(ref.E5M2, power_of_two=True, rowwise=False, columnwise=True)],
+    ids=["both", "rowwise", "columnwise-e5m2-pow2"],
+)
+def test_cast_axiswise_of_own_amaxes_is_quantize_axiswise(poisoned, shape, spec):
+    """The cast pass alone, given x's amaxes, is quantize_axiswise bit for bit: its two-pass path, and
+    the one-pass kernel of the rowwise copy alone."""
+    x = random_input(*shape, torch.bfloat16, seed_of("cast_axiswise", shape))
+    assert_same_copies(cast_axiswise(x, *own_amaxes(x), spec), quantize_axiswise(x, spec))
+
+
+def test_cast_axiswise_scales_by_the_amaxes_given():
+    """Larger amaxes than x's own give larger scales: the cast reads the amaxes, not x's."""
+    x = random_input(17, 33, torch.bfloat16, seed=13)
+    row_amax, col_amax = own_amaxes(x)
+    out = cast_axiswise(x, 4 * row_amax, 2 * col_amax, BOTH_COPIES)
+    for scale, amax in ((out.scale, 4 * row_amax), (out.scale_t, 2 * col_amax)):
+        _, expected = ref.scales_from_amax(amax[:, None], BOTH_COPIES.dtype, False)
+        torch.testing.assert_close(scale, expected, rtol=0, atol=0)
+    assert out.data.float().abs().max() == BOTH_COPIES.fp8_max / 4, "the rowwise copy was cast with other scales"
+
+
+def test_cast_axiswise_says_what_is_wrong_with_the_amaxes():
+    x = random_input(64, 256, torch.bfloat16, seed=14)
+    row_amax, col_amax = own_amaxes(x)
+    problems = [
+        ((row_amax[:-1], col_amax), r"row_amax must be a contiguous float32 tensor of shape \(64,\) on .*, got torch.float32 of shape \(63,\)"),
+        ((row_amax, col_amax[:, None]), r"col_amax must be a contiguous float32 tensor of shape \(256,\) on .*, got .* shape \(256, 1\)"),
+        ((row_amax.bfloat16(), col_amax), r"row_amax must be .*, got torch.bfloat16 of shape \(64,\)"),
+        ((row_amax, torch.cat((col_amax, col_amax))[::2]), r"col_amax must be .*, got torch.float32 of shape \(256,\), strides \(2,\)"),
+        ((row_amax, None), r"col_amax must be a contiguous float32 tensor of shape \(256,\) on .*, got NoneType"),
+        ((row_amax.double(), col_amax), r"row_amax must be .*, got torch.float64"),
+    ]
+    for amaxes, message in problems:
+        with pytest.raises(ValueError, match=message):
+            cast_axiswise(x, *amaxes, BOTH_COPIES)
+    with pytest.raises(ValueError, match="contiguous"):
+        cast_axiswise(x.t(), col_amax, row_amax)
+
+
 def random_fp8(rows: int, cols: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     """Every byte value, NaNs included: a transpose moves bytes, whatever they mean."""
     generator = torch.Generator().manual_seed(seed)
@@ -503,6 +560,15 @@ def test_gpu_rowwise_odd_sizes_match_exactly(poisoned):
         x = random_input(rows, cols, torch.bfloat16, seed=rows)
         spec = QuantizeSpec(columnwise=cols <= 4096)
         check_copies(kernel(x, spec), x, spec, reference_fn)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,cols", [(8192, 14336), (5000, 3000)])
+def test_gpu_cast_axiswise_of_own_amaxes_is_quantize_axiswise(poisoned, rows, cols):
+    x = random_input(rows, cols, torch.bfloat16, seed_of("cast_axiswise", rows, cols))
+    amaxes = own_amaxes(x)
+    for spec in (BOTH_COPIES, QuantizeSpec(), QuantizeSpec(ref.E5M2, power_of_two=True, rowwise=False, columnwise=True)):
+        assert_same_copies(cast_axiswise(x, *amaxes, spec), quantize_axiswise(x, spec))
 
 
 @pytest.mark.gpu

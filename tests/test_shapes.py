@@ -88,3 +88,17 @@ def test_awkward_suite_runs_every_granularity_against_cublas_and_bf16(tmp_path):
     joined = " ".join(argv)
     for option in ("--granularity all", "--fast-accum both", "--backend bf16", "--backend cublas", "--backend triton"):
         assert option in joined
+
+
+def test_training_is_each_linears_three_products():
+    """The training set: output, grad_input and grad_weight of each LLaMa-3 8B linear, dimensions permuted
+    as the backward's products take them, each a product our kernels run at every granularity."""
+    training = shapes.generate("training")
+    assert len(training) == 3 * len(shapes.LLAMA_LINEARS["llama3-8b"])
+    by_name = {s.name: dims(s) for s in training}
+    assert by_name["training.llama3-8b.w13.output.M8192"] == (8192, 4096, 28672)
+    assert by_name["training.llama3-8b.w13.grad_input.M8192"] == (8192, 28672, 4096)
+    assert by_name["training.llama3-8b.w13.grad_weight.M8192"] == (28672, 8192, 4096)
+    assert by_name["training.llama3-8b.w2.grad_weight.M8192"] == (4096, 8192, 14336)
+    for shape in training:
+        assert fp8_shape_problem(shape, Granularity.BLOCKWISE) is None, shape.name

@@ -12,6 +12,11 @@ roundings moves over half of the values it touches, so the bound still tells a w
 must equal max |grad_gu| of the kernel's own output; the fp8 copies must be the reference cast of that
 output, under test_kernels_quantize's rules for the interpreter's fp8 rounding, and the transposed copy
 q.T exactly.
+
+The modes for axiswise and blockwise scaling are checked against the unfused path on the kernel's own
+grad_gu, bit for bit on the CPU too (the interpreter casts the same float32 values the same way): the row
+and column amaxes against grad_gu.abs().amax(), the blockwise copies and scales against
+quantize_blockwise(grad_gu, 1, spec). `gpu` tests repeat that at LLaMa-3-8B's FFN, R = 8192, F = 14336.
 """
 
 from __future__ import annotations
@@ -31,9 +36,18 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 from fp8kernels import reference as ref  # noqa: E402
-from fp8kernels.quantize import QuantizeSpec  # noqa: E402
+from fp8kernels import swiglu_backward as swiglu_backward_module  # noqa: E402
+from fp8kernels.quantize import QuantizedTensor, QuantizeSpec  # noqa: E402
+from fp8kernels.quantize_axiswise import cast_axiswise, quantize_axiswise  # noqa: E402
+from fp8kernels.quantize_blockwise import quantize_blockwise  # noqa: E402
 from fp8kernels.reference import E4M3, E5M2  # noqa: E402
-from fp8kernels.swiglu_backward import swiglu_backward, swiglu_backward_fp8, swiglu_backward_reference  # noqa: E402
+from fp8kernels.swiglu_backward import (  # noqa: E402
+    swiglu_backward,
+    swiglu_backward_axiswise_amax,
+    swiglu_backward_blockwise,
+    swiglu_backward_fp8,
+    swiglu_backward_reference,
+)
 
 spec = importlib.util.spec_from_file_location("swiglu_backward_probe", Path(__file__).parents[1] / "tools/swiglu_backward_probe.py")
 probe = importlib.util.module_from_spec(spec)
@@ -52,6 +66,16 @@ def inputs(rows: int, ffn: int, seed: int = 0, dtype: torch.dtype = torch.bfloat
     generator = torch.Generator().manual_seed(seed)
     grad_h = 0.5 * torch.randn(rows, ffn, generator=generator)
     gu = 3 * torch.randn(rows, 2 * ffn, generator=generator)
+    return grad_h.to(dtype).to(DEVICE), gu.to(dtype).to(DEVICE)
+
+
+def varied_inputs(rows: int, ffn: int, seed: int, dtype: torch.dtype = torch.bfloat16, device: str = DEVICE):
+    """inputs() with grad_h spread over ten binades element by element, so that rows, columns and groups
+    have amaxes far apart (scaling groups that mixed them up would show), never zero."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    binades = torch.randint(-6, 4, (rows, ffn), generator=generator, device=device)
+    grad_h = 0.5 * torch.randn(rows, ffn, generator=generator, device=device) * torch.exp2(binades)
+    gu = 3 * torch.randn(rows, 2 * ffn, generator=generator, device=device)
     return grad_h.to(dtype).to(DEVICE), gu.to(dtype).to(DEVICE)
 
 
@@ -142,6 +166,116 @@ def test_bad_inputs_say_what_is_wrong():
         swiglu_backward_fp8(grad_h, gu, 1.0)
 
 
+def assert_axiswise_amax(grad_h: torch.Tensor, gu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """swiglu_backward_axiswise_amax's grad_gu is swiglu_backward's bit for bit, its amaxes grad_gu's."""
+    grad_gu, row_amax, col_amax = swiglu_backward_axiswise_amax(grad_h, gu)
+    rows, ffn = grad_h.shape
+    assert row_amax.shape == (rows,) and col_amax.shape == (2 * ffn,)
+    assert row_amax.dtype == col_amax.dtype == torch.float32
+    assert torch.equal(grad_gu, swiglu_backward(grad_h, gu)[0])
+    assert torch.equal(row_amax, grad_gu.abs().amax(dim=1).float())
+    assert torch.equal(col_amax, grad_gu.abs().amax(dim=0).float())
+    return grad_gu, row_amax, col_amax
+
+
+@pytest.mark.parametrize("rows,ffn", [(48, 200), (1, 130), (128, 384)])
+def test_axiswise_amax_is_grad_gus(rows, ffn, poisoned):  # noqa: F811
+    assert_axiswise_amax(*varied_inputs(rows, ffn, 5))
+
+
+@pytest.mark.parametrize("block_rows,row_tiles", [(32, 1), (16, 4), (32, 2), (64, 1), (128, 1)])
+def test_axiswise_amax_at_each_tile_height(block_rows, row_tiles, monkeypatch, poisoned):  # noqa: F811
+    """The tiles the GPU sweep chose among, a program walking one or several down the rows: partial tiles
+    of 48 rows (a program's last tiles wholly outside), and 200 columns, each way."""
+    monkeypatch.setattr(swiglu_backward_module, "AXIS_AMAX_BLOCK_ROWS", block_rows)
+    monkeypatch.setattr(swiglu_backward_module, "AXIS_AMAX_ROW_TILES", row_tiles)
+    assert_axiswise_amax(*varied_inputs(48, 200, 6))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_axiswise_amax_of_other_input_dtypes(dtype, poisoned):  # noqa: F811
+    assert_axiswise_amax(*varied_inputs(37, 200, 7, dtype))
+
+
+def assert_same_quantized(got: QuantizedTensor, want: QuantizedTensor) -> None:
+    """Bit for bit: data and scales, and the scales' shapes and strides (their layouts)."""
+    for name in ("data", "scale", "data_t", "scale_t"):
+        a, b = getattr(got, name), getattr(want, name)
+        if b is None:
+            assert a is None, name
+            continue
+        assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride(), name
+        assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a, b.view(torch.uint8) if b.element_size() == 1 else b), name
+
+
+def test_axiswise_cast_of_the_amaxes_is_quantize_axiswise(poisoned):  # noqa: F811
+    grad_h, gu = varied_inputs(48, 200, 8)
+    grad_gu, row_amax, col_amax = swiglu_backward_axiswise_amax(grad_h, gu)
+    for spec in (QuantizeSpec(columnwise=True), QuantizeSpec(E5M2, power_of_two=True, columnwise=True), QuantizeSpec()):
+        assert_same_quantized(cast_axiswise(grad_gu, row_amax, col_amax, spec), quantize_axiswise(grad_gu, spec))
+
+
+BLOCKWISE_SPECS = {
+    "e4m3": QuantizeSpec(E4M3, columnwise=True),
+    "e5m2": QuantizeSpec(E5M2, columnwise=True),
+    "e4m3-pow2": QuantizeSpec(E4M3, power_of_two=True, columnwise=True),
+    "e5m2-pow2": QuantizeSpec(E5M2, power_of_two=True, columnwise=True),
+    "rowwise": QuantizeSpec(E4M3),
+    "columnwise": QuantizeSpec(E5M2, rowwise=False, columnwise=True),
+}
+
+
+def assert_blockwise(grad_h: torch.Tensor, gu: torch.Tensor, spec: QuantizeSpec) -> None:
+    got = swiglu_backward_blockwise(grad_h, gu, spec)
+    assert_same_quantized(got, quantize_blockwise(swiglu_backward(grad_h, gu)[0], 1, spec))
+
+
+@pytest.mark.parametrize("name", list(BLOCKWISE_SPECS))
+def test_blockwise_is_quantize_blockwise_of_grad_gu(name, poisoned):  # noqa: F811
+    assert_blockwise(*varied_inputs(256, 384, 9), BLOCKWISE_SPECS[name])
+
+
+def test_blockwise_of_fp16_inputs(poisoned):  # noqa: F811
+    assert_blockwise(*varied_inputs(128, 256, 10, torch.float16), BLOCKWISE_SPECS["e4m3"])
+
+
+@pytest.mark.parametrize("rows,ffn", [(200, 128), (128, 200), (48, 64)])
+def test_blockwise_needs_whole_tiles(rows, ffn):
+    grad_h, gu = inputs(rows, ffn)
+    message = rf"1x128 groups of grad_gu and grad_gu.T need R and F to be multiples of 128, got R={rows}, F={ffn}"
+    with pytest.raises(ValueError, match=message):
+        swiglu_backward_blockwise(grad_h, gu, QuantizeSpec())
+
+
+def test_new_modes_check_their_inputs():
+    grad_h, gu = inputs(128, 128)
+    with pytest.raises(ValueError, match="must share dtype and device, got torch.bfloat16 on .* and torch.float16"):
+        swiglu_backward_axiswise_amax(grad_h, gu.half())
+    with pytest.raises(ValueError, match=r"gu must be \[R, 2F\] \(gate, then up\) for grad_h \[R, F\]"):
+        swiglu_backward_blockwise(grad_h, gu[:, :128].contiguous(), QuantizeSpec())
+    with pytest.raises(ValueError, match="gu: the input must be contiguous"):
+        swiglu_backward_blockwise(grad_h, torch.cat((gu, gu))[::2], QuantizeSpec())
+
+
+# ---- on a GPU: the new modes at LLaMa-3-8B's FFN, 8192 tokens ----
+
+REAL = (8192, 14336)
+
+
+@pytest.mark.gpu
+def test_gpu_axiswise_amax_at_real_size(poisoned):  # noqa: F811
+    grad_h, gu = varied_inputs(*REAL, 11, device="cuda")
+    grad_gu, row_amax, col_amax = assert_axiswise_amax(grad_h, gu)
+    spec = QuantizeSpec(columnwise=True)
+    assert_same_quantized(cast_axiswise(grad_gu, row_amax, col_amax, spec), quantize_axiswise(grad_gu, spec))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["e4m3", "e5m2-pow2", "columnwise"])
+def test_gpu_blockwise_at_real_size(name, poisoned):  # noqa: F811
+    assert_blockwise(*varied_inputs(*REAL, 12, device="cuda"), BLOCKWISE_SPECS[name])
+
+
 def test_probe_counts_each_tensor_once():
     rows, ffn = 8192, 14336
     assert probe.bytes_moved(rows, ffn, 2, fp8=False, transposed=False) == (2 + 4 + 4) * rows * ffn  # grad_h, gu, grad_gu
@@ -156,6 +290,38 @@ def test_probe_counts_steps_between_floats():
     assert probe.steps_apart(neighbours, x).tolist() == [1, 1, 0, 0, 2]
     fp8 = torch.tensor([448.0, -448.0, 1.0], dtype=E4M3)
     assert probe.steps_apart(fp8, torch.tensor([416.0, 448.0, 1.125], dtype=E4M3)).tolist() == [1, 252, 1]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's imports, for the compiled variants
+def test_probe_checks_the_axiswise_and_blockwise_variants():
+    """The probe's check of the new variants passes their outputs and catches one fp8 byte off. Eager's
+    copies are replaced by the unfused kernels' (the interpreter's fp8 rounding is not torch's)."""
+    grad_h, gu = varied_inputs(128, 128, 13)
+    expected, multiplier = probe.expected_outputs(grad_h, gu)
+    by_name = {variant.name: variant for variant in probe.variants()}
+    for fused, unfused in (("ours-axiswise", "ours-bf16-amax-then-axiswise"), ("ours-blockwise", "ours-bf16-then-blockwise")):
+        granularity = by_name[fused].granularity
+        want = by_name[unfused].run(grad_h, gu, multiplier)
+        expected.copies[granularity] = (want.q, want.scale, want.q_t, want.scale_t)
+        out = by_name[fused].run(grad_h, gu, multiplier)
+        assert probe.check(out, expected, granularity) == {"max_steps": 0, "mismatch_pct": 0.0, "ok": True}, fused
+        out.q_t.view(torch.uint8)[3, 5] += 2
+        assert not probe.check(out, expected, granularity)["ok"], fused
+    out = by_name["ours-bf16-axis-amax"].run(grad_h, gu, multiplier)
+    assert probe.check(out, expected)["ok"]
+    out.row_amax[7] *= 2
+    assert not probe.check(out, expected)["ok"]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's imports, for the compiled variants
+def test_probe_sweep_sets_the_tiles_for_the_call_alone():
+    names = [variant.name for variant in probe.variants(sweep=True)]
+    assert "ours-bf16-axis-amax 32x128 w4 t8" in names and "ours-blockwise 128x128 w16" in names
+    seen = []
+    run = probe._with_constants(lambda: seen.append(swiglu_backward_module.BLOCKWISE_NUM_WARPS), BLOCKWISE_NUM_WARPS=16)
+    default = swiglu_backward_module.BLOCKWISE_NUM_WARPS
+    run()
+    assert seen == [16] and swiglu_backward_module.BLOCKWISE_NUM_WARPS == default
 
 
 def test_probe_refuses_without_a_gpu(tmp_path):

@@ -1,9 +1,9 @@
 """fuse_swiglu_linears (fp8bench.nn.swiglu_fusion): a LLaMa feed-forward whose SwiGLU writes w2's FP8
-input, or whose w13 returns the SwiGLU and casts its gradient in the SwiGLU's backward kernel, trains as
-the unfused converted one (SwiGLU in torch, then Float8Linear's casts): the same outputs bit for bit, the
+input and w13's grad_output casts (a Float8FeedForward), or whose w13 returns the SwiGLU and casts its
+gradient in the SwiGLU's backward kernel, trains as the unfused converted one (SwiGLU in torch, then Float8Linear's casts): the same outputs bit for bit, the
 same gradients and buffers within `close` (our SwiGLU backward kernel under the CPU interpreter takes exp
-from numpy), step after step. The fused linear compiled (aot_eager: the same kernels, the custom ops'
-fake implementations traced) computes what it computes eagerly (the compiled module is the fused linear
+from numpy), step after step. The fused module compiled (aot_eager: the same kernels, the custom ops'
+fake implementations traced) computes what it computes eagerly (the compiled module is the fused one
 alone, the reference the fused FFN run eagerly). Without a GPU the kernels run under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from fp8bench.backends.triton import TritonBackend  # noqa: E402
 from fp8bench.nn.float8_linear import Float8Linear, convert_to_float8  # noqa: E402
 from fp8bench.nn.llama import FeedForward, Llama, LlamaConfig, SwiGLU, loss_fn  # noqa: E402
 from fp8bench.nn.recipes import RECIPES, TensorRole  # noqa: E402
-from fp8bench.nn.swiglu_fusion import Float8SwiGLULinear, fuse_swiglu_linears  # noqa: E402
+from fp8bench.nn.swiglu_fusion import Float8FeedForward, Float8SwiGLULinear, fuse_swiglu_linears  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = LlamaConfig("small", dim=128, ffn_dim=256, heads=2, kv_heads=1, vocab=128, layers=2)
@@ -31,15 +31,19 @@ FUSED = ("rowwise", "blockwise")
 FUSED_INTO_W13 = ("tensorwise", "tensorwise-delayed", "rowwise_with_gw_hp")
 
 
+def seeded_feed_forward() -> FeedForward:
+    torch.manual_seed(0)
+    ffn = FeedForward(SMALL, device=DEVICE, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for parameter in ffn.parameters():
+            parameter.normal_(0.0, 0.05)
+    return ffn
+
+
 def feed_forwards(recipe):
     """(unfused: convert_to_float8, fused: fuse_swiglu_linears then convert_to_float8, what the fusion did)
     of one seeded FeedForward."""
-    torch.manual_seed(0)
-    plain = FeedForward(SMALL, device=DEVICE, dtype=torch.bfloat16)
-    with torch.no_grad():
-        for parameter in plain.parameters():
-            parameter.normal_(0.0, 0.05)
-    model = nn.Sequential(plain)  # convert_to_float8 swaps the linears inside a model
+    model = nn.Sequential(seeded_feed_forward())  # convert_to_float8 swaps the linears inside a model
     unfused, fused = copy.deepcopy(model), copy.deepcopy(model)
     convert_to_float8(unfused, recipe)
     fusion = fuse_swiglu_linears(fused, recipe)
@@ -52,7 +56,8 @@ def kernel_calls(monkeypatch) -> collections.Counter:
 
     calls = collections.Counter()
     for module, names in ((swiglu_cast, ("swiglu_amax", "swiglu_cast_axiswise", "swiglu_cast_blockwise")),
-                          (swiglu_backward, ("swiglu_backward", "swiglu_backward_fp8"))):  # fmt: skip
+                          (swiglu_backward, ("swiglu_backward", "swiglu_backward_fp8", "swiglu_backward_axiswise_amax",
+                                             "swiglu_backward_blockwise"))):  # fmt: skip
         for name in names:
             real = getattr(module, name)
 
@@ -102,21 +107,87 @@ def step(model: nn.Module, x: torch.Tensor):
     return out.detach(), x.grad, grads, {unwrapped(name): b.clone() for name, b in model.named_buffers()}
 
 
+# The backward kernel that writes w13's grad_output casts, per recipe fused into w2.
+FFN_BACKWARD = {"rowwise": "swiglu_backward_axiswise_amax", "blockwise": "swiglu_backward_blockwise"}
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("name", FUSED)
 def test_fused_ffn_trains_as_the_unfused_ffn(monkeypatch, name, compiled):
     torch._dynamo.reset()
     unfused, fused, fusion = feed_forwards(RECIPES[name])
-    assert fusion.fused == ("0.w2",) and fusion.unfused == {}
-    assert type(fused[0].w2) is Float8SwiGLULinear and isinstance(fused[0].swiglu, nn.Identity)
+    assert fusion.fused == ("0.w2", "0.w13") and fusion.unfused == {}
+    assert type(fused[0]) is Float8FeedForward and type(fused[0].w2) is Float8SwiGLULinear and type(fused[0].w13) is Float8Linear
     assert type(unfused[0].w2) is Float8Linear and isinstance(unfused[0].swiglu, SwiGLU)
+    assert [n for n, _ in fused.named_parameters()] == [n for n, _ in unfused.named_parameters()]
     if compiled:  # against the fused FFN run eagerly (module docstring)
         unfused = copy.deepcopy(fused)
-        fused[0].w2 = torch.compile(fused[0].w2, backend="aot_eager", fullgraph=True)
+        fused[0] = torch.compile(fused[0], backend="aot_eager", fullgraph=True)
     granularity = RECIPES[name].cast(TensorRole.INPUT, False).granularity.value
     # The forward bit for bit; the backward runs our SwiGLU backward kernel (`close` says why not bit for bit).
     for index, calls in enumerate(assert_steps_equal(fused, unfused, monkeypatch, equal=close)):
-        assert calls[f"swiglu_cast_{granularity}"] == 1 and calls["swiglu_backward"] == 1, (index, calls)
+        assert calls[f"swiglu_cast_{granularity}"] == 1 and calls[FFN_BACKWARD[name]] == 1, (index, calls)
+
+
+def test_a_lone_fused_w2_returns_the_gradient_w13_casts(monkeypatch):
+    """A feed-forward that is the model itself cannot be replaced: its w2 takes the SwiGLU alone and trains
+    as the unfused one, the SwiGLU's gradient returned in bf16."""
+    unfused, _, _ = feed_forwards(RECIPES["rowwise"])
+    ffn = seeded_feed_forward()
+    fusion = fuse_swiglu_linears(ffn, RECIPES["rowwise"])
+    assert fusion.fused == ("w2",) and fusion.unfused == {"w13": "the feed-forward is the model itself, which cannot be replaced"}
+    assert type(ffn.w2) is Float8SwiGLULinear and type(ffn.w13) is nn.Linear
+    convert_to_float8(nn.Sequential(ffn), RECIPES["rowwise"])
+    for calls in assert_steps_equal(nn.Sequential(ffn), unfused, monkeypatch, steps=1, equal=close):
+        assert calls["swiglu_cast_axiswise"] == 1 and calls["swiglu_backward"] == 1 and calls["swiglu_backward_axiswise_amax"] == 0, calls
+
+
+def test_a_feed_forward_whose_linears_differ_says_why():
+    """Float8FeedForward runs its linears as one only where they share a recipe without delay, bias or
+    activation of their own; fuse_swiglu_linears says why it leaves w13 out."""
+    _, fused, _ = feed_forwards(RECIPES["rowwise"])
+    w13, w2 = fused[0].w13, fused[0].w2
+    tensorwise = Float8Linear.from_linear(nn.Linear(SMALL.dim, 2 * SMALL.ffn_dim, bias=False, dtype=torch.bfloat16), RECIPES["tensorwise"])
+    with pytest.raises(ValueError, match="w13 runs recipe 'tensorwise', w2 'rowwise'"):
+        Float8FeedForward(tensorwise, w2)
+    with pytest.raises(ValueError, match="w2 is a Float8Linear, not a Float8SwiGLULinear"):
+        Float8FeedForward(w13, Float8Linear.from_linear(nn.Linear(SMALL.ffn_dim, SMALL.dim, bias=False), RECIPES["rowwise"]))
+    ffn = FeedForward(SMALL, device=DEVICE, dtype=torch.bfloat16)
+    ffn.w13 = nn.Linear(SMALL.dim, 2 * SMALL.ffn_dim, bias=True, device=DEVICE, dtype=torch.bfloat16)
+    fusion = fuse_swiglu_linears(nn.Sequential(ffn), RECIPES["blockwise"])
+    assert fusion.fused == ("0.w2",) and fusion.unfused == {"0.w13": "the linear has a bias"}
+    with pytest.raises(ValueError, match="cannot take 100 rows"):
+        fused[0](torch.zeros(100, SMALL.dim, dtype=torch.bfloat16, device=DEVICE))
+
+
+def test_the_fused_llama_trains_as_the_unfused_one():
+    """The triton backend's conversion of a LLaMa (RMSNorm fused into w13 and a Float8FeedForward over it,
+    under blockwise scaling) against the norm fusion and convert_to_float8 alone: the same loss, the same
+    gradients within `close`."""
+    from fp8bench.nn.norm_fusion import fuse_norm_linears
+
+    recipe = RECIPES["blockwise"]
+    models = []
+    for whole in (False, True):
+        model = Llama(SMALL, device=DEVICE, dtype=torch.bfloat16)
+        model.init_weights(seed=1)
+        if whole:
+            TritonBackend().convert_model(model, recipe, lambda name: name != "output", False, None)
+            assert all(type(block.feed_forward) is Float8FeedForward for block in model.layers)
+        else:
+            fuse_norm_linears(model, recipe)
+            convert_to_float8(model, recipe, lambda module, name: name != "output")
+        models.append(model)
+    tokens = torch.randint(0, SMALL.vocab, (1, 129), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    results = []
+    for model in models:
+        loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (loss, grads), (whole_loss, whole_grads) = results
+    assert torch.equal(whole_loss, loss) and whole_grads.keys() == grads.keys()
+    for key in grads:
+        assert close(whole_grads[key], grads[key]), key
 
 
 # Compiled, a delayed Float8Linear casts its input with torch ops from its second step (the producer's
@@ -203,7 +274,7 @@ def test_the_triton_backend_fuses_every_feed_forward():
     again finds them fused."""
     model = Llama(SMALL, device=DEVICE, dtype=torch.bfloat16)
     converted = TritonBackend().convert_model(model, RECIPES["rowwise"], lambda name: name != "output", False, None)
-    assert converted.options["swiglu_fused_linears"] == SMALL.layers
+    assert converted.options["swiglu_fused_linears"] == 2 * SMALL.layers  # w2 and w13 of each Float8FeedForward
     assert converted.options["converted_linears"] == 4 * SMALL.layers  # wqkv, wo, w13, and w2 fused
     again = fuse_swiglu_linears(model, RECIPES["rowwise"])
     assert again.fused == () and set(again.unfused.values()) == {"already fused"}

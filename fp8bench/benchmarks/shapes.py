@@ -44,6 +44,23 @@ def llama() -> list[GemmShape]:
     return _linears_at("", LLAMA_LINEARS, LLAMA_TOKENS)
 
 
+# The tokens of the e2e benchmark's one-GPU proxy (seq 8192, batch 1).
+TRAINING_TOKENS = 8192
+
+
+def training() -> list[GemmShape]:
+    """Every product of a training step of LLaMa-3 8B's linears (name, K, N) at 8192 tokens M, as
+    Float8Linear runs them (fp8bench.nn.float8_linear): output (M, K, N), grad_input = grad_output @ weight
+    (M, N, K) and grad_weight = grad_output.T @ input (N, M, K), as (rows, reduction, columns); named
+    `training.llama3-8b.<linear>.<product>.M8192`."""
+    m = TRAINING_TOKENS
+    return [
+        GemmShape(*dims, f"training.llama3-8b.{linear}.{product}.M{m}")
+        for linear, k, n in LLAMA_LINEARS["llama3-8b"]
+        for product, dims in (("output", (m, k, n)), ("grad_input", (m, n, k)), ("grad_weight", (n, m, k)))
+    ]
+
+
 def sweep() -> list[GemmShape]:
     """M, K and N each over the powers of two 1024 to 16384 (125 products; a heatmap in the report)."""
     sizes = [2**i for i in range(10, 15)]
@@ -152,6 +169,7 @@ SHAPE_GENERATORS: dict[str, Callable[[], list[GemmShape]]] = {
     "square": square,
     "pow2-extended": pow2_extended,
     "llama": llama,
+    "training": training,
     "sweep": sweep,
     "dsv3": dsv3,
     "awkward": awkward,

@@ -88,6 +88,34 @@ def rms_norm_backward(grad_y: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor,
     return grad_x, grad_weight
 
 
+def normalized_forms(x: torch.Tensor, ln_weight, ln_bias, eps: float, how: _Plan, input_history, rms_norm: bool):
+    """The FP8 forms of Norm(x[M, K]) as the plan's input cast makes them, written by the norm's kernel
+    (layer_norm_fusion), and the norm's statistics for norm_backward: (Forms, mean, rstd)."""
+    (call,) = how.quantize.input  # one call makes both forms (layer_norm_fusion)
+    if call.delayed:
+        data, scale, data_t, mean, rstd = ops.layernorm_quantize_delayed(
+            x, ln_weight, ln_bias, eps, input_history, call.fp8_dtype, call.power_of_two, True, rms_norm
+        )
+        scale_t = scale
+    else:
+        data, scale, data_t, scale_t, mean, rstd = ops.layernorm_quantize_blockwise(
+            x, ln_weight, ln_bias, eps, call.fp8_dtype, call.power_of_two, rms_norm
+        )
+    return Forms((data, scale), (data_t, scale_t)), mean, rstd
+
+
+def norm_backward(grad_ln_out, x, mean, rstd, ln_weight, ln_bias, needs: tuple[bool, bool, bool], rms_norm: bool):
+    """The gradients of x, the norm's weight and its bias (None where not needed or absent) from that of
+    the norm's output and the statistics normalized_forms returned."""
+    if not any(needs):
+        return None, None, None
+    if rms_norm:
+        return *rms_norm_backward(grad_ln_out, x, rstd, ln_weight, needs[:2]), None
+    if not x.is_cuda:  # CPU's LayerNorm keeps its statistics in x's dtype (CUDA's, in float32)
+        mean, rstd = mean.to(x.dtype), rstd.to(x.dtype)
+    return torch.ops.aten.native_layer_norm_backward(grad_ln_out, x, [x.shape[1]], mean, rstd, ln_weight, ln_bias, list(needs))
+
+
 class _Float8LayerNormLinearFunction(torch.autograd.Function):
     """Norm(x[M, K]) @ weight[N, K].T, the LayerNorm (RMSNorm where `rms_norm`, ln_bias None) fused with
     the input's cast (layer_norm_fusion)."""
@@ -97,21 +125,10 @@ class _Float8LayerNormLinearFunction(torch.autograd.Function):
         ctx, x, ln_weight, ln_bias, weight, input_history, weight_history, grad_output_history, how: _Plan, eps: float,
         rms_norm: bool,
     ):  # fmt: skip
-        (call,) = how.quantize.input  # one call makes both forms (layer_norm_fusion)
-        if call.delayed:
-            data, scale, data_t, mean, rstd = ops.layernorm_quantize_delayed(
-                x, ln_weight, ln_bias, eps, input_history, call.fp8_dtype, call.power_of_two, True, rms_norm
-            )
-            scale_t = scale
-        else:
-            data, scale, data_t, scale_t, mean, rstd = ops.layernorm_quantize_blockwise(
-                x, ln_weight, ln_bias, eps, call.fp8_dtype, call.power_of_two, rms_norm
-            )
+        forms, mean, rstd = normalized_forms(x, ln_weight, ln_bias, eps, how, input_history, rms_norm)
         # Histories filled (True): this runs where delayed scaling's histories hold amaxes, or where the
         # recipe has none (blockwise mixes with no tensorwise scaling: float8_linear.recipe_problem).
-        out, saved, ctx.weight_tensors = forward_products(
-            None, Forms((data, scale), (data_t, scale_t)), weight, weight_history, how, True
-        )
+        out, saved, ctx.weight_tensors = forward_products(None, forms, weight, weight_history, how, True)
         ctx.save_for_backward(*saved, grad_output_history, x, mean, rstd, ln_weight, ln_bias)
         ctx.plan, ctx.rms_norm = how, rms_norm
         return in_input_dtype(out, x)
@@ -124,15 +141,7 @@ class _Float8LayerNormLinearFunction(torch.autograd.Function):
         grad_ln_out, grad_weight = backward_products(
             ctx.plan, saved, ctx.weight_tensors, grad_output, grad_output_history, True, any(needs_ln), needs_weight
         )
-        grad_x = grad_ln_weight = grad_ln_bias = None
-        if ctx.rms_norm and any(needs_ln):
-            grad_x, grad_ln_weight = rms_norm_backward(grad_ln_out, x, rstd, ln_weight, (needs_x, needs_ln_weight))
-        elif any(needs_ln):
-            if not x.is_cuda:  # CPU's LayerNorm keeps its statistics in x's dtype (CUDA's, in float32)
-                mean, rstd = mean.to(x.dtype), rstd.to(x.dtype)
-            grad_x, grad_ln_weight, grad_ln_bias = torch.ops.aten.native_layer_norm_backward(
-                grad_ln_out, x, [x.shape[1]], mean, rstd, ln_weight, ln_bias, list(needs_ln)
-            )
+        grad_x, grad_ln_weight, grad_ln_bias = norm_backward(grad_ln_out, x, mean, rstd, ln_weight, ln_bias, needs_ln, ctx.rms_norm)
         return grad_x, grad_ln_weight, grad_ln_bias, grad_weight, None, None, None, None, None, None
 
 
@@ -178,12 +187,17 @@ class Float8LayerNormLinear(Float8Linear):
         new._register_histories(linear.weight.device)
         return new
 
+    def norm_writes_input(self, histories_filled: bool) -> bool:
+        """Whether the norm writes the linear's FP8 input in a call (layer_norm_fusion): with delayed scaling
+        from the module's second training step (`histories_filled`), blockwise from the first."""
+        return self._fusion == BLOCKWISE_FUSION or (self._fusion == DELAYED_FUSION and histories_filled)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2d = self.rows_of(x)
         histories, histories_filled = self.step_state()
         how = self.call_plan()
         rms_norm = self.normalization is Normalization.RMS_NORM
-        if self._fusion == BLOCKWISE_FUSION or (self._fusion == DELAYED_FUSION and histories_filled):
+        if self.norm_writes_input(histories_filled):
             out = _Float8LayerNormLinearFunction.apply(
                 x2d, self.layer_norm_weight, self.layer_norm_bias, self.weight, *histories, how, self.eps, rms_norm
             )

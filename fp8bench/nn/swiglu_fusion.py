@@ -2,15 +2,16 @@
 the SwiGLU's kernels:
 - into the down projection `w2` where the recipe casts h axiswise or in 1 x 128 groups (swiglu_fusion): the
   SwiGLU writes w2's FP8 input itself (fp8kernels.swiglu_cast), the bf16 h = silu(gate) * up neither
-  written nor read back;
+  written nor read back. The feed-forward then becomes a Float8FeedForward, one autograd function over
+  both linears, so that the SwiGLU's backward writes w13's grad_output casts too (below);
 - into the gate+up projection `w13` otherwise (the tensorwise recipes, and rowwise_with_gw_hp): its backward
   computes the gate+up gradient in one of our kernels that writes w13's tensorwise grad_output casts, or the
   gradient and its amax for them (Float8Linear.fuse_swiglu).
 
 In each fp8bench.nn.llama.FeedForward, `swiglu` turns w13's gate+up product into h and only `w2` reads h:
 fuse_swiglu_linears swaps `w2` for a Float8SwiGLULinear (sharing its weight, no copy), which takes the
-gate+up product, or makes w13 a Float8Linear returning h; `swiglu` becomes nn.Identity. Parameter names do
-not change.
+gate+up product, or makes w13 a Float8Linear returning h; `swiglu` becomes nn.Identity. A Float8FeedForward
+replaces the FeedForward holding the same linears. Parameter names do not change.
 
 Where the recipe casts h in one config for both of its uses (the output product reads h, grad_weight
 reads h.T), one kernel writes both copies:
@@ -24,7 +25,12 @@ bf16 as the torch ops do), so a fused FFN's forward computes what the unfused on
 backward is Float8Linear's (float8_linear.backward_products) for w2, then d(silu(gate) * up) from the
 saved gate+up product in our SwiGLU backward kernel (fp8kernels.swiglu_backward: autograd's values,
 bit for bit on a GPU, in one read of its inputs where inductor's kernel for autograd's ops reads them
-once for each half of its output).
+once for each half of its output). A lone Float8SwiGLULinear returns that gradient in bf16 and w13 casts
+it as its grad_output; in a Float8FeedForward the kernel writes w13's casts of it instead
+(float8_linear.swiglu_grad_forms): in 1 x 128 groups both ways in the same pass, no bf16 gradient
+written; axiswise, the gradient with its row and column amaxes, so that only the cast pass follows.
+Under blockwise scaling w13 is a Float8LayerNormLinear (fp8bench.nn.norm_fusion), whose RMSNorm the
+Float8FeedForward runs as that module does.
 """
 
 from __future__ import annotations
@@ -32,13 +38,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fp8bench.config import BLOCK, Granularity
+from fp8bench.config import BLOCK, Activation, Granularity
 from fp8bench.nn import _float8_ops as ops
+from fp8bench.nn.float8_layernorm_linear import Float8LayerNormLinear, Normalization, norm_backward, normalized_forms
 from fp8bench.nn.float8_linear import (
     Float8Linear,
     Forms,
     _Plan,
     backward_products,
+    cast_tensor,
     forward_products,
     in_input_dtype,
     plan,
@@ -99,15 +107,19 @@ def _swiglu_quantize_fake(gate_up, granularity, fp8_dtype, power_of_two):
     return ops._quantize_fake(_h_like(gate_up), granularity, 1, fp8_dtype, power_of_two, True, True)
 
 
+def swiglu_forms(gate_up: torch.Tensor, how: _Plan) -> Forms:
+    """Both FP8 forms of h = silu(gate) * up as the plan casts w2's input, from the SwiGLU's kernel."""
+    (call,) = how.quantize.input  # one call makes both copies (swiglu_fusion)
+    data, scale, data_t, scale_t = swiglu_quantize(gate_up, call.granularity, call.fp8_dtype, call.power_of_two)
+    return Forms((data, scale), (data_t, scale if call.shared_scale else scale_t))
+
+
 class _Float8SwiGLULinearFunction(torch.autograd.Function):
     """silu(gate) * up of gate_up[M, 2K], @ weight[N, K].T, the SwiGLU fused with the input's casts."""
 
     @staticmethod
     def forward(ctx, gate_up, weight, input_history, weight_history, grad_output_history, how: _Plan, histories_filled: bool):
-        (call,) = how.quantize.input  # one call makes both copies (swiglu_fusion)
-        data, scale, data_t, scale_t = swiglu_quantize(gate_up, call.granularity, call.fp8_dtype, call.power_of_two)
-        forms = Forms((data, scale), (data_t, scale if call.shared_scale else scale_t))
-        out, saved, ctx.weight_tensors = forward_products(None, forms, weight, weight_history, how, histories_filled)
+        out, saved, ctx.weight_tensors = forward_products(None, swiglu_forms(gate_up, how), weight, weight_history, how, histories_filled)
         ctx.save_for_backward(*saved, grad_output_history, gate_up)
         ctx.plan, ctx.histories_filled = how, histories_filled
         return in_input_dtype(out, gate_up)
@@ -122,6 +134,41 @@ class _Float8SwiGLULinearFunction(torch.autograd.Function):
         # Our SwiGLU backward kernel: its amax goes unread, w13 casts its grad_output itself (module docstring).
         grad_gate_up = ops.swiglu_backward_amax(grad_h.contiguous(), gate_up)[0] if needs_gate_up else None
         return grad_gate_up, grad_weight, None, None, None, None, None
+
+
+class _Float8FeedForwardFunction(torch.autograd.Function):
+    """w2(silu(gate) * up) of the gate+up product x[M, K] @ w13.T, or Norm(x) @ w13.T where `eps` is given
+    (the norm writing w13's FP8 input: Float8LayerNormLinear's), every FP8 operand written by the kernel
+    that produces its tensor (Float8FeedForward). `up` is w13's plan, `up_swiglu` the same returning the
+    SwiGLU (its backward takes the SwiGLU's gradient: float8_linear.swiglu_grad_forms), `down` w2's."""
+
+    @staticmethod
+    def forward(ctx, x, ln_weight, ln_bias, w13, w2, up: _Plan, up_swiglu: _Plan, down: _Plan, eps: float | None, rms_norm: bool):
+        if eps is None:
+            forms, mean, rstd = cast_tensor(x, up.quantize.input, None, True), None, None
+        else:
+            forms, mean, rstd = normalized_forms(x, ln_weight, ln_bias, eps, up, None, rms_norm)
+        gate_up, saved_up, ctx.up_weight_tensors = forward_products(x, forms, w13, None, up, True)
+        out, saved_down, ctx.down_weight_tensors = forward_products(None, swiglu_forms(gate_up, down), w2, None, down, True)
+        ctx.saved_up = len(saved_up)
+        ctx.save_for_backward(gate_up, *saved_up, *saved_down, x, mean, rstd, ln_weight, ln_bias)
+        ctx.up_swiglu, ctx.down, ctx.normalized, ctx.rms_norm = up_swiglu, down, eps is not None, rms_norm
+        return in_input_dtype(out, x)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        gate_up, *saved = ctx.saved_tensors
+        saved_up, saved_down, (x, mean, rstd, ln_weight, ln_bias) = saved[: ctx.saved_up], saved[ctx.saved_up : -5], saved[-5:]
+        needs_x, needs_ln_weight, needs_ln_bias, needs_w13, needs_w2 = ctx.needs_input_grad[:5]
+        needs_ln = (needs_x, needs_ln_weight, needs_ln_bias)
+        grad_h, grad_w2 = backward_products(ctx.down, saved_down, ctx.down_weight_tensors, grad_output, None, True, True, needs_w2)
+        grad_in, grad_w13 = backward_products(
+            ctx.up_swiglu, (gate_up, *saved_up), ctx.up_weight_tensors, grad_h, None, True, any(needs_ln), needs_w13
+        )
+        if not ctx.normalized:
+            return grad_in, None, None, grad_w13, grad_w2, None, None, None, None, None
+        grad_x, grad_ln_weight, grad_ln_bias = norm_backward(grad_in, x, mean, rstd, ln_weight, ln_bias, needs_ln, ctx.rms_norm)
+        return grad_x, grad_ln_weight, grad_ln_bias, grad_w13, grad_w2, None, None, None, None, None
 
 
 class Float8SwiGLULinear(Float8Linear):
@@ -148,13 +195,70 @@ class Float8SwiGLULinear(Float8Linear):
         return self.finish(out, gate_up)
 
 
+class Float8FeedForward(nn.Module):
+    """LLaMa's feed-forward w2(silu(gate) * up) of w13's gate+up product as one autograd function over its
+    two linears (TransformerEngine's LayerNormMLP is the like), so that each FP8 operand is written by the
+    kernel producing its tensor, both ways (module docstring): w13 a Float8Linear, or a
+    Float8LayerNormLinear whose norm writes its input; w2 a Float8SwiGLULinear of the same recipe. The
+    parameters stay theirs, under the same names (`w13.weight`, `w2.weight`, `w13.layer_norm_weight`).
+    Build it with Float8FeedForward.from_feed_forward (feed_forward_problem says when it cannot)."""
+
+    def __init__(self, w13: Float8Linear, w2: Float8SwiGLULinear):
+        super().__init__()
+        problem = feed_forward_problem(w13, w2)
+        if problem:
+            raise ValueError(f"Float8FeedForward cannot run its linears as one: {problem}")
+        self.w13, self.swiglu, self.w2 = w13, nn.Identity(), w2
+        self._up, self._up_swiglu = plan(w13.recipe), plan(w13.recipe, swiglu=True)
+
+    @classmethod
+    def from_feed_forward(cls, ffn: nn.Module) -> "Float8FeedForward":
+        """One over a feed-forward's w13 and w2 (its `swiglu` must already be fused into w2: an nn.Identity)."""
+        if not isinstance(getattr(ffn, "swiglu", None), nn.Identity):
+            raise ValueError("the feed-forward's SwiGLU is not fused into its w2")
+        return cls(ffn.w13, ffn.w2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2d = self.w13.rows_of(x)
+        if x2d.shape[0] % self.w2._rows_multiple:
+            problem = shape_problem(x2d.shape[0], self.w2.in_features, self.w2.out_features, self.w2.recipe)
+            raise ValueError(f"Float8FeedForward with recipe {self.w2.recipe.name!r} cannot take {x2d.shape[0]} rows: {problem}")
+        norm = (None, None, None, False)
+        if isinstance(self.w13, Float8LayerNormLinear):
+            norm = (self.w13.layer_norm_weight, self.w13.layer_norm_bias, self.w13.eps, self.w13.normalization is Normalization.RMS_NORM)
+        ln_weight, ln_bias, eps, rms_norm = norm
+        out = _Float8FeedForwardFunction.apply(
+            x2d, ln_weight, ln_bias, self.w13.weight, self.w2.weight, self._up, self._up_swiglu, self.w2.call_plan(), eps, rms_norm
+        )
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def feed_forward_problem(w13: nn.Module, w2: nn.Module) -> str | None:
+    """Why Float8FeedForward cannot run these linears as one, or None."""
+    if type(w2) is not Float8SwiGLULinear:
+        return f"w2 is a {type(w2).__name__}, not a Float8SwiGLULinear"
+    if type(w13) not in (Float8Linear, Float8LayerNormLinear):
+        return f"w13 is a {type(w13).__name__}, not a Float8Linear or Float8LayerNormLinear"
+    if w13.recipe != w2.recipe:
+        return f"w13 runs recipe {w13.recipe.name!r}, w2 {w2.recipe.name!r}"
+    if w13.bias is not None or w2.bias is not None or w13.activation is not Activation.NONE or w13.swiglu:
+        return "a linear has a bias, or w13 an activation or the SwiGLU of its own"
+    if w13.recipe.delayed_roles():
+        return "the recipe scales with delay; the feed-forward keeps no amax histories"
+    if isinstance(w13, Float8LayerNormLinear) and not w13.norm_writes_input(True):
+        return "w13's norm does not write its FP8 input under this recipe"
+    return None
+
+
 def fuse_swiglu_linears(model: nn.Module, recipe: Recipe) -> Fusion:
     """Fuse, in place, the SwiGLU of every llama FeedForward in `model` into its w2 (a Float8SwiGLULinear
-    running `recipe`) where the recipe's cast of h fuses (swiglu_fusion), else into its w13 (a Float8Linear
-    running `recipe`, or the one it already is, returning the SwiGLU: Float8Linear.fuse_swiglu); returns
-    which linears took it. A linear the recipe cannot run (shape_problem) or that is already converted to
-    something other than a Float8Linear is left as it is, with the reason. Call it before
-    convert_to_float8, which then leaves the fused modules as they are.
+    running `recipe`) where the recipe's cast of h fuses (swiglu_fusion), and then make the feed-forward a
+    Float8FeedForward, whose w13 takes the SwiGLU's backward; else into its w13 (a Float8Linear running
+    `recipe`, or the one it already is, returning the SwiGLU: Float8Linear.fuse_swiglu). Returns which
+    linears took it. A linear the recipe cannot run (shape_problem) or that is already converted to
+    something other than a Float8Linear is left as it is, with the reason. Call it after
+    fp8bench.nn.norm_fusion's fuse_norm_linears (a Float8FeedForward takes w13's fused norm with it) and
+    before convert_to_float8, which then leaves the fused modules as they are.
 
     ValueError for a recipe our kernels cannot run (recipe_problem)."""
     problem = recipe_problem(recipe)
@@ -163,14 +267,14 @@ def fuse_swiglu_linears(model: nn.Module, recipe: Recipe) -> Fusion:
     into_w2 = swiglu_fusion(plan(recipe)) is None
     fused: list[str] = []
     unfused: dict[str, str] = {}
-    for ffn_name, ffn in model.named_modules():
-        if not isinstance(ffn, FeedForward):
+    for ffn_name, ffn in list(model.named_modules()):
+        if not isinstance(ffn, (FeedForward, Float8FeedForward)):
             continue
+        path = lambda child: f"{ffn_name}.{child}" if ffn_name else child  # noqa: E731
         child = "w2" if into_w2 else "w13"
-        name = f"{ffn_name}.{child}" if ffn_name else child
         reason = _why_not(ffn, getattr(ffn, child), recipe)
         if reason:
-            unfused[name] = reason
+            unfused[path(child)] = reason
             continue
         if into_w2:
             ffn.w2 = Float8SwiGLULinear.from_linear(ffn.w2, recipe)
@@ -179,8 +283,35 @@ def fuse_swiglu_linears(model: nn.Module, recipe: Recipe) -> Fusion:
                 ffn.w13 = Float8Linear.from_linear(ffn.w13, recipe)
             ffn.w13.fuse_swiglu()
         ffn.swiglu = nn.Identity()
-        fused.append(name)
+        fused.append(path(child))
+        if into_w2:
+            reason = _as_one(model, ffn_name, ffn, recipe)
+            if reason:
+                unfused[path("w13")] = reason
+            else:
+                fused.append(path("w13"))
     return Fusion(tuple(fused), unfused)
+
+
+def _as_one(model: nn.Module, ffn_name: str, ffn: FeedForward, recipe: Recipe) -> str | None:
+    """Replace the feed-forward (its SwiGLU fused into w2) by a Float8FeedForward over its linears, w13
+    converted to a Float8Linear first where it is an nn.Linear; None where done, else why not."""
+    if not ffn_name:
+        return "the feed-forward is the model itself, which cannot be replaced"
+    w13 = ffn.w13
+    if type(w13) is nn.Linear:
+        problem = None if w13.bias is None else "the linear has a bias"
+        problem = problem or shape_problem(BLOCK, w13.in_features, w13.out_features, recipe)
+        if problem:
+            return problem
+        w13 = Float8Linear.from_linear(w13, recipe)
+    problem = feed_forward_problem(w13, ffn.w2)
+    if problem:
+        return problem
+    ffn.w13 = w13
+    parent_name, _, child = ffn_name.rpartition(".")
+    setattr(model.get_submodule(parent_name), child, Float8FeedForward.from_feed_forward(ffn))
+    return None
 
 
 def _why_not(ffn: FeedForward, linear: nn.Module, recipe: Recipe) -> str | None:
