@@ -8,16 +8,15 @@ read of each input. What each function returns of it, for w13's grad_output in F
 - `swiglu_backward_axiswise_amax`: grad_gu with the amax of each row and each column, so that axiswise
   scaling's cast (fp8kernels.quantize_axiswise.cast_axiswise) needs no amax pass over grad_gu;
 - `swiglu_backward_blockwise`: grad_gu cast in 1 x 128 groups and its transposed copy in 1 x 128 groups
-  of grad_gu.T, exactly what quantize_blockwise(grad_gu, 1, spec) returns, with no grad_gu written.
+  of grad_gu.T, what quantize_blockwise(grad_gu, 1, spec) returns, with no grad_gu written. Its grad_gu
+  takes tl.exp and approximate division (the kernel's docstring says why): the same values under the
+  interpreter, a few in 10 000 one step away on a GPU.
 
 On an H100 at R = 8192, F = 14336 (tools/swiglu_backward_probe.py, CUPTI kernel time): grad_gu with its
 amax 0.41 ms, 94% of the copy bandwidth (torch.compile of the reference: 0.53 ms, 0.47 without the amax);
-the e4m3 cast with its amax 0.42 ms (compiled: 0.63); with the transposed copy too, 0.47 ms. grad_gu with
-its row and column amaxes 0.57 ms (the atomics and the two reductions a tile). Both e4m3 copies: axiswise,
-this kernel then cast_axiswise 0.98 ms (timed with a 64 x 128 amax tile, 0.06 ms slower than the one
-kept), against 1.01 ms for swiglu_backward then quantize_axiswise; blockwise, 0.90 ms, slower than
-swiglu_backward then quantize_blockwise (0.80 ms): its 128 x 128 tiles of both halves take 255 registers
-a thread and spill 48 more (the unfused kernels: 72 and 180 registers, no spills)."""
+the e4m3 cast with its amax 0.42 ms (compiled: 0.63); with the transposed copy too, 0.47 ms.
+MEASURE_AXIS_BLOCKWISE
+"""
 
 from __future__ import annotations
 
@@ -39,11 +38,12 @@ from fp8kernels.scaling import BLOCK
 BLOCK_ROWS = 32
 BLOCK_COLS = 128
 NUM_WARPS = 4
-# Row and column amaxes: 32 x 128 tiles, 4 warps, each program walking AXIS_AMAX_ROW_TILES of them down the
-# rows with running column maxima, so that a column's atomic max comes once per program, not once per tile.
+# Row and column amaxes: 32 x 128 tiles, 4 warps, the fastest of 7 timed on an H100 (R = 8192, F = 14336,
+# tools/swiglu_backward_probe.py --sweep, with atomic max where the kernel now stores partials): 0.573 ms;
+# 64 x 128 at 8 warps 0.631 ms; 32 x 128 at 8 warps, 64 x 128 at 4 and 128 x 128 at 8 or 16 warps
+# 0.77-0.82 ms; 128 x 128 at 4 warps spilled 838 registers a thread and took 5.1 ms.
 AXIS_AMAX_BLOCK_ROWS = 32
 AXIS_AMAX_NUM_WARPS = 4
-AXIS_AMAX_ROW_TILES = 4
 # 1 x 128 groups of both copies need 128 x 128 tiles, each half in turn (the kernel's docstring).
 BLOCKWISE_NUM_WARPS = 8
 
@@ -67,25 +67,25 @@ def _check(grad_h: torch.Tensor, gu: torch.Tensor) -> None:
         raise ValueError(f"gu must be [R, 2F] (gate, then up) for grad_h [R, F], got grad_h {tuple(grad_h.shape)} and gu {tuple(gu.shape)}")
 
 
-def _zero_amax(like: torch.Tensor, *shape: int) -> torch.Tensor:
-    return torch.zeros(shape, dtype=torch.float32, device=like.device)  # atomic max needs a zero start
+def _zero_amax(like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros((), dtype=torch.float32, device=like.device)  # atomic max needs a zero start
 
 
 def _launch(
     grad_h, gu, output, spec: QuantizeSpec, tile: tuple[int, int, int], out=None, scale=None, q_t=None, scale_t=None,
-    multiplier=None, amax=None, col_amax=None, row_tiles: int = 1,
+    multiplier=None, amax=None, col_amax=None,
 ) -> None:  # fmt: skip
-    """One launch over (block_rows, block_cols, num_warps) `tile`s, `row_tiles` of them down the rows a
-    program; the buffers given pick the copies (out: rowwise, q_t: columnwise) and the amaxes (amax alone:
-    tensorwise; with col_amax: axiswise)."""
+    """One launch over (block_rows, block_cols, num_warps) `tile`s; the buffers given pick the copies
+    (out: rowwise, q_t: columnwise) and the amaxes (amax alone: tensorwise; with col_amax: axiswise, the
+    two buffers then taking the tiles' row and column partials)."""
     rows, ffn = grad_h.shape
     block_rows, block_cols, num_warps = tile
     unused = gu  # a pointer for arguments the mode does not read
     amax_kind = NO_AMAX if amax is None else TENSOR_AMAX if col_amax is None else AXIS_AMAX
-    _swiglu_backward_kernel[(triton.cdiv(rows, block_rows * row_tiles), triton.cdiv(ffn, block_cols))](
+    _swiglu_backward_kernel[(triton.cdiv(rows, block_rows), triton.cdiv(ffn, block_cols))](
         grad_h, gu, *(unused if t is None else t for t in (out, scale, q_t, scale_t, multiplier, amax, col_amax)), rows, ffn,
         OUTPUT=output, ROWWISE=out is not None, COLUMNWISE=q_t is not None, AMAX=amax_kind, **fp8_constants(spec),
-        BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, ROW_TILES=row_tiles, num_warps=num_warps,
+        BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, num_warps=num_warps,
     )  # fmt: skip
 
 
@@ -125,11 +125,12 @@ def swiglu_backward_axiswise_amax(grad_h: torch.Tensor, gu: torch.Tensor) -> tup
     _check(grad_h, gu)
     rows, ffn = grad_h.shape
     grad_gu = torch.empty(gu.shape, dtype=gu.dtype, device=gu.device)
-    amax = _zero_amax(gu, rows + 2 * ffn)  # one fill for both
-    row_amax, col_amax = amax[:rows], amax[rows:]
+    # Each tile's amaxes, every entry written once: reduced here, no atomics in the kernel.
+    row_partials = torch.empty((triton.cdiv(ffn, BLOCK_COLS), rows), dtype=torch.float32, device=gu.device)
+    col_partials = torch.empty((triton.cdiv(rows, AXIS_AMAX_BLOCK_ROWS), 2 * ffn), dtype=torch.float32, device=gu.device)
     tile = (AXIS_AMAX_BLOCK_ROWS, BLOCK_COLS, AXIS_AMAX_NUM_WARPS)
-    _launch(grad_h, gu, HIGH_PRECISION, QuantizeSpec(), tile, out=grad_gu, amax=row_amax, col_amax=col_amax, row_tiles=AXIS_AMAX_ROW_TILES)
-    return grad_gu, row_amax, col_amax
+    _launch(grad_h, gu, HIGH_PRECISION, QuantizeSpec(), tile, out=grad_gu, amax=row_partials, col_amax=col_partials)
+    return grad_gu, row_partials.amax(dim=0), col_partials.amax(dim=0)
 
 
 def swiglu_backward_blockwise(grad_h: torch.Tensor, gu: torch.Tensor, spec: QuantizeSpec) -> QuantizedTensor:

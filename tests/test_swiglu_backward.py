@@ -16,7 +16,8 @@ q.T exactly.
 The modes for axiswise and blockwise scaling are checked against the unfused path on the kernel's own
 grad_gu, bit for bit on the CPU too (the interpreter casts the same float32 values the same way): the row
 and column amaxes against grad_gu.abs().amax(), the blockwise copies and scales against
-quantize_blockwise(grad_gu, 1, spec). `gpu` tests repeat that at LLaMa-3-8B's FFN, R = 8192, F = 14336.
+quantize_blockwise(grad_gu, 1, spec). `gpu` tests repeat that at LLaMa-3-8B's FFN, R = 8192, F = 14336,
+the blockwise copies there within GPU_BLOCKWISE_MISMATCH (its fast exp and division).
 """
 
 from __future__ import annotations
@@ -183,12 +184,10 @@ def test_axiswise_amax_is_grad_gus(rows, ffn, poisoned):  # noqa: F811
     assert_axiswise_amax(*varied_inputs(rows, ffn, 5))
 
 
-@pytest.mark.parametrize("block_rows,row_tiles", [(32, 1), (16, 4), (32, 2), (64, 1), (128, 1)])
-def test_axiswise_amax_at_each_tile_height(block_rows, row_tiles, monkeypatch, poisoned):  # noqa: F811
-    """The tiles the GPU sweep chose among, a program walking one or several down the rows: partial tiles
-    of 48 rows (a program's last tiles wholly outside), and 200 columns, each way."""
+@pytest.mark.parametrize("block_rows", [16, 32, 64, 128])
+def test_axiswise_amax_at_each_tile_height(block_rows, monkeypatch, poisoned):  # noqa: F811
+    """The heights the GPU sweep chose among: partial tiles of 48 rows, and 200 columns, each way."""
     monkeypatch.setattr(swiglu_backward_module, "AXIS_AMAX_BLOCK_ROWS", block_rows)
-    monkeypatch.setattr(swiglu_backward_module, "AXIS_AMAX_ROW_TILES", row_tiles)
     assert_axiswise_amax(*varied_inputs(48, 200, 6))
 
 
@@ -225,9 +224,30 @@ BLOCKWISE_SPECS = {
 }
 
 
+# On a GPU the blockwise mode's tl.exp and approximate division put a few gradients one bf16 step from
+# swiglu_backward's, each moving its fp8 element and, where it is its group's largest, the group's scale.
+GPU_BLOCKWISE_MISMATCH = 1e-3
+
+
 def assert_blockwise(grad_h: torch.Tensor, gu: torch.Tensor, spec: QuantizeSpec) -> None:
+    """Bit for bit quantize_blockwise of swiglu_backward's grad_gu under the interpreter; on a GPU, the
+    same layouts with at most GPU_BLOCKWISE_MISMATCH of the elements and scales differing, scales by
+    under 2^-6."""
     got = swiglu_backward_blockwise(grad_h, gu, spec)
-    assert_same_quantized(got, quantize_blockwise(swiglu_backward(grad_h, gu)[0], 1, spec))
+    want = quantize_blockwise(swiglu_backward(grad_h, gu)[0], 1, spec)
+    if not grad_h.is_cuda:
+        assert_same_quantized(got, want)
+        return
+    for name in ("data", "scale", "data_t", "scale_t"):
+        a, b = getattr(got, name), getattr(want, name)
+        if b is None:
+            assert a is None, name
+            continue
+        assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride(), name
+        bits_a, bits_b = (t.view(torch.uint8) if t.element_size() == 1 else t for t in (a, b))
+        assert (bits_a != bits_b).float().mean().item() <= GPU_BLOCKWISE_MISMATCH, name
+        if name.startswith("scale"):
+            assert torch.allclose(a, b, rtol=2**-6, atol=0), name
 
 
 @pytest.mark.parametrize("name", list(BLOCKWISE_SPECS))
@@ -316,7 +336,7 @@ def test_probe_checks_the_axiswise_and_blockwise_variants():
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's imports, for the compiled variants
 def test_probe_sweep_sets_the_tiles_for_the_call_alone():
     names = [variant.name for variant in probe.variants(sweep=True)]
-    assert "ours-bf16-axis-amax 32x128 w4 t8" in names and "ours-blockwise 128x128 w16" in names
+    assert "ours-bf16-axis-amax 64x128 w8" in names and "ours-blockwise 128x128 w16" in names
     seen = []
     run = probe._with_constants(lambda: seen.append(swiglu_backward_module.BLOCKWISE_NUM_WARPS), BLOCKWISE_NUM_WARPS=16)
     default = swiglu_backward_module.BLOCKWISE_NUM_WARPS
