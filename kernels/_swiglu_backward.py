@@ -17,15 +17,7 @@ on an H100, grad_gu was eager's bit for bit (bf16 and fp16, R = 4096 and 8192, F
 OUTPUT picks what the tile writes:
 - HIGH_PRECISION: grad_gu in the inputs' dtype;
 - FP8: grad_gu cast with a known tensorwise multiplier (delayed scaling: its amax history's) into q[R, 2F]
-  and, when COLUMNWISE, into q_t[2F, R] too, the copy the weight gradient's product reads;
-- BLOCKWISE: grad_gu cast in 1 x 128 groups into q[R, 2F] (ROWWISE) and grad_gu.T in 1 x 128 groups into
-  q_t[2F, R] (COLUMNWISE), with their scales; no grad_gu in the inputs' dtype. A 128 x 128 tile holds
-  whole groups of both copies for both halves: row r's 128 columns c (and F + c) of the rowwise copy, and
-  column c's (and F + c's) 128 rows r of the transposed one, so both are written from one read of the
-  inputs (scales outer-dimension-major, fp8kernels.quantize's layouts). It takes whole tiles (the caller
-  checks). Its exp and divisions are tl.exp and approximate division: with torch's, these tiles, whose
-  registers leave room for 8 warps an SM, were bound by the arithmetic (fp8kernels.swiglu_backward's
-  docstring has the times); tl.exp put 1 bf16 gradient in 40 000 a step from eager's (torch_exp).
+  and, when COLUMNWISE, into q_t[2F, R] too, the copy the weight gradient's product reads.
 AMAX picks what the tile reduces of |grad_gu| (of the rounded values):
 - TENSOR_AMAX: max |grad_gu| into one zeroed float by atomic max (amaxes are >= 0, so float atomic max is
   exact), the amax dynamic tensorwise scaling scales with, or delayed scaling's history records;
@@ -41,11 +33,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fp8kernels._quantize_common import cast_to_fp8, dequantization_scale, multiplier_from_amax, rounded, torch_exp
+from fp8kernels._quantize_common import cast_to_fp8, rounded, torch_exp
 
 HIGH_PRECISION = tl.constexpr(0)
 FP8 = tl.constexpr(1)
-BLOCKWISE = tl.constexpr(2)
 
 NO_AMAX = tl.constexpr(0)
 TENSOR_AMAX = tl.constexpr(1)
@@ -53,24 +44,18 @@ AXIS_AMAX = tl.constexpr(2)
 
 
 @triton.jit
-def _swiglu_gradient(grad_h_ptr, gu_ptr, r, c, ffn, mask, EXACT: tl.constexpr):
+def _swiglu_gradient(grad_h_ptr, gu_ptr, r, c, ffn, mask):
     """(grad_gate, grad_up) of rows r and columns c of a (rows, ffn) grad_h, float32 values rounded as
-    the module docstring says, with torch's exp and divisions where EXACT, else with tl.exp and
-    approximate division; 0 outside `mask`."""
+    the module docstring says; 0 outside `mask`."""
     gate_at = gu_ptr + r[:, None] * (2 * ffn) + c[None, :]
     grad = tl.load(grad_h_ptr + r[:, None] * ffn + c[None, :], mask=mask, other=0.0)
     gate = tl.load(gate_at, mask=mask, other=0.0)
     up = tl.load(gate_at + ffn, mask=mask, other=0.0)
     dh, g = grad.to(tl.float32), gate.to(tl.float32)
 
-    if EXACT:
-        denominator = 1.0 + torch_exp(-g)
-        s = tl.math.div_rn(tl.full(g.shape, 1.0, tl.float32), denominator)
-        silu = rounded(tl.math.div_rn(g, denominator), gate)
-    else:
-        denominator = 1.0 + tl.exp(-g)
-        s = 1.0 / denominator
-        silu = rounded(g / denominator, gate)
+    denominator = 1.0 + torch_exp(-g)
+    s = tl.math.div_rn(tl.full(g.shape, 1.0, tl.float32), denominator)
+    silu = rounded(tl.math.div_rn(g, denominator), gate)
     grad_up = rounded(dh * silu, gate)
     grad_a = rounded(dh * up.to(tl.float32), gate)
     grad_gate = rounded(grad_a * s * (1.0 + g * (1.0 - s)), gate)  # 0 outside the mask, as grad_up
@@ -90,51 +75,34 @@ def _store_transposed(q_t_ptr, grad, multiplier, r, j, rows, mask_t, FP8_MAX: tl
 
 @triton.jit
 def _swiglu_backward_kernel(
-    grad_h_ptr, gu_ptr, out_ptr, scale_ptr, q_t_ptr, scale_t_ptr, multiplier_ptr, amax_ptr, col_amax_ptr, rows, ffn,
-    OUTPUT: tl.constexpr, ROWWISE: tl.constexpr, COLUMNWISE: tl.constexpr, AMAX: tl.constexpr,
-    FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr, POWER_OF_TWO: tl.constexpr,
+    grad_h_ptr, gu_ptr, out_ptr, q_t_ptr, multiplier_ptr, amax_ptr, col_amax_ptr, rows, ffn,
+    OUTPUT: tl.constexpr, COLUMNWISE: tl.constexpr, AMAX: tl.constexpr, FP8_MAX: tl.constexpr, FP8_DTYPE: tl.constexpr,
     BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
 ):  # fmt: skip
     """grad_gu of a (rows, ffn) grad_h, tile (program_id(0), program_id(1)), into out (grad_gu, or q in
-    FP8 and BLOCKWISE); amax_ptr is the tensor amax, or the row partials beside col_amax_ptr's column
-    partials in AXIS_AMAX. The module docstring says what each mode writes."""
+    FP8); amax_ptr is the tensor amax, or the row partials beside col_amax_ptr's column partials in
+    AXIS_AMAX. The module docstring says what each mode writes."""
     pid_r, pid_c = tl.program_id(0), tl.program_id(1)
     r = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     c = pid_c * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
     row_mask, col_mask = r < rows, c < ffn
     mask = row_mask[:, None] & col_mask[None, :]
     out_at = out_ptr + r[:, None] * (2 * ffn) + c[None, :]
-    if OUTPUT == BLOCKWISE:
-        # Whole tiles of BLOCK_ROWS = BLOCK_COLS = 128, one half at a time (a 128 x 128 float32 tile and its
-        # transpose live in registers, not two; the second half's loads of grad_h and gate find them in
-        # cache), with tl.exp and approximate division (module docstring).
-        for half in tl.static_range(2):
-            grad = _swiglu_gradient(grad_h_ptr, gu_ptr, r, c, ffn, mask, False)[half]
-            magnitude = tl.abs(grad)
-            if ROWWISE:  # group F / 128 * half + pid_c of rows r; scale[r, g] at g * rows + r
-                multiplier = multiplier_from_amax(tl.max(magnitude, axis=1), FP8_MAX, POWER_OF_TWO)
-                tl.store(out_at + half * ffn, cast_to_fp8(grad, multiplier[:, None], FP8_MAX, FP8_DTYPE))
-                tl.store(scale_ptr + (half * (ffn // BLOCK_COLS) + pid_c) * rows + r, dequantization_scale(multiplier))
-            if COLUMNWISE:  # group pid_r of column half * F + c; scale_t[j, g] at g * 2F + j
-                multiplier_t = multiplier_from_amax(tl.max(magnitude, axis=0), FP8_MAX, POWER_OF_TWO)
-                _store_transposed(q_t_ptr, grad, multiplier_t[:, None], r, half * ffn + c, rows, None, FP8_MAX, FP8_DTYPE)
-                tl.store(scale_t_ptr + pid_r * (2 * ffn) + half * ffn + c, dequantization_scale(multiplier_t))
-    else:
-        grad_gate, grad_up = _swiglu_gradient(grad_h_ptr, gu_ptr, r, c, ffn, mask, True)
-        if AMAX == TENSOR_AMAX:
-            tl.atomic_max(amax_ptr, tl.max(tl.max(tl.maximum(tl.abs(grad_gate), tl.abs(grad_up)), axis=1), axis=0))
-        elif AMAX == AXIS_AMAX:  # row_partials[pid_c, r], col_partials[pid_r, j]; 0 outside the mask
-            tl.store(amax_ptr + pid_c * rows + r, tl.max(tl.maximum(tl.abs(grad_gate), tl.abs(grad_up)), axis=1), mask=row_mask)
-            tl.store(col_amax_ptr + pid_r * (2 * ffn) + c, tl.max(tl.abs(grad_gate), axis=0), mask=col_mask)
-            tl.store(col_amax_ptr + pid_r * (2 * ffn) + ffn + c, tl.max(tl.abs(grad_up), axis=0), mask=col_mask)
-        if OUTPUT == HIGH_PRECISION:  # already rounded: the conversion is exact
-            tl.store(out_at, grad_gate.to(out_ptr.dtype.element_ty), mask=mask)
-            tl.store(out_at + ffn, grad_up.to(out_ptr.dtype.element_ty), mask=mask)
-        else:  # FP8
-            multiplier = tl.load(multiplier_ptr)
-            tl.store(out_at, cast_to_fp8(grad_gate, multiplier, FP8_MAX, FP8_DTYPE), mask=mask)
-            tl.store(out_at + ffn, cast_to_fp8(grad_up, multiplier, FP8_MAX, FP8_DTYPE), mask=mask)
-            if COLUMNWISE:  # grad_gate's columns are q_t's rows 0..F-1, grad_up's rows F..2F-1
-                mask_t = col_mask[:, None] & row_mask[None, :]
-                _store_transposed(q_t_ptr, grad_gate, multiplier, r, c, rows, mask_t, FP8_MAX, FP8_DTYPE)
-                _store_transposed(q_t_ptr, grad_up, multiplier, r, ffn + c, rows, mask_t, FP8_MAX, FP8_DTYPE)
+    grad_gate, grad_up = _swiglu_gradient(grad_h_ptr, gu_ptr, r, c, ffn, mask)
+    if AMAX == TENSOR_AMAX:
+        tl.atomic_max(amax_ptr, tl.max(tl.max(tl.maximum(tl.abs(grad_gate), tl.abs(grad_up)), axis=1), axis=0))
+    elif AMAX == AXIS_AMAX:  # row_partials[pid_c, r], col_partials[pid_r, j]; 0 outside the mask
+        tl.store(amax_ptr + pid_c * rows + r, tl.max(tl.maximum(tl.abs(grad_gate), tl.abs(grad_up)), axis=1), mask=row_mask)
+        tl.store(col_amax_ptr + pid_r * (2 * ffn) + c, tl.max(tl.abs(grad_gate), axis=0), mask=col_mask)
+        tl.store(col_amax_ptr + pid_r * (2 * ffn) + ffn + c, tl.max(tl.abs(grad_up), axis=0), mask=col_mask)
+    if OUTPUT == HIGH_PRECISION:  # already rounded: the conversion is exact
+        tl.store(out_at, grad_gate.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_at + ffn, grad_up.to(out_ptr.dtype.element_ty), mask=mask)
+    else:  # FP8
+        multiplier = tl.load(multiplier_ptr)
+        tl.store(out_at, cast_to_fp8(grad_gate, multiplier, FP8_MAX, FP8_DTYPE), mask=mask)
+        tl.store(out_at + ffn, cast_to_fp8(grad_up, multiplier, FP8_MAX, FP8_DTYPE), mask=mask)
+        if COLUMNWISE:  # grad_gate's columns are q_t's rows 0..F-1, grad_up's rows F..2F-1
+            mask_t = col_mask[:, None] & row_mask[None, :]
+            _store_transposed(q_t_ptr, grad_gate, multiplier, r, c, rows, mask_t, FP8_MAX, FP8_DTYPE)
+            _store_transposed(q_t_ptr, grad_up, multiplier, r, ffn + c, rows, mask_t, FP8_MAX, FP8_DTYPE)

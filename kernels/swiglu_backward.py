@@ -6,16 +6,19 @@ read of each input. What each function returns of it, for w13's grad_output in F
 - `swiglu_backward_fp8`: its FP8 cast scaled by a known multiplier (delayed scaling), the transposed
   copy too if asked, with its amax for the history;
 - `swiglu_backward_axiswise_amax`: grad_gu with the amax of each row and each column, so that axiswise
-  scaling's cast (fp8kernels.quantize_axiswise.cast_axiswise) needs no amax pass over grad_gu;
-- `swiglu_backward_blockwise`: grad_gu cast in 1 x 128 groups and its transposed copy in 1 x 128 groups
-  of grad_gu.T, what quantize_blockwise(grad_gu, 1, spec) returns, with no grad_gu written. Its grad_gu
-  takes tl.exp and approximate division (the kernel's docstring says why): the same values under the
-  interpreter, a few in 10 000 one step away on a GPU.
+  scaling's cast (fp8kernels.quantize_axiswise.cast_axiswise) needs no amax pass over grad_gu.
 
 On an H100 at R = 8192, F = 14336 (tools/swiglu_backward_probe.py, CUPTI kernel time): grad_gu with its
 amax 0.41 ms, 94% of the copy bandwidth (torch.compile of the reference: 0.53 ms, 0.47 without the amax);
-the e4m3 cast with its amax 0.42 ms (compiled: 0.63); with the transposed copy too, 0.47 ms.
-MEASURE_AXIS_BLOCKWISE
+the e4m3 cast with its amax 0.42 ms (compiled: 0.63); with the transposed copy too, 0.47 ms. grad_gu with
+its row and column amaxes 0.48 ms; with cast_axiswise after it, both e4m3 copies in 0.83 ms, against
+1.02 ms for swiglu_backward then quantize_axiswise (reports/h100-sxm/swiglu-backward-probe).
+
+Blockwise scaling takes swiglu_backward then quantize_blockwise (0.80 ms for both). A mode writing both
+1 x 128 copies from 128 x 128 tiles (no grad_gu written) was measured on an H100 and left out: 0.90 ms
+with both halves of a tile at once (registers spilling), 0.92 ms one half at a time, 0.79 ms with tl.exp
+and approximate division; in the e2e step (4 blocks, at its power-capped clocks) that last one took
+3.85 ms a step, where the unfused pair had taken 3.35 ms (reports/h100-sxm/e2e-llama3-8b-L4-cudnn-attention).
 """
 
 from __future__ import annotations
@@ -26,11 +29,10 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from fp8kernels._quantize_common import check_input, empty_fp8, empty_scales, fp8_constants
-from fp8kernels._swiglu_backward import AXIS_AMAX, BLOCKWISE, FP8, HIGH_PRECISION, NO_AMAX, TENSOR_AMAX, _swiglu_backward_kernel
-from fp8kernels.quantize import QuantizedTensor, QuantizeSpec
+from fp8kernels._quantize_common import check_input, empty_fp8, fp8_constants
+from fp8kernels._swiglu_backward import AXIS_AMAX, FP8, HIGH_PRECISION, NO_AMAX, TENSOR_AMAX, _swiglu_backward_kernel
+from fp8kernels.quantize import QuantizeSpec
 from fp8kernels.reference import E4M3
-from fp8kernels.scaling import BLOCK
 
 # 32 x 128 tiles, 4 warps: 32 elements a thread of each tensor. Of 9 tiles from 8 x 512 to 64 x 128 timed
 # on an H100 (R = 8192, F = 14336), within 3% of the fastest in each mode; 64 x 128 at 8 warps took 1.33x
@@ -38,14 +40,13 @@ from fp8kernels.scaling import BLOCK
 BLOCK_ROWS = 32
 BLOCK_COLS = 128
 NUM_WARPS = 4
-# Row and column amaxes: 32 x 128 tiles, 4 warps, the fastest of 7 timed on an H100 (R = 8192, F = 14336,
-# tools/swiglu_backward_probe.py --sweep, with atomic max where the kernel now stores partials): 0.573 ms;
-# 64 x 128 at 8 warps 0.631 ms; 32 x 128 at 8 warps, 64 x 128 at 4 and 128 x 128 at 8 or 16 warps
-# 0.77-0.82 ms; 128 x 128 at 4 warps spilled 838 registers a thread and took 5.1 ms.
+# Row and column amaxes: 32 x 128 tiles, 4 warps, the fastest of 4 timed on an H100 (R = 8192, F = 14336,
+# tools/swiglu_backward_probe.py --sweep): 0.481 ms; 64 x 128 at 8 warps 0.525, 16 x 128 at 4 warps 0.651,
+# 64 x 128 at 4 warps 0.672 (spilling 62 registers a thread). With atomic max instead of the partials,
+# the same tile took 0.573 ms, and walking several tiles down the rows with running column maxima was
+# slower still (0.72 ms for 2 tiles, 1.82 for 4).
 AXIS_AMAX_BLOCK_ROWS = 32
 AXIS_AMAX_NUM_WARPS = 4
-# 1 x 128 groups of both copies need 128 x 128 tiles, each half in turn (the kernel's docstring).
-BLOCKWISE_NUM_WARPS = 8
 
 
 def swiglu_backward_reference(grad_h: torch.Tensor, gu: torch.Tensor) -> torch.Tensor:
@@ -72,8 +73,8 @@ def _zero_amax(like: torch.Tensor) -> torch.Tensor:
 
 
 def _launch(
-    grad_h, gu, output, spec: QuantizeSpec, tile: tuple[int, int, int], out=None, scale=None, q_t=None, scale_t=None,
-    multiplier=None, amax=None, col_amax=None,
+    grad_h, gu, output, spec: QuantizeSpec, tile: tuple[int, int, int], out=None, q_t=None, multiplier=None, amax=None,
+    col_amax=None,
 ) -> None:  # fmt: skip
     """One launch over (block_rows, block_cols, num_warps) `tile`s; the buffers given pick the copies
     (out: rowwise, q_t: columnwise) and the amaxes (amax alone: tensorwise; with col_amax: axiswise, the
@@ -82,9 +83,10 @@ def _launch(
     block_rows, block_cols, num_warps = tile
     unused = gu  # a pointer for arguments the mode does not read
     amax_kind = NO_AMAX if amax is None else TENSOR_AMAX if col_amax is None else AXIS_AMAX
+    constants = fp8_constants(spec)
     _swiglu_backward_kernel[(triton.cdiv(rows, block_rows), triton.cdiv(ffn, block_cols))](
-        grad_h, gu, *(unused if t is None else t for t in (out, scale, q_t, scale_t, multiplier, amax, col_amax)), rows, ffn,
-        OUTPUT=output, ROWWISE=out is not None, COLUMNWISE=q_t is not None, AMAX=amax_kind, **fp8_constants(spec),
+        grad_h, gu, *(unused if t is None else t for t in (out, q_t, multiplier, amax, col_amax)), rows, ffn,
+        OUTPUT=output, COLUMNWISE=q_t is not None, AMAX=amax_kind, FP8_MAX=constants["FP8_MAX"], FP8_DTYPE=constants["FP8_DTYPE"],
         BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, num_warps=num_warps,
     )  # fmt: skip
 
@@ -131,20 +133,3 @@ def swiglu_backward_axiswise_amax(grad_h: torch.Tensor, gu: torch.Tensor) -> tup
     tile = (AXIS_AMAX_BLOCK_ROWS, BLOCK_COLS, AXIS_AMAX_NUM_WARPS)
     _launch(grad_h, gu, HIGH_PRECISION, QuantizeSpec(), tile, out=grad_gu, amax=row_partials, col_amax=col_partials)
     return grad_gu, row_partials.amax(dim=0), col_partials.amax(dim=0)
-
-
-def swiglu_backward_blockwise(grad_h: torch.Tensor, gu: torch.Tensor, spec: QuantizeSpec) -> QuantizedTensor:
-    """grad_gu cast in 1 x 128 groups (`data` [R, 2F]) and, for the transposed copy, in 1 x 128 groups of
-    grad_gu.T (`data_t` [2F, R]), as `spec` asks: bit for bit quantize_blockwise(grad_gu, 1, spec) of
-    swiglu_backward's grad_gu, scales in its layouts (outer-dimension-major), from one read of the
-    inputs and with no grad_gu written. R and F must be multiples of 128."""
-    _check(grad_h, gu)
-    rows, ffn = grad_h.shape
-    if rows % BLOCK or ffn % BLOCK:
-        raise ValueError(f"1x{BLOCK} groups of grad_gu and grad_gu.T need R and F to be multiples of {BLOCK}, got R={rows}, F={ffn}")
-    cols = 2 * ffn
-    q, q_t = empty_fp8((rows, cols), spec, gu, spec.rowwise), empty_fp8((cols, rows), spec, gu, spec.columnwise)
-    # outer-dimension-major: allocate the transposes, return their views
-    scale, scale_t = empty_scales((cols // BLOCK, rows), gu, spec.rowwise), empty_scales((rows // BLOCK, cols), gu, spec.columnwise)
-    _launch(grad_h, gu, BLOCKWISE, spec, (BLOCK, BLOCK, BLOCKWISE_NUM_WARPS), out=q, scale=scale, q_t=q_t, scale_t=scale_t)
-    return QuantizedTensor(q, scale.t() if spec.rowwise else None, q_t, scale_t.t() if spec.columnwise else None)

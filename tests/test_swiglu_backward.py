@@ -13,11 +13,9 @@ must equal max |grad_gu| of the kernel's own output; the fp8 copies must be the 
 output, under test_kernels_quantize's rules for the interpreter's fp8 rounding, and the transposed copy
 q.T exactly.
 
-The modes for axiswise and blockwise scaling are checked against the unfused path on the kernel's own
-grad_gu, bit for bit on the CPU too (the interpreter casts the same float32 values the same way): the row
-and column amaxes against grad_gu.abs().amax(), the blockwise copies and scales against
-quantize_blockwise(grad_gu, 1, spec). `gpu` tests repeat that at LLaMa-3-8B's FFN, R = 8192, F = 14336,
-the blockwise copies there within GPU_BLOCKWISE_MISMATCH (its fast exp and division).
+The mode for axiswise scaling is checked against the unfused path on the kernel's own grad_gu, bit for
+bit on the CPU too: the row and column amaxes against grad_gu.abs().amax(), and cast_axiswise of them
+against quantize_axiswise. A `gpu` test repeats that at LLaMa-3-8B's FFN, R = 8192, F = 14336.
 """
 
 from __future__ import annotations
@@ -40,12 +38,10 @@ from fp8kernels import reference as ref  # noqa: E402
 from fp8kernels import swiglu_backward as swiglu_backward_module  # noqa: E402
 from fp8kernels.quantize import QuantizedTensor, QuantizeSpec  # noqa: E402
 from fp8kernels.quantize_axiswise import cast_axiswise, quantize_axiswise  # noqa: E402
-from fp8kernels.quantize_blockwise import quantize_blockwise  # noqa: E402
 from fp8kernels.reference import E4M3, E5M2  # noqa: E402
 from fp8kernels.swiglu_backward import (  # noqa: E402
     swiglu_backward,
     swiglu_backward_axiswise_amax,
-    swiglu_backward_blockwise,
     swiglu_backward_fp8,
     swiglu_backward_reference,
 )
@@ -214,67 +210,14 @@ def test_axiswise_cast_of_the_amaxes_is_quantize_axiswise(poisoned):  # noqa: F8
         assert_same_quantized(cast_axiswise(grad_gu, row_amax, col_amax, spec), quantize_axiswise(grad_gu, spec))
 
 
-BLOCKWISE_SPECS = {
-    "e4m3": QuantizeSpec(E4M3, columnwise=True),
-    "e5m2": QuantizeSpec(E5M2, columnwise=True),
-    "e4m3-pow2": QuantizeSpec(E4M3, power_of_two=True, columnwise=True),
-    "e5m2-pow2": QuantizeSpec(E5M2, power_of_two=True, columnwise=True),
-    "rowwise": QuantizeSpec(E4M3),
-    "columnwise": QuantizeSpec(E5M2, rowwise=False, columnwise=True),
-}
-
-
-# On a GPU the blockwise mode's tl.exp and approximate division put a few gradients one bf16 step from
-# swiglu_backward's, each moving its fp8 element and, where it is its group's largest, the group's scale.
-GPU_BLOCKWISE_MISMATCH = 1e-3
-
-
-def assert_blockwise(grad_h: torch.Tensor, gu: torch.Tensor, spec: QuantizeSpec) -> None:
-    """Bit for bit quantize_blockwise of swiglu_backward's grad_gu under the interpreter; on a GPU, the
-    same layouts with at most GPU_BLOCKWISE_MISMATCH of the elements and scales differing, scales by
-    under 2^-6."""
-    got = swiglu_backward_blockwise(grad_h, gu, spec)
-    want = quantize_blockwise(swiglu_backward(grad_h, gu)[0], 1, spec)
-    if not grad_h.is_cuda:
-        assert_same_quantized(got, want)
-        return
-    for name in ("data", "scale", "data_t", "scale_t"):
-        a, b = getattr(got, name), getattr(want, name)
-        if b is None:
-            assert a is None, name
-            continue
-        assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride(), name
-        bits_a, bits_b = (t.view(torch.uint8) if t.element_size() == 1 else t for t in (a, b))
-        assert (bits_a != bits_b).float().mean().item() <= GPU_BLOCKWISE_MISMATCH, name
-        if name.startswith("scale"):
-            assert torch.allclose(a, b, rtol=2**-6, atol=0), name
-
-
-@pytest.mark.parametrize("name", list(BLOCKWISE_SPECS))
-def test_blockwise_is_quantize_blockwise_of_grad_gu(name, poisoned):  # noqa: F811
-    assert_blockwise(*varied_inputs(256, 384, 9), BLOCKWISE_SPECS[name])
-
-
-def test_blockwise_of_fp16_inputs(poisoned):  # noqa: F811
-    assert_blockwise(*varied_inputs(128, 256, 10, torch.float16), BLOCKWISE_SPECS["e4m3"])
-
-
-@pytest.mark.parametrize("rows,ffn", [(200, 128), (128, 200), (48, 64)])
-def test_blockwise_needs_whole_tiles(rows, ffn):
-    grad_h, gu = inputs(rows, ffn)
-    message = rf"1x128 groups of grad_gu and grad_gu.T need R and F to be multiples of 128, got R={rows}, F={ffn}"
-    with pytest.raises(ValueError, match=message):
-        swiglu_backward_blockwise(grad_h, gu, QuantizeSpec())
-
-
-def test_new_modes_check_their_inputs():
+def test_axiswise_amax_checks_its_inputs():
     grad_h, gu = inputs(128, 128)
     with pytest.raises(ValueError, match="must share dtype and device, got torch.bfloat16 on .* and torch.float16"):
         swiglu_backward_axiswise_amax(grad_h, gu.half())
     with pytest.raises(ValueError, match=r"gu must be \[R, 2F\] \(gate, then up\) for grad_h \[R, F\]"):
-        swiglu_backward_blockwise(grad_h, gu[:, :128].contiguous(), QuantizeSpec())
+        swiglu_backward_axiswise_amax(grad_h, gu[:, :128].contiguous())
     with pytest.raises(ValueError, match="gu: the input must be contiguous"):
-        swiglu_backward_blockwise(grad_h, torch.cat((gu, gu))[::2], QuantizeSpec())
+        swiglu_backward_axiswise_amax(grad_h, torch.cat((gu, gu))[::2])
 
 
 # ---- on a GPU: the new modes at LLaMa-3-8B's FFN, 8192 tokens ----
@@ -288,12 +231,6 @@ def test_gpu_axiswise_amax_at_real_size(poisoned):  # noqa: F811
     grad_gu, row_amax, col_amax = assert_axiswise_amax(grad_h, gu)
     spec = QuantizeSpec(columnwise=True)
     assert_same_quantized(cast_axiswise(grad_gu, row_amax, col_amax, spec), quantize_axiswise(grad_gu, spec))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ["e4m3", "e5m2-pow2", "columnwise"])
-def test_gpu_blockwise_at_real_size(name, poisoned):  # noqa: F811
-    assert_blockwise(*varied_inputs(*REAL, 12, device="cuda"), BLOCKWISE_SPECS[name])
 
 
 def test_probe_counts_each_tensor_once():
@@ -313,13 +250,13 @@ def test_probe_counts_steps_between_floats():
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's imports, for the compiled variants
-def test_probe_checks_the_axiswise_and_blockwise_variants():
-    """The probe's check of the new variants passes their outputs and catches one fp8 byte off. Eager's
+def test_probe_checks_the_axiswise_variants():
+    """The probe's check of the axiswise variants passes their outputs and catches one fp8 byte off. Eager's
     copies are replaced by the unfused kernels' (the interpreter's fp8 rounding is not torch's)."""
     grad_h, gu = varied_inputs(128, 128, 13)
     expected, multiplier = probe.expected_outputs(grad_h, gu)
     by_name = {variant.name: variant for variant in probe.variants()}
-    for fused, unfused in (("ours-axiswise", "ours-bf16-amax-then-axiswise"), ("ours-blockwise", "ours-bf16-then-blockwise")):
+    for fused, unfused in (("ours-axiswise", "ours-bf16-amax-then-axiswise"),):
         granularity = by_name[fused].granularity
         want = by_name[unfused].run(grad_h, gu, multiplier)
         expected.copies[granularity] = (want.q, want.scale, want.q_t, want.scale_t)
@@ -336,12 +273,12 @@ def test_probe_checks_the_axiswise_and_blockwise_variants():
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's imports, for the compiled variants
 def test_probe_sweep_sets_the_tiles_for_the_call_alone():
     names = [variant.name for variant in probe.variants(sweep=True)]
-    assert "ours-bf16-axis-amax 64x128 w8" in names and "ours-blockwise 128x128 w16" in names
+    assert "ours-bf16-axis-amax 64x128 w8" in names
     seen = []
-    run = probe._with_constants(lambda: seen.append(swiglu_backward_module.BLOCKWISE_NUM_WARPS), BLOCKWISE_NUM_WARPS=16)
-    default = swiglu_backward_module.BLOCKWISE_NUM_WARPS
+    run = probe._with_constants(lambda: seen.append(swiglu_backward_module.AXIS_AMAX_NUM_WARPS), AXIS_AMAX_NUM_WARPS=8)
+    default = swiglu_backward_module.AXIS_AMAX_NUM_WARPS
     run()
-    assert seen == [16] and swiglu_backward_module.BLOCKWISE_NUM_WARPS == default
+    assert seen == [8] and swiglu_backward_module.AXIS_AMAX_NUM_WARPS == default
 
 
 def test_probe_refuses_without_a_gpu(tmp_path):

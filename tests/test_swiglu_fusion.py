@@ -56,8 +56,7 @@ def kernel_calls(monkeypatch) -> collections.Counter:
 
     calls = collections.Counter()
     for module, names in ((swiglu_cast, ("swiglu_amax", "swiglu_cast_axiswise", "swiglu_cast_blockwise")),
-                          (swiglu_backward, ("swiglu_backward", "swiglu_backward_fp8", "swiglu_backward_axiswise_amax",
-                                             "swiglu_backward_blockwise"))):  # fmt: skip
+                          (swiglu_backward, ("swiglu_backward", "swiglu_backward_fp8", "swiglu_backward_axiswise_amax"))):  # fmt: skip
         for name in names:
             real = getattr(module, name)
 
@@ -107,8 +106,9 @@ def step(model: nn.Module, x: torch.Tensor):
     return out.detach(), x.grad, grads, {unwrapped(name): b.clone() for name, b in model.named_buffers()}
 
 
-# The backward kernel that writes w13's grad_output casts, per recipe fused into w2.
-FFN_BACKWARD = {"rowwise": "swiglu_backward_axiswise_amax", "blockwise": "swiglu_backward_blockwise"}
+# The SwiGLU backward kernel of w13's grad_output, per recipe fused into w2: with the gradient's row and
+# column amaxes for the axiswise cast; the gradient alone for the 1 x 128 one (quantize_blockwise after it).
+FFN_BACKWARD = {"rowwise": "swiglu_backward_axiswise_amax", "blockwise": "swiglu_backward"}
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
@@ -162,8 +162,9 @@ def test_a_feed_forward_whose_linears_differ_says_why():
 
 def test_the_fused_llama_trains_as_the_unfused_one():
     """The triton backend's conversion of a LLaMa (RMSNorm fused into w13 and a Float8FeedForward over it,
-    under blockwise scaling) against the norm fusion and convert_to_float8 alone: the same loss, the same
-    gradients within `close`."""
+    under blockwise scaling) against the norm fusion and convert_to_float8 alone: the loss within 0.1% and
+    the gradients within `close` (the fused SwiGLU's exp, numpy's under the interpreter, can move a bf16
+    rounding of h where torch's silu takes Sleef's)."""
     from fp8bench.nn.norm_fusion import fuse_norm_linears
 
     recipe = RECIPES["blockwise"]
@@ -185,7 +186,7 @@ def test_the_fused_llama_trains_as_the_unfused_one():
         loss.backward()
         results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
     (loss, grads), (whole_loss, whole_grads) = results
-    assert torch.equal(whole_loss, loss) and whole_grads.keys() == grads.keys()
+    assert torch.allclose(whole_loss, loss, rtol=1e-3, atol=0) and whole_grads.keys() == grads.keys()
     for key in grads:
         assert close(whole_grads[key], grads[key]), key
 

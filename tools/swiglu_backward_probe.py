@@ -1,6 +1,6 @@
 """Times the SwiGLU backward on one GPU: what torch.compile makes of autograd's ops, alone and with what FP8
 training fuses into it, against fp8kernels.swiglu_backward's kernel in the same modes, and our kernel's
-axiswise and blockwise modes against our unfused kernels.
+axiswise mode against our unfused kernels.
 
     python tools/swiglu_backward_probe.py [--rows 8192] [--ffn 14336] [--sweep] [--out DIR]
 
@@ -15,14 +15,14 @@ On seeded bf16 inputs grad_h [R, F] and gu [R, 2F] (the defaults: LLaMa-3-8B's F
 - ours-bf16-amax-then-axiswise: swiglu_backward, then quantize_axiswise of grad_gu, both copies in e4m3
   (its amax pass and its cast pass); ours-axiswise: swiglu_backward_axiswise_amax, then cast_axiswise,
   the same copies with no amax pass;
-- ours-bf16-then-blockwise: swiglu_backward, then quantize_blockwise(grad_gu, 1), both copies in e4m3;
-  ours-blockwise: swiglu_backward_blockwise, the same copies from one kernel, no bf16 grad_gu written.
-With --sweep, ours-bf16-axis-amax and ours-blockwise again at other tiles (`SWEEP`; the name says which,
+- ours-bf16-then-blockwise: swiglu_backward, then quantize_blockwise(grad_gu, 1), both copies in e4m3
+  (what blockwise scaling runs).
+With --sweep, ours-bf16-axis-amax again at other tiles (`SWEEP`; the name says which,
 `rows x 128 wWARPS`), set through the module's tile constants for the call: how its fixed choice was made.
 The multiplier is fp8_max / eager grad_gu's amax. Each variant is timed by fp8bench.harness.timing.measure
 with the CUPTI timer (its kernels' durations summed, every call after an L2 flush): `kernel_ms` is the
 median of the repeats' medians, `spread_pct` their interquartile range over it, `kernels` how many
-kernels one call launches (the amaxes' zero fills count). GB/s counts the bytes a variant must move
+kernels one call launches (the amax's zero fill and the partials' reductions count). GB/s counts the bytes a variant must move
 (`bytes_moved`: each input read once, each output written once; scales and amaxes left out), also as a %
 of a device copy's GB/s. `regs` and `spills` (registers a thread, and 32-bit values a thread spilled to
 local memory: Triton's n_regs and n_spills) are the most of the Triton kernels the variant's first call
@@ -35,8 +35,7 @@ amax and the scales within 2^-7, the row and column amaxes equal to those of the
 `max_steps` and `mismatch_pct` (elements whose bits differ from eager's) say how close.
 `speedup`: the kernel_ms of the variant named in `like`, the one with the same outputs it is compared
 with (a compiled variant for the tensorwise modes, for ours-fp8-t-amax compiled-fp8-amax, which writes no
-transposed copy; ours-bf16-amax for ours-bf16-axis-amax; the unfused ours for ours-axiswise and
-ours-blockwise), over this one's. Prints a table; with --out, writes DIR/swiglu_backward.csv and
+transposed copy; ours-bf16-amax for ours-bf16-axis-amax; the unfused ours for ours-axiswise), over this one's. Prints a table; with --out, writes DIR/swiglu_backward.csv and
 DIR/metadata.json (GPU, versions, git revision, command).
 """
 
@@ -104,8 +103,8 @@ class Variant:
     granularity: str = "tensorwise"  # of its fp8 copies: tensorwise, axiswise or blockwise
 
 
-# --sweep: (rows, warps) of ours-bf16-axis-amax's BLOCK_ROWS x 128 tiles, warps of ours-blockwise's 128 x 128 ones.
-SWEEP = {"axis-amax": [(32, 4), (64, 4), (64, 8), (16, 4)], "blockwise": [8, 16]}
+# --sweep: (rows, warps) of ours-bf16-axis-amax's BLOCK_ROWS x 128 tiles.
+SWEEP = [(32, 4), (64, 4), (64, 8), (16, 4)]
 
 
 def _with_constants(run: Callable, **constants) -> Callable:
@@ -136,7 +135,6 @@ def variants(sweep: bool = False) -> list[Variant]:
     from fp8kernels.swiglu_backward import (
         swiglu_backward,
         swiglu_backward_axiswise_amax,
-        swiglu_backward_blockwise,
         swiglu_backward_fp8,
         swiglu_backward_reference,
     )
@@ -189,9 +187,6 @@ def variants(sweep: bool = False) -> list[Variant]:
     def ours_bf16_then_blockwise(grad_h, gu, multiplier):
         return copies(quantize_blockwise(swiglu_backward(grad_h, gu)[0], 1, both))
 
-    def ours_blockwise(grad_h, gu, multiplier):
-        return copies(swiglu_backward_blockwise(grad_h, gu, both))
-
     found = [
         Variant("compiled-bf16", False, False, "compiled-bf16", compiled_bf16),
         Variant("compiled-bf16-amax", False, False, "compiled-bf16-amax", compiled_bf16_amax),
@@ -203,15 +198,11 @@ def variants(sweep: bool = False) -> list[Variant]:
         Variant("ours-bf16-amax-then-axiswise", True, True, "ours-bf16-amax-then-axiswise", ours_bf16_then_axiswise, "axiswise"),
         Variant("ours-axiswise", True, True, "ours-bf16-amax-then-axiswise", ours_axiswise, "axiswise"),
         Variant("ours-bf16-then-blockwise", True, True, "ours-bf16-then-blockwise", ours_bf16_then_blockwise, "blockwise"),
-        Variant("ours-blockwise", True, True, "ours-bf16-then-blockwise", ours_blockwise, "blockwise"),
     ]
     if sweep:
-        for rows, warps in SWEEP["axis-amax"]:
+        for rows, warps in SWEEP:
             run = _with_constants(ours_bf16_axis_amax, AXIS_AMAX_BLOCK_ROWS=rows, AXIS_AMAX_NUM_WARPS=warps)
             found.append(Variant(f"ours-bf16-axis-amax {rows}x128 w{warps}", False, False, "ours-bf16-amax", run))
-        for warps in SWEEP["blockwise"]:
-            run = _with_constants(ours_blockwise, BLOCKWISE_NUM_WARPS=warps)
-            found.append(Variant(f"ours-blockwise 128x128 w{warps}", True, True, "ours-bf16-then-blockwise", run, "blockwise"))
     return found
 
 
@@ -360,7 +351,7 @@ def _record(name, rows, ffn, kernels, moved, measurement, copy_gbps, like, check
 def main(
     rows: int = typer.Option(8192, min=1, help="R: rows of grad_h and gu (tokens)"),
     ffn: int = typer.Option(14336, min=1, help="F: columns of grad_h (gu has 2F: gate, then up)"),
-    sweep: bool = typer.Option(False, help="also time the axiswise-amax and blockwise modes at the other tiles of SWEEP"),
+    sweep: bool = typer.Option(False, help="also time the axiswise-amax mode at the other tiles of SWEEP"),
     out: Optional[Path] = typer.Option(None, help="folder for swiglu_backward.csv and metadata.json"),
 ) -> None:
     import torch

@@ -22,9 +22,9 @@ and dtypes without running a kernel) and eager mode simply calls them.
   gradient with its amax (a dynamic tensorwise cast follows), or that gradient cast with the history's
   amax, both copies, recording its own amax (delayed scaling). Inductor's kernel for the same ops
   reads gate, up and the incoming gradient once for each half of its output.
-- `fp8bench::swiglu_backward_quantize`: the same gradient cast axiswise or in 1 x 128 groups, both copies
-  (an FP8 feed-forward's w13: fp8bench.nn.swiglu_fusion), from the SwiGLU's kernel with no pass over the
-  gradient in between.
+- `fp8bench::swiglu_backward_quantize_axiswise`: the same gradient cast axiswise, both copies (an FP8
+  feed-forward's w13: fp8bench.nn.swiglu_fusion), its amaxes from the SwiGLU's kernel, so that only the
+  cast pass reads the gradient.
 - `fp8bench::fp8_gemm`: our persistent FP8 GEMM (fp8kernels.gemm), bf16 out, with the activation (if any)
   applied in its epilogue.
 - `fp8bench::fp8_gemm_1x128_1x128`: the blockwise product whose operands both have 1 x 128 scales
@@ -259,28 +259,22 @@ def _swiglu_backward_quantize_delayed_fake(grad_h, gate_up, amax_history, fp8_dt
     return data, scale, data_t
 
 
-@torch.library.custom_op("fp8bench::swiglu_backward_quantize", mutates_args=())
-def swiglu_backward_quantize(grad_h: torch.Tensor, gate_up: torch.Tensor, granularity: str, fp8_dtype: str, power_of_two: bool) -> Quantized:
-    """swiglu_backward_amax's gradient cast axiswise or in 1 x 128 groups, both copies, as `quantize` of it
-    returns them: in 1 x 128 groups by the SwiGLU's kernel itself (no gradient in the inputs' dtype is
-    written); axiswise from the gradient and the row and column amaxes that kernel returns with it, then
-    the cast pass alone (no amax pass over the gradient)."""
+@torch.library.custom_op("fp8bench::swiglu_backward_quantize_axiswise", mutates_args=())
+def swiglu_backward_quantize_axiswise(grad_h: torch.Tensor, gate_up: torch.Tensor, fp8_dtype: str, power_of_two: bool) -> Quantized:
+    """swiglu_backward_amax's gradient cast axiswise, both copies, as `quantize` of it returns them: from the
+    gradient and the row and column amaxes the SwiGLU's kernel returns with it, then the cast pass alone
+    (no amax pass over the gradient)."""
     from fp8kernels.quantize import QuantizeSpec
     from fp8kernels.quantize_axiswise import cast_axiswise
-    from fp8kernels.swiglu_backward import swiglu_backward_axiswise_amax, swiglu_backward_blockwise
+    from fp8kernels.swiglu_backward import swiglu_backward_axiswise_amax
 
     spec = QuantizeSpec(FP8_DTYPES[fp8_dtype], power_of_two, True, True)
-    if granularity == Granularity.AXISWISE.value:
-        grad, row_amax, col_amax = swiglu_backward_axiswise_amax(grad_h, gate_up)
-        out = cast_axiswise(grad, row_amax, col_amax, spec)
-    else:
-        out = swiglu_backward_blockwise(grad_h, gate_up, spec)
-    return _outputs(out, gate_up, spec)
+    return _outputs(cast_axiswise(*swiglu_backward_axiswise_amax(grad_h, gate_up), spec), gate_up, spec)
 
 
-@swiglu_backward_quantize.register_fake
-def _swiglu_backward_quantize_fake(grad_h, gate_up, granularity, fp8_dtype, power_of_two):
-    return _quantize_fake(gate_up, granularity, 1, fp8_dtype, power_of_two, True, True)
+@swiglu_backward_quantize_axiswise.register_fake
+def _swiglu_backward_quantize_axiswise_fake(grad_h, gate_up, fp8_dtype, power_of_two):
+    return _quantize_fake(gate_up, Granularity.AXISWISE.value, 0, fp8_dtype, power_of_two, True, True)
 
 
 @torch.library.custom_op("fp8bench::transpose_fp8", mutates_args=())

@@ -240,18 +240,19 @@ def swiglu_grad_forms(grad_h: torch.Tensor, gate_up: torch.Tensor, calls: tuple[
     """The gradient of the gate+up product from grad_h, that of silu(gate) * up, in the forms `calls` make
     (as cast_tensor's): (the gradient itself, None where both uses take FP8 forms the SwiGLU's kernel
     wrote; its forms). One kernel reads grad_h and gate_up once (fp8bench.nn._float8_ops):
-    - one cast of both uses, delayed tensorwise with an amax in the history, in 1 x 128 groups (F a
-      multiple of 128), or axiswise: that kernel writes the forms, axiswise with the cast pass after it (swiglu_backward_quantize);
+    - one delayed tensorwise cast of both uses with an amax in the history: that kernel writes the forms;
+    - one axiswise cast of both uses: the cast pass follows, scaled by the row and column amaxes the
+      kernel returns (swiglu_backward_quantize_axiswise);
     - dynamic tensorwise of both uses: the cast pass follows, scaled by the amax the kernel returns;
-    - any other cast follows it as cast_tensor makes it."""
+    - any other cast follows it as cast_tensor makes it (1 x 128 groups: fp8kernels.swiglu_backward's
+      docstring says why not in the kernel)."""
     call = calls[0] if len(calls) == 1 else None
     both = call is not None and call.rowwise and call.columnwise
     if both and call.granularity == Granularity.TENSORWISE.value and call.delayed and histories_filled:
         data, scale, data_t = ops.swiglu_backward_quantize_delayed(grad_h, gate_up, history, call.fp8_dtype, call.power_of_two)
         return None, Forms((data, scale), (data_t, scale))
-    groups_1x128 = call is not None and call.granularity == Granularity.BLOCKWISE.value and call.block_rows == 1
-    if both and (call.granularity == Granularity.AXISWISE.value or (groups_1x128 and gate_up.shape[1] % (2 * BLOCK) == 0)):
-        data, scale, data_t, scale_t = ops.swiglu_backward_quantize(grad_h, gate_up, call.granularity, call.fp8_dtype, call.power_of_two)
+    if both and call.granularity == Granularity.AXISWISE.value:
+        data, scale, data_t, scale_t = ops.swiglu_backward_quantize_axiswise(grad_h, gate_up, call.fp8_dtype, call.power_of_two)
         return None, Forms((data, scale), (data_t, scale_t))
     both_tensorwise = both and call.granularity == Granularity.TENSORWISE.value
     grad, amax = ops.swiglu_backward_amax(grad_h, gate_up)

@@ -3,7 +3,7 @@ the SwiGLU's kernels:
 - into the down projection `w2` where the recipe casts h axiswise or in 1 x 128 groups (swiglu_fusion): the
   SwiGLU writes w2's FP8 input itself (fp8kernels.swiglu_cast), the bf16 h = silu(gate) * up neither
   written nor read back. The feed-forward then becomes a Float8FeedForward, one autograd function over
-  both linears, so that the SwiGLU's backward writes w13's grad_output casts too (below);
+  both linears, so that the SwiGLU's backward makes w13's grad_output casts too (below);
 - into the gate+up projection `w13` otherwise (the tensorwise recipes, and rowwise_with_gw_hp): its backward
   computes the gate+up gradient in one of our kernels that writes w13's tensorwise grad_output casts, or the
   gradient and its amax for them (Float8Linear.fuse_swiglu).
@@ -26,11 +26,12 @@ backward is Float8Linear's (float8_linear.backward_products) for w2, then d(silu
 saved gate+up product in our SwiGLU backward kernel (fp8kernels.swiglu_backward: autograd's values,
 bit for bit on a GPU, in one read of its inputs where inductor's kernel for autograd's ops reads them
 once for each half of its output). A lone Float8SwiGLULinear returns that gradient in bf16 and w13 casts
-it as its grad_output; in a Float8FeedForward the kernel writes w13's casts of it instead
-(float8_linear.swiglu_grad_forms): in 1 x 128 groups both ways in the same pass, no bf16 gradient
-written; axiswise, the gradient with its row and column amaxes, so that only the cast pass follows.
-Under blockwise scaling w13 is a Float8LayerNormLinear (fp8bench.nn.norm_fusion), whose RMSNorm the
-Float8FeedForward runs as that module does.
+it as its grad_output, an amax pass then the cast pass under rowwise scaling; in a Float8FeedForward the
+kernel returns the gradient's row and column amaxes with it, so that only the cast pass follows
+(float8_linear.swiglu_grad_forms). In 1 x 128 groups the cast follows the gradient either way (one
+pass: fp8kernels.swiglu_backward's docstring says why not in the SwiGLU's kernel). Under blockwise
+scaling w13 is a Float8LayerNormLinear (fp8bench.nn.norm_fusion), whose RMSNorm the Float8FeedForward
+runs as that module does.
 """
 
 from __future__ import annotations
