@@ -111,6 +111,15 @@ def step(model: nn.Module, x: torch.Tensor):
 FFN_BACKWARD = {"rowwise": "swiglu_backward_axiswise_amax", "blockwise": "swiglu_backward"}
 
 
+def llama_step(model: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One training step's loss and parameter gradients (by name, a compiled block's unwrapped) of a LLaMa on
+    seeded tokens."""
+    tokens = torch.randint(0, SMALL.vocab, (1, 129), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
+    loss.backward()
+    return loss.detach(), {n.replace("._orig_mod", ""): p.grad for n, p in model.named_parameters()}
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("name", FUSED)
 def test_fused_ffn_trains_as_the_unfused_ffn(monkeypatch, name, compiled):
@@ -179,13 +188,7 @@ def test_the_fused_llama_trains_as_the_unfused_one():
             fuse_norm_linears(model, recipe)
             convert_to_float8(model, recipe, lambda module, name: name != "output")
         models.append(model)
-    tokens = torch.randint(0, SMALL.vocab, (1, 129), generator=torch.Generator().manual_seed(2)).to(DEVICE)
-    results = []
-    for model in models:
-        loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
-        loss.backward()
-        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
-    (loss, grads), (whole_loss, whole_grads) = results
+    (loss, grads), (whole_loss, whole_grads) = (llama_step(model) for model in models)
     assert torch.allclose(whole_loss, loss, rtol=1e-3, atol=0) and whole_grads.keys() == grads.keys()
     for key in grads:
         assert close(whole_grads[key], grads[key]), key
@@ -298,13 +301,7 @@ def test_compiled_blocks_trace_the_fused_ffn_in_one_graph(name):
             for index, block in enumerate(model.layers):
                 model.layers[index] = torch.compile(block, backend="aot_eager", fullgraph=True)
         models.append(model)
-    tokens = torch.randint(0, SMALL.vocab, (1, 129), generator=torch.Generator().manual_seed(2)).to(DEVICE)
-    results = []
-    for model in models:
-        loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
-        loss.backward()
-        results.append((loss.detach(), {n.replace("._orig_mod", ""): p.grad for n, p in model.named_parameters()}))
-    (eager_loss, eager_grads), (loss, grads) = results
+    (eager_loss, eager_grads), (loss, grads) = (llama_step(model) for model in models)
     assert torch.equal(loss, eager_loss) and grads.keys() == eager_grads.keys()
     for key in grads:
         assert torch.equal(grads[key], eager_grads[key]), key
