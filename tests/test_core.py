@@ -470,17 +470,23 @@ def test_one_clock_read_at_the_top_of_a_capped_swing_does_not_hide_the_cap():
     assert len(steady_reads) >= SETTLE_CLOCK_READS  # the settle's reads, then one a repeat
 
 
-def test_clock_trace_windows_spanning_the_swing_agree(tmp_path, monkeypatch):
-    """tools/clock_trace.py --windows (how docs/timing.md sized TimingConfig.throttled_samples_ms):
-    under a clock swinging with a 1 s period, 1 s windows agree and half-period windows do not."""
+def load_clock_trace(monkeypatch):
+    """tools/clock_trace.py as a module, pynvml stubbed (tracing needs it; reading a trace, or its cases, does not)."""
     import importlib.util
     import sys
     import types
 
-    monkeypatch.setitem(sys.modules, "pynvml", types.ModuleType("pynvml"))  # the trace needs it; reading one does not
+    monkeypatch.setitem(sys.modules, "pynvml", types.ModuleType("pynvml"))
     spec = importlib.util.spec_from_file_location("clock_trace", Path(__file__).parents[1] / "tools/clock_trace.py")
     clock_trace = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(clock_trace)
+    return clock_trace
+
+
+def test_clock_trace_windows_spanning_the_swing_agree(tmp_path, monkeypatch):
+    """tools/clock_trace.py --windows (how docs/timing.md sized TimingConfig.throttled_samples_ms):
+    under a clock swinging with a 1 s period, 1 s windows agree and half-period windows do not."""
+    clock_trace = load_clock_trace(monkeypatch)
     samples = tmp_path / "swing-samples.csv"
     times = [i / 1000 for i in range(4000)]
     samples.write_text("t_s,gpu_ms\n" + "".join(f"{t:.4f},{1 + 0.1 * math.sin(2 * math.pi * t):.5f}\n" for t in times))
@@ -488,6 +494,20 @@ def test_clock_trace_windows_spanning_the_swing_agree(tmp_path, monkeypatch):
     half_period = clock_trace.consecutive_window_spreads(samples, 0.5)
     assert len(whole_period) >= 10 and len(half_period) > len(whole_period)
     assert max(whole_period) < 0.5 < 5.0 < max(half_period)
+
+
+def test_clock_trace_training_cases_pair_ours_with_cublas_unflushed(monkeypatch):
+    """tools/clock_trace.py --cases training: ours and cuBLAS on each of the largest products of a LLaMa-3 8B
+    training step, either first in turn, tensorwise with the recipe's accumulation, no L2 flush."""
+    clock_trace = load_clock_trace(monkeypatch)
+    cases = clock_trace.CASE_SETS["training"]()
+    assert [c[0] for c in cases[:4]] == ["triton-tw-w13-output", "cublas-tw-w13-output", "cublas-tw-w13-grad_input", "triton-tw-w13-grad_input"]
+    assert len(cases) == 8 and {c[2] for c in cases} == {"triton", "cublas"}
+    assert all(c[3] is Granularity.TENSORWISE and c[5] is False for c in cases)
+    assert [(c[1].M, c[1].K, c[1].N, c[4]) for c in cases[::2]] == [
+        (8192, 4096, 28672, FastAccum.ON), (8192, 28672, 4096, FastAccum.OFF), (28672, 8192, 4096, FastAccum.OFF),
+        (8192, 4096, 14336, FastAccum.OFF)]  # fmt: skip
+    assert all(c[5] is True for c in clock_trace.CASE_SETS["clocks"]())
 
 
 def test_the_command_line_imports_every_module_and_name_under_its_own_name():
