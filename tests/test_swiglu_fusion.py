@@ -151,6 +151,18 @@ def test_a_lone_fused_w2_returns_the_gradient_w13_casts(monkeypatch):
         assert calls["swiglu_cast_axiswise"] == 1 and calls["swiglu_backward"] == 1 and calls["swiglu_backward_axiswise_amax"] == 0, calls
 
 
+def test_a_hooked_linear_sees_its_own_call(monkeypatch):
+    """With a hook on w2 (as fp8bench.nn.tensor_stats registers them) the feed-forward runs its linears one by
+    one: the hook sees w2's call on the gate+up product, and the step is the unhooked one's."""
+    _, fused, _ = feed_forwards(RECIPES["rowwise"])
+    hooked = copy.deepcopy(fused)
+    seen = []
+    hooked[0].w2.register_forward_pre_hook(lambda module, args: seen.append(tuple(args[0].shape)))
+    per_step = assert_steps_equal(hooked, fused, monkeypatch, steps=1, equal=close)
+    assert seen == [(1, 128, 2 * SMALL.ffn_dim)]
+    assert per_step[0]["swiglu_backward"] == 1 and per_step[0]["swiglu_backward_axiswise_amax"] == 0
+
+
 def test_a_feed_forward_whose_linears_differ_says_why():
     """Float8FeedForward runs its linears as one only where they share a recipe without delay, bias or
     activation of their own; fuse_swiglu_linears says why it leaves w13 out."""

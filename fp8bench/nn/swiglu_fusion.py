@@ -202,7 +202,8 @@ class Float8FeedForward(nn.Module):
     kernel producing its tensor, both ways (module docstring): w13 a Float8Linear, or a
     Float8LayerNormLinear whose norm writes its input; w2 a Float8SwiGLULinear of the same recipe. The
     parameters stay theirs, under the same names (`w13.weight`, `w2.weight`, `w13.layer_norm_weight`).
-    Build it with Float8FeedForward.from_feed_forward (feed_forward_problem says when it cannot)."""
+    Where either linear has hooks, the two run as their own modules. Build it with
+    Float8FeedForward.from_feed_forward (feed_forward_problem says when it cannot)."""
 
     def __init__(self, w13: Float8Linear, w2: Float8SwiGLULinear):
         super().__init__()
@@ -220,6 +221,10 @@ class Float8FeedForward(nn.Module):
         return cls(ffn.w13, ffn.w2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _hooked(self.w13) or _hooked(self.w2):
+            # A hook on a linear (fp8bench.nn.tensor_stats) sees that linear's own call: the two run one by one,
+            # computing the same values (w13 then casts its grad_output after an amax pass of its own).
+            return self.w2(self.w13(x))
         x2d = self.w13.rows_of(x)
         if x2d.shape[0] % self.w2._rows_multiple:
             problem = shape_problem(x2d.shape[0], self.w2.in_features, self.w2.out_features, self.w2.recipe)
@@ -232,6 +237,11 @@ class Float8FeedForward(nn.Module):
             x2d, ln_weight, ln_bias, self.w13.weight, self.w2.weight, self._up, self._up_swiglu, self.w2.call_plan(), eps, rms_norm
         )
         return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _hooked(module: nn.Module) -> bool:
+    """Whether the module has forward or backward hooks of its own."""
+    return bool(module._forward_pre_hooks or module._forward_hooks or module._backward_pre_hooks or module._backward_hooks)
 
 
 def feed_forward_problem(w13: nn.Module, w2: nn.Module) -> str | None:
