@@ -392,7 +392,7 @@ def test_bad_suites_are_refused(tmp_path, text, message):
     [
         (["matmul", "--granularity", "colwise"], "tensorwise, axiswise, rowwise, blockwise, all"),
         (["matmul", "--fast-accum", "sometimes"], "on, off, both"),
-        (["matmul", "--shape-gen", "cubes"], "square, pow2-extended, llama, sweep, dsv3, awkward, moe, tp-shards, unaligned, small-m, custom"),
+        (["matmul", "--shape-gen", "cubes"], "square, pow2-extended, llama, training, sweep, dsv3, awkward, moe, tp-shards, unaligned, small-m, custom"),
         (["matmul", "--shape-gen", "custom", "--M", "64"], "needs --K, --N"),
         (["matmul", "--backend", "cutlass"], "cutlass"),
         (["matmul", "--timer", "stopwatch"], "auto, cuda-events, cupti"),
