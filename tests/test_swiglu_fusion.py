@@ -163,6 +163,16 @@ def test_a_hooked_linear_sees_its_own_call(monkeypatch):
     assert per_step[0]["swiglu_backward"] == 1 and per_step[0]["swiglu_backward_axiswise_amax"] == 0
 
 
+def test_a_linear_swapped_since_runs_as_it_is(monkeypatch):
+    """A w13 swapped for another kind of linear after the feed-forward was built (as FP8 all-gather swaps
+    linears) runs as its own module, the feed-forward's linears one by one."""
+    _, fused, _ = feed_forwards(RECIPES["rowwise"])
+    swapped = copy.deepcopy(fused)
+    swapped[0].w13.__class__ = type("SwappedLinear", (Float8Linear,), {})
+    per_step = assert_steps_equal(swapped, fused, monkeypatch, steps=1, equal=close)
+    assert per_step[0]["swiglu_backward"] == 1 and per_step[0]["swiglu_backward_axiswise_amax"] == 0
+
+
 def test_a_feed_forward_whose_linears_differ_says_why():
     """Float8FeedForward runs its linears as one only where they share a recipe without delay, bias or
     activation of their own; fuse_swiglu_linears says why it leaves w13 out."""

@@ -202,7 +202,7 @@ class Float8FeedForward(nn.Module):
     kernel producing its tensor, both ways (module docstring): w13 a Float8Linear, or a
     Float8LayerNormLinear whose norm writes its input; w2 a Float8SwiGLULinear of the same recipe. The
     parameters stay theirs, under the same names (`w13.weight`, `w2.weight`, `w13.layer_norm_weight`).
-    Where either linear has hooks, the two run as their own modules. Build it with
+    Where either linear has hooks or has been swapped since, the two run as their own modules. Build it with
     Float8FeedForward.from_feed_forward (feed_forward_problem says when it cannot)."""
 
     def __init__(self, w13: Float8Linear, w2: Float8SwiGLULinear):
@@ -221,9 +221,10 @@ class Float8FeedForward(nn.Module):
         return cls(ffn.w13, ffn.w2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _hooked(self.w13) or _hooked(self.w2):
-            # A hook on a linear (fp8bench.nn.tensor_stats) sees that linear's own call: the two run one by one,
-            # computing the same values (w13 then casts its grad_output after an amax pass of its own).
+        if _hooked(self.w13) or _hooked(self.w2) or feed_forward_problem(self.w13, self.w2):
+            # A hook on a linear (fp8bench.nn.tensor_stats) sees that linear's own call, and a linear swapped
+            # since (fp8bench.nn.fsdp's FP8 all-gather of a custom recipe's weights) runs as it is: the two run
+            # one by one, computing the same values (w13 then casts its grad_output after an amax pass of its own).
             return self.w2(self.w13(x))
         x2d = self.w13.rows_of(x)
         if x2d.shape[0] % self.w2._rows_multiple:
