@@ -16,8 +16,8 @@ from fp8bench.nn.recipes import RECIPES
 ONE_BLOCK = LlamaConfig("one", dim=128, ffn_dim=256, heads=2, kv_heads=1, vocab=256, layers=1)
 
 
-def saved_by_compiled_block(implementation: str, checkpointing: str, process_group=None) -> list[tuple[str, torch.dtype]]:
-    """What the compiled forward of one checkpointed block (ours tensorwise, or BF16) saves for its backward
+def saved_by_compiled_block(implementation: str, checkpointing: str, process_group=None, recipe: str = "tensorwise") -> list[tuple[str, torch.dtype]]:
+    """What the compiled forward of one checkpointed block (ours with `recipe`, or BF16) saves for its backward
     beyond its inputs: (producing op, dtype) per saved tensor. With a process group, the model is sharded
     with FSDP2 as e2e shards it (ours: weights all-gathered in FP8, whose gathered data are the block's
     inputs). The graphs are partitioned as inductor partitions them and run as traced (kernels under the
@@ -37,8 +37,7 @@ def saved_by_compiled_block(implementation: str, checkpointing: str, process_gro
     device = "cuda" if torch.cuda.is_available() and process_group is None else "cpu"
     model = Llama(ONE_BLOCK, device=device, dtype=torch.bfloat16)
     model.init_weights(e2e.SEED)
-    recipe = None if implementation == "bf16" else RECIPES["tensorwise"]
-    converted = convert(model, implementation, recipe, fp8_all_gather=process_group is not None, process_group=process_group)
+    converted = convert(model, implementation, None if implementation == "bf16" else RECIPES[recipe], fp8_all_gather=process_group is not None, process_group=process_group)
     e2e.apply_checkpointing(model, checkpointing)
     model.layers[0] = torch.compile(model.layers[0], backend=backend)
     if process_group is not None:

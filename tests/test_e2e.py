@@ -409,9 +409,11 @@ def test_full_checkpointing_under_compile_saves_no_activation_of_the_block(imple
     assert "run_and_save_rng_state" in saved[0][0]
 
 
-def test_selective_checkpointing_under_compile_saves_products_not_casts():
-    """Selective: our products' outputs are saved, none of the FP8 casts (recomputed in the backward)."""
-    saved = saved_by_compiled_block("triton", "selective")
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_selective_checkpointing_under_compile_saves_products_not_casts(recipe):
+    """Selective: our products' outputs are saved, none of the FP8 casts (recomputed in the backward); under
+    rowwise scaling the feed-forward's products too, inside its one autograd function (Float8FeedForward)."""
+    saved = saved_by_compiled_block("triton", "selective", recipe=recipe)
     assert any("fp8_gemm" in op for op, _ in saved), saved
     assert not any(dtype in (torch.float8_e4m3fn, torch.float8_e5m2) for _, dtype in saved), saved
 
