@@ -248,13 +248,13 @@ def swiglu_grad_forms(grad_h: torch.Tensor, gate_up: torch.Tensor, calls: tuple[
       docstring says why not in the kernel)."""
     call = calls[0] if len(calls) == 1 else None
     both = call is not None and call.rowwise and call.columnwise
-    if both and call.granularity == Granularity.TENSORWISE.value and call.delayed and histories_filled:
+    both_tensorwise = both and call.granularity == Granularity.TENSORWISE.value
+    if both_tensorwise and call.delayed and histories_filled:
         data, scale, data_t = ops.swiglu_backward_quantize_delayed(grad_h, gate_up, history, call.fp8_dtype, call.power_of_two)
         return None, Forms((data, scale), (data_t, scale))
     if both and call.granularity == Granularity.AXISWISE.value:
         data, scale, data_t, scale_t = ops.swiglu_backward_quantize_axiswise(grad_h, gate_up, call.fp8_dtype, call.power_of_two)
         return None, Forms((data, scale), (data_t, scale_t))
-    both_tensorwise = both and call.granularity == Granularity.TENSORWISE.value
     grad, amax = ops.swiglu_backward_amax(grad_h, gate_up)
     if both_tensorwise and not call.delayed:
         data, scale, data_t, _ = ops.quantize_tensorwise_scaled(grad, amax, call.fp8_dtype, call.power_of_two, True, True)

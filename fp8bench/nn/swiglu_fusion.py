@@ -211,7 +211,7 @@ class Float8FeedForward(nn.Module):
         if problem:
             raise ValueError(f"Float8FeedForward cannot run its linears as one: {problem}")
         self.w13, self.swiglu, self.w2 = w13, nn.Identity(), w2
-        self._up, self._up_swiglu = plan(w13.recipe), plan(w13.recipe, swiglu=True)
+        self._up_swiglu = plan(w13.recipe, swiglu=True)  # w13's plan returning the SwiGLU, for the backward
 
     @classmethod
     def from_feed_forward(cls, ffn: nn.Module) -> "Float8FeedForward":
@@ -221,7 +221,7 @@ class Float8FeedForward(nn.Module):
         return cls(ffn.w13, ffn.w2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _hooked(self.w13) or _hooked(self.w2) or feed_forward_problem(self.w13, self.w2):
+        if _hooked(self.w13) or _hooked(self.w2) or _kinds_problem(self.w13, self.w2):
             # A hook on a linear (fp8bench.nn.tensor_stats) sees that linear's own call, and a linear swapped
             # since (fp8bench.nn.fsdp's FP8 all-gather of a custom recipe's weights) runs as it is: the two run
             # one by one, computing the same values (w13 then casts its grad_output after an amax pass of its own).
@@ -235,7 +235,8 @@ class Float8FeedForward(nn.Module):
             norm = (self.w13.layer_norm_weight, self.w13.layer_norm_bias, self.w13.eps, self.w13.normalization is Normalization.RMS_NORM)
         ln_weight, ln_bias, eps, rms_norm = norm
         out = _Float8FeedForwardFunction.apply(
-            x2d, ln_weight, ln_bias, self.w13.weight, self.w2.weight, self._up, self._up_swiglu, self.w2.call_plan(), eps, rms_norm
+            x2d, ln_weight, ln_bias, self.w13.weight, self.w2.weight, self.w13.call_plan(), self._up_swiglu, self.w2.call_plan(), eps,
+            rms_norm,
         )
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
@@ -245,12 +246,20 @@ def _hooked(module: nn.Module) -> bool:
     return bool(module._forward_pre_hooks or module._forward_hooks or module._backward_pre_hooks or module._backward_hooks)
 
 
-def feed_forward_problem(w13: nn.Module, w2: nn.Module) -> str | None:
-    """Why Float8FeedForward cannot run these linears as one, or None."""
+def _kinds_problem(w13: nn.Module, w2: nn.Module) -> str | None:
+    """Why these linears are not of the kinds Float8FeedForward runs as one, or None."""
     if type(w2) is not Float8SwiGLULinear:
         return f"w2 is a {type(w2).__name__}, not a Float8SwiGLULinear"
     if type(w13) not in (Float8Linear, Float8LayerNormLinear):
         return f"w13 is a {type(w13).__name__}, not a Float8Linear or Float8LayerNormLinear"
+    return None
+
+
+def feed_forward_problem(w13: nn.Module, w2: nn.Module) -> str | None:
+    """Why Float8FeedForward cannot run these linears as one, or None."""
+    kinds = _kinds_problem(w13, w2)
+    if kinds:
+        return kinds
     if w13.recipe != w2.recipe:
         return f"w13 runs recipe {w13.recipe.name!r}, w2 {w2.recipe.name!r}"
     if w13.bias is not None or w2.bias is not None or w13.activation is not Activation.NONE or w13.swiglu:
@@ -288,6 +297,7 @@ def fuse_swiglu_linears(model: nn.Module, recipe: Recipe) -> Fusion:
         if reason:
             unfused[path(child)] = reason
             continue
+        w13_reason = _why_not(ffn, ffn.w13, recipe) if into_w2 else None  # before the SwiGLU leaves the feed-forward
         if into_w2:
             ffn.w2 = Float8SwiGLULinear.from_linear(ffn.w2, recipe)
         else:
@@ -297,7 +307,7 @@ def fuse_swiglu_linears(model: nn.Module, recipe: Recipe) -> Fusion:
         ffn.swiglu = nn.Identity()
         fused.append(path(child))
         if into_w2:
-            reason = _as_one(model, ffn_name, ffn, recipe)
+            reason = w13_reason or _as_one(model, ffn_name, ffn, recipe)
             if reason:
                 unfused[path("w13")] = reason
             else:
@@ -306,17 +316,12 @@ def fuse_swiglu_linears(model: nn.Module, recipe: Recipe) -> Fusion:
 
 
 def _as_one(model: nn.Module, ffn_name: str, ffn: FeedForward, recipe: Recipe) -> str | None:
-    """Replace the feed-forward (its SwiGLU fused into w2) by a Float8FeedForward over its linears, w13
-    converted to a Float8Linear first where it is an nn.Linear; None where done, else why not."""
+    """Replace the feed-forward (its SwiGLU fused into w2, its w13 one _why_not accepts) by a
+    Float8FeedForward over its linears, w13 converted to a Float8Linear first where it is an nn.Linear;
+    None where done, else why not."""
     if not ffn_name:
         return "the feed-forward is the model itself, which cannot be replaced"
-    w13 = ffn.w13
-    if type(w13) is nn.Linear:
-        problem = None if w13.bias is None else "the linear has a bias"
-        problem = problem or shape_problem(BLOCK, w13.in_features, w13.out_features, recipe)
-        if problem:
-            return problem
-        w13 = Float8Linear.from_linear(w13, recipe)
+    w13 = Float8Linear.from_linear(ffn.w13, recipe) if type(ffn.w13) is nn.Linear else ffn.w13
     problem = feed_forward_problem(w13, ffn.w2)
     if problem:
         return problem
