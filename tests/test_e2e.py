@@ -399,6 +399,37 @@ def test_activation_checkpointing_recomputes_the_same_step(checkpointing):
     assert all(type(block).__name__ == "CheckpointWrapper" for block in model.layers)
 
 
+@pytest.mark.parametrize("checkpointing", ["selective", "full"])
+def test_checkpointed_delayed_scaling_recomputes_with_the_forwards_scales(checkpointing):
+    """Ours with delayed scaling, checkpointed: the recompute casts with the forward's scales and records no
+    amax again, so the losses and every amax history equal those without checkpointing (before, the first
+    step's recompute took another cast path than its forward, and torch's checkpoint raised)."""
+    runs = []
+    for mode in ("none", checkpointing):
+        model = Llama(TINY, dtype=torch.bfloat16)
+        model.init_weights(e2e.SEED)
+        converted = convert(model, "triton", RECIPES["tensorwise-delayed"])
+        e2e.apply_checkpointing(model, mode, converted.recompute_contexts)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        tokens = torch.randint(0, TINY.vocab, (2, 33), generator=torch.Generator().manual_seed(0))
+        losses = []
+        for _ in range(3):
+            loss = loss_fn(model(tokens[:, :-1]), tokens[:, 1:])
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        histories = {name.replace("_checkpoint_wrapped_module.", ""): buffer.clone()
+                     for name, buffer in model.named_buffers() if "amax_history" in name}  # fmt: skip
+        runs.append((losses, histories))
+    (losses, histories), (checkpointed_losses, checkpointed_histories) = runs
+    assert checkpointed_losses == losses
+    assert histories and checkpointed_histories.keys() == histories.keys()
+    for name, history in histories.items():
+        assert int((history > 0).sum()) == 3 or "grad_output" in name or "weight" in name, (name, history[:4])
+        torch.testing.assert_close(checkpointed_histories[name], history, rtol=0, atol=0, msg=name)
+
+
 @pytest.mark.parametrize("implementation", ["bf16", "triton"])
 def test_full_checkpointing_under_compile_saves_no_activation_of_the_block(implementation):
     """Compiled, a fully checkpointed block saves only its inputs and the attention's RNG state: no output of

@@ -109,15 +109,31 @@ def linear_filter(lm_head_fp8: bool) -> Callable[[str], bool]:
     return lambda name: lm_head_fp8 or name != LM_HEAD
 
 
+# Per checkpointed call: the context of the region's forward, and that of its recompute in the backward.
+RecomputeContexts = Callable[[], tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]]
+
+
+@contextlib.contextmanager
+def nested(*contexts: contextlib.AbstractContextManager):
+    """One context that enters `contexts` in order and leaves them in reverse."""
+    with contextlib.ExitStack() as stack:
+        for context in contexts:
+            stack.enter_context(context)
+        yield
+
+
 @dataclass
 class Converted:
     """A converted model: the context every training step runs under (TE's autocast; none for the
-    others), what to call after each optimizer step, and what the row records about the conversion."""
+    others), what to call after each optimizer step, what the row records about the conversion, and,
+    for activation checkpointing of a region (a block), the function that gives the contexts its forward
+    and its recompute run under, so that the recompute repeats the forward (None: nothing to keep)."""
 
     model: Any
     step_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     after_optimizer_step: Callable[[], None] = lambda: None
     options: dict[str, Any] = field(default_factory=dict)
+    recompute_contexts: Callable[[Any], RecomputeContexts | None] = lambda region: None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fp8bench.backends.base import Backend, Converted, LayerStep, Level
+from fp8bench.backends.base import Backend, Converted, LayerStep, Level, RecomputeContexts, nested
 from fp8bench.backends.quantize import CastRecipe, Quantizer
 from fp8bench.config import Granularity
 from fp8bench.harness.case import Unsupported
@@ -155,7 +155,8 @@ class TeBackend(Backend):
         te = te_fp8(recipe)
         swapped = swap_linears(te, model, keep)
         options = {"te_recipe": TE_RECIPES[recipe.name], "te_linears": swapped}  # TE's version: the run's metadata
-        return Converted(model, step_context=autocast_context(te, te_recipe(recipe.name), process_group), options=options)
+        step_context = autocast_context(te, te_recipe(recipe.name), process_group)
+        return Converted(model, step_context=step_context, options=options, recompute_contexts=recompute_contexts(step_context))
 
 
 def te_fp8(recipe: Any):
@@ -200,6 +201,25 @@ def autocast_context(te, te_recipe_object: Any, process_group: Any) -> Callable[
     return lambda: te.fp8_autocast(enabled=True, fp8_recipe=te_recipe_object, **group)
 
 
+def recompute_contexts(step_context: Callable[[], Any]) -> Callable[[Any], RecomputeContexts]:
+    """What te.distributed.checkpoint puts around a checkpointed region, for torch's checkpoint with a per-op
+    policy: the forward in TE's recompute region (each delayed-scaling module keeps its scaling state), the
+    recompute in TE's recompute phase (that state put back, no amax recorded again) and under the step's
+    autocast, which the backward runs outside of (else TE's modules recompute in BF16). The policy sees no
+    TE kernel (they are not torch ops): TE's linears, GEMMs included, are recomputed in the backward."""
+    from transformer_engine.pytorch.distributed import activation_recompute_forward
+
+    def contexts():
+        forward = activation_recompute_forward(activation_recompute=True, recompute_phase=False)
+        recompute = nested(activation_recompute_forward(activation_recompute=True, recompute_phase=True), step_context())
+        return forward, recompute
+
+    return lambda region: contexts
+
+
+# What an e2e row under selective checkpointing records of TE's linears (recompute_contexts).
+TE_SELECTIVE_CHECKPOINTING = "the per-op policy sees no TE kernel (not torch ops): TE's linears, GEMMs included, are recomputed in the backward"
+
 TE_LAYER = "te-layer"
 
 
@@ -226,4 +246,5 @@ class TeLayerBackend(Backend):
         if recipe is None:
             return Converted(model, options={**options, "te_recipe": "none"})
         options.update(te_recipe=TE_RECIPES[recipe.name], te_linears=swap_linears(te, model, keep))
-        return Converted(model, step_context=autocast_context(te, te_recipe(recipe.name), process_group), options=options)
+        step_context = autocast_context(te, te_recipe(recipe.name), process_group)
+        return Converted(model, step_context=step_context, options=options, recompute_contexts=recompute_contexts(step_context))

@@ -120,7 +120,7 @@ class TritonBackend(Backend):
         """fp8bench.nn.float8_linear.convert_to_float8 with our recipe; under FSDP2 with tensorwise scaling
         the weights are all-gathered in FP8 (fp8bench.nn.fsdp), their scales computed in one pass after each
         optimizer step."""
-        from fp8bench.nn.float8_linear import convert_to_float8, recipe_problem
+        from fp8bench.nn.float8_linear import convert_to_float8, recipe_problem, recompute_contexts
         from fp8bench.nn.norm_fusion import fuse_norm_linears
         from fp8bench.nn.swiglu_fusion import fuse_swiglu_linears
 
@@ -147,5 +147,5 @@ class TritonBackend(Backend):
             from fp8bench.nn.fsdp import enable_float8_all_gather, precompute_float8_scales
 
             options["fp8_all_gather"] = enable_float8_all_gather(model)
-            return Converted(model, after_optimizer_step=lambda: precompute_float8_scales(model), options=options)
-        return Converted(model, options=options)
+            return Converted(model, after_optimizer_step=lambda: precompute_float8_scales(model), options=options, recompute_contexts=recompute_contexts)
+        return Converted(model, options=options, recompute_contexts=recompute_contexts)

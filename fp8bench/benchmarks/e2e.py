@@ -67,7 +67,8 @@ from typing import Any, Protocol
 import pandas as pd
 
 from fp8bench.backends import Level, backend_names, convert, get_backend, recipe_problem
-from fp8bench.backends.te import TE_LAYER, te_unavailable_reason
+from fp8bench.backends.base import RecomputeContexts, nested
+from fp8bench.backends.te import TE_LAYER, TE_SELECTIVE_CHECKPOINTING, te_unavailable_reason
 from fp8bench.benchmarks.layer import KERNEL_KINDS, first_matching_kind
 from fp8bench.config import FastAccum, GemmShape, Granularity, Status, TimingConfig
 from fp8bench.harness.case import Built, Failed, Unsupported, Work
@@ -464,9 +465,10 @@ def _saved_by_selective(op) -> bool:
     return op in saved or "gemm" in str(op)
 
 
-def apply_checkpointing(model, mode: str) -> None:
+def apply_checkpointing(model, mode: str, recompute_contexts: Callable[[Any], RecomputeContexts | None] = lambda region: None) -> None:
     """Wrap each block in activation checkpointing: `full` recomputes the whole block in the backward,
-    `selective` all but the products and attention (_saved_by_selective).
+    `selective` all but the products and attention (_saved_by_selective). `recompute_contexts` (the
+    conversion's, fp8bench.backends.base.Converted) adds its contexts to a block's forward and recompute.
 
     Both go through a checkpoint policy, `full`'s recomputing every op: under torch.compile, torch 2.11's
     plain checkpoint tags only the block graph's own nodes for recomputation, not those inside an
@@ -485,9 +487,15 @@ def apply_checkpointing(model, mode: str) -> None:
             return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
 
-    options: dict[str, Any] = {"preserve_rng_state": False, "context_fn": partial(create_selective_checkpoint_contexts, policy)}
+    def with_policy(extra: RecomputeContexts):
+        forward, recompute = create_selective_checkpoint_contexts(policy)
+        extra_forward, extra_recompute = extra()
+        return nested(forward, extra_forward), nested(extra_recompute, recompute)
+
     for index, block in enumerate(model.layers):
-        model.layers[index] = checkpoint_wrapper(block, **options)
+        extra = recompute_contexts(block)
+        context_fn = partial(create_selective_checkpoint_contexts, policy) if extra is None else partial(with_policy, extra)
+        model.layers[index] = checkpoint_wrapper(block, preserve_rng_state=False, context_fn=context_fn)
 
 
 def apply_compile(model, mode: str) -> None:
@@ -545,9 +553,11 @@ def build_training(case: E2ECase, inputs: E2EInputs) -> Built:
     sharded = case.world_size > 1
     converted = convert(model, case.implementation, case.recipe, lm_head_fp8=case.lm_head == "fp8", fp8_all_gather=sharded,
                         process_group=inputs.process_group)  # fmt: skip
-    apply_checkpointing(model, case.checkpointing)
+    apply_checkpointing(model, case.checkpointing, converted.recompute_contexts)
     apply_compile(model, case.compile)
     options: dict[str, Any] = {**converted.options, "parameters": case.model.parameter_count(), "flops_per_token": case.model.flops_per_token(case.seq_len)}
+    if case.checkpointing == "selective" and case.implementation in ("te", TE_LAYER):
+        options["selective_checkpointing"] = TE_SELECTIVE_CHECKPOINTING
     if sharded:
         from fp8bench.nn.fsdp import all_gather_bytes, shard_model
 

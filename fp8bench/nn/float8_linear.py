@@ -48,6 +48,7 @@ recipe's products cannot run at, and says which.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -461,6 +462,53 @@ class Float8Linear(nn.Linear):
         activation = "" if self.activation is Activation.NONE else f", activation={self.activation.value}"
         swiglu = ", swiglu" if self.swiglu else ""
         return f"{super().extra_repr()}, recipe={self.recipe.name}{activation}{swiglu}"
+
+
+class _DelayedState:
+    """The delayed-scaling state of a region's Float8Linears as its checkpointed forward found it.
+
+    Activation checkpointing runs the region's forward again in the backward. Without this, the recompute
+    finds state the forward changed: whether the histories are filled (flipped by the first step's forward,
+    so the recompute took another cast path and torch's checkpoint raised), and histories holding the
+    forward's amax (the recompute cast with other scales and recorded each amax twice). The forward's
+    context keeps a copy; the recompute's puts it back, so the recompute repeats the forward and leaves
+    the histories as the forward did (TransformerEngine's checkpoint does the same for its modules)."""
+
+    def __init__(self, modules: list[Float8Linear]):
+        self.modules = modules
+        self.kept: list[tuple[bool, list[torch.Tensor]]] = []
+
+    @staticmethod
+    def histories(module: Float8Linear) -> list[torch.Tensor]:
+        return [module.amax_history(role) for role in module.recipe.delayed_roles()]
+
+    @contextlib.contextmanager
+    def forward(self):
+        self.kept = [(m._histories_filled, [h.clone() for h in self.histories(m)]) for m in self.modules]
+        yield
+
+    @contextlib.contextmanager
+    def recompute(self):
+        with torch.no_grad():
+            for module, (filled, kept) in zip(self.modules, self.kept):
+                module._histories_filled = filled
+                torch._foreach_copy_(self.histories(module), kept)
+        yield
+
+
+def recompute_contexts(region: nn.Module) -> Callable[[], tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]] | None:
+    """For activation checkpointing of `region`: a function giving, per checkpointed call, the contexts its
+    forward and its recompute in the backward run under, so that the recompute repeats the forward
+    (_DelayedState); None where no Float8Linear of the region scales with delay."""
+    modules = [m for m in region.modules() if isinstance(m, Float8Linear) and m.recipe.delayed_roles()]
+    if not modules:
+        return None
+
+    def contexts():
+        state = _DelayedState(modules)
+        return state.forward(), state.recompute()
+
+    return contexts
 
 
 @dataclass(frozen=True)
