@@ -162,9 +162,9 @@ def test_synthetic_tokens_are_seeded_and_targets_are_the_next_tokens():
 
 def test_loss_problem_catches_divergence_and_non_finite_losses():
     assert e2e.loss_problem(5.0, 5.01) is None
-    assert e2e.loss_problem(6.0, 5.0) == "final loss 6.0000 vs BF16's 5.0000 (> 10% above)"
+    assert e2e.loss_problem(6.0, 5.0) == "mean loss 6.0000 vs BF16's 5.0000 (> 10% above)"
     assert e2e.loss_problem(4.0, 5.0) is None  # below BF16's: no divergence
-    assert e2e.loss_problem(math.nan, 5.0) == "final loss nan"
+    assert e2e.loss_problem(math.nan, 5.0) == "mean loss nan"
 
 
 def test_our_conversion_keeps_the_lm_head_in_bf16_unless_asked():
@@ -271,7 +271,7 @@ def test_run_writes_a_row_per_case_with_throughput_loss_and_breakdown(tmp_path, 
     assert bf16["compute_idle_ms"] == pytest.approx(1 + statistics.fmean(late_ms(index) for index in averaged))
     assert bf16["exposed_comm_ms"] == pytest.approx(1.0)
     # Trained on Zipf tokens, the loss has fallen below the uniform loss ln(vocab) within a few steps.
-    assert 0 < bf16["final_loss"] < math.log(TINY.vocab)
+    assert 0 < bf16["final_loss"] < math.log(TINY.vocab) and 0 < bf16["mean_loss"] < math.log(TINY.vocab)
     assert (tmp_path / e2e.KERNELS_CSV).exists()
     assert "tok/s/GPU" in e2e.row_line(rows[0])
 
@@ -289,7 +289,7 @@ def test_without_transformer_engine_te_layer_gives_unsupported_rows_in_bf16_and_
 
 
 class Diverging:
-    """A case of the reference's group (BF16 training, named as ours) whose final loss comes out tenfold."""
+    """A case of the reference's group (BF16 training, named as ours) whose losses come out tenfold."""
 
     def __init__(self, case: e2e.E2ECase):
         self.case, self.is_reference = case, False
@@ -304,7 +304,7 @@ class Diverging:
 
         def diverged():
             columns = check()
-            return {**columns, "final_loss": 10 * columns["final_loss"]}
+            return {**columns, "final_loss": 10 * columns["final_loss"], "mean_loss": 10 * columns["mean_loss"]}
 
         built.check = diverged
         return built
@@ -316,8 +316,9 @@ def test_a_diverging_fp8_run_is_a_wrong_result(tmp_path):
     reference = config.cases()[0]
     rows = _run(config, FakeClock(), tmp_path, [reference, Diverging(reference)])
     assert rows[0].values["status"] == Status.OK.value
-    assert rows[1].values["status"].startswith("failed: wrong result: final loss")
-    assert rows[1].values["final_loss"] == pytest.approx(10 * rows[0].values["final_loss"], rel=0.1)
+    assert rows[1].values["status"].startswith("failed: wrong result: mean loss")
+    for loss in ("final_loss", "mean_loss"):
+        assert rows[1].values[loss] == pytest.approx(10 * rows[0].values[loss], rel=0.1)
     assert rows[1].values.get("median_ms") is None  # a wrong result's time measures nothing
     kernels = pd.read_csv(tmp_path / e2e.KERNELS_CSV)
     assert set(kernels["backend"]) == {"bf16"}  # the wrong result's kernels are not recorded
@@ -530,8 +531,8 @@ def test_the_prediction_on_a_recorded_bf16_step_lies_between_bf16_and_the_ideal(
             continue
         assert predicted_ms == pytest.approx(ideal_ms + casts)
         assert 0.5 < casts < bf16["median_ms"] - ideal_ms, (implementation, casts)  # casts cost, and FP8 still gains
-        reference = {"final_loss": 1.0, "median_ms": bf16["median_ms"], "gemm_ms": bf16["gemm_ms"]}
-        columns = bench.against_reference(case, {"final_loss": 1.0, "tflops": 600.0}, reference)
+        reference = {"mean_loss": 1.0, "median_ms": bf16["median_ms"], "gemm_ms": bf16["gemm_ms"]}
+        columns = bench.against_reference(case, {"mean_loss": 1.0, "tflops": 600.0}, reference)
         assert columns["predicted_speedup"] == pytest.approx(bf16["median_ms"] / predicted_ms)
         assert 1.0 < columns["predicted_speedup"] < columns["ideal_speedup"]
 

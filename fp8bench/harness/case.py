@@ -13,7 +13,7 @@ the same way:
 - each case: `build(inputs)` -> `Built`; its `run` is timed by the run's clock, or its `measure()`
   measures it where the case times itself (training steps: warm-up, timed steps, a profiled step); then
   `check()` gives further columns or raises `Failed`; then, where the benchmark judges a case against its
-  group's reference row (`Benchmark.against_reference`: e2e's final loss against BF16's), further columns
+  group's reference row (`Benchmark.against_reference`: e2e's mean loss against BF16's), further columns
   or `Failed`; `release()` frees what the build made;
 - the harness derives tflops (work.flops), gbps (work.bytes), tokens_per_s (work.tokens), pct_peak
   (`Benchmark.peak`) and speedup_vs_bf16 (reference time / this time, same group, same run) and turns

@@ -96,6 +96,7 @@ SCHEMA: tuple[Column, ...] = (
     Column("mem_alloc_gb", "measure", "float", "e2e: peak memory allocated by torch over the measured steps, GB (1e9 bytes)"),
     Column("mem_reserved_gb", "measure", "float", "e2e: peak memory reserved by torch's caching allocator, GB"),
     Column("final_loss", "measure", "float", "e2e: training loss of the last step (mean over ranks)"),
+    Column("mean_loss", "measure", "float", "e2e: mean training loss over the steps after the warm-up (mean over ranks)"),
     Column("attention_ms", "measure", "float", "e2e step: GPU time of attention kernels, ms"),
     Column("norm_act_ms", "measure", "float", "e2e step: GPU time of RMSNorm and SwiGLU kernels (with casts fused into them), ms"),
     Column("optimizer_ms", "measure", "float", "e2e step: GPU time of the AdamW kernels, ms"),

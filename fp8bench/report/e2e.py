@@ -51,7 +51,7 @@ MEMORY_COLUMNS = {"mem_alloc_gb": "peak allocated, GB", "mem_reserved_gb": "peak
 TABLE_COLUMNS = (
     "case", "world_size", "compile", "activation_checkpointing", "lm_head", "backend", "recipe", "status",
     "tokens_per_s", "speedup_vs_bf16", "ideal_speedup", "predicted_speedup", "measured_vs_predicted", "tflops", "mfu_bf16_pct", "mfu_fp8_pct", "mem_alloc_gb",
-    "mem_reserved_gb", "final_loss", *CLASS_COLUMNS, *OVERLAP_COLUMNS, "allgather_gb", "wall_ms", "repeats", "timer", "options",
+    "mem_reserved_gb", "final_loss", "mean_loss", *CLASS_COLUMNS, *OVERLAP_COLUMNS, "allgather_gb", "wall_ms", "repeats", "timer", "options",
 )
 _TEXT = ("case", "configuration", "implementation", "recipe", "status", "kernel class")
 _LABELS = {
