@@ -419,6 +419,7 @@ def test_checkpointed_delayed_scaling_recomputes_with_the_forwards_scales(checkp
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
+            converted.after_optimizer_step()
             losses.append(loss.item())
         histories = {name.replace("_checkpoint_wrapped_module.", ""): buffer.clone()
                      for name, buffer in model.named_buffers() if "amax_history" in name}  # fmt: skip
@@ -429,6 +430,22 @@ def test_checkpointed_delayed_scaling_recomputes_with_the_forwards_scales(checkp
     for name, history in histories.items():
         assert int((history > 0).sum()) == 3 or "grad_output" in name or "weight" in name, (name, history[:4])
         torch.testing.assert_close(checkpointed_histories[name], history, rtol=0, atol=0, msg=name)
+
+
+def test_compiled_checkpointed_blocks_with_delayed_scaling_are_one_graph_each():
+    """Compiled under selective checkpointing, ours' delayed scaling traces each block whole: whether the
+    histories are filled is set after the optimizer step, not in the block's forward, where it was a side
+    effect torch.compile cannot trace inside a checkpoint (the blocks ran uncompiled: 1.25 s a step against
+    0.63 s for dynamic scaling, full 8B on 4 x H200)."""
+    from torch._dynamo.utils import counters
+
+    case = e2e.E2ECase(TINY, 32, 2, 1, "block", "selective", "triton", RECIPES["tensorwise-delayed"])
+    built = case.build(e2e.E2EInputs("cpu"))
+    for _ in range(3):
+        built.run()
+    assert math.isfinite(built.check()["final_loss"])
+    assert counters["stats"]["unique_graphs"] >= 1
+    assert not counters["graph_break"], dict(counters["graph_break"])
 
 
 @pytest.mark.parametrize("implementation", ["bf16", "triton"])

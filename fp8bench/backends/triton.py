@@ -119,8 +119,9 @@ class TritonBackend(Backend):
     def convert_model(self, model: Any, recipe: Any, keep: Callable[[str], bool], fp8_all_gather: bool, process_group: Any) -> Converted:
         """fp8bench.nn.float8_linear.convert_to_float8 with our recipe; under FSDP2 with tensorwise scaling
         the weights are all-gathered in FP8 (fp8bench.nn.fsdp), their scales computed in one pass after each
-        optimizer step."""
-        from fp8bench.nn.float8_linear import convert_to_float8, recipe_problem, recompute_contexts
+        optimizer step. Delayed-scaling histories count as filled from the first optimizer step on, and a
+        checkpointed block's recompute finds them as its forward did (float8_linear.recompute_contexts)."""
+        from fp8bench.nn.float8_linear import convert_to_float8, fill_histories_by_step, recipe_problem, recompute_contexts
         from fp8bench.nn.norm_fusion import fuse_norm_linears
         from fp8bench.nn.swiglu_fusion import fuse_swiglu_linears
 
@@ -143,9 +144,15 @@ class TritonBackend(Backend):
         }
         if done.left_in_bf16:
             options["left_in_bf16"] = done.left_in_bf16
-        if fp8_all_gather:
-            from fp8bench.nn.fsdp import enable_float8_all_gather, precompute_float8_scales
+        if not fp8_all_gather:
+            return Converted(model, after_optimizer_step=fill_histories_by_step(model), options=options, recompute_contexts=recompute_contexts)
+        from fp8bench.nn.fsdp import enable_float8_all_gather, precompute_float8_scales
 
-            options["fp8_all_gather"] = enable_float8_all_gather(model)
-            return Converted(model, after_optimizer_step=lambda: precompute_float8_scales(model), options=options, recompute_contexts=recompute_contexts)
-        return Converted(model, options=options, recompute_contexts=recompute_contexts)
+        options["fp8_all_gather"] = enable_float8_all_gather(model)
+        fill_histories = fill_histories_by_step(model)
+
+        def after_optimizer_step() -> None:
+            fill_histories()
+            precompute_float8_scales(model)
+
+        return Converted(model, after_optimizer_step=after_optimizer_step, options=options, recompute_contexts=recompute_contexts)
