@@ -105,7 +105,7 @@ LR_WARMUP_STEPS = 200
 WALL_STEPS = 3
 # Past this relative excess over BF16's mean loss an FP8 run diverged: under the warm-up, 17 steps of the
 # 4-block proxy ended every recipe of every library within 0.6% of BF16's loss (H100). A loss below BF16's
-# is no divergence. The mean over the measured steps, not the last step's loss: 23 steps of the 32-block 8B
+# is no divergence. The mean over the measured steps, not the last step's loss: 20 steps of the 32-block 8B
 # model ended rows of one run (BF16 compiled, TE, torchao and ours) between 10.4 and 14.0, a spike in one
 # step's loss (4 x H200).
 LOSS_RTOL = 0.10
