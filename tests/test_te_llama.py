@@ -195,6 +195,45 @@ def test_te_layer_in_fp8_runs_under_autocast_with_the_lm_head_swapped_only_when_
     assert isinstance(head.output, PlainLinear)
 
 
+def test_checkpointed_te_linears_recompute_in_tes_recompute_phase_under_the_steps_autocast(monkeypatch):
+    """As te.distributed.checkpoint does: each block's forward in TE's recompute region (TE keeps its modules'
+    scaling state), its recompute in the backward in TE's recompute phase and under the step's autocast
+    again (the backward runs outside it: TE's modules recomputed in BF16, and torch's checkpoint raised)."""
+    from fp8bench.benchmarks import e2e
+
+    autocasts: list = []
+    phases: list = []
+
+    class ActivationRecomputeForward:
+        def __init__(self, activation_recompute: bool, recompute_phase: bool):
+            self.phase = (activation_recompute, recompute_phase)
+
+        def __enter__(self):
+            phases.append((self.phase, len(autocasts)))
+
+        def __exit__(self, *exc):
+            return False
+
+    distributed = SimpleNamespace(activation_recompute_forward=ActivationRecomputeForward)
+    monkeypatch.setitem(sys.modules, "transformer_engine", SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", SimpleNamespace(distributed=distributed))
+    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch.distributed", distributed)
+    monkeypatch.setattr(te_backend, "te_module", lambda: plain_te(autocasts))
+    monkeypatch.setattr(te_backend, "te_recipe", lambda name: f"te recipe of {name}")
+    model = _model()
+    converted = convert(model, "te", RECIPES["tensorwise"])
+    e2e.apply_checkpointing(model, "selective", converted.recompute_contexts)
+    tokens = torch.randint(0, TINY.vocab, (1, 8))
+    with converted.step_context():
+        logits = model(tokens)
+    assert phases == [((True, False), 1)] * TINY.layers
+    logits.float().square().mean().backward()
+    # Each block's recompute, the last block's first: TE's recompute phase entered, then one more autocast.
+    assert phases[TINY.layers:] == [((True, True), 1 + index) for index in range(TINY.layers)]
+    assert autocasts == ["te recipe of tensorwise"] * (1 + TINY.layers)
+    assert all(parameter.grad is not None for parameter in model.parameters())
+
+
 @pytest.mark.parametrize(
     "recipe, kwargs, message",
     [("rowwise", {}, "TransformerEngine has no rowwise"), ("tensorwise", {"process_group": object()}, "te-layer runs on one GPU")],
