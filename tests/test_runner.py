@@ -31,7 +31,7 @@ class FakeCase:
     group: str
     backend: str
     ms: float = 1.0
-    fails: str = ""  # unsupported | wrong | oom | crash | interrupt
+    fails: str = ""  # unsupported | wrong | oom | crash | wrapped | interrupt
     options: dict = field(default_factory=lambda: {"fixed": 1})
 
     @property
@@ -53,6 +53,8 @@ class FakeCase:
             raise Unsupported("fake has no such thing")
         if self.fails == "oom":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+        if self.fails == "wrapped":  # as torch.compile's BackendCompilerFailed words it
+            raise RuntimeError("backend='inductor' raised:\nAssertionError: convert all Tensors to FakeTensors first\n\nWhile executing %x")
         if self.fails == "crash":
             raise RuntimeError("no kernel image\nsecond line")
         if self.fails == "interrupt":
@@ -128,13 +130,14 @@ def test_each_group_runs_its_reference_first_and_derives_every_column(tmp_path):
 
 def test_errors_become_rows_and_the_run_goes_on(tmp_path):
     cases = [FakeCase("a", "ref"), FakeCase("a", "u", fails="unsupported"), FakeCase("a", "w", 0.5, fails="wrong"),
-             FakeCase("a", "o", fails="oom"), FakeCase("a", "c", fails="crash"), FakeCase("a", "ok", 0.5),
+             FakeCase("a", "o", fails="oom"), FakeCase("a", "c", fails="crash"), FakeCase("a", "x", fails="wrapped"), FakeCase("a", "ok", 0.5),
              FakeCase("big", "ref"), FakeCase("big", "fp8")]  # fmt: skip
     _, frame = _run(tmp_path, cases, FakeBenchmark(inputs_fail=frozenset({"big"})))
     status = dict(zip(frame.case + "/" + frame.backend, frame.status))
     assert status == {
         "a/ref": "ok", "a/u": "unsupported: fake has no such thing", "a/w": "failed: wrong result: fake",
         "a/o": "failed: out of memory", "a/c": "failed: RuntimeError: no kernel image", "a/ok": "ok",
+        "a/x": "failed: RuntimeError: backend='inductor' raised: AssertionError: convert all Tensors to FakeTensors first",
         "big/ref": "failed: out of memory allocating the inputs", "big/fp8": "failed: out of memory allocating the inputs",
     }  # fmt: skip
     wrong = frame[frame.backend == "w"].iloc[0]  # a wrong result keeps what condemned it, and publishes no time

@@ -59,7 +59,12 @@ def _options(case: Case) -> dict[str, Any]:
 
 
 def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [""])[0]
+    """The error's first line, with the next where the first only introduces it (torch.compile's
+    `BackendCompilerFailed: backend='inductor' raised:` names its cause on the second)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[1]}"
+    return lines[0] if lines else ""
 
 
 def _failure(err: BaseException) -> str:
