@@ -195,14 +195,9 @@ def test_te_layer_in_fp8_runs_under_autocast_with_the_lm_head_swapped_only_when_
     assert isinstance(head.output, PlainLinear)
 
 
-def test_checkpointed_te_linears_recompute_in_tes_recompute_phase_under_the_steps_autocast(monkeypatch):
-    """As te.distributed.checkpoint does: each block's forward in TE's recompute region (TE keeps its modules'
-    scaling state), its recompute in the backward in TE's recompute phase and under the step's autocast
-    again (the backward runs outside it: TE's modules recomputed in BF16, and torch's checkpoint raised)."""
-    from fp8bench.benchmarks import e2e
-
-    autocasts: list = []
-    phases: list = []
+def _fake_te_distributed(monkeypatch, phases: list, autocasts: list) -> None:
+    """transformer_engine.pytorch.distributed with an activation_recompute_forward that records each phase
+    entered and how many autocasts had been entered by then."""
 
     class ActivationRecomputeForward:
         def __init__(self, activation_recompute: bool, recompute_phase: bool):
@@ -218,20 +213,56 @@ def test_checkpointed_te_linears_recompute_in_tes_recompute_phase_under_the_step
     monkeypatch.setitem(sys.modules, "transformer_engine", SimpleNamespace())
     monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", SimpleNamespace(distributed=distributed))
     monkeypatch.setitem(sys.modules, "transformer_engine.pytorch.distributed", distributed)
+
+
+def _checkpointed_te(monkeypatch, mode: str, autocasts: list):
+    from fp8bench.benchmarks import e2e
+
     monkeypatch.setattr(te_backend, "te_module", lambda: plain_te(autocasts))
     monkeypatch.setattr(te_backend, "te_recipe", lambda name: f"te recipe of {name}")
     model = _model()
     converted = convert(model, "te", RECIPES["tensorwise"])
-    e2e.apply_checkpointing(model, "selective", converted.recompute_contexts)
-    tokens = torch.randint(0, TINY.vocab, (1, 8))
+    e2e.apply_checkpointing(model, mode, converted.recompute_contexts)
+    return model, converted
+
+
+def test_fully_checkpointed_te_linears_recompute_in_tes_recompute_phase_under_the_steps_autocast(monkeypatch):
+    """As te.distributed.checkpoint does: each block's forward in TE's recompute region (TE keeps its modules'
+    scaling state), its recompute in the backward in TE's recompute phase and under the step's autocast
+    again (the backward runs outside it: TE's modules recomputed in BF16, and torch's checkpoint raised)."""
+    autocasts: list = []
+    phases: list = []
+    _fake_te_distributed(monkeypatch, phases, autocasts)
+    model, converted = _checkpointed_te(monkeypatch, "full", autocasts)
     with converted.step_context():
-        logits = model(tokens)
+        logits = model(torch.randint(0, TINY.vocab, (1, 8)))
     assert phases == [((True, False), 1)] * TINY.layers
     logits.float().square().mean().backward()
     # Each block's recompute, the last block's first: TE's recompute phase entered, then one more autocast.
     assert phases[TINY.layers:] == [((True, True), 1 + index) for index in range(TINY.layers)]
     assert autocasts == ["te recipe of tensorwise"] * (1 + TINY.layers)
     assert all(parameter.grad is not None for parameter in model.parameters())
+
+
+def test_selectively_checkpointed_te_linears_run_once_and_train_as_without_checkpointing(monkeypatch):
+    """Under the per-op policy, which cannot save the outputs of TE's kernels (not torch ops), each te.Linear
+    runs once a step, in the forward, as our products do; the gradients equal those without checkpointing."""
+    calls = []
+    monkeypatch.setattr(PlainLinear, "forward", lambda self, x: calls.append(self) or nn.Linear.forward(self, x))
+    tokens = torch.randint(0, TINY.vocab, (2, 8), generator=torch.Generator().manual_seed(0))
+    grads = {}
+    for mode in ("none", "selective"):
+        model, converted = _checkpointed_te(monkeypatch, mode, [])
+        calls.clear()
+        with converted.step_context():
+            logits = model(tokens)
+        logits.float().square().mean().backward()
+        swapped = [m for m in model.modules() if type(m) is PlainLinear]
+        assert len(calls) == len(swapped) == converted.options["te_linears"], mode  # each linear once a step
+        grads[mode] = {name.replace("_checkpoint_wrapped_module.", "").replace(".linear.", "."): p.grad for name, p in model.named_parameters()}
+    assert grads["selective"].keys() == grads["none"].keys()
+    for name, grad in grads["none"].items():
+        torch.testing.assert_close(grads["selective"][name], grad, rtol=0, atol=0, msg=name)
 
 
 @pytest.mark.parametrize(

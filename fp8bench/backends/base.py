@@ -126,14 +126,15 @@ def nested(*contexts: contextlib.AbstractContextManager):
 class Converted:
     """A converted model: the context every training step runs under (TE's autocast; none for the
     others), what to call after each optimizer step, what the row records about the conversion, and,
-    for activation checkpointing of a region (a block), the function that gives the contexts its forward
-    and its recompute run under, so that the recompute repeats the forward (None: nothing to keep)."""
+    for activation checkpointing of a region (a block; `selective`: the products' outputs saved, as
+    fp8bench.benchmarks.e2e's per-op policy does), the function that gives the contexts its forward and its
+    recompute run under, so that the recompute repeats the forward (None: nothing to keep)."""
 
     model: Any
     step_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     after_optimizer_step: Callable[[], None] = lambda: None
     options: dict[str, Any] = field(default_factory=dict)
-    recompute_contexts: Callable[[Any], RecomputeContexts | None] = lambda region: None
+    recompute_contexts: Callable[[Any, bool], RecomputeContexts | None] = lambda region, selective: None
 
 
 @dataclass(frozen=True)

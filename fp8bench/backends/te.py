@@ -156,7 +156,7 @@ class TeBackend(Backend):
         swapped = swap_linears(te, model, keep)
         options = {"te_recipe": TE_RECIPES[recipe.name], "te_linears": swapped}  # TE's version: the run's metadata
         step_context = autocast_context(te, te_recipe(recipe.name), process_group)
-        return Converted(model, step_context=step_context, options=options, recompute_contexts=recompute_contexts(step_context))
+        return Converted(model, step_context=step_context, options=options, recompute_contexts=recompute_contexts(te, step_context))
 
 
 def te_fp8(recipe: Any):
@@ -201,24 +201,35 @@ def autocast_context(te, te_recipe_object: Any, process_group: Any) -> Callable[
     return lambda: te.fp8_autocast(enabled=True, fp8_recipe=te_recipe_object, **group)
 
 
-def recompute_contexts(step_context: Callable[[], Any]) -> Callable[[Any], RecomputeContexts]:
-    """What te.distributed.checkpoint puts around a checkpointed region, for torch's checkpoint with a per-op
-    policy: the forward in TE's recompute region (each delayed-scaling module keeps its scaling state), the
-    recompute in TE's recompute phase (that state put back, no amax recorded again) and under the step's
-    autocast, which the backward runs outside of (else TE's modules recompute in BF16). The policy sees no
-    TE kernel (they are not torch ops): TE's linears, GEMMs included, are recomputed in the backward."""
-    from transformer_engine.pytorch.distributed import activation_recompute_forward
+def recompute_contexts(te, step_context: Callable[[], Any]) -> Callable[[Any, bool], RecomputeContexts]:
+    """The contexts of a checkpointed region of TE modules, for torch's checkpoint.
 
-    def contexts():
+    Selective: the region's te.Linear modules run once (fp8bench.nn.te_checkpoint), their outputs kept as the
+    per-op policy keeps our products' (TE's kernels are not torch ops, which the policy could save). Full: what
+    te.distributed.checkpoint puts around a region: the forward in TE's recompute region (each
+    delayed-scaling module keeps its scaling state), the recompute in TE's recompute phase (that state put
+    back, no amax recorded again) and under the step's autocast, which the backward runs outside of (else
+    TE's modules recompute in BF16)."""
+
+    def full():
+        from transformer_engine.pytorch.distributed import activation_recompute_forward
+
         forward = activation_recompute_forward(activation_recompute=True, recompute_phase=False)
         recompute = nested(activation_recompute_forward(activation_recompute=True, recompute_phase=True), step_context())
         return forward, recompute
 
-    return lambda region: contexts
+    def contexts_of(region: Any, selective: bool) -> RecomputeContexts:
+        if not selective:
+            return full
+        from fp8bench.nn.te_checkpoint import run_linears_once
+
+        return run_linears_once(te, region)
+
+    return contexts_of
 
 
 # What an e2e row under selective checkpointing records of TE's linears (recompute_contexts).
-TE_SELECTIVE_CHECKPOINTING = "the per-op policy sees no TE kernel (not torch ops): TE's linears, GEMMs included, are recomputed in the backward"
+TE_SELECTIVE_CHECKPOINTING = "TE's linears run once: their outputs and what their backward saves are kept, as the per-op policy keeps our products"
 
 TE_LAYER = "te-layer"
 
@@ -247,4 +258,4 @@ class TeLayerBackend(Backend):
             return Converted(model, options={**options, "te_recipe": "none"})
         options.update(te_recipe=TE_RECIPES[recipe.name], te_linears=swap_linears(te, model, keep))
         step_context = autocast_context(te, te_recipe(recipe.name), process_group)
-        return Converted(model, step_context=step_context, options=options, recompute_contexts=recompute_contexts(step_context))
+        return Converted(model, step_context=step_context, options=options, recompute_contexts=recompute_contexts(te, step_context))

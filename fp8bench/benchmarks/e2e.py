@@ -468,7 +468,7 @@ def _saved_by_selective(op) -> bool:
     return op in saved or "gemm" in str(op)
 
 
-def apply_checkpointing(model, mode: str, recompute_contexts: Callable[[Any], RecomputeContexts | None] = lambda region: None) -> None:
+def apply_checkpointing(model, mode: str, recompute_contexts: Callable[[Any, bool], RecomputeContexts | None] = lambda region, selective: None) -> None:
     """Wrap each block in activation checkpointing: `full` recomputes the whole block in the backward,
     `selective` all but the products and attention (_saved_by_selective). `recompute_contexts` (the
     conversion's, fp8bench.backends.base.Converted) adds its contexts to a block's forward and recompute.
@@ -505,7 +505,7 @@ def apply_checkpointing(model, mode: str, recompute_contexts: Callable[[Any], Re
         return nested(forward, extra_forward), nested(extra_recompute, recompute)
 
     for index, block in enumerate(model.layers):
-        extra = recompute_contexts(block)
+        extra = recompute_contexts(block, mode == "selective")
         context_fn = partial(create_selective_checkpoint_contexts, policy) if extra is None else partial(with_policy, extra)
         model.layers[index] = checkpoint_wrapper(block, preserve_rng_state=False, context_fn=context_fn)
 

@@ -514,10 +514,12 @@ def fill_histories_by_step(model: nn.Module) -> Callable[[], None]:
     return after_optimizer_step
 
 
-def recompute_contexts(region: nn.Module) -> Callable[[], tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]] | None:
-    """For activation checkpointing of `region`: a function giving, per checkpointed call, the contexts its
-    forward and its recompute in the backward run under, so that the recompute repeats the forward
-    (_DelayedState); None where no Float8Linear of the region scales with delay."""
+def recompute_contexts(
+    region: nn.Module, selective: bool = True
+) -> Callable[[], tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]] | None:
+    """For activation checkpointing of `region` (selective or full alike): a function giving, per checkpointed
+    call, the contexts its forward and its recompute in the backward run under, so that the recompute repeats
+    the forward (_DelayedState); None where no Float8Linear of the region scales with delay."""
     modules = [m for m in region.modules() if isinstance(m, Float8Linear) and m.recipe.delayed_roles()]
     if not modules:
         return None
