@@ -215,25 +215,28 @@ def _fake_te_distributed(monkeypatch, phases: list, autocasts: list) -> None:
     monkeypatch.setitem(sys.modules, "transformer_engine.pytorch.distributed", distributed)
 
 
-def _checkpointed_te(monkeypatch, mode: str, autocasts: list):
+def _checkpointed_te(monkeypatch, mode: str, autocasts: list, implementation: str = "te"):
     from fp8bench.benchmarks import e2e
 
     monkeypatch.setattr(te_backend, "te_module", lambda: plain_te(autocasts))
     monkeypatch.setattr(te_backend, "te_recipe", lambda name: f"te recipe of {name}")
     model = _model()
-    converted = convert(model, "te", RECIPES["tensorwise"])
+    converted = convert(model, implementation, RECIPES["tensorwise"])
     e2e.apply_checkpointing(model, mode, converted.recompute_contexts)
     return model, converted
 
 
-def test_fully_checkpointed_te_linears_recompute_in_tes_recompute_phase_under_the_steps_autocast(monkeypatch):
-    """As te.distributed.checkpoint does: each block's forward in TE's recompute region (TE keeps its modules'
-    scaling state), its recompute in the backward in TE's recompute phase and under the step's autocast
-    again (the backward runs outside it: TE's modules recomputed in BF16, and torch's checkpoint raised)."""
+@pytest.mark.parametrize("implementation, mode", [("te", "full"), ("te-layer", "selective"), ("te-layer", "full")])
+def test_te_modules_recomputed_whole_recompute_in_tes_recompute_phase_under_the_steps_autocast(monkeypatch, implementation, mode):
+    """As te.distributed.checkpoint does, where a block's TE modules are recomputed whole (full checkpointing;
+    te-layer's blocks, TE's TransformerLayer, under either): each block's forward in TE's recompute region
+    (TE keeps its modules' scaling state), its recompute in the backward in TE's recompute phase and under the
+    step's autocast again (the backward runs outside it: TE's modules recomputed in BF16, and torch's
+    checkpoint raised)."""
     autocasts: list = []
     phases: list = []
     _fake_te_distributed(monkeypatch, phases, autocasts)
-    model, converted = _checkpointed_te(monkeypatch, "full", autocasts)
+    model, converted = _checkpointed_te(monkeypatch, mode, autocasts, implementation)
     with converted.step_context():
         logits = model(torch.randint(0, TINY.vocab, (1, 8)))
     assert phases == [((True, False), 1)] * TINY.layers

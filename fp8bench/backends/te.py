@@ -201,11 +201,12 @@ def autocast_context(te, te_recipe_object: Any, process_group: Any) -> Callable[
     return lambda: te.fp8_autocast(enabled=True, fp8_recipe=te_recipe_object, **group)
 
 
-def recompute_contexts(te, step_context: Callable[[], Any]) -> Callable[[Any, bool], RecomputeContexts]:
+def recompute_contexts(te, step_context: Callable[[], Any], linears_once: bool = True) -> Callable[[Any, bool], RecomputeContexts]:
     """The contexts of a checkpointed region of TE modules, for torch's checkpoint.
 
-    Selective: the region's te.Linear modules run once (fp8bench.nn.te_checkpoint), their outputs kept as the
-    per-op policy keeps our products' (TE's kernels are not torch ops, which the policy could save). Full: what
+    Selective, with `linears_once`: the region's te.Linear modules run once (fp8bench.nn.te_checkpoint), their
+    outputs kept as the per-op policy keeps our products' (TE's kernels are not torch ops, which the policy
+    could save). Full, or selective without `linears_once` (te-layer's blocks, TE modules whole): what
     te.distributed.checkpoint puts around a region: the forward in TE's recompute region (each
     delayed-scaling module keeps its scaling state), the recompute in TE's recompute phase (that state put
     back, no amax recorded again) and under the step's autocast, which the backward runs outside of (else
@@ -219,7 +220,7 @@ def recompute_contexts(te, step_context: Callable[[], Any]) -> Callable[[Any, bo
         return forward, recompute
 
     def contexts_of(region: Any, selective: bool) -> RecomputeContexts:
-        if not selective:
+        if not (selective and linears_once):
             return full
         from fp8bench.nn.te_checkpoint import run_linears_once
 
@@ -228,10 +229,13 @@ def recompute_contexts(te, step_context: Callable[[], Any]) -> Callable[[Any, bo
     return contexts_of
 
 
-# What an e2e row under selective checkpointing records of TE's linears (recompute_contexts).
-TE_SELECTIVE_CHECKPOINTING = "TE's linears run once: their outputs and what their backward saves are kept, as the per-op policy keeps our products"
-
 TE_LAYER = "te-layer"
+
+# What an e2e row under selective checkpointing records of TE's modules (recompute_contexts), by implementation.
+TE_SELECTIVE_CHECKPOINTING = {
+    "te": "TE's linears run once: their outputs and what their backward saves are kept, as the per-op policy keeps our products",
+    TE_LAYER: "TE's TransformerLayer holds no op the per-op policy keeps (TE's kernels are not torch ops): recomputed whole",
+}
 
 
 class TeLayerBackend(Backend):
@@ -258,4 +262,4 @@ class TeLayerBackend(Backend):
             return Converted(model, options={**options, "te_recipe": "none"})
         options.update(te_recipe=TE_RECIPES[recipe.name], te_linears=swap_linears(te, model, keep))
         step_context = autocast_context(te, te_recipe(recipe.name), process_group)
-        return Converted(model, step_context=step_context, options=options, recompute_contexts=recompute_contexts(te, step_context))
+        return Converted(model, step_context=step_context, options=options, recompute_contexts=recompute_contexts(te, step_context, linears_once=False))

@@ -495,10 +495,11 @@ def apply_checkpointing(model, mode: str, recompute_contexts: Callable[[Any, boo
         forward, recompute = create_selective_checkpoint_contexts(policy)
         # A block torch.compile traced recomputes in its backward graph, and torch tags the forward context
         # it is given, which must be the policy's own (torch 2.11 calls this while AOTAutograd traces the
-        # block, with is_compiling() False but its tracing context set). There a delayed cast's recompute reads the history
-        # the forward has updated: the backward's copies round with this step's amax in the scale. Recorded
-        # once still; on a 2-block model (CPU) the gradients of step 3 differed 3-8% from the compiled run
-        # without checkpointing, where compiled and eager runs without it differ 9-15% (FP8's rounding).
+        # block, with is_compiling() False but its tracing context set). There a delayed cast's recompute
+        # reads the history the forward has updated: the backward's copies round with this step's amax in the
+        # scale. Recorded once still; on a 2-block model (CPU) the gradients of step 3 differed 3-8% from the
+        # compiled run without checkpointing, where compiled and eager runs without it differ 9-15% (FP8's
+        # rounding).
         if torch.compiler.is_compiling() or torch._guards.TracingContext.try_get() is not None:
             return forward, recompute
         extra_forward, extra_recompute = extra()
@@ -568,8 +569,8 @@ def build_training(case: E2ECase, inputs: E2EInputs) -> Built:
     apply_checkpointing(model, case.checkpointing, converted.recompute_contexts)
     apply_compile(model, case.compile)
     options: dict[str, Any] = {**converted.options, "parameters": case.model.parameter_count(), "flops_per_token": case.model.flops_per_token(case.seq_len)}
-    if case.checkpointing == "selective" and case.implementation in ("te", TE_LAYER):
-        options["selective_checkpointing"] = TE_SELECTIVE_CHECKPOINTING
+    if case.checkpointing == "selective" and case.implementation in TE_SELECTIVE_CHECKPOINTING:
+        options["selective_checkpointing"] = TE_SELECTIVE_CHECKPOINTING[case.implementation]
     if sharded:
         from fp8bench.nn.fsdp import all_gather_bytes, shard_model
 
