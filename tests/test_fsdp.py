@@ -1,10 +1,13 @@
-"""FSDP2 on the CPU with two gloo processes: the BF16 path of the e2e benchmark trains as one process does,
+"""FSDP2 on the CPU with two gloo processes: the BF16 path of the e2e benchmark trains as one process does (and
+TE's stand-in under selective checkpointing as without it),
 and our FP8 all-gather gives every rank the FP8 data and scale of the full weight cast with its own amax,
 whether the amaxes were precomputed after the optimizer step (one all-reduce for all weights) or not."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
 import os
 import tempfile
 from unittest import mock
@@ -38,11 +41,12 @@ def _same_tokens(case, inputs):
     return e2e.SyntheticTokens(case.model.vocab, case.batch, case.seq_len, e2e.SEED, inputs.device)
 
 
-def _train(world_size: int, group, implementation: str, steps: int) -> list[float]:
+def _train(world_size: int, group, implementation: str, steps: int, checkpointing: str = "none") -> list[float]:
+    """`implementation` "te": TransformerEngine's stand-in of test_te_llama (plain linears)."""
     recipe = None if implementation == "bf16" else RECIPES["tensorwise"]
-    case = e2e.E2ECase(TINY, 32, 2, world_size, "none", "none", implementation, recipe)
+    case = e2e.E2ECase(TINY, 32, 2, world_size, "none", checkpointing, implementation, recipe)
     losses = []
-    with mock.patch.object(e2e, "LR_WARMUP_STEPS", 1):  # the full rate from the first step: BF16's loss falls in 10
+    with mock.patch.object(e2e, "LR_WARMUP_STEPS", 1), _stand_in_te():  # the full rate from the first step: BF16's loss falls in 10
         built = case.build(e2e.E2EInputs("cpu", group, _same_tokens))
         for _ in range(steps):
             built.run()
@@ -50,8 +54,18 @@ def _train(world_size: int, group, implementation: str, steps: int) -> list[floa
     return losses
 
 
-def _fsdp_training(rank: int, implementation: str, steps: int, out_path: str) -> None:
-    losses = _train(WORLD, dist.group.WORLD, implementation, steps)
+def _stand_in_te():
+    from fp8bench.backends import te as te_backend
+    from test_te_llama import plain_te
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.object(te_backend, "te_module", lambda: plain_te([])))
+    stack.enter_context(mock.patch.object(te_backend, "te_recipe", lambda name: f"te recipe of {name}"))
+    return stack
+
+
+def _fsdp_training(rank: int, implementation: str, steps: int, out_path: str, checkpointing: str = "none") -> None:
+    losses = _train(WORLD, dist.group.WORLD, implementation, steps, checkpointing)
     if rank == 0:
         torch.save(losses, out_path)
 
@@ -69,6 +83,20 @@ def test_fsdp2_training_matches_one_process(implementation, steps):
     if implementation == "bf16":
         assert sharded[-1] < sharded[0]
     assert sharded == pytest.approx(single, rel=2e-3)
+
+
+def test_fsdp2_te_linears_run_once_under_selective_checkpointing_and_train_as_without():
+    """TE's linears under FSDP2 and the per-op policy run once (fp8bench.nn.te_checkpoint): what their backward
+    saves is kept past the checkpoint's hooks while FSDP2 reshards the block. The same losses as without
+    checkpointing (a stand-in TE: plain linears)."""
+    losses = {}
+    for checkpointing in ("none", "selective"):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "losses.pt")
+            spawn(_fsdp_training, "te", 4, path, checkpointing)
+            losses[checkpointing] = torch.load(path)
+    assert len(losses["none"]) == 4 and all(map(math.isfinite, losses["none"]))
+    assert losses["selective"] == losses["none"]
 
 
 def _gather_shards(rank: int, full: torch.Tensor) -> GatheredFloat8Weight:

@@ -100,7 +100,7 @@ def plain_te(autocasts: list | None = None) -> SimpleNamespace:
     """A transformer_engine.pytorch made of the plain models above; `autocasts` collects each autocast's recipe."""
 
     @contextlib.contextmanager
-    def autocast(enabled, recipe):
+    def autocast(enabled, recipe, **group):  # group: amax_reduction_group under FSDP2
         autocasts.append(recipe)
         yield
 
