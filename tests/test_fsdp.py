@@ -31,6 +31,7 @@ from fp8bench.nn.llama import Llama, LlamaConfig  # noqa: E402
 from fp8bench.nn.recipes import RECIPES  # noqa: E402
 from fp8kernels import reference  # noqa: E402
 from gloo_ranks import WORLD, spawn  # noqa: E402
+from test_te_llama import stand_in_te  # noqa: E402
 
 TINY = LlamaConfig("tiny", dim=64, ffn_dim=128, heads=4, kv_heads=2, vocab=256, layers=2)
 STEPS = 10
@@ -46,22 +47,13 @@ def _train(world_size: int, group, implementation: str, steps: int, checkpointin
     recipe = None if implementation == "bf16" else RECIPES["tensorwise"]
     case = e2e.E2ECase(TINY, 32, 2, world_size, "none", checkpointing, implementation, recipe)
     losses = []
-    with mock.patch.object(e2e, "LR_WARMUP_STEPS", 1), _stand_in_te():  # the full rate from the first step: BF16's loss falls in 10
+    stand_in = stand_in_te([]) if implementation == "te" else contextlib.nullcontext()
+    with mock.patch.object(e2e, "LR_WARMUP_STEPS", 1), stand_in:  # the full rate from the first step: BF16's loss falls in 10
         built = case.build(e2e.E2EInputs("cpu", group, _same_tokens))
         for _ in range(steps):
             built.run()
             losses.append(built.check()["final_loss"])
     return losses
-
-
-def _stand_in_te():
-    from fp8bench.backends import te as te_backend
-    from test_te_llama import plain_te
-
-    stack = contextlib.ExitStack()
-    stack.enter_context(mock.patch.object(te_backend, "te_module", lambda: plain_te([])))
-    stack.enter_context(mock.patch.object(te_backend, "te_recipe", lambda name: f"te recipe of {name}"))
-    return stack
 
 
 def _fsdp_training(rank: int, implementation: str, steps: int, out_path: str, checkpointing: str = "none") -> None:

@@ -9,6 +9,7 @@ import contextlib
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -109,6 +110,14 @@ def plain_te(autocasts: list | None = None) -> SimpleNamespace:
                            is_fp8_block_scaling_available=lambda return_reason: (True, ""))  # fmt: skip
 
 
+@contextlib.contextmanager
+def stand_in_te(autocasts: list):
+    """The TE backend on plain_te(autocasts), TE's recipe of ours named by it: for what convert runs."""
+    with mock.patch.object(te_backend, "te_module", lambda: plain_te(autocasts)), \
+            mock.patch.object(te_backend, "te_recipe", lambda name: f"te recipe of {name}"):  # fmt: skip
+        yield
+
+
 def _model(device=None, dtype=None) -> Llama:
     """The seeded model, its QKV weights ten times larger: attention scores of order 1, so that a query or key
     rotated wrongly changes the output (at the seeded init's scale, attention is nearly uniform)."""
@@ -180,19 +189,18 @@ def test_te_layer_in_bf16_runs_without_autocast_and_records_how_its_math_differs
     assert autocasts == [] and type(model.output) is nn.Linear
 
 
-def test_te_layer_in_fp8_runs_under_autocast_with_the_lm_head_swapped_only_when_asked(monkeypatch):
+def test_te_layer_in_fp8_runs_under_autocast_with_the_lm_head_swapped_only_when_asked():
     autocasts: list = []
-    monkeypatch.setattr(te_backend, "te_module", lambda: plain_te(autocasts))
-    monkeypatch.setattr(te_backend, "te_recipe", lambda name: f"te recipe of {name}")
     model = _model()
-    converted = convert(model, "te-layer", RECIPES["tensorwise"])
-    assert (converted.options["te_recipe"], converted.options["te_linears"]) == ("Float8CurrentScaling", 0)
-    with converted.step_context():
-        pass
-    assert autocasts == ["te recipe of tensorwise"]
-    head = _model()
-    assert convert(head, "te-layer", RECIPES["blockwise"], lm_head_fp8=True).options["te_linears"] == 1
-    assert isinstance(head.output, PlainLinear)
+    with stand_in_te(autocasts):
+        converted = convert(model, "te-layer", RECIPES["tensorwise"])
+        assert (converted.options["te_recipe"], converted.options["te_linears"]) == ("Float8CurrentScaling", 0)
+        with converted.step_context():
+            pass
+        assert autocasts == ["te recipe of tensorwise"]
+        head = _model()
+        assert convert(head, "te-layer", RECIPES["blockwise"], lm_head_fp8=True).options["te_linears"] == 1
+        assert isinstance(head.output, PlainLinear)
 
 
 def _fake_te_distributed(monkeypatch, phases: list, autocasts: list) -> None:
@@ -215,13 +223,12 @@ def _fake_te_distributed(monkeypatch, phases: list, autocasts: list) -> None:
     monkeypatch.setitem(sys.modules, "transformer_engine.pytorch.distributed", distributed)
 
 
-def _checkpointed_te(monkeypatch, mode: str, autocasts: list, implementation: str = "te"):
+def _checkpointed_te(mode: str, autocasts: list, implementation: str = "te"):
     from fp8bench.benchmarks import e2e
 
-    monkeypatch.setattr(te_backend, "te_module", lambda: plain_te(autocasts))
-    monkeypatch.setattr(te_backend, "te_recipe", lambda name: f"te recipe of {name}")
     model = _model()
-    converted = convert(model, implementation, RECIPES["tensorwise"])
+    with stand_in_te(autocasts):
+        converted = convert(model, implementation, RECIPES["tensorwise"])
     e2e.apply_checkpointing(model, mode, converted.recompute_contexts)
     return model, converted
 
@@ -236,7 +243,7 @@ def test_te_modules_recomputed_whole_recompute_in_tes_recompute_phase_under_the_
     autocasts: list = []
     phases: list = []
     _fake_te_distributed(monkeypatch, phases, autocasts)
-    model, converted = _checkpointed_te(monkeypatch, mode, autocasts, implementation)
+    model, converted = _checkpointed_te(mode, autocasts, implementation)
     with converted.step_context():
         logits = model(torch.randint(0, TINY.vocab, (1, 8)))
     assert phases == [((True, False), 1)] * TINY.layers
@@ -255,7 +262,7 @@ def test_selectively_checkpointed_te_linears_run_once_and_train_as_without_check
     tokens = torch.randint(0, TINY.vocab, (2, 8), generator=torch.Generator().manual_seed(0))
     grads = {}
     for mode in ("none", "selective"):
-        model, converted = _checkpointed_te(monkeypatch, mode, [])
+        model, converted = _checkpointed_te(mode, [])
         calls.clear()
         with converted.step_context():
             logits = model(tokens)

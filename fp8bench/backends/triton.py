@@ -144,15 +144,15 @@ class TritonBackend(Backend):
         }
         if done.left_in_bf16:
             options["left_in_bf16"] = done.left_in_bf16
-        if not fp8_all_gather:
-            return Converted(model, after_optimizer_step=fill_histories_by_step(model), options=options, recompute_contexts=recompute_contexts)
-        from fp8bench.nn.fsdp import enable_float8_all_gather, precompute_float8_scales
+        if fp8_all_gather:
+            from fp8bench.nn.fsdp import enable_float8_all_gather, precompute_float8_scales
 
-        options["fp8_all_gather"] = enable_float8_all_gather(model)
-        fill_histories = fill_histories_by_step(model)
+            options["fp8_all_gather"] = enable_float8_all_gather(model)
+        fill_histories = fill_histories_by_step(model)  # after the all-gather's swap: the modules that run
 
         def after_optimizer_step() -> None:
             fill_histories()
-            precompute_float8_scales(model)
+            if fp8_all_gather:
+                precompute_float8_scales(model)
 
         return Converted(model, after_optimizer_step=after_optimizer_step, options=options, recompute_contexts=recompute_contexts)
