@@ -410,7 +410,7 @@ def test_checkpointed_delayed_scaling_recomputes_with_the_forwards_scales(checkp
         model = Llama(TINY, dtype=torch.bfloat16)
         model.init_weights(e2e.SEED)
         converted = convert(model, "triton", RECIPES["tensorwise-delayed"])
-        e2e.apply_checkpointing(model, mode, converted.recompute_contexts)
+        e2e.apply_checkpointing(model, mode, converted)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         tokens = torch.randint(0, TINY.vocab, (2, 33), generator=torch.Generator().manual_seed(0))
         losses = []

@@ -77,10 +77,10 @@ def test_fsdp2_training_matches_one_process(implementation, steps):
     assert sharded == pytest.approx(single, rel=2e-3)
 
 
-def test_fsdp2_te_linears_run_once_under_selective_checkpointing_and_train_as_without():
-    """TE's linears under FSDP2 and the per-op policy run once (fp8bench.nn.te_checkpoint): what their backward
-    saves is kept past the checkpoint's hooks while FSDP2 reshards the block. The same losses as without
-    checkpointing (a stand-in TE: plain linears)."""
+def test_fsdp2_te_blocks_checkpointed_between_their_linears_train_as_without_checkpointing():
+    """TE's blocks under FSDP2 and the per-op policy, their parts between TE's linears checkpointed
+    (fp8bench.backends.te.parts_between_linears): what TE's linears save stays while FSDP2 reshards the block.
+    The same losses as without checkpointing (a stand-in TE: plain linears)."""
     losses = {}
     for checkpointing in ("none", "selective"):
         with tempfile.TemporaryDirectory() as tmp:

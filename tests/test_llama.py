@@ -24,7 +24,7 @@ def _rope_reference(x: torch.Tensor, theta: float) -> torch.Tensor:
 def _attention_reference(attention: Attention, x: torch.Tensor, cos, sin) -> torch.Tensor:
     """GQA spelled out: k/v heads repeated for their query groups, explicit causal softmax(q k^T / sqrt(d)) v."""
     batch, seq, _ = x.shape
-    h, kvh, d = attention.heads, attention.kv_heads, attention.head_dim
+    h, kvh, d = attention.core.heads, attention.core.kv_heads, attention.core.head_dim
     q, k, v = (x @ attention.wqkv.weight.T).split([h * d, kvh * d, kvh * d], dim=-1)
     q = apply_rope(q.view(batch, seq, h, d), cos, sin).transpose(1, 2)
     k = apply_rope(k.view(batch, seq, kvh, d), cos, sin).transpose(1, 2).repeat_interleave(h // kvh, dim=1)

@@ -229,7 +229,7 @@ def _checkpointed_te(mode: str, autocasts: list, implementation: str = "te"):
     model = _model()
     with stand_in_te(autocasts):
         converted = convert(model, implementation, RECIPES["tensorwise"])
-    e2e.apply_checkpointing(model, mode, converted.recompute_contexts)
+    e2e.apply_checkpointing(model, mode, converted)
     return model, converted
 
 
@@ -254,9 +254,10 @@ def test_te_modules_recomputed_whole_recompute_in_tes_recompute_phase_under_the_
     assert all(parameter.grad is not None for parameter in model.parameters())
 
 
-def test_selectively_checkpointed_te_linears_run_once_and_train_as_without_checkpointing(monkeypatch):
-    """Under the per-op policy, which cannot save the outputs of TE's kernels (not torch ops), each te.Linear
-    runs once a step, in the forward, as our products do; the gradients equal those without checkpointing."""
+def test_selective_checkpointing_wraps_the_parts_between_te_linears_which_run_once_and_train_as_without(monkeypatch):
+    """Under the per-op policy, which cannot save the outputs of TE's kernels (not torch ops), each block's parts
+    between its TE linears are checkpointed in the block's place: each te.Linear runs once a step, as our
+    products do, and the gradients equal those without checkpointing."""
     calls = []
     monkeypatch.setattr(PlainLinear, "forward", lambda self, x: calls.append(self) or nn.Linear.forward(self, x))
     tokens = torch.randint(0, TINY.vocab, (2, 8), generator=torch.Generator().manual_seed(0))
@@ -269,10 +270,47 @@ def test_selectively_checkpointed_te_linears_run_once_and_train_as_without_check
         logits.float().square().mean().backward()
         swapped = [m for m in model.modules() if type(m) is PlainLinear]
         assert len(calls) == len(swapped) == converted.options["te_linears"], mode  # each linear once a step
-        grads[mode] = {name.replace("_checkpoint_wrapped_module.", "").replace(".linear.", "."): p.grad for name, p in model.named_parameters()}
+        grads[mode] = {name.replace("._checkpoint_wrapped_module", ""): p.grad for name, p in model.named_parameters()}
+    wrapped = [name for name, module in model.named_modules() if type(module).__name__ == "CheckpointWrapper"]
+    parts = ("attention_norm", "attention.core", "ffn_norm", "feed_forward.swiglu")
+    assert wrapped == [f"layers.{index}.{part}" for index in range(TINY.layers) for part in parts]
     assert grads["selective"].keys() == grads["none"].keys()
     for name, grad in grads["none"].items():
         torch.testing.assert_close(grads["selective"][name], grad, rtol=0, atol=0, msg=name)
+
+
+def test_torch_compile_traces_the_checkpointed_parts_between_te_linears(monkeypatch):
+    """TE's modules break torch.compile's graphs (here: a stand-in whose forward torch.compile may not trace).
+    Checkpointed apart from them, the norms, RoPE with attention and the SwiGLU are each traced, with their
+    recompute, into a compiled block's graphs; the gradients are those of the eager run."""
+    from torch._higher_order_ops.wrap import tag_activation_checkpoint
+
+    monkeypatch.setattr(PlainLinear, "forward", torch.compiler.disable(nn.Linear.forward))
+    tokens = torch.randint(0, TINY.vocab, (2, 8), generator=torch.Generator().manual_seed(0))
+    graphs: list = []
+
+    def recorded(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    grads = {}
+    for compiled in (False, True):
+        model, converted = _checkpointed_te("selective", [])
+        if compiled:
+            torch._dynamo.reset()
+            for index, block in enumerate(model.layers):
+                model.layers[index] = torch.compile(block, backend=recorded)
+        with converted.step_context():
+            logits = model(tokens)
+        logits.float().square().mean().backward()
+        grads[compiled] = {name.replace("_orig_mod.", ""): p.grad for name, p in model.named_parameters()}
+    checkpoints = [node for gm in graphs for node in gm.graph.nodes if node.target is tag_activation_checkpoint]
+    traced = {str(node.target) for gm in graphs for module in gm.modules() for node in module.graph.nodes}
+    assert len(checkpoints) >= 4  # each part's, the blocks sharing their compiled code
+    assert any("rms_norm" in target for target in traced) and any("scaled_dot_product_attention" in target for target in traced)
+    assert any("silu" in target for target in traced)
+    for name, grad in grads[False].items():
+        torch.testing.assert_close(grads[True][name], grad, msg=name)
 
 
 @pytest.mark.parametrize(

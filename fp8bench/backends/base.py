@@ -125,16 +125,19 @@ def nested(*contexts: contextlib.AbstractContextManager):
 @dataclass
 class Converted:
     """A converted model: the context every training step runs under (TE's autocast; none for the
-    others), what to call after each optimizer step, what the row records about the conversion, and,
-    for activation checkpointing of a region (a block; `selective`: the products' outputs saved, as
-    fp8bench.benchmarks.e2e's per-op policy does), the function that gives the contexts its forward and its
-    recompute run under, so that the recompute repeats the forward (None: nothing to keep)."""
+    others), what to call after each optimizer step, what the row records about the conversion, and for
+    activation checkpointing (`selective`: the products' outputs saved, as fp8bench.benchmarks.e2e's per-op
+    policy does):
+    - checkpointed_parts: the names of the submodules of a block that are checkpointed, "" for the block whole;
+    - recompute_contexts: for a checkpointed region, the function that gives the contexts its forward and its
+      recompute run under, so that the recompute repeats the forward (None: nothing to keep)."""
 
     model: Any
     step_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     after_optimizer_step: Callable[[], None] = lambda: None
     options: dict[str, Any] = field(default_factory=dict)
     recompute_contexts: Callable[[Any, bool], RecomputeContexts | None] = lambda region, selective: None
+    checkpointed_parts: Callable[[Any, bool], tuple[str, ...]] = lambda block, selective: ("",)
 
 
 @dataclass(frozen=True)

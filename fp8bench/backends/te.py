@@ -156,7 +156,9 @@ class TeBackend(Backend):
         swapped = swap_linears(te, model, keep)
         options = {"te_recipe": TE_RECIPES[recipe.name], "te_linears": swapped}  # TE's version: the run's metadata
         step_context = autocast_context(te, te_recipe(recipe.name), process_group)
-        return Converted(model, step_context=step_context, options=options, recompute_contexts=recompute_contexts(te, step_context))
+        whole = recompute_contexts(step_context)
+        return Converted(model, step_context=step_context, options=options, recompute_contexts=lambda region, selective: None if selective else whole,
+                         checkpointed_parts=lambda block, selective: parts_between_linears(te, block) if selective else ("",))  # fmt: skip
 
 
 def te_fp8(recipe: Any):
@@ -201,39 +203,50 @@ def autocast_context(te, te_recipe_object: Any, process_group: Any) -> Callable[
     return lambda: te.fp8_autocast(enabled=True, fp8_recipe=te_recipe_object, **group)
 
 
-def recompute_contexts(te, step_context: Callable[[], Any], linears_once: bool = True) -> Callable[[Any, bool], RecomputeContexts]:
-    """The contexts of a checkpointed region of TE modules, for torch's checkpoint.
+def recompute_contexts(step_context: Callable[[], Any]) -> RecomputeContexts:
+    """The contexts of a checkpointed region holding TE modules, recomputed whole (full checkpointing;
+    te-layer's blocks, TE's TransformerLayer), as te.distributed.checkpoint puts them around a region: the
+    forward in TE's recompute region (each delayed-scaling module keeps its scaling state), the recompute in
+    TE's recompute phase (that state put back, no amax recorded again) and under the step's autocast, which
+    the backward runs outside of (else TE's modules recompute in BF16)."""
 
-    Selective, with `linears_once`: the region's te.Linear modules run once (fp8bench.nn.te_checkpoint), their
-    outputs kept as the per-op policy keeps our products' (TE's kernels are not torch ops, which the policy
-    could save). Full, or selective without `linears_once` (te-layer's blocks, TE modules whole): what
-    te.distributed.checkpoint puts around a region: the forward in TE's recompute region (each
-    delayed-scaling module keeps its scaling state), the recompute in TE's recompute phase (that state put
-    back, no amax recorded again) and under the step's autocast, which the backward runs outside of (else
-    TE's modules recompute in BF16)."""
-
-    def full():
+    def contexts():
         from transformer_engine.pytorch.distributed import activation_recompute_forward
 
         forward = activation_recompute_forward(activation_recompute=True, recompute_phase=False)
         recompute = nested(activation_recompute_forward(activation_recompute=True, recompute_phase=True), step_context())
         return forward, recompute
 
-    def contexts_of(region: Any, selective: bool) -> RecomputeContexts:
-        if not (selective and linears_once):
-            return full
-        from fp8bench.nn.te_checkpoint import run_linears_once
+    return contexts
 
-        return run_linears_once(te, region)
 
-    return contexts_of
+def parts_between_linears(te, block: Any) -> tuple[str, ...]:
+    """The names of `block`'s largest submodules holding no te.Linear (of fp8bench.nn.llama.Block: the norms,
+    the attention's RoPE and attention, the SwiGLU): what selective checkpointing wraps in place of the block.
+
+    The per-op policy keeps the outputs of products and attention and recomputes the rest; TE's kernels are
+    not torch ops, so the policy would recompute TE's linears whole, GEMMs included (full 8B on 4 x H200:
+    0.87-0.91x BF16 compiled). Left outside the checkpoints, TE's linears save what their backward needs
+    themselves, as the policy keeps our products, and the checkpointed parts recompute what the policy
+    recomputes. torch.compile traces each part (a block holding TE's modules inside one checkpoint ran
+    eagerly: of TE's 69 kernels a step only the loss's 3 were compiled)."""
+
+    def parts(module: Any, prefix: str):
+        for name, child in module.named_children():
+            if not any(type(m) is te.Linear for m in child.modules()):
+                yield prefix + name
+            else:
+                yield from parts(child, f"{prefix}{name}.")
+
+    return tuple(parts(block, ""))
 
 
 TE_LAYER = "te-layer"
 
-# What an e2e row under selective checkpointing records of TE's modules (recompute_contexts), by implementation.
+# What an e2e row under selective checkpointing records of TE's modules, by implementation.
 TE_SELECTIVE_CHECKPOINTING = {
-    "te": "TE's linears run once: their outputs and what their backward saves are kept, as the per-op policy keeps our products",
+    "te": "the parts between TE's linears checkpointed (norms, RoPE and attention, SwiGLU), each under the per-op policy; "
+          "TE's linears, outside, keep what their backward saves, as the policy keeps our products",
     TE_LAYER: "TE's TransformerLayer holds no op the per-op policy keeps (TE's kernels are not torch ops): recomputed whole",
 }
 
@@ -262,4 +275,5 @@ class TeLayerBackend(Backend):
             return Converted(model, options={**options, "te_recipe": "none"})
         options.update(te_recipe=TE_RECIPES[recipe.name], te_linears=swap_linears(te, model, keep))
         step_context = autocast_context(te, te_recipe(recipe.name), process_group)
-        return Converted(model, step_context=step_context, options=options, recompute_contexts=recompute_contexts(te, step_context, linears_once=False))
+        whole = recompute_contexts(step_context)
+        return Converted(model, step_context=step_context, options=options, recompute_contexts=lambda region, selective: whole)

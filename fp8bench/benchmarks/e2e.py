@@ -68,7 +68,7 @@ from typing import Any, Protocol
 import pandas as pd
 
 from fp8bench.backends import Level, backend_names, convert, get_backend, recipe_problem
-from fp8bench.backends.base import RecomputeContexts, nested
+from fp8bench.backends.base import Converted, RecomputeContexts, nested
 from fp8bench.backends.te import TE_LAYER, TE_SELECTIVE_CHECKPOINTING, te_unavailable_reason
 from fp8bench.benchmarks.layer import KERNEL_KINDS, first_matching_kind
 from fp8bench.config import FastAccum, GemmShape, Granularity, Status, TimingConfig
@@ -468,10 +468,11 @@ def _saved_by_selective(op) -> bool:
     return op in saved or "gemm" in str(op)
 
 
-def apply_checkpointing(model, mode: str, recompute_contexts: Callable[[Any, bool], RecomputeContexts | None] = lambda region, selective: None) -> None:
+def apply_checkpointing(model, mode: str, converted: Converted | None = None) -> None:
     """Wrap each block in activation checkpointing: `full` recomputes the whole block in the backward,
-    `selective` all but the products and attention (_saved_by_selective). `recompute_contexts` (the
-    conversion's, fp8bench.backends.base.Converted) adds its contexts to a block's forward and recompute.
+    `selective` all but the products and attention (_saved_by_selective). The conversion
+    (fp8bench.backends.base.Converted) may checkpoint parts of each block in its place (checkpointed_parts)
+    and add its contexts to a region's forward and recompute (recompute_contexts).
 
     Both go through a checkpoint policy, `full`'s recomputing every op: under torch.compile, torch 2.11's
     plain checkpoint tags only the block graph's own nodes for recomputation, not those inside an
@@ -505,10 +506,19 @@ def apply_checkpointing(model, mode: str, recompute_contexts: Callable[[Any, boo
         extra_forward, extra_recompute = extra()
         return nested(forward, extra_forward), nested(extra_recompute, recompute)
 
+    selective = mode == "selective"
+    converted = converted or Converted(model)
     for index, block in enumerate(model.layers):
-        extra = recompute_contexts(block, mode == "selective")
-        context_fn = partial(create_selective_checkpoint_contexts, policy) if extra is None else partial(with_policy, extra)
-        model.layers[index] = checkpoint_wrapper(block, preserve_rng_state=False, context_fn=context_fn)
+        for name in converted.checkpointed_parts(block, selective):
+            region = block.get_submodule(name)
+            extra = converted.recompute_contexts(region, selective)
+            context_fn = partial(create_selective_checkpoint_contexts, policy) if extra is None else partial(with_policy, extra)
+            wrapped = checkpoint_wrapper(region, preserve_rng_state=False, context_fn=context_fn)
+            if name:
+                owner, _, attribute = name.rpartition(".")
+                setattr(block.get_submodule(owner), attribute, wrapped)
+            else:
+                model.layers[index] = wrapped
 
 
 def apply_compile(model, mode: str) -> None:
@@ -566,7 +576,7 @@ def build_training(case: E2ECase, inputs: E2EInputs) -> Built:
     sharded = case.world_size > 1
     converted = convert(model, case.implementation, case.recipe, lm_head_fp8=case.lm_head == "fp8", fp8_all_gather=sharded,
                         process_group=inputs.process_group)  # fmt: skip
-    apply_checkpointing(model, case.checkpointing, converted.recompute_contexts)
+    apply_checkpointing(model, case.checkpointing, converted)
     apply_compile(model, case.compile)
     options: dict[str, Any] = {**converted.options, "parameters": case.model.parameter_count(), "flops_per_token": case.model.flops_per_token(case.seq_len)}
     if case.checkpointing == "selective" and case.implementation in TE_SELECTIVE_CHECKPOINTING:

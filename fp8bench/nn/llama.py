@@ -118,24 +118,38 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-class Attention(nn.Module):
-    def __init__(self, config: LlamaConfig, device=None, dtype=None):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = config.heads, config.kv_heads, config.head_dim
-        kv_dim = config.kv_heads * config.head_dim
-        self.wqkv = nn.Linear(config.dim, config.dim + 2 * kv_dim, bias=False, device=device, dtype=dtype)
-        self.wo = nn.Linear(config.dim, config.dim, bias=False, device=device, dtype=dtype)
+class RotaryAttention(nn.Module):
+    """RoPE on the queries and keys, then causal grouped-query attention: the part of attention between its
+    two products, a module of its own so that activation checkpointing can wrap it apart from them
+    (fp8bench.backends.te: torch.compile cannot trace TE's linears inside a checkpoint)."""
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        q, k, v = self.wqkv(x).split([self.heads * self.head_dim, *(2 * [self.kv_heads * self.head_dim])], dim=-1)
+    def __init__(self, heads: int, kv_heads: int, head_dim: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+
+    def forward(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """qkv [B, S, (heads + 2 kv_heads) * head_dim] (queries, keys, values) -> [B, S, heads * head_dim]."""
+        batch, seq, _ = qkv.shape
+        q, k, v = qkv.split([self.heads * self.head_dim, *(2 * [self.kv_heads * self.head_dim])], dim=-1)
         q = apply_rope(q.view(batch, seq, self.heads, self.head_dim), cos, sin)
         k = apply_rope(k.view(batch, seq, self.kv_heads, self.head_dim), cos, sin)
         v = v.view(batch, seq, self.kv_heads, self.head_dim)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=self.kv_heads != self.heads
         )
-        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+        return out.transpose(1, 2).reshape(batch, seq, -1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig, device=None, dtype=None):
+        super().__init__()
+        kv_dim = config.kv_heads * config.head_dim
+        self.wqkv = nn.Linear(config.dim, config.dim + 2 * kv_dim, bias=False, device=device, dtype=dtype)
+        self.core = RotaryAttention(config.heads, config.kv_heads, config.head_dim)
+        self.wo = nn.Linear(config.dim, config.dim, bias=False, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return self.wo(self.core(self.wqkv(x), cos, sin))
 
 
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
