@@ -723,7 +723,7 @@ def e2e(
     implementation: Optional[list[str]] = typer.Option(None, help="repeatable; bf16 | triton (ours) | torchao | te | te-layer (TE's TransformerLayer, also in BF16) | all (default); BF16 always runs as the reference"),
     compile: str = typer.Option("block", "--compile", help="torch.compile: none | block | model, and the loss with either (BF16 also runs eagerly)"),
     activation_checkpointing: str = typer.Option(
-        "none", help="none | selective (products and attention kept, the rest recomputed: torchtitan's per-op policy; with TE, the parts between its linears) | full, per block"
+        "none", help="none | selective (products, attention and amaxes kept, the rest recomputed: torchtitan's per-op policy; with TE, the parts between its linears) | selective-casts (the FP8 casts kept too, as TE's linears keep theirs) | full, per block"
     ),
     lm_head: str = typer.Option("bf16", help="bf16 | fp8: the LM head's products"),
     attention: str = typer.Option(

@@ -30,6 +30,7 @@ from fp8bench.nn.recipes import RECIPES  # noqa: E402
 from compiled_graphs import saved_by_compiled_block  # noqa: E402
 
 TINY = LlamaConfig("tiny", dim=64, ffn_dim=128, heads=4, kv_heads=2, vocab=256, layers=2)
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 @pytest.fixture(autouse=True)
@@ -384,7 +385,7 @@ def test_e2e_on_the_gpu_measures_bf16_and_ours(tmp_path):
     assert ours["speedup_vs_bf16"] > 0.5 and ours["gemm_ms"] > 0 and ours["mem_alloc_gb"] > 0
 
 
-@pytest.mark.parametrize("checkpointing", ["selective", "full"])
+@pytest.mark.parametrize("checkpointing", ["selective", "selective-casts", "full"])
 def test_activation_checkpointing_recomputes_the_same_step(checkpointing):
     """Checkpointed blocks train to the same loss as stored activations, on the same tokens."""
     losses = []
@@ -400,7 +401,7 @@ def test_activation_checkpointing_recomputes_the_same_step(checkpointing):
     assert all(type(block).__name__ == "CheckpointWrapper" for block in model.layers)
 
 
-@pytest.mark.parametrize("checkpointing", ["selective", "full"])
+@pytest.mark.parametrize("checkpointing", ["selective", "selective-casts", "full"])
 def test_checkpointed_delayed_scaling_recomputes_with_the_forwards_scales(checkpointing):
     """Ours with delayed scaling, checkpointed: the recompute casts with the forward's scales and records no
     amax again, so the losses and every amax history equal those without checkpointing (before, the first
@@ -459,12 +460,36 @@ def test_full_checkpointing_under_compile_saves_no_activation_of_the_block(imple
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
-def test_selective_checkpointing_under_compile_saves_products_not_casts(recipe):
+def test_selective_checkpointing_under_compile_saves_products_and_amaxes_not_casts(recipe):
     """Selective: our products' outputs are saved, none of the FP8 casts (recomputed in the backward); under
-    rowwise scaling the feed-forward's products too, inside its one autograd function (Float8FeedForward)."""
+    rowwise scaling the feed-forward's products too, inside its one autograd function (Float8FeedForward).
+    Tensorwise, the amaxes the casts scale by are saved (torchtitan's policy keeps max): the recompute does
+    not read each tensor for its amax again."""
     saved = saved_by_compiled_block("triton", "selective", recipe=recipe)
     assert any("fp8_gemm" in op for op, _ in saved), saved
-    assert not any(dtype in (torch.float8_e4m3fn, torch.float8_e5m2) for _, dtype in saved), saved
+    assert not any(dtype in FP8 for _, dtype in saved), saved
+    assert any(op == "aten.max.default" for op, _ in saved) == (recipe == "tensorwise"), saved
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise"])
+def test_selective_casts_checkpointing_under_compile_saves_the_fp8_casts_the_backward_reads(recipe):
+    """selective-casts: the products' outputs and the FP8 copies the backward products read (of the inputs and
+    the weights, with their scales) are saved, so that no cast runs again in the backward."""
+    saved = saved_by_compiled_block("triton", "selective-casts", recipe=recipe)
+    casts = [op for op, dtype in saved if dtype in FP8]
+    assert any("fp8_gemm" in op for op, _ in saved), saved
+    assert len(casts) >= 8 and all(op.startswith("fp8bench.") and "quantize" in op for op in casts), saved  # two a linear
+
+
+def test_selective_casts_keeps_torchaos_casts_into_fp8_too():
+    """torchao casts with torch ops: a copy into an FP8 dtype, or a clone of FP8 data (its transposed copy)."""
+    bf16, fp8 = torch.ones(2, dtype=torch.bfloat16), torch.ones(2).to(torch.float8_e4m3fn)
+    aten = torch.ops.aten
+    for keep_casts in (False, True):
+        assert e2e._saved_by_selective(aten._to_copy.default, (bf16,), {"dtype": torch.float8_e4m3fn}, keep_casts) is keep_casts
+        assert e2e._saved_by_selective(aten.clone.default, (fp8,), {}, keep_casts) is keep_casts
+        assert e2e._saved_by_selective(aten._to_copy.default, (bf16,), {"dtype": torch.float32}, keep_casts) is False
+        assert e2e._saved_by_selective(aten.max.default, (bf16,), {}, keep_casts) is True
 
 
 def test_learning_rate_warms_up_linearly_then_holds():

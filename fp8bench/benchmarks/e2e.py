@@ -3,7 +3,7 @@ or several (FSDP2), BF16 against every FP8 implementation in one run.
 
 A case is one configuration trained for `warmup + steps` steps and then some: the model built from one seed (the
 same weights for every case), converted per implementation (the MODEL level of the backend registry,
-fp8bench.backends.convert), wrapped in activation checkpointing (`none | selective | full`, per block), compiled
+fp8bench.backends.convert), wrapped in activation checkpointing (`none | selective | selective-casts | full`, per block), compiled
 (`none | block | model`; the loss too whenever the model is, as torchtitan does), sharded with FSDP2 when there
 are several ranks (fp8bench.nn.fsdp), and trained with fused AdamW on seeded synthetic tokens (`SyntheticTokens`;
 any iterator of (tokens, targets) can replace them). The cases of a group (model, layers, seq, batch, world size,
@@ -84,7 +84,8 @@ from fp8bench.nn.recipes import RECIPES, GemmRole, Recipe
 BENCHMARK = "e2e"
 KERNELS_CSV = "e2e_kernels.csv"
 COMPILE_MODES = ("none", "block", "model")
-CHECKPOINTING = ("none", "selective", "full")
+# selective: torchtitan's per-op policy (_saved_by_selective); selective-casts: the same, FP8 casts kept too.
+CHECKPOINTING = ("none", "selective", "selective-casts", "full")
 LM_HEADS = ("bf16", "fp8")
 # torch's scaled_dot_product_attention backend, pinned for every row of a run (torch.nn.attention.SDPBackend
 # names), or `auto`: torch's own choice (cuDNN on an H100 with torch 2.11, now also in a process that imports
@@ -457,20 +458,34 @@ class E2EInputs:
         return dist.get_world_size(self.process_group) if self.process_group is not None else 1
 
 
-def _saved_by_selective(op) -> bool:
-    """Selective checkpointing's policy (torchtitan's per-op SAC): keep the outputs of matrix products
-    (BF16 and ours: fp8bench's custom GEMM ops) and of attention; recompute norms, activations and casts."""
+def _saved_by_selective(op, args, kwargs, keep_casts: bool) -> bool:
+    """Selective checkpointing's policy, torchtitan's per-op SAC: keep the outputs of matrix products (BF16
+    and ours: fp8bench's custom GEMM ops), of attention, of reduce-scatters and of max (the amax an FP8 scale is
+    computed from: ours' and torchao's tensorwise casts end in it); recompute norms, activations and casts.
+    `keep_casts` keeps the FP8 casts too (ours' cast ops, and every copy into an FP8 dtype: torchao's), as
+    TransformerEngine's linears keep theirs: no cast runs again in the backward, for the memory of the FP8
+    copies the backward reads."""
     import torch
 
     aten = torch.ops.aten
     saved = {aten.mm.default, aten._scaled_mm.default, aten._scaled_dot_product_flash_attention.default,
-             aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_cudnn_attention.default}  # fmt: skip
-    return op in saved or "gemm" in str(op)
+             aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_cudnn_attention.default,
+             aten.max.default, torch.ops._c10d_functional.reduce_scatter_tensor.default}  # fmt: skip
+    if op in saved or "gemm" in str(op):
+        return True
+    if not keep_casts:
+        return False
+    name = str(op)
+    if name.startswith("fp8bench.") and ("quantize" in name or "transpose_fp8" in name):
+        return True
+    fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+    return (op is aten._to_copy.default and kwargs.get("dtype") in fp8) or (op is aten.clone.default and args[0].dtype in fp8)
 
 
 def apply_checkpointing(model, mode: str, converted: Converted | None = None) -> None:
     """Wrap each block in activation checkpointing: `full` recomputes the whole block in the backward,
-    `selective` all but the products and attention (_saved_by_selective). The conversion
+    `selective` all but the products, attention and amaxes, `selective-casts` all but those and the FP8 casts
+    (_saved_by_selective). The conversion
     (fp8bench.backends.base.Converted) may checkpoint parts of each block in its place (checkpointed_parts)
     and add its contexts to a region's forward and recompute (recompute_contexts).
 
@@ -487,8 +502,10 @@ def apply_checkpointing(model, mode: str, converted: Converted | None = None) ->
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+    selective = mode.startswith("selective")
+
     def policy(ctx, op, *args, **kwargs):
-        if mode == "selective" and _saved_by_selective(op):
+        if selective and _saved_by_selective(op, args, kwargs, keep_casts=mode == "selective-casts"):
             return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -506,7 +523,6 @@ def apply_checkpointing(model, mode: str, converted: Converted | None = None) ->
         extra_forward, extra_recompute = extra()
         return nested(forward, extra_forward), nested(extra_recompute, recompute)
 
-    selective = mode == "selective"
     converted = converted or Converted(model)
     for index, block in enumerate(model.layers):
         for name in converted.checkpointed_parts(block, selective):
@@ -579,7 +595,7 @@ def build_training(case: E2ECase, inputs: E2EInputs) -> Built:
     apply_checkpointing(model, case.checkpointing, converted)
     apply_compile(model, case.compile)
     options: dict[str, Any] = {**converted.options, "parameters": case.model.parameter_count(), "flops_per_token": case.model.flops_per_token(case.seq_len)}
-    if case.checkpointing == "selective" and case.implementation in TE_SELECTIVE_CHECKPOINTING:
+    if case.checkpointing.startswith("selective") and case.implementation in TE_SELECTIVE_CHECKPOINTING:
         options["selective_checkpointing"] = TE_SELECTIVE_CHECKPOINTING[case.implementation]
     if sharded:
         from fp8bench.nn.fsdp import all_gather_bytes, shard_model

@@ -53,7 +53,7 @@ SCHEMA: tuple[Column, ...] = (
     Column("fast_accum", "id", "str", "on | off | n/a"),
     Column("world_size", "id", "str", "e2e: GPUs the model trains on (FSDP2 beyond 1); empty for the other benchmarks"),
     Column("compile", "id", "str", "e2e: torch.compile of none | block (each transformer block) | model"),
-    Column("activation_checkpointing", "id", "str", "e2e: none | selective (products and attention saved) | full, per block"),
+    Column("activation_checkpointing", "id", "str", "e2e: none | selective (products, attention and amaxes saved) | selective-casts (FP8 casts too) | full, per block"),
     Column("lm_head", "id", "str", "e2e: bf16 | fp8, the precision of the LM head's products"),
     Column("options", "id", "str", "JSON of further options, e.g. the kernel config chosen"),
     Column("status", "measure", "str", "ok | unsupported: <reason> | failed: <reason>"),

@@ -200,8 +200,10 @@ class Forms(NamedTuple):
 
 def _row_amax(x: torch.Tensor) -> torch.Tensor:
     """max |x| as 0-d float32 (exact in any dtype), per row first: inductor fuses that into a pointwise
-    producer too (sigmoid backward), a whole-tensor amax it does not (torch 2.11)."""
-    return x.abs().amax(dim=1).amax().to(torch.float32)
+    producer too (sigmoid backward), a whole-tensor amax it does not (torch 2.11). The last reduction is
+    torch.max, whose output torchtitan's per-op checkpointing policy keeps (fp8bench.benchmarks.e2e): the
+    recompute in the backward then casts without reading x for its amax again."""
+    return x.abs().amax(dim=1).max().to(torch.float32)
 
 
 def _delayed_in_producer(x: torch.Tensor, call: _QuantizeCall, history: torch.Tensor):
@@ -473,8 +475,10 @@ class _DelayedState:
     finds state the forward changed: whether the histories are filled (flipped by the first step's forward,
     so the recompute took another cast path and torch's checkpoint raised), and histories holding the
     forward's amax (the recompute cast with other scales and recorded each amax twice). The forward's
-    context keeps a copy; the recompute's puts it back, so the recompute repeats the forward and leaves
-    the histories as the forward did (TransformerEngine's checkpoint does the same for its modules)."""
+    context keeps a copy; the recompute's puts it back, so the recompute repeats the forward, and on leaving
+    puts back the state it found: the forward's, whether or not the recompute ran the casts again (a policy
+    keeping the casts returns the forward's outputs without running them). TransformerEngine's checkpoint
+    does the same for its modules."""
 
     def __init__(self, modules: list[Float8Linear]):
         self.modules = modules
@@ -484,18 +488,28 @@ class _DelayedState:
     def histories(module: Float8Linear) -> list[torch.Tensor]:
         return [module.amax_history(role) for role in module.recipe.delayed_roles()]
 
+    def state(self) -> list[tuple[bool, list[torch.Tensor]]]:
+        return [(m._histories_filled, [h.clone() for h in self.histories(m)]) for m in self.modules]
+
+    def restore(self, state: list[tuple[bool, list[torch.Tensor]]]) -> None:
+        with torch.no_grad():
+            for module, (filled, kept) in zip(self.modules, state):
+                module._histories_filled = filled
+                torch._foreach_copy_(self.histories(module), kept)
+
     @contextlib.contextmanager
     def forward(self):
-        self.kept = [(m._histories_filled, [h.clone() for h in self.histories(m)]) for m in self.modules]
+        self.kept = self.state()
         yield
 
     @contextlib.contextmanager
     def recompute(self):
-        with torch.no_grad():
-            for module, (filled, kept) in zip(self.modules, self.kept):
-                module._histories_filled = filled
-                torch._foreach_copy_(self.histories(module), kept)
-        yield
+        found = self.state()
+        self.restore(self.kept)
+        try:
+            yield
+        finally:
+            self.restore(found)
 
 
 def fill_histories_by_step(model: nn.Module) -> Callable[[], None]:
