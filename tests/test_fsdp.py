@@ -1,5 +1,5 @@
 """FSDP2 on the CPU with two gloo processes: the BF16 path of the e2e benchmark trains as one process does (and
-TE's stand-in under selective checkpointing as without it),
+TE's stand-in under selective checkpointing, and ours keeping its casts under it, as without it),
 and our FP8 all-gather gives every rank the FP8 data and scale of the full weight cast with its own amax,
 whether the amaxes were precomputed after the optimizer step (one all-reduce for all weights) or not."""
 
@@ -89,6 +89,20 @@ def test_fsdp2_te_blocks_checkpointed_between_their_linears_train_as_without_che
             losses[checkpointing] = torch.load(path)
     assert len(losses["none"]) == 4 and all(map(math.isfinite, losses["none"]))
     assert losses["selective"] == losses["none"]
+
+
+def test_fsdp2_fp8_all_gather_keeping_the_casts_under_checkpointing_trains_as_without():
+    """Ours tensorwise under FSDP2 with FP8 all-gather and selective-casts checkpointing: the FP8 copies the
+    backward reads (the re-gathered weight's transpose among them) are kept from the forward while FSDP2
+    reshards the block. The same losses as without checkpointing."""
+    losses = {}
+    for checkpointing in ("none", "selective-casts"):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "losses.pt")
+            spawn(_fsdp_training, "triton", 3, path, checkpointing)
+            losses[checkpointing] = torch.load(path)
+    assert len(losses["none"]) == 3 and all(map(math.isfinite, losses["none"]))
+    assert losses["selective-casts"] == losses["none"]
 
 
 def _gather_shards(rank: int, full: torch.Tensor) -> GatheredFloat8Weight:
