@@ -734,6 +734,9 @@ def e2e(
     resume: bool = typer.Option(
         False, help="continue the run in --out with the same options: its finished groups are kept, the rest measured"
     ),
+    trace: bool = typer.Option(
+        False, help="also trace one more step of each case on every rank (torch.profiler: host ops, kernels, launches) into <out>/traces as Chrome traces"
+    ),
 ) -> None:
     """Training throughput of a LLaMa-3 model or proxy: BF16 eager and compiled against ours, torchao and
     TransformerEngine per recipe, on one GPU or several with FSDP2 (fp8bench.benchmarks.e2e)."""
@@ -761,7 +764,7 @@ def e2e(
             architecture = PRESETS[model].with_layers(layers)
         config = E2EConfig(
             architecture, recipes, tuple(i for i in impls if i != "bf16"), seq_len, batch, steps, warmup, compile.strip().lower(),
-            activation_checkpointing.strip().lower(), lm_head.strip().lower(), world_size, attention.strip().lower(),
+            activation_checkpointing.strip().lower(), lm_head.strip().lower(), world_size, attention.strip().lower(), trace,
         )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None

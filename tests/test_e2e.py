@@ -4,10 +4,13 @@ re-running a case from its identity. The GPU measurement is marked `gpu`."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import statistics
 import sys
+
+from unittest import mock
 
 import pandas as pd
 import pytest
@@ -275,6 +278,35 @@ def test_run_writes_a_row_per_case_with_throughput_loss_and_breakdown(tmp_path, 
     assert 0 < bf16["final_loss"] < math.log(TINY.vocab) and 0 < bf16["mean_loss"] < math.log(TINY.vocab)
     assert (tmp_path / e2e.KERNELS_CSV).exists()
     assert "tok/s/GPU" in e2e.row_line(rows[0])
+
+
+def test_a_traced_run_writes_a_chrome_trace_of_one_more_step_per_case(tmp_path):
+    """--trace: after each case's profiled steps, one more step under torch.profiler, written per case and rank
+    as a gzip-compressed Chrome trace holding the step's host ops (here, on the CPU, its products)."""
+    import gzip
+    import json
+
+    config = _config(implementations=())
+    benchmark = dataclasses.replace(_benchmark(config, FakeClock(), tmp_path), trace_dir=tmp_path / e2e.TRACES)
+    with RunWriter(tmp_path, {}) as writer:
+        rows = run_cases(benchmark, config.cases(), writer, None, TimingConfig())
+    assert [row.values["status"] for row in rows] == [Status.OK.value]
+    (case,) = config.cases()
+    (path,) = (tmp_path / e2e.TRACES).iterdir()
+    assert path.name == f"{e2e.trace_name(case)}.rank0.json.gz" == "tiny.L2.S32.B2.bf16.bf16.compile-none.ac-none.head-bf16.ws1.rank0.json.gz"
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    assert any(event.get("name") == "aten::mm" for event in events)
+
+
+def test_the_e2e_command_passes_trace_to_its_config():
+    from typer.testing import CliRunner
+
+    from fp8bench.cli import app
+
+    with mock.patch.object(e2e, "run_command") as run_command, mock.patch("fp8bench.cli.require_cuda", lambda command: "NVIDIA H100 80GB HBM3"):
+        result = CliRunner().invoke(app, ["e2e", "--trace", "--implementation", "bf16", "--out", "runs/x"])
+    assert result.exit_code == 0, result.output
+    assert run_command.call_args.args[0].trace is True
 
 
 def test_without_transformer_engine_te_layer_gives_unsupported_rows_in_bf16_and_fp8(tmp_path):

@@ -304,6 +304,7 @@ class E2EConfig:
     lm_head: str = "bf16"
     world_size: int = 1
     attention: str = "flash"
+    trace: bool = False  # a Chrome trace of one more step per case and rank (E2EBenchmark.trace_dir)
 
     def __post_init__(self) -> None:
         unknown = set(self.implementations) - set(FP8_IMPLEMENTATIONS)
@@ -334,7 +335,8 @@ class E2EBenchmark:
     roofline, MFU) and the step's time by kernel class. Every profiled kernel goes to
     `run_dir`/e2e_kernels.csv as the run goes (`run_dir` None: not recorded, as on the ranks but rank 0).
     `load_te`: TransformerEngine is imported before the first step (an import that fails is its rows' reason
-    before any case has run)."""
+    before any case has run). `trace_dir`: where every rank writes a Chrome trace of one more step of each case
+    after its profiled steps (write_step_trace), None for none."""
 
     device: str = "cuda"
     process_group: Any = None
@@ -347,6 +349,7 @@ class E2EBenchmark:
     warmup: int = 3
     load_te: bool = False
     attention: str = "flash"
+    trace_dir: Path | None = None
     name: str = BENCHMARK
     kernel_records: list[dict[str, Any]] = field(default_factory=list, init=False, repr=False)
     _profiled: list[Sequence[KernelRecord]] = field(default_factory=list, init=False, repr=False)  # per profiled step of the case measured last
@@ -355,10 +358,17 @@ class E2EBenchmark:
         if self.load_te:
             te_unavailable_reason()
         rates = self.rates.source if self.rates else None
-        return E2EInputs(self.device, self.process_group, self.batches or synthetic_batches, self.clock, rates, self._profile)
+        traced = self._trace if self.trace_dir is not None else None
+        return E2EInputs(self.device, self.process_group, self.batches or synthetic_batches, self.clock, rates, self._profile, traced)
 
     def _profile(self, steps: Sequence[Sequence[KernelRecord]]) -> None:
         self._profiled = [step for step in steps if step]
+
+    def _trace(self, case: E2ECase, step: Callable[[], object]) -> None:
+        import torch.distributed as dist
+
+        rank = dist.get_rank(self.process_group) if self.process_group is not None else 0
+        write_step_trace(step, self.trace_dir / f"{trace_name(case)}.rank{rank}.json.gz")
 
     def against_reference(self, case: E2ECase, values: Mapping[str, Any], reference: Mapping[str, Any] | None) -> dict[str, Any]:
         """The mean loss against the reference's (Failed: `wrong result`), then MFU, the ideal speedup from
@@ -436,7 +446,7 @@ class E2EInputs:
     """What every case of a run shares: the device, the data-parallel group (None on one GPU), the source
     of batches (a fresh iterator per case, so every case trains on the same tokens), the clock that
     measures the steps, where the ideal speedup's GEMM rates come from (recorded in FP8 rows) and where
-    the profiled step's kernels go."""
+    the profiled step's kernels go, and what traces one more step after them (None: none is traced)."""
 
     device: str
     process_group: Any = None
@@ -444,6 +454,7 @@ class E2EInputs:
     clock: "StepClock | None" = None
     ideal_rates: str | None = None
     profiled: Callable[[Sequence[Sequence[KernelRecord]]], None] = lambda steps: None
+    traced: Callable[[E2ECase, Callable[[], object]], None] | None = None
 
     @property
     def rank(self) -> int:
@@ -638,6 +649,8 @@ def build_training(case: E2ECase, inputs: E2EInputs) -> Built:
         step_ms = clock.samples(step, case.steps)
         wall_ms = clock.wall_ms(step, WALL_STEPS)
         inputs.profiled(clock.kernel_records(step, PROFILED_STEPS)[1:])
+        if inputs.traced is not None:
+            inputs.traced(case, step)
         sm_clock = clock.sm_clock_mhz()
         return Measurement(tuple(step_ms), 1, wall_ms, clock.name, (sm_clock,) if sm_clock else ())
 
@@ -869,6 +882,33 @@ def torchrun_command(options: Mapping[str, Any], run_dir) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", nproc, "-m", "fp8bench.cli", *args]
 
 
+TRACES = "traces"  # the run folder's folder of step traces (--trace)
+
+
+def trace_name(case: E2ECase) -> str:
+    """A case's identity as a file name: model and shape, implementation, recipe, compile mode, checkpointing,
+    LM head and world size."""
+    return (f"{case.name}.{case.implementation}.{case.recipe_name}.compile-{case.compile}.ac-{case.checkpointing}"
+            f".head-{case.lm_head}.ws{case.world_size}")  # fmt: skip
+
+
+def write_step_trace(step: Callable[[], object], path: Path) -> Path:
+    """One call of `step` under torch.profiler, the host's ops and, on a GPU, its kernels and their launches, as a
+    Chrome trace at `path` (gzip-compressed where it ends in .gz; open it in Perfetto or chrome://tracing): where
+    a step's host time goes, and where the GPU waits for the host or for another rank."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+    return path
+
+
 def gpu_benchmark(config: E2EConfig, run_dir: Path, device_name: str, process_group=None, record: bool = True) -> E2EBenchmark:
     """The benchmark of `config` on this process's GPU: CUDA events and CUPTI, the GPU's peaks and GEMM rates
     from the hardware table and its calibration profile, kernels recorded in `run_dir` when `record`."""
@@ -879,7 +919,7 @@ def gpu_benchmark(config: E2EConfig, run_dir: Path, device_name: str, process_gr
     spec = spec_for_device_name(device_name)
     return E2EBenchmark(f"cuda:{torch.cuda.current_device()}", process_group, None, GpuStepClock(), spec, GemmRates.of_gpu(spec) if spec else None,
                         run_dir if record else None, config.steps, config.warmup, bool({"te", TE_LAYER} & set(config.implementations)),
-                        config.attention)  # fmt: skip
+                        config.attention, run_dir / TRACES if config.trace else None)  # fmt: skip
 
 
 def run_command(config: E2EConfig, run_dir: Path, device_name: str, command: str, distributed: bool, resumed: Callable[[list], tuple[list, dict]] | None,
