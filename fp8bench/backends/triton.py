@@ -155,4 +155,5 @@ class TritonBackend(Backend):
             if fp8_all_gather:
                 precompute_float8_scales(model)
 
-        return Converted(model, after_optimizer_step=after_optimizer_step, options=options, recompute_contexts=recompute_contexts)
+        return Converted(model, after_optimizer_step=after_optimizer_step, options=options,
+                         recompute_contexts=lambda region, selective: recompute_contexts(region))  # fmt: skip

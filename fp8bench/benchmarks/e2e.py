@@ -55,6 +55,7 @@ fusion) and the gradients' producers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import itertools
 import math
@@ -469,6 +470,18 @@ class E2EInputs:
         return dist.get_world_size(self.process_group) if self.process_group is not None else 1
 
 
+@functools.cache
+def _always_saved() -> frozenset:
+    """The ops whose outputs selective checkpointing always keeps (_saved_by_selective): made once, not per op
+    the policy sees."""
+    import torch
+
+    aten = torch.ops.aten
+    return frozenset({aten.mm.default, aten._scaled_mm.default, aten._scaled_dot_product_flash_attention.default,
+                      aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_cudnn_attention.default,
+                      aten.max.default, torch.ops._c10d_functional.reduce_scatter_tensor.default})  # fmt: skip
+
+
 def _saved_by_selective(op, args, kwargs, keep_casts: bool) -> bool:
     """Selective checkpointing's policy, torchtitan's per-op SAC: keep the outputs of matrix products (BF16
     and ours: fp8bench's custom GEMM ops), of attention, of reduce-scatters and of max (the amax an FP8 scale is
@@ -478,18 +491,16 @@ def _saved_by_selective(op, args, kwargs, keep_casts: bool) -> bool:
     copies the backward reads."""
     import torch
 
-    aten = torch.ops.aten
-    saved = {aten.mm.default, aten._scaled_mm.default, aten._scaled_dot_product_flash_attention.default,
-             aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_cudnn_attention.default,
-             aten.max.default, torch.ops._c10d_functional.reduce_scatter_tensor.default}  # fmt: skip
-    if op in saved or "gemm" in str(op):
+    from fp8bench.nn._float8_ops import FP8_DTYPES
+
+    name = str(op)
+    if op in _always_saved() or "gemm" in name:
         return True
     if not keep_casts:
         return False
-    name = str(op)
     if name.startswith("fp8bench.") and ("quantize" in name or "transpose_fp8" in name):
         return True
-    fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+    aten, fp8 = torch.ops.aten, FP8_DTYPES.values()
     return (op is aten._to_copy.default and kwargs.get("dtype") in fp8) or (op is aten.clone.default and args[0].dtype in fp8)
 
 

@@ -528,9 +528,7 @@ def fill_histories_by_step(model: nn.Module) -> Callable[[], None]:
     return after_optimizer_step
 
 
-def recompute_contexts(
-    region: nn.Module, selective: bool = True
-) -> Callable[[], tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]] | None:
+def recompute_contexts(region: nn.Module) -> Callable[[], tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]] | None:
     """For activation checkpointing of `region` (selective or full alike): a function giving, per checkpointed
     call, the contexts its forward and its recompute in the backward run under, so that the recompute repeats
     the forward (_DelayedState); None where no Float8Linear of the region scales with delay."""
