@@ -730,6 +730,9 @@ def e2e(
         "flash", help="scaled_dot_product_attention backend for every row: flash | cudnn | efficient | math | auto (torch's choice: cuDNN on an H100 with torch 2.11)"
     ),
     nproc_per_node: int = typer.Option(1, min=1, help="GPUs of this host to train on with FSDP2 (launched with torchrun)"),
+    reshard_after_forward: str = typer.Option(
+        "default", help="FSDP2, per block: default (each block frees its gathered weights after its forward, the last one after its backward) | never (every block keeps them until its backward: no all-gather in the backward, the unsharded weights' memory)"
+    ),
     out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-e2e-<model>)"),
     resume: bool = typer.Option(
         False, help="continue the run in --out with the same options: its finished groups are kept, the rest measured"
@@ -765,6 +768,7 @@ def e2e(
         config = E2EConfig(
             architecture, recipes, tuple(i for i in impls if i != "bf16"), seq_len, batch, steps, warmup, compile.strip().lower(),
             activation_checkpointing.strip().lower(), lm_head.strip().lower(), world_size, attention.strip().lower(), trace,
+            reshard_after_forward.strip().lower(),
         )
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None

@@ -109,6 +109,11 @@ def test_case_from_identity_round_trips_presets_and_custom_models():
         assert bench.case_from_identity(case.identity) == case
     te_layer_bf16 = e2e.E2ECase(custom, 4096, 2, 1, "block", "none", "te-layer", None)
     assert bench.case_from_identity(te_layer_bf16.identity) == te_layer_bf16
+    # The run's settings outside the identity come from the benchmark: a gate re-runs a case as its run ran it.
+    blocks_kept = e2e.E2EBenchmark(device="cpu", attention="cudnn", reshard_after_forward="never")
+    sharded = e2e.E2ECase(custom, 4096, 2, 2, "block", "selective", "triton", RECIPES["tensorwise"], attention="cudnn", reshard_after_forward="never")
+    assert blocks_kept.case_from_identity(sharded.identity) == sharded
+    assert sharded.options["reshard_after_forward"] == "never"
     with pytest.raises(ValueError, match="not an e2e case name"):
         bench.case_from_identity({**case.identity, "case": "4096x4096x4096"})
 
@@ -122,6 +127,7 @@ def test_case_from_identity_round_trips_presets_and_custom_models():
         (dict(implementations=("tri",)), "unknown FP8 implementation 'tri'"),
         (dict(steps=1), "at least 2 measured steps"),
         (dict(attention="sdpa"), "unknown attention backend 'sdpa'"),
+        (dict(reshard_after_forward="always"), "unknown reshard-after-forward policy 'always'; choose one of: default, never"),
     ],
 )
 def test_config_validates_once(kwargs, message):

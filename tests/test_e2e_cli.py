@@ -18,6 +18,7 @@ runner = CliRunner()
         (["--activation-checkpointing", "half"], "unknown activation checkpointing"),
         (["--lm-head", "fp4"], "unknown LM head precision"),
         (["--attention", "fast"], "unknown attention backend 'fast'; choose one of: flash, cudnn, efficient, math, auto"),
+        (["--reshard-after-forward", "sometimes"], "unknown reshard-after-forward policy 'sometimes'; choose one of: default, never"),
         (["--implementation", "cublas"], "unknown implementation 'cublas'"),
         (["--recipe", "mxfp8"], "unknown recipe 'mxfp8'"),
         (["--model", "custom"], "--model custom needs --dim"),

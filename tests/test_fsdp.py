@@ -404,6 +404,9 @@ def test_sharding_plans_change_one_thing_each():
     assert _groups(two_ahead)[0] == (("tok_embeddings",), True)
     assert two_ahead.forward_prefetch == ((1, 2), (2, 3), (3, 4), (4,), ())
     assert two_ahead.backward_prefetch == ((), (0,), (1, 0), (2, 1), (3, 2))
+    every_block_kept = sharding_schedule(model, ShardingPlan(keep_blocks=True))
+    assert _groups(every_block_kept)[1:4] == [((f"layers.{index}",), False) for index in range(3)]
+    assert every_block_kept.plan.describe() == "ends apart, embedding kept, blocks kept, prefetch 1, reduce bfloat16"
     tied = sharding_schedule(Llama(dataclasses.replace(TINY, tie_embeddings=True)))
     assert _groups(tied) == [(("layers.0",), True), (("layers.1",), False)]  # one parameter cannot be in two groups
     with pytest.raises(ValueError, match="prefetch must be 0 or more"):

@@ -93,6 +93,9 @@ LM_HEADS = ("bf16", "fp8")
 # TransformerEngine: fp8bench.backends.te loads torch's cuDNN before TE's import). FlashAttention-2 stays the
 # default, the attention of the committed e2e series; `te-layer` runs TE's own attention whatever this says.
 ATTENTION_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH", "auto": None}
+# FSDP2's reshard_after_forward per block, torchtitan's policy names: `default` frees each block's gathered
+# weights after its forward but the last block's; `never` keeps every block's (fp8bench.nn.fsdp.ShardingPlan).
+RESHARD_POLICIES = ("default", "never")
 IMPLEMENTATIONS = tuple(backend_names(Level.MODEL))  # bf16, triton (ours), torchao, te, te-layer
 FP8_IMPLEMENTATIONS = tuple(i for i in IMPLEMENTATIONS if i != "bf16")
 CUSTOM = "custom"
@@ -223,10 +226,13 @@ class E2ECase:
     steps: int = 10  # measured
     warmup: int = 3
     attention: str = "flash"
+    reshard_after_forward: str = "default"  # several GPUs only
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_BACKENDS:
             raise ValueError(f"unknown attention backend {self.attention!r}; choose one of: {', '.join(ATTENTION_BACKENDS)}")
+        if self.reshard_after_forward not in RESHARD_POLICIES:
+            raise ValueError(f"unknown reshard-after-forward policy {self.reshard_after_forward!r}; choose one of: {', '.join(RESHARD_POLICIES)}")
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"unknown compile mode {self.compile!r}; choose one of: {', '.join(COMPILE_MODES)}")
         if self.checkpointing not in CHECKPOINTING:
@@ -270,7 +276,7 @@ class E2ECase:
 
     @property
     def options(self) -> dict[str, Any]:
-        return {"steps": self.steps, "warmup": self.warmup, "attention": self.attention}
+        return {"steps": self.steps, "warmup": self.warmup, "attention": self.attention, "reshard_after_forward": self.reshard_after_forward}
 
     @property
     def work(self) -> Work:
@@ -306,6 +312,7 @@ class E2EConfig:
     world_size: int = 1
     attention: str = "flash"
     trace: bool = False  # a Chrome trace of one more step per case and rank (E2EBenchmark.trace_dir)
+    reshard_after_forward: str = "default"
 
     def __post_init__(self) -> None:
         unknown = set(self.implementations) - set(FP8_IMPLEMENTATIONS)
@@ -316,7 +323,7 @@ class E2EConfig:
     def _case(self, implementation: str, recipe: Recipe | None, compile_mode: str) -> E2ECase:
         lm_head = "bf16" if recipe is None else self.lm_head
         return E2ECase(self.model, self.seq_len, self.batch, self.world_size, compile_mode, self.checkpointing, implementation, recipe, lm_head,
-                       self.steps, self.warmup, self.attention)  # fmt: skip
+                       self.steps, self.warmup, self.attention, self.reshard_after_forward)  # fmt: skip
 
     def cases(self) -> list[E2ECase]:
         """Each group's BF16 reference first: BF16 eager, then the compile mode's group."""
@@ -351,6 +358,7 @@ class E2EBenchmark:
     load_te: bool = False
     attention: str = "flash"
     trace_dir: Path | None = None
+    reshard_after_forward: str = "default"
     name: str = BENCHMARK
     kernel_records: list[dict[str, Any]] = field(default_factory=list, init=False, repr=False)
     _profiled: list[Sequence[KernelRecord]] = field(default_factory=list, init=False, repr=False)  # per profiled step of the case measured last
@@ -428,7 +436,7 @@ class E2EBenchmark:
             raise ValueError(f"unknown recipe {recipe_name!r} in an e2e row")
         recipe = None if recipe_name == "bf16" else RECIPES[recipe_name]
         return E2ECase(model, seq, batch, int(identity["world_size"]), str(identity["compile"]), str(identity["activation_checkpointing"]),
-                       implementation, recipe, str(identity["lm_head"]), self.steps, self.warmup, self.attention)  # fmt: skip
+                       implementation, recipe, str(identity["lm_head"]), self.steps, self.warmup, self.attention, self.reshard_after_forward)  # fmt: skip
 
     def reference_of(self, case: E2ECase) -> E2ECase:
         return dataclasses.replace(case, implementation="bf16", recipe=None, lm_head="bf16")
@@ -620,9 +628,9 @@ def build_training(case: E2ECase, inputs: E2EInputs) -> Built:
     if case.checkpointing.startswith("selective") and case.implementation in TE_SELECTIVE_CHECKPOINTING:
         options["selective_checkpointing"] = TE_SELECTIVE_CHECKPOINTING[case.implementation]
     if sharded:
-        from fp8bench.nn.fsdp import all_gather_bytes, shard_model
+        from fp8bench.nn.fsdp import ShardingPlan, all_gather_bytes, shard_model
 
-        schedule = shard_model(model, inputs.process_group)
+        schedule = shard_model(model, inputs.process_group, ShardingPlan(keep_blocks=case.reshard_after_forward == "never"))
         options["allgather_bytes"] = all_gather_bytes(model, schedule)
         options["sharding"] = schedule.plan.describe()
     # The step's closures reach the model through `held`, so that `release` frees it (and its compiled code).
@@ -930,7 +938,7 @@ def gpu_benchmark(config: E2EConfig, run_dir: Path, device_name: str, process_gr
     spec = spec_for_device_name(device_name)
     return E2EBenchmark(f"cuda:{torch.cuda.current_device()}", process_group, None, GpuStepClock(), spec, GemmRates.of_gpu(spec) if spec else None,
                         run_dir if record else None, config.steps, config.warmup, bool({"te", TE_LAYER} & set(config.implementations)),
-                        config.attention, run_dir / TRACES if config.trace else None)  # fmt: skip
+                        config.attention, run_dir / TRACES if config.trace else None, config.reshard_after_forward)  # fmt: skip
 
 
 def run_command(config: E2EConfig, run_dir: Path, device_name: str, command: str, distributed: bool, resumed: Callable[[list], tuple[list, dict]] | None,

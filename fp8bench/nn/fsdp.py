@@ -324,6 +324,9 @@ class ShardingPlan:
       embedding tied to the head stays with the root (one parameter cannot be in two groups).
     keep_last_block: the last block keeps its gathered weights from its forward to its backward, which
       comes right after (torchtitan): no gather at the start of the backward.
+    keep_blocks: every block keeps its gathered weights from its forward to its backward (torchtitan's
+      reshard_after_forward policy `never`): no all-gather in the backward, where the NCCL kernels share the
+      SMs with the backward's GEMMs, for the memory of the unsharded blocks' weights (ZeRO-2's).
     keep_embedding: the embedding (apart) keeps its gathered weight through the backward: its backward
       needs only the token ids, so a re-gather would move the largest weight for nothing.
     prefetch: how many groups ahead each group issues their all-gathers, the next ones in the forward and
@@ -342,6 +345,7 @@ class ShardingPlan:
 
     ends_apart: bool = True
     keep_last_block: bool = True
+    keep_blocks: bool = False
     keep_embedding: bool = True
     prefetch: int = 1
     reduce_dtype: torch.dtype = torch.bfloat16
@@ -353,9 +357,10 @@ class ShardingPlan:
             raise ValueError(f"reduce_dtype must be torch.float32 or torch.bfloat16, got {self.reduce_dtype}")
 
     def describe(self) -> str:
-        """One line for a result row: `ends apart, embedding kept, last block kept, prefetch 1, reduce bfloat16`."""
+        """One line for a result row: `ends apart, embedding kept, last block kept, prefetch 1, reduce bfloat16`
+        (`blocks kept` where every block keeps its gathered weights)."""
         ends = ("ends apart, embedding " + ("kept" if self.keep_embedding else "resharded")) if self.ends_apart else "ends in the root"
-        last = "last block kept" if self.keep_last_block else "last block resharded"
+        last = "blocks kept" if self.keep_blocks else "last block kept" if self.keep_last_block else "last block resharded"
         return f"{ends}, {last}, prefetch {self.prefetch}, reduce {str(self.reduce_dtype).removeprefix('torch.')}"
 
 
@@ -399,7 +404,7 @@ def sharding_schedule(model: nn.Module, plan: ShardingPlan = ShardingPlan()) -> 
     """The groups, their settings and prefetches that shard_model gives `model` (a fp8bench.nn.llama.Llama:
     tok_embeddings, layers, norm, output) under `plan`. Needs no process group."""
     blocks = len(model.layers)
-    order = [ShardGroup((f"layers.{index}",), not (plan.keep_last_block and index == blocks - 1)) for index in range(blocks)]
+    order = [ShardGroup((f"layers.{index}",), not (plan.keep_blocks or (plan.keep_last_block and index == blocks - 1))) for index in range(blocks)]
     if plan.ends_apart and model.output.weight is not model.tok_embeddings.weight:
         order = [ShardGroup(("tok_embeddings",), not plan.keep_embedding), *order, ShardGroup(("norm", "output"), False)]
     ahead = range(1, plan.prefetch + 1)
