@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from importlib.metadata import version
 
-import click
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -14,10 +13,12 @@ from fp8bench.cli import app
 GROUP = typer.main.get_command(app)
 
 
-def _command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+def _command_paths(group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command's path under `group`: a group is whatever has subcommands (click's Group, or the copy of
+    click that newer typer releases carry inside them)."""
     paths = [prefix]
     for name, command in group.commands.items():
-        if isinstance(command, click.Group):
+        if hasattr(command, "commands"):
             paths += _command_paths(command, (*prefix, name))
         else:
             paths.append((*prefix, name))
