@@ -730,6 +730,9 @@ def e2e(
         "flash", help="scaled_dot_product_attention backend for every row: flash | cudnn | efficient | math | auto (torch's choice: cuDNN on an H100 with torch 2.11)"
     ),
     nproc_per_node: int = typer.Option(1, min=1, help="GPUs of this host to train on with FSDP2 (launched with torchrun)"),
+    one_gpu_baseline: bool = typer.Option(
+        False, "--one-gpu-baseline", help="with --nproc-per-node N: first the same cases on one GPU, in the same run, for the report's scaling efficiency"
+    ),
     reshard_after_forward: str = typer.Option(
         "default", help="FSDP2, per block: default (each block frees its gathered weights after its forward, the last one after its backward) | never (every block keeps them until its backward: no all-gather in the backward, the unsharded weights' memory)"
     ),
@@ -745,7 +748,7 @@ def e2e(
     TransformerEngine per recipe, on one GPU or several with FSDP2 (fp8bench.benchmarks.e2e)."""
     _resume_needs_out(resume, out)
     from fp8bench.benchmarks.e2e import (
-        CUSTOM, IMPLEMENTATIONS, MODEL_CHOICES, E2EConfig, custom_model, gpu_benchmark, run_command, torchrun_command,
+        CUSTOM, IMPLEMENTATIONS, MODEL_CHOICES, E2EConfig, custom_model, gpu_benchmark, launches, run_command,
     )
     from fp8bench.nn.llama import PRESETS
     from fp8bench.nn.recipes import RECIPE_CHOICES
@@ -757,6 +760,8 @@ def e2e(
     impls = tuple(dict.fromkeys(i for name in implementation or ["all"] for i in choice(name, impl_choices, "implementation")))
     distributed = "LOCAL_RANK" in os.environ  # a rank that torchrun started
     world_size = int(os.environ.get("WORLD_SIZE", "1")) if distributed else nproc_per_node
+    if one_gpu_baseline and nproc_per_node < 2:
+        raise typer.BadParameter("--one-gpu-baseline measures a run on several GPUs against one: give --nproc-per-node 2 or more")
     try:
         if model == CUSTOM:
             dims = (dim, ffn_dim, heads, kv_heads, vocab)
@@ -785,11 +790,15 @@ def e2e(
         if torch.cuda.device_count() < nproc_per_node:
             raise EnvironmentProblem(f"--nproc-per-node {nproc_per_node} but this host shows {torch.cuda.device_count()} CUDA GPUs")
         # From the options as parsed: a suite runs commands in-process, so sys.argv may be another command's.
-        raise typer.Exit(subprocess.run(torchrun_command(ctx.params, run_dir)).returncode)
+        for command, environment in launches(ctx.params, run_dir, os.environ):
+            returncode = subprocess.run(command, env=environment).returncode
+            if returncode:
+                raise typer.Exit(returncode)
+        raise typer.Exit(0)
     if distributed and world_size != nproc_per_node:
         raise typer.BadParameter(f"torchrun started {world_size} ranks but --nproc-per-node is {nproc_per_node}")
     try:
-        resumed = (lambda cases: _resumed(cases, out)) if resume else None
+        resumed = (lambda cases: _resumed(cases, out, config.kept_on_resume)) if resume else None
         run_command(config, run_dir, device_name, command_line(), distributed, resumed, _open_run, console.print, err_console.print)
     except KeyboardInterrupt:
         err_console.print(f"[yellow]interrupted: the finished cases are in {run_dir / 'results.csv'}[/]")

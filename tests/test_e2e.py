@@ -375,7 +375,7 @@ def test_a_resumed_run_measures_the_groups_left_and_keeps_the_finished_ones(tmp_
     assert left == second.cases()
     clock = FakeClock()
     benchmark = _benchmark(first, clock, tmp_path)
-    benchmark.resume_kernels(first.cases())
+    benchmark.resume_kernels()
     with RunWriter(tmp_path, {}, resume=True) as writer:
         run_cases(benchmark, left, writer, None, TimingConfig())
     assert clock.calls == first.warmup + first.steps + e2e.WALL_STEPS + e2e.PROFILED_STEPS  # the second group's BF16 only
@@ -383,6 +383,41 @@ def test_a_resumed_run_measures_the_groups_left_and_keeps_the_finished_ones(tmp_
     assert [(row.M, row.backend) for row in frame.itertuples()] == [(64, "bf16"), (64, "te"), (32, "bf16"), (32, "te")]
     kernels = pd.read_csv(tmp_path / e2e.KERNELS_CSV)
     assert list(kernels.groupby("case", sort=False).size().index) == [f"{CUSTOM.name}.L2.S32.B2", f"{CUSTOM.name}.L2.S16.B2"]
+
+
+def test_resuming_on_several_gpus_keeps_the_one_gpu_baseline_rows_and_kernels(tmp_path):
+    """--one-gpu-baseline: the one-GPU run, then the same cases on two GPUs resuming its folder. The second
+    run measures all of its cases and keeps the first's rows and kernels: the report's scaling table has both.
+    (Here the two-GPU cases find one process and are `unsupported` rows.)"""
+    one, two = _config(model=CUSTOM, implementations=("te",)), _config(model=CUSTOM, implementations=("te",), world_size=2)
+    _run(one, FakeClock(), tmp_path)
+    left = resume(two.cases(), tmp_path, two.kept_on_resume)
+    assert left == two.cases()
+    benchmark = _benchmark(two, FakeClock(), tmp_path)
+    benchmark.resume_kernels()
+    with RunWriter(tmp_path, {}, resume=True) as writer:
+        run_cases(benchmark, left, writer, None, TimingConfig())
+    frame = load_results(tmp_path)
+    assert [(str(row.world_size), row.backend, row.status) for row in frame.itertuples()] == [
+        ("1", "bf16", "ok"), ("1", "te", frame.status.iloc[1]),
+        ("2", "bf16", "unsupported: the case trains on 2 ranks; this run has 1"),
+        ("2", "te", "unsupported: the case trains on 2 ranks; this run has 1"),
+    ]
+    kernels = pd.read_csv(tmp_path / e2e.KERNELS_CSV, dtype={"world_size": str})
+    assert set(kernels["world_size"]) == {"1"} and "bf16" in set(kernels["backend"])
+    # Resuming the one-GPU run in turn keeps the two-GPU rows; without the rule they would go.
+    assert resume(one.cases(), tmp_path, one.kept_on_resume) == [] and len(load_results(tmp_path)) == 4
+    assert resume(one.cases(), tmp_path) == [] and len(load_results(tmp_path)) == 2
+
+
+def test_kernels_written_before_they_named_their_world_size_resume_as_this_runs(tmp_path):
+    config = _config(model=CUSTOM, implementations=("te",))
+    _run(config, FakeClock(), tmp_path)
+    kernels = pd.read_csv(tmp_path / e2e.KERNELS_CSV)
+    kernels.drop(columns="world_size").to_csv(tmp_path / e2e.KERNELS_CSV, index=False)
+    benchmark = _benchmark(config, FakeClock(), tmp_path)
+    benchmark.resume_kernels()
+    assert len(benchmark.kernel_records) == len(kernels) and {r["world_size"] for r in benchmark.kernel_records} == {"1"}
 
 
 def test_the_gate_reruns_a_flagged_e2e_case_from_its_identity_beside_its_reference(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from typer.testing import CliRunner
 
@@ -24,6 +26,7 @@ runner = CliRunner()
         (["--model", "custom"], "--model custom needs --dim"),
         (["--layers", "0"], "layers"),
         (["--nproc-per-node", "0"], "nproc-per-node"),
+        (["--one-gpu-baseline"], "--one-gpu-baseline measures a run on several GPUs against one: give --nproc-per-node 2 or more"),
     ],
 )
 def test_cli_rejects_bad_options_with_exit_2(args, message):
@@ -95,3 +98,62 @@ def test_torchrun_passes_a_flag_only_when_it_is_set(tmp_path):
     for resume, expected in ((True, ["--resume"]), (False, [])):
         command = torchrun_command({"nproc_per_node": 2, "resume": resume}, tmp_path)
         assert command[command.index("fp8bench.cli") + 1 :] == ["e2e", "--out", str(tmp_path), "--nproc-per-node", "2", *expected]
+
+
+def _launched(monkeypatch, tmp_path, args, returncodes, visible=None):
+    """`fp8bench e2e ARGS` on a host that shows 4 GPUs, with the processes it starts recorded (and given
+    `returncodes` in turn) instead of run."""
+    import subprocess
+
+    import torch
+
+    import fp8bench.cli as cli
+
+    started = []
+
+    def run(command, env=None):
+        started.append((command, env))
+        return subprocess.CompletedProcess(command, returncodes[len(started) - 1])
+
+    monkeypatch.setattr(cli, "require_cuda", lambda command: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(subprocess, "run", run)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    result = runner.invoke(app, ["e2e", "--out", str(tmp_path / "run"), *args])
+    return result, started
+
+
+def _e2e_args(command: list[str]) -> list[str]:
+    return command[command.index("fp8bench.cli") + 1 :]
+
+
+def _option(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_one_gpu_baseline_runs_the_cases_on_the_first_gpu_then_resumes_the_run_on_several(monkeypatch, tmp_path):
+    result, started = _launched(monkeypatch, tmp_path, ["--layers", "2", "--nproc-per-node", "2", "--one-gpu-baseline"], [0, 0], visible="3,5")
+    assert result.exit_code == 0, result.output
+    (single, single_env), (several, several_env) = started
+    assert single[1:3] == ["-m", "fp8bench.cli"] and single_env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert several[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"] and several_env["CUDA_VISIBLE_DEVICES"] == "3,5"
+    for args, nproc, resumed in ((_e2e_args(single), "1", False), (_e2e_args(several), "2", True)):
+        assert args[:3] == ["e2e", "--out", str(tmp_path / "run")] and _option(args, "--layers") == "2"
+        assert _option(args, "--nproc-per-node") == nproc and ("--resume" in args) is resumed
+        assert "--one-gpu-baseline" not in args
+
+
+def test_a_failed_one_gpu_baseline_stops_before_the_run_on_several_gpus(monkeypatch, tmp_path):
+    result, started = _launched(monkeypatch, tmp_path, ["--nproc-per-node", "2", "--one-gpu-baseline"], [3])
+    assert result.exit_code == 3 and len(started) == 1
+    assert started[0][1]["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def test_several_gpus_without_a_baseline_start_one_torchrun_launch(monkeypatch, tmp_path):
+    result, started = _launched(monkeypatch, tmp_path, ["--nproc-per-node", "4"], [0])
+    assert result.exit_code == 0 and len(started) == 1
+    args = _e2e_args(started[0][0])
+    assert _option(args, "--nproc-per-node") == "4" and "--resume" not in args and started[0][1] == dict(os.environ)

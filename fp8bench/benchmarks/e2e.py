@@ -74,7 +74,7 @@ from fp8bench.backends.te import TE_LAYER, TE_SELECTIVE_CHECKPOINTING, te_unavai
 from fp8bench.benchmarks.layer import KERNEL_KINDS, first_matching_kind
 from fp8bench.config import FastAccum, GemmShape, Granularity, Status, TimingConfig
 from fp8bench.harness.case import Built, Failed, Unsupported, Work
-from fp8bench.harness.results import Row, RunWriter
+from fp8bench.harness.results import Row, RunWriter, read_rows
 from fp8bench.harness.runner import Discard, run_cases
 from fp8bench.harness.overlap import stream_overlap
 from fp8bench.harness.timing import KernelRecord, Measurement, kernel_ms_by_name
@@ -124,7 +124,8 @@ PROFILED_STEPS = 4
 
 # What an FP8 row whose loss is wrong keeps: the sanity columns, no time (a wrong result's time measures nothing).
 CHECK_COLUMNS = ("final_loss", "mean_loss", "mem_alloc_gb", "mem_reserved_gb")
-KERNEL_COLUMNS = ("case", "backend", "recipe", "compile", "lm_head", "kernel", "class", "ms_per_step")
+KERNEL_COLUMNS = ("case", "world_size", "backend", "recipe", "compile", "lm_head", "kernel", "class", "ms_per_step")
+KERNEL_KEY = KERNEL_COLUMNS[:6]  # the result row a kernel belongs to (its id columns that vary within an e2e run)
 
 # Kernel names by class, lower case, checked in this order (the first class with a matching fragment wins):
 # NCCL collectives and FSDP2's copies into and out of its communication buffers; attention (FlashAttention,
@@ -325,6 +326,11 @@ class E2EConfig:
         return E2ECase(self.model, self.seq_len, self.batch, self.world_size, compile_mode, self.checkpointing, implementation, recipe, lm_head,
                        self.steps, self.warmup, self.attention, self.reshard_after_forward)  # fmt: skip
 
+    def kept_on_resume(self, row: Mapping[str, str]) -> bool:
+        """Whether resuming a run folder with this configuration keeps `row`, which none of its cases names:
+        a row of another world size (the one-GPU baseline before a run on several GPUs, --one-gpu-baseline)."""
+        return str(row.get("world_size")) != str(self.world_size)
+
     def cases(self) -> list[E2ECase]:
         """Each group's BF16 reference first: BF16 eager, then the compile mode's group."""
         cases = [self._case("bf16", None, "none")]
@@ -410,22 +416,33 @@ class E2EBenchmark:
     def record_kernels(self, case: E2ECase, kernels: Mapping[str, float]) -> None:
         if self.run_dir is None:
             return
-        key = {column: case.identity[column] for column in KERNEL_COLUMNS[:5]}
+        key = {column: case.identity[column] for column in KERNEL_KEY}
         self.kernel_records += [
             {**key, "kernel": name, "class": kernel_class(name), "ms_per_step": ms} for name, ms in sorted(kernels.items(), key=lambda item: -item[1])
         ]  # fmt: skip
         # Written as the run goes, like the results: an interrupted run keeps what it measured.
         pd.DataFrame.from_records(self.kernel_records, columns=list(KERNEL_COLUMNS)).to_csv(self.run_dir / KERNELS_CSV, index=False, float_format="%.6g")
 
-    def resume_kernels(self, finished: list[E2ECase]) -> None:
-        """Start from the kernels the run in `run_dir` recorded for the `finished` cases (a resumed run keeps
-        their rows and measures the others again)."""
+    def resume_kernels(self) -> None:
+        """Start from the kernels the run in `run_dir` recorded for the rows its results keep (a resumed run
+        keeps its finished groups' rows, and another world size's, and measures the others again). A file
+        written before kernels named their world size holds this run's."""
         path = self.run_dir / KERNELS_CSV
         if not path.exists():
             return
-        kept = {tuple(str(case.identity[column]) for column in KERNEL_COLUMNS[:5]) for case in finished}
-        recorded = pd.read_csv(path, dtype={column: str for column in KERNEL_COLUMNS[:5]}, keep_default_na=False)
-        self.kernel_records = [row for row in recorded.to_dict("records") if tuple(row[column] for column in KERNEL_COLUMNS[:5]) in kept]
+        kept = {tuple(str(row[column]) for column in KERNEL_KEY) for row in read_rows(self.run_dir)}
+        recorded = pd.read_csv(path, dtype=dict.fromkeys(KERNEL_KEY, str), keep_default_na=False)
+        if "world_size" not in recorded:
+            recorded.insert(1, "world_size", str(self.world_size))
+        self.kernel_records = [row for row in recorded.to_dict("records") if tuple(row[column] for column in KERNEL_KEY) in kept]
+
+    @property
+    def world_size(self) -> int:
+        if self.process_group is None:
+            return 1
+        import torch.distributed as dist
+
+        return dist.get_world_size(self.process_group)
 
     def case_from_identity(self, identity: Mapping[str, Any]) -> E2ECase:
         if identity.get("benchmark") != BENCHMARK:
@@ -883,11 +900,8 @@ def row_line(row: Row) -> str:
             f"{mfu}, loss {v['final_loss']:.4f}")  # fmt: skip
 
 
-def torchrun_command(options: Mapping[str, Any], run_dir) -> list[str]:
-    """The command that runs `fp8bench e2e` with these parsed options (Typer parameter names -> values) on
-    `nproc_per_node` ranks under torchrun, every rank writing to one run folder."""
-    import sys
-
+def e2e_arguments(options: Mapping[str, Any], run_dir) -> list[str]:
+    """`fp8bench e2e`'s arguments for these parsed options (Typer parameter names -> values), writing to `run_dir`."""
     args = ["e2e", "--out", str(run_dir)]
     for name, value in options.items():
         if value is None or name == "out":
@@ -897,8 +911,33 @@ def torchrun_command(options: Mapping[str, Any], run_dir) -> list[str]:
             continue
         for item in value if isinstance(value, (list, tuple)) else [value]:
             args += [f"--{name.replace('_', '-')}", str(item)]
+    return args
+
+
+def torchrun_command(options: Mapping[str, Any], run_dir) -> list[str]:
+    """The command that runs `fp8bench e2e` with these parsed options on `nproc_per_node` ranks under
+    torchrun, every rank writing to one run folder."""
+    import sys
+
     nproc = f"--nproc-per-node={options['nproc_per_node']}"
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", nproc, "-m", "fp8bench.cli", *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", nproc, "-m", "fp8bench.cli", *e2e_arguments(options, run_dir)]
+
+
+def launches(options: Mapping[str, Any], run_dir, environ: Mapping[str, str]) -> list[tuple[list[str], dict[str, str]]]:
+    """The processes, (command, environment) in order, that `fp8bench e2e` with these parsed options on
+    several GPUs starts: one torchrun launch; with --one-gpu-baseline, first the same cases on the first GPU
+    this process sees, then the torchrun launch resuming that run, which keeps the one-GPU rows
+    (E2EConfig.kept_on_resume): one run folder, whose report holds the scaling efficiency."""
+    import sys
+
+    if not options.get("one_gpu_baseline"):
+        return [(torchrun_command(options, run_dir), dict(environ))]
+    single = {**options, "nproc_per_node": 1, "one_gpu_baseline": False}
+    first_gpu = environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+    return [
+        ([sys.executable, "-m", "fp8bench.cli", *e2e_arguments(single, run_dir)], {**environ, "CUDA_VISIBLE_DEVICES": first_gpu}),
+        (torchrun_command({**options, "one_gpu_baseline": False, "resume": True}, run_dir), dict(environ)),
+    ]
 
 
 TRACES = "traces"  # the run folder's folder of step traces (--trace)
@@ -971,7 +1010,7 @@ def run_command(config: E2EConfig, run_dir: Path, device_name: str, command: str
     cases = config.cases()
     if resumed is not None and rank == 0:
         left, metadata["resumed_from"] = resumed(cases)
-        benchmark.resume_kernels([case for case in cases if case not in left])
+        benchmark.resume_kernels()
         cases = left
     elif resumed is not None:  # the same cases as rank 0 (its rewrite of the CSV keeps every finished group's rows)
         cases = unfinished(cases, run_dir)
