@@ -511,9 +511,10 @@ def _saved_by_selective(op, args, kwargs, keep_casts: bool) -> bool:
     """Selective checkpointing's policy, torchtitan's per-op SAC: keep the outputs of matrix products (BF16
     and ours: fp8bench's custom GEMM ops), of attention, of reduce-scatters and of max (the amax an FP8 scale is
     computed from: ours' and torchao's tensorwise casts end in it); recompute norms, activations and casts.
-    `keep_casts` keeps the FP8 casts too (ours' cast ops, and every copy into an FP8 dtype: torchao's), as
+    `keep_casts` keeps the FP8 casts too (ours' cast ops, and every copy into an FP8 dtype), as
     TransformerEngine's linears keep theirs: no cast runs again in the backward, for the memory of the FP8
-    copies the backward reads."""
+    copies the backward reads. torchao gains nothing from it: its linear saves the high-precision input and
+    weight and casts them again in its backward, so none of its forward casts is read there."""
     import torch
 
     from fp8bench.nn._float8_ops import FP8_DTYPES
