@@ -380,10 +380,7 @@ class E2EBenchmark:
         self._profiled = [step for step in steps if step]
 
     def _trace(self, case: E2ECase, step: Callable[[], object]) -> None:
-        import torch.distributed as dist
-
-        rank = dist.get_rank(self.process_group) if self.process_group is not None else 0
-        write_step_trace(step, self.trace_dir / f"{trace_name(case)}.rank{rank}.json.gz")
+        write_step_trace(step, self.trace_dir / f"{trace_name(case)}.rank{group_rank(self.process_group)}.json.gz")
 
     def against_reference(self, case: E2ECase, values: Mapping[str, Any], reference: Mapping[str, Any] | None) -> dict[str, Any]:
         """The mean loss against the reference's (Failed: `wrong result`), then MFU, the ideal speedup from
@@ -433,16 +430,8 @@ class E2EBenchmark:
         kept = {tuple(str(row[column]) for column in KERNEL_KEY) for row in read_rows(self.run_dir)}
         recorded = pd.read_csv(path, dtype=dict.fromkeys(KERNEL_KEY, str), keep_default_na=False)
         if "world_size" not in recorded:
-            recorded.insert(1, "world_size", str(self.world_size))
+            recorded.insert(1, "world_size", str(group_world_size(self.process_group)))
         self.kernel_records = [row for row in recorded.to_dict("records") if tuple(row[column] for column in KERNEL_KEY) in kept]
-
-    @property
-    def world_size(self) -> int:
-        if self.process_group is None:
-            return 1
-        import torch.distributed as dist
-
-        return dist.get_world_size(self.process_group)
 
     def case_from_identity(self, identity: Mapping[str, Any]) -> E2ECase:
         if identity.get("benchmark") != BENCHMARK:
@@ -484,15 +473,25 @@ class E2EInputs:
 
     @property
     def rank(self) -> int:
-        import torch.distributed as dist
-
-        return dist.get_rank(self.process_group) if self.process_group is not None else 0
+        return group_rank(self.process_group)
 
     @property
     def world_size(self) -> int:
-        import torch.distributed as dist
+        return group_world_size(self.process_group)
 
-        return dist.get_world_size(self.process_group) if self.process_group is not None else 1
+
+def group_rank(process_group) -> int:
+    """This process's rank in `process_group`; 0 without one (one GPU)."""
+    import torch.distributed as dist
+
+    return dist.get_rank(process_group) if process_group is not None else 0
+
+
+def group_world_size(process_group) -> int:
+    """The ranks of `process_group`; 1 without one (one GPU)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size(process_group) if process_group is not None else 1
 
 
 @functools.cache
