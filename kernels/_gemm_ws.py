@@ -286,29 +286,42 @@ def _mma_accumulate(acc, acc_right, a, b, HALF_N: gl.constexpr, SPLIT: gl.conste
 
 
 @gluon.jit
-def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right, zero, sb_place,
-            SCALING: gl.constexpr, PROMOTE: gl.constexpr, WARPGROUP: gl.constexpr):
-    """Add this program's `consumed`-th K-tile into the sum (a 256-wide tile: both halves' sums), promoted
-    or, without PROMOTE, accumulated by the tensor cores; then hand its ring slot back to the producer. Blockwise scales come from the ring slot, read before it is
-    handed back: the activation scales of this warpgroup's rows, and the weight scale at `sb_place` of its
-    window (see SCALE_WINDOW)."""
-    STAGES: gl.constexpr = empty.type.shape[0]
-    CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // STAGES
-    HALF_N: gl.constexpr = zero.shape[1]
-    SPLIT: gl.constexpr = b_bufs.type.shape[1] // HALF_N
-    slot = consumed % STAGES
-    mbarrier.wait(ready.index(slot), (consumed // STAGES) & 1)
-    sa = 1.0  # unused unless blockwise (Triton needs a value)
+def _k_tile_scales(sa_bufs, sb_bufs, slot, zero, sb_place, SCALING: gl.constexpr, WARPGROUP: gl.constexpr):
+    """Blockwise: a K-tile's scales, read from its ring slot before it is handed back: the activation scales of
+    this warpgroup's rows, and the weight scale at `sb_place` of its window (see SCALE_WINDOW). Else unused
+    constants (Triton needs values)."""
+    sa = 1.0
     sb = 1.0
     if SCALING == 2:
+        CONSUMERS: gl.constexpr = sa_bufs.type.shape[0] // sb_bufs.type.shape[0]
         row_layout: gl.constexpr = gl.SliceLayout(1, zero.type.layout)
         sa = sa_bufs.index(slot * CONSUMERS + WARPGROUP).load(row_layout)
         window_layout: gl.constexpr = gl.BlockedLayout([SCALE_WINDOW], [32], [4], [0])
         window = sb_bufs.index(slot).slice(0, SCALE_WINDOW).load(window_layout)
         place = gl.arange(0, SCALE_WINDOW, layout=window_layout)
         sb = gl.sum(gl.where(place == sb_place, window, 0.0), axis=0)
-    a = a_bufs.index(slot * CONSUMERS + WARPGROUP)
-    b = b_bufs.index(slot)
+    return sa, sb
+
+
+@gluon.jit
+def _take_k_tile(a_bufs, b_bufs, ready, consumed, WARPGROUP: gl.constexpr):
+    """Wait until this program's `consumed`-th K-tile has landed in its ring slot: (this warpgroup's A, B)."""
+    STAGES: gl.constexpr = ready.type.shape[0]
+    CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // STAGES
+    slot = consumed % STAGES
+    mbarrier.wait(ready.index(slot), (consumed // STAGES) & 1)
+    return a_bufs.index(slot * CONSUMERS + WARPGROUP), b_bufs.index(slot)
+
+
+@gluon.jit
+def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right, zero, sb_place,
+            SCALING: gl.constexpr, PROMOTE: gl.constexpr, WARPGROUP: gl.constexpr):
+    """Add this program's `consumed`-th K-tile into the sum (a 256-wide tile: both halves' sums), promoted
+    or, without PROMOTE, accumulated by the tensor cores; then hand its ring slot back to the producer."""
+    HALF_N: gl.constexpr = zero.shape[1]
+    SPLIT: gl.constexpr = b_bufs.type.shape[1] // HALF_N
+    a, b = _take_k_tile(a_bufs, b_bufs, ready, consumed, WARPGROUP)
+    sa, sb = _k_tile_scales(sa_bufs, sb_bufs, consumed % ready.type.shape[0], zero, sb_place, SCALING, WARPGROUP)
     if not PROMOTE:
         acc, acc_right = _mma_accumulate(acc, acc_right, a, b, HALF_N, SPLIT)
     elif SPLIT == 2:
@@ -316,8 +329,72 @@ def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_r
         acc_right = _mma_promote(acc_right, a, b.slice(HALF_N, HALF_N, dim=0), zero, sa, sb, SCALING)
     else:
         acc = _mma_promote(acc, a, b, zero, sa, sb, SCALING)
-    mbarrier.arrive(empty.index(slot), count=1)
+    mbarrier.arrive(empty.index(consumed % empty.type.shape[0]), count=1)
     return acc, acc_right
+
+
+@gluon.jit
+def _issue_product(a_bufs, b_bufs, ready, consumed, zero, WARPGROUP: gl.constexpr):
+    """Overlapped promotion: issue the wgmma of this program's `consumed`-th K-tile into a fresh accumulator
+    and return it unwaited."""
+    a, b = _take_k_tile(a_bufs, b_bufs, ready, consumed, WARPGROUP)
+    return warpgroup_mma(a, b.permute((1, 0)), zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _promote_issued(acc, product, sa_bufs, sb_bufs, empty, consumed, zero, weight_scales, ki, stride_sb_k,
+                    PENDING: gl.constexpr, SCALING: gl.constexpr, WARPGROUP: gl.constexpr):
+    """Overlapped promotion: wait for the product of this program's `consumed`-th K-tile (K-tile `ki` of the
+    tile), leaving the PENDING wgmma issued after it running, read its scales, hand its ring slot back and
+    add it into the sum. The scales are read here, not when the wgmma is issued, so no K-tile's scales stay
+    live beside two products."""
+    product = warpgroup_mma_wait(PENDING, deps=(product, ))
+    slot = consumed % empty.type.shape[0]
+    sa, sb = _k_tile_scales(sa_bufs, sb_bufs, slot, zero, (weight_scales + ki * stride_sb_k) % SCALE_WINDOW, SCALING,
+                            WARPGROUP)
+    mbarrier.arrive(empty.index(slot), count=1)
+    if SCALING == 2:
+        acc = acc + product * (sa * sb)[:, None]
+    else:
+        acc = acc + product
+    # Pinned here: LLVM would otherwise sink the adds past the next wgmma's issue (they are only needed at the
+    # next promotion), keeping three products live, which spills and makes ptxas serialize the wgmmas.
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=gl.float32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _sum_k_tiles_overlapped(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, weight_scales, k_first,
+                            k_end, stride_sb_k, SCALING: gl.constexpr, WARPGROUP: gl.constexpr):
+    """This warpgroup's promoted sum over K-tiles [k_first, k_end) with each K-tile's wgmma issued before
+    the previous product is promoted, so the warpgroup's own FP32 adds run while the tensor cores work on
+    its next product (config.overlap_promotion): a sum and two products, 3 x 64 registers at 128 columns.
+    Two products alternate by name (`even`, `odd`), the loop walking K-tiles in pairs: a single name carried
+    round the loop while its wgmma runs would make the compiler copy the in-flight registers, and ptxas then
+    serializes the wgmmas. Returns (sum, the K-tile number after the last)."""
+    acc = zero
+    even = _issue_product(a_bufs, b_bufs, ready, consumed, zero, WARPGROUP)
+    # Pairs (ki, ki + 1) after the first K-tile while both are in range; `even`, K-tile ki - 1, is in flight
+    # at each pair's start.
+    for ki in range(k_first + 1, k_end - 1, 2):
+        odd = _issue_product(a_bufs, b_bufs, ready, consumed + 1, zero, WARPGROUP)
+        acc = _promote_issued(acc, even, sa_bufs, sb_bufs, empty, consumed, zero, weight_scales, ki - 1, stride_sb_k,
+                              1, SCALING, WARPGROUP)
+        even = _issue_product(a_bufs, b_bufs, ready, consumed + 2, zero, WARPGROUP)
+        acc = _promote_issued(acc, odd, sa_bufs, sb_bufs, empty, consumed + 1, zero, weight_scales, ki, stride_sb_k,
+                              1, SCALING, WARPGROUP)
+        consumed += 2
+    if (k_end - k_first) % 2 == 0:  # one K-tile left after the pairs
+        odd = _issue_product(a_bufs, b_bufs, ready, consumed + 1, zero, WARPGROUP)
+        acc = _promote_issued(acc, even, sa_bufs, sb_bufs, empty, consumed, zero, weight_scales, k_end - 2,
+                              stride_sb_k, 1, SCALING, WARPGROUP)
+        acc = _promote_issued(acc, odd, sa_bufs, sb_bufs, empty, consumed + 1, zero, weight_scales, k_end - 1,
+                              stride_sb_k, 0, SCALING, WARPGROUP)
+        consumed += 2
+    else:
+        acc = _promote_issued(acc, even, sa_bufs, sb_bufs, empty, consumed, zero, weight_scales, k_end - 1,
+                              stride_sb_k, 0, SCALING, WARPGROUP)
+        consumed += 1
+    return acc, consumed
 
 
 @gluon.jit
@@ -343,23 +420,27 @@ def _store_rows(acc, c_desc, c_buf, rows, off_m, off_n, M, N, scale_a_ptr, scale
 
 @gluon.jit
 def _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, off_n, k_first, k_end, stride_sb_n,
-                 stride_sb_k, SCALING: gl.constexpr, PROMOTE: gl.constexpr, SCALE_BLOCK: gl.constexpr,
-                 WARPGROUP: gl.constexpr):
+                 stride_sb_k, SCALING: gl.constexpr, PROMOTE: gl.constexpr, OVERLAP: gl.constexpr,
+                 SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr):
     """This warpgroup's rows of a tile summed over its K-tiles [k_first, k_end), taken from the ring from
     the program's `consumed`-th K-tile on: (sum, the right half's sum of a 256-wide tile, consumed)."""
     SPLIT: gl.constexpr = b_bufs.type.shape[1] // zero.shape[1]
-    acc = zero
     acc_right = 0.0  # an unused constant unless the tile is split (Triton needs a value)
-    if SPLIT == 2:
-        acc_right = zero
     # Blockwise: where each K-tile's weight scale lies in the window the producer loaded (the same offsets
     # it computes); unused otherwise.
     weight_scales = (off_n // SCALE_BLOCK) * stride_sb_n
-    for ki in range(k_first, k_end):
-        sb_place = (weight_scales + ki * stride_sb_k) % SCALE_WINDOW
-        acc, acc_right = _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right, zero,
-                                 sb_place, SCALING, PROMOTE, WARPGROUP)
-        consumed += 1
+    if OVERLAP:
+        acc, consumed = _sum_k_tiles_overlapped(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero,
+                                                weight_scales, k_first, k_end, stride_sb_k, SCALING, WARPGROUP)
+    else:
+        acc = zero
+        if SPLIT == 2:
+            acc_right = zero
+        for ki in range(k_first, k_end):
+            sb_place = (weight_scales + ki * stride_sb_k) % SCALE_WINDOW
+            acc, acc_right = _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right, zero,
+                                     sb_place, SCALING, PROMOTE, WARPGROUP)
+            consumed += 1
     return acc, acc_right, consumed
 
 
@@ -470,7 +551,8 @@ def _add_partials(acc, acc_right, workspace_desc, staging, partial_bar, flags_pt
 def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, workspace_desc,
               partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs,
               split_tiles, splits, SCALING: gl.constexpr, ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr,
-              GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr, WARPGROUP: gl.constexpr):
+              OVERLAP: gl.constexpr, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr,
+              WARPGROUP: gl.constexpr):
     """One warpgroup: rows [WARPGROUP * 64, WARPGROUP * 64 + 64) of every tile of this program's work. A
     256-wide tile is computed as two 128-column halves, each with a sum of its own, their products one at
     a time: two sums and one product (192 registers) fit where two whole-width sets (256) would not.
@@ -514,7 +596,8 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
         consumed = _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr,
                                  scale_b_ptr, workspace_desc, staging, partial_bars, flags_ptr, M, N, stride_sa_m,
                                  stride_sb_n, stride_sb_k, split_tiles, splits, unit, consumed, zero, num_pid_m,
-                                 num_pid_n, k_tiles, SCALING, ACTIVATION, PROMOTE, GROUP_M, SCALE_BLOCK, WARPGROUP)
+                                 num_pid_n, k_tiles, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK,
+                                 WARPGROUP)
         walked += 1
         unit = _next_unit(ready, consumed, log, walked, program, num_programs, units, DYNAMIC)
     tma.store_wait(pendings=0)
@@ -540,8 +623,8 @@ def _next_unit(ready, consumed, log, walked, program, num_programs, units, DYNAM
 def _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
                   workspace_desc, staging, partial_bars, flags_ptr, M, N, stride_sa_m, stride_sb_n, stride_sb_k,
                   split_tiles, splits, unit, consumed, zero, num_pid_m, num_pid_n, k_tiles, SCALING: gl.constexpr,
-                  ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr,
-                  WARPGROUP: gl.constexpr):
+                  ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr, OVERLAP: gl.constexpr, GROUP_M: gl.constexpr,
+                  SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr):
     """This warpgroup's rows of `unit`: its K-tiles summed from the program's `consumed`-th on, then stored,
     or left as a partial sum for the tile's last piece, or (the last piece) added to the others' and stored.
     Returns the next K-tile's number."""
@@ -557,8 +640,8 @@ def _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc
     off_m = pid_m * BLOCK_M + WARPGROUP * ROWS
     off_n = pid_n * BLOCK_N
     acc, acc_right, consumed = _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, off_n,
-                                            k_first, k_end, stride_sb_n, stride_sb_k, SCALING, PROMOTE, SCALE_BLOCK,
-                                            WARPGROUP)
+                                            k_first, k_end, stride_sb_n, stride_sb_k, SCALING, PROMOTE, OVERLAP,
+                                            SCALE_BLOCK, WARPGROUP)
     if workspace_desc is not None:  # splitting compiled in (else split_tiles is 0: every piece is -1)
         if piece >= 0 and piece < splits - 1:
             _publish_partial(acc, acc_right, workspace_desc, staging, flags_ptr, unit, CONSUMERS, SPLIT, WARPGROUP)
@@ -583,6 +666,7 @@ def _fp8_gemm_ws_kernel(
     SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (_gemm_persistent.SCALING_CODES)
     ACTIVATION: gl.constexpr,  # 0 none, 1 sigmoid (_gemm_persistent.ACTIVATION_CODES)
     PROMOTE: gl.constexpr,  # False: fast accumulation, the products summed by the tensor cores (not blockwise)
+    OVERLAP: gl.constexpr,  # promoted: each K-tile's wgmma issued before the last is promoted (config.overlap_promotion)
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     SCALE_BLOCK: gl.constexpr,
@@ -626,15 +710,15 @@ def _fp8_gemm_ws_kernel(
             [
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
                              workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
-                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M,
+                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M,
                              SCALE_BLOCK, DYNAMIC, 0)),
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
                              workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
-                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M,
+                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M,
                              SCALE_BLOCK, DYNAMIC, 1)),
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
                              workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
-                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M,
+                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M,
                              SCALE_BLOCK, DYNAMIC, 2)),
                 (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, counter_ptr,
                              log_ptr, M, N, K, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
@@ -648,11 +732,11 @@ def _fp8_gemm_ws_kernel(
             [
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
                              workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
-                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M,
+                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M,
                              SCALE_BLOCK, DYNAMIC, 0)),
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
                              workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
-                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, GROUP_M,
+                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M,
                              SCALE_BLOCK, DYNAMIC, 1)),
                 (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, counter_ptr,
                              log_ptr, M, N, K, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
@@ -761,6 +845,7 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
         SCALING=SCALING_CODES[granularity],
         ACTIVATION=ACTIVATION_CODES[activation],
         PROMOTE=is_promoted(granularity, fast_accum),
+        OVERLAP=config.overlap_promotion,
         GROUP_M=config.group_m,
         STAGES=config.num_stages,
         SCALE_BLOCK=BLOCK,

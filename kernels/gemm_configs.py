@@ -103,6 +103,11 @@ class Fp8GemmConfig:
     # 1.16x). Off in the presets: alone it costs 1.7-2.4%, and in FSDP2 training on 2 x H100 the step did
     # not move (the GEMMs gained 2.6 ms, the collectives lost it: reports/h100-sxm/gemm-claimed-tiles).
     dynamic_tiles: bool = False
+    # Gluon kernel, promoted regimes only: each consumer issues a K-tile's wgmma before it promotes the
+    # previous K-tile's product, so its own FP32 adds run beside its next MMA as well as beside the other
+    # consumers'. It holds a sum and two products: 128 columns with two consumers (192 of their 232
+    # registers), 64 with three (96 of 160).
+    overlap_promotion: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -119,7 +124,7 @@ class Fp8GemmConfig:
             raise ValueError(f"split_n must be 1 or 2, and 2 stores column halves (epilogue_subtile), got {self.split_n}")
         if self.num_warps not in (4, 8, 16):
             raise ValueError(f"num_warps must be 4, 8 or 16, got {self.num_warps}")
-        for mode in ("split_last_wave", "dynamic_tiles"):
+        for mode in ("split_last_wave", "dynamic_tiles", "overlap_promotion"):
             if getattr(self, mode) and not self.gluon_ws:
                 raise ValueError(f"{mode} is a mode of the warp-specialized Gluon kernel (gluon_ws)")
         if self.gluon_ws and (
@@ -132,6 +137,9 @@ class Fp8GemmConfig:
                 "128), block_k 128, 8 warps, split_n 1, whole-tile stores (epilogue_subtile False) and no "
                 "warp_specialize"
             )
+        if self.overlap_promotion and self.block_n > (128 if self.block_m == 128 else 64):
+            raise ValueError(f"overlap_promotion holds a sum and two products: block_n at most 128 with block_m 128, "
+                             f"64 with {GLUON_THREE_CONSUMER_ROWS}; got {self.block_m}x{self.block_n}")
         if self.shared_memory_bytes > SHARED_MEMORY_BYTES:
             raise ValueError(
                 f"{self.num_stages} stages of {self.block_m}x{self.block_n}x{self.block_k} need "
@@ -158,6 +166,8 @@ class Fp8GemmConfig:
                 f"blockwise scaling applies one scale per {BLOCK} of K and one weight scale per tile: "
                 f"block_k must be {BLOCK}, block_n at most {BLOCK} and split_n 1"
             )
+        if self.overlap_promotion and not is_promoted(granularity, fast_accum):
+            raise ValueError("overlap_promotion overlaps the FP32 promotion, which fast accumulation does not do")
         if not fast_accum and self.block_k > BLOCK:
             raise ValueError(f"without fast accumulation the sum is promoted every block_k <= {BLOCK} of K")
 
@@ -348,6 +358,8 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, device: Device
         for s in stages
     ]
     if is_promoted(granularity, fast_accum):
+        # Each Gluon tile also with its promotion overlapped, where its registers hold two products.
+        gluon += [fields | dict(overlap_promotion=True) for fields in gluon]
         grid = [
             dict(block_m=bm, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=ws, split_n=split)
             # Two whole 128 x 256 accumulators would need the register file (16 warps of 128 registers spill);

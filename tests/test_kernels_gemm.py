@@ -25,7 +25,9 @@ from fp8bench.backends.triton import kernel_operands  # noqa: E402
 from fp8bench.config import BLOCK, Activation, FastAccum, GemmShape, Granularity  # noqa: E402
 from fp8kernels import reference as ref  # noqa: E402
 from fp8kernels.gemm import fp8_gemm, gemm_config  # noqa: E402
-from fp8kernels.gemm_configs import DeviceProperties, Fp8GemmConfig, candidate_configs, choose_config  # noqa: E402
+from fp8kernels.gemm_configs import (  # noqa: E402
+    DeviceProperties, Fp8GemmConfig, candidate_configs, choose_config, is_promoted,
+)
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 # What the heuristic reads of an H100 SXM (and of an H200: the same SMs and shared memory).
@@ -251,12 +253,30 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
         (dict(gluon_ws=True, block_m=192, block_n=256, epilogue_subtile=False, num_warps=8, num_stages=2),
          "warp-specialized Gluon"),
         (dict(gluon_ws=True, block_m=192, block_n=128, epilogue_subtile=False, num_warps=8, num_stages=5), "shared memory"),
+        (dict(overlap_promotion=True), "warp-specialized Gluon kernel"),
+        # A sum and two products: 3 x 64 of a consumer's 232 registers at 128 columns, of 160 at 64 with three.
+        (dict(gluon_ws=True, block_n=256, num_stages=3, num_warps=8, epilogue_subtile=False, overlap_promotion=True),
+         "two products"),
+        (dict(gluon_ws=True, block_m=192, block_n=128, num_stages=3, num_warps=8, epilogue_subtile=False,
+              overlap_promotion=True),
+         "two products"),
     ],
 )
 def test_config_is_validated_once(fields, message):
     base = SMALL_TILES.as_dict() | {"block_m": 128, "block_k": 128}
     with pytest.raises(ValueError, match=message):
         Fp8GemmConfig(**(base | fields))
+
+
+def test_overlapped_promotion_is_a_promoted_regime_candidate_only():
+    from fp8kernels.gemm_configs import NARROW_GLUON
+
+    overlapped = dataclasses.replace(NARROW_GLUON, overlap_promotion=True)
+    with pytest.raises(ValueError, match="fast accumulation"):
+        overlapped.check_granularity(Granularity.TENSORWISE, fast_accum=True)
+    for case in CASES:
+        tiles = {(c.block_m, c.block_n) for c in candidate_configs(*case, H100) if c.overlap_promotion}
+        assert tiles == ({(128, 128), (128, 64)} if is_promoted(*case) else set()), case
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
@@ -313,14 +333,18 @@ def test_gpu_fast_accumulation_error_exceeds_promoted(granularity):
 # The Gluon kernel's candidates (kernels/_gemm_ws.py), each with the regimes it can run.
 GLUON_CASES = [(case, config) for case in CASES for config in candidate_configs(*case, H100) if config.gluon_ws]
 # Ragged edges on every side, one row, an odd number of K-tiles and a last K-tile that is partial
-# (tensorwise / axiswise: K = 33 x 128 + 16).
-GLUON_SHAPES = [(1, 4112, 1040), (17, 4112, 1040), (5000, 1040, 2064), (4096, 4096, 4096)]
-GLUON_BLOCKWISE_SHAPES = [(1, 1152, 384), (17, 1152, 384), (5000, 1280, 1024), (4096, 4096, 4096)]
+# (tensorwise / axiswise: K = 33 x 128 + 16), and sums of one and two K-tiles (the overlapped promotion's
+# loop of K-tile pairs does not run).
+GLUON_SHAPES = [(1, 4112, 1040), (17, 4112, 1040), (5000, 1040, 2064), (4096, 4096, 4096), (300, 144, 1040),
+                (300, 112, 1040)]
+GLUON_BLOCKWISE_SHAPES = [(1, 1152, 384), (17, 1152, 384), (5000, 1280, 1024), (4096, 4096, 4096), (300, 128, 1152),
+                          (300, 256, 1152)]
 
 
 def _gluon_case_id(case_config) -> str:
     case, config = case_config
-    return f"{_case_id(case)}-m{config.block_m}-n{config.block_n}-stages{config.num_stages}"
+    return (f"{_case_id(case)}-m{config.block_m}-n{config.block_n}-stages{config.num_stages}"
+            + ("-overlapped" if config.overlap_promotion else ""))
 
 
 def test_the_gluon_kernel_is_a_candidate_everywhere_but_not_under_the_interpreter():

@@ -186,11 +186,11 @@ class SideBySide:
 
 def _config_label(options: dict) -> str:
     """The config in a few words: tile, stages, warps, group; then what is on (the tile's N halves, Triton's
-    warp specialization, the Gluon kernel, and its last wave's split tiles x pieces)."""
+    warp specialization, the Gluon kernel and its overlapped promotion, and its last wave's split tiles x pieces)."""
     o = options
     return (f"{o['block_m']}x{o['block_n']}x{o['block_k']} s{o['num_stages']} w{o['num_warps']} g{o['group_m']}"
             + (" n-halves" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
-            + (" gluon-ws" if o.get("gluon_ws") else "")
+            + (" gluon-ws" if o.get("gluon_ws") else "") + (" overlapped" if o.get("overlap_promotion") else "")
             + (f" last-wave {o['split_tiles']}x{o['splits']}" if o.get("split_tiles") else ""))
 
 
