@@ -77,6 +77,9 @@ class FakeTimers:
     def __init__(self):
         self.timer = FakeTimer()
 
+    def begin_group(self):
+        pass
+
     def measure(self, fn, config):
         return measure(fn, config, self.timer)
 

@@ -29,6 +29,7 @@ from fp8bench.config import (
 )
 from fp8bench.harness.results import COLUMNS, RESULTS_CSV, Row, RunWriter, load_results
 from fp8bench.harness.suite import load_suite
+from fp8bench.harness import timing
 from fp8bench.harness.timing import measure
 
 runner = CliRunner()
@@ -302,6 +303,48 @@ def test_an_estimate_made_to_pick_the_timer_is_not_made_again():
     assert fresh.sample_batches[:2] == [3, 3] and given.sample_batches[:1] == [3]  # the settled estimate only
     assert fresh.sample_batches[2:] == given.sample_batches[1:]
     assert given.busy_ms == pytest.approx(fresh.busy_ms - 4.0)  # one first call and three estimate calls fewer
+
+
+class CaseTimer(FakeTimer):
+    """Kernels as long as the measured function returns (ms), no noise; records which case it timed."""
+
+    def __init__(self, name: str, timed: list):
+        super().__init__(base_ms=1.0, noise=0.0)
+        self.name, self.timed = name, timed
+
+    def samples(self, fn, count):
+        self.timed.append((self.name, fn()))
+        return [fn()] * count
+
+    def estimate_ms(self, fn, count):
+        return fn()
+
+    def enqueue_ms(self, fn, count):
+        return 0.001  # a host that runs far ahead: no case is launch-bound
+
+
+def test_auto_picks_one_timer_for_a_group_at_its_first_case(monkeypatch):
+    """Within a group (one shape's backends) the first case picks the timer of every case, with CUPTI below
+    GROUP_CUPTI_BELOW_MS; outside groups each case picks its own."""
+    timed = []
+    monkeypatch.setattr(timing, "GpuClock", lambda flush_l2: None)
+    monkeypatch.setattr(timing, "CudaEventTimer", lambda gpu: CaseTimer("events", timed))
+    monkeypatch.setattr(timing, "CuptiTimer", lambda gpu: CaseTimer("cupti", timed))
+    config = TimingConfig(repeats=2, settle_ms=0.0, warmup_ms=0.0, samples_ms=1.0, min_repeats=2)
+    clock = timing.TimerChoice("auto")
+    assert timing.CUPTI_BELOW_MS < 0.5 < timing.GROUP_CUPTI_BELOW_MS < 2.0
+
+    def timers_of(*case_ms):
+        timed.clear()
+        for ms in case_ms:
+            clock.measure(lambda ms=ms: ms, config)
+        return {name for name, ms in timed}
+
+    assert timers_of(0.5, 0.01) == {"events", "cupti"}  # no group: each case its own
+    clock.begin_group()
+    assert timers_of(0.5, 2.0) == {"cupti"}  # the first, under a millisecond, picks CUPTI for both
+    clock.begin_group()
+    assert timers_of(2.0, 0.01) == {"events"}
 
 
 def test_a_drifting_case_is_timed_on_its_first_stable_window():

@@ -69,6 +69,9 @@ class CaseClock:
         self.slow, self.rng, self.current = set(slow), np.random.default_rng(seed), None
         self.timed: list[tuple[str, str, str]] = []
 
+    def begin_group(self):
+        pass
+
     def measure(self, fn, config):
         fn()
         key = self.current

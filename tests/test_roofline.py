@@ -505,6 +505,9 @@ def test_our_output_gemm_applies_the_sigmoid_so_only_its_backward_is_a_kernel():
 class _OneMillisecond:
     """Every case takes 1 ms: a made-up clock (timer `fake`), never a measurement."""
 
+    def begin_group(self):
+        pass
+
     def measure(self, fn, config):
         from fp8bench.harness.timing import Measurement
 

@@ -99,6 +99,9 @@ class FakeClock:
         self.factor = 1.0
         self.order: list[float] = []
 
+    def begin_group(self):
+        pass
+
     def measure(self, fn, config):
         ms = fn() * self.factor
         self.order.append(ms)

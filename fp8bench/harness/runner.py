@@ -35,7 +35,10 @@ REASON_CHARS = 200
 
 
 class Clock(Protocol):
-    """What times a case: fp8bench.harness.timing.TimerChoice, or OneTimer (one timer for every case; fakes on the CPU)."""
+    """What times a case: fp8bench.harness.timing.TimerChoice, or OneTimer (one timer for every case; fakes on the CPU).
+    `begin_group` comes before each group's cases, which are compared with each other (one timer for them)."""
+
+    def begin_group(self) -> None: ...
 
     def measure(self, fn: Callable[[], object], config: TimingConfig) -> Measurement: ...
 
@@ -240,6 +243,8 @@ def run_cases(
 
 
 def _run_group(benchmark: Benchmark, members: Sequence[Case], inputs: Any, clock: Clock | None, timing: TimingConfig, emit) -> None:
+    if clock is not None:
+        clock.begin_group()
     reference_case = members[0] if members[0].is_reference else None
     others = members[1:] if reference_case else members
     reference = _measure_case(benchmark, reference_case, inputs, clock, timing) if reference_case else None

@@ -29,7 +29,9 @@ Timers:
 - `cupti`: kernel durations from torch.profiler (CUPTI), summed per sample. Launch gaps and host
   overhead vanish, so this is the kernel time of short or multi-kernel work.
 `auto` takes events unless a first estimate is under `CUPTI_BELOW_MS` or the host's launches would
-keep the GPU waiting (`LAUNCH_BOUND_FRACTION`).
+keep the GPU waiting (`LAUNCH_BOUND_FRACTION`). Within a group of cases compared side by side (one shape's
+backends, begun with `begin_group`), the group's first case picks for all of them, with CUPTI under
+`GROUP_CUPTI_BELOW_MS`: one timer per comparison, whichever backend launches slowly.
 Wall time (host clock around one synchronized call) is measured beside either.
 """
 
@@ -50,6 +52,10 @@ CUPTI_BELOW_MS = 0.05
 # GPU spends on it: the GPU then waits on the launches and an event pair would time the wait (Triton's
 # Python launcher made 1024^3 read 0.04 ms by events where its kernel runs 0.009 ms).
 LAUNCH_BOUND_FRACTION = 0.5
+# A group's first case (its reference: the BF16 product of a matmul shape) picks CUPTI for the group under
+# this: its FP8 cases take about half as long, where our Triton launcher's 0.1-0.2 ms of host time a launch
+# can keep the GPU waiting, and a timer picked per case gave one shape's cuBLAS and ours different timers.
+GROUP_CUPTI_BELOW_MS = 1.0
 # Clock reads spread over the settle, to tell a capped clock from one at its maximum.
 SETTLE_CLOCK_READS = 4
 # Wall time is a median of synchronized calls: at least 3, at most 20, as many as `wall_ms_budget` holds.
@@ -390,7 +396,8 @@ class CuptiTimer(CudaEventTimer):
 
 
 class TimerChoice:
-    """Picks the timer for each case; the CUDA timers (and their flush buffer) are made once."""
+    """Picks the timer for each case, or once for a group of cases (`begin_group`); the CUDA timers (and their
+    flush buffer) are made once."""
 
     def __init__(self, choice: str, flush_l2: bool = True):
         if choice not in TIMER_CHOICES:
@@ -401,10 +408,22 @@ class TimerChoice:
         gpu = GpuClock(flush_l2)
         self._events = CudaEventTimer(gpu)
         self._cupti = CuptiTimer(gpu)
+        self._grouped = False
+        self._group_timer: Timer | None = None
+
+    def begin_group(self) -> None:
+        """The cases measured from here to the next begin_group are compared with each other: `auto` picks one
+        timer for them all, at the first."""
+        self._grouped = True
+        self._group_timer = None
 
     def measure(self, fn: Callable[[], object], config: TimingConfig) -> Measurement:
-        """`measure(fn)` with this case's timer; `auto`'s estimate is also the measurement's first."""
+        """`measure(fn)` with this case's (or its group's) timer; `auto`'s estimate is also the measurement's first."""
+        if self._group_timer is not None:
+            return measure(fn, config, self._group_timer)
         timer, estimate_ms = self._pick(fn)
+        if self._grouped:
+            self._group_timer = timer
         return measure(fn, config, timer, first_estimate_ms=estimate_ms)
 
     def _pick(self, fn: Callable[[], object]) -> tuple[Timer, float | None]:
@@ -415,7 +434,8 @@ class TimerChoice:
         gpu_ms = self._events.estimate_ms(fn, 3)
         host_ms = self._events.enqueue_ms(fn, 3)
         launch_bound = host_ms >= LAUNCH_BOUND_FRACTION * (gpu_ms + self._events.sample_overhead_ms)
-        return (self._cupti if gpu_ms < CUPTI_BELOW_MS or launch_bound else self._events), gpu_ms
+        below = GROUP_CUPTI_BELOW_MS if self._grouped else CUPTI_BELOW_MS
+        return (self._cupti if gpu_ms < below or launch_bound else self._events), gpu_ms
 
 
 class OneTimer:
@@ -424,6 +444,9 @@ class OneTimer:
 
     def __init__(self, timer: Timer):
         self.timer = timer
+
+    def begin_group(self) -> None:
+        pass  # one timer already
 
     def measure(self, fn: Callable[[], object], config: TimingConfig) -> Measurement:
         return measure(fn, config, self.timer)
