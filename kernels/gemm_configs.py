@@ -213,7 +213,11 @@ BLOCKWISE = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_
 # LLaMa-3 8B training step at 8192 tokens (tools/gemm_awkward_probe.py --shape-gen training,
 # reports/h100-sxm/gemm-overlapped-promotion) that took 128 x 128 from 0.89 to 0.96 of the fastest tile blockwise, and
 # from 0.93 to 0.955 tensorwise promoted; the three-consumer tile, whose register budget holds one product, stays the
-# fastest there.
+# fastest there. On products of few tiles the overlap loses: a consumer holding two ring slots leaves the producer
+# fewer to load ahead, which counts where the loads, not the promotion, set the pace. Over the MoE expert products
+# at 256-1024 tokens (reports/h100-sxm/gemm-moe-overlap) plain 128 x 128 beat overlapped on every shape of 1.9
+# waves of tiles or fewer (blockwise 0.93 against 0.85 of cuBLAS at M 512) and lost on the one of 13.6 waves, so
+# the heuristic overlaps only from OVERLAP_MIN_WAVES waves of tiles on (a threshold between the two).
 # 128 x 64 (SLIM_GLUON), for products of few tiles (M 128-256, or N of a few hundred): 0.84 (fast accumulation)
 # and 0.86 (promoted) of the fastest tile on the LLaMa-3 8B linears at M 128 and 512 whose waves it fills, tensorwise
 # (tools/gemm_awkward_probe.py, reports/h100-sxm/gemm-awkward-small-m); blockwise takes the same, unmeasured.
@@ -226,6 +230,7 @@ OVERLAPPED_NARROW_GLUON = dataclasses.replace(NARROW_GLUON, overlap_promotion=Tr
 BLOCKWISE_GLUON = dataclasses.replace(OVERLAPPED_NARROW_GLUON, group_m=8)
 TALL_BLOCKWISE_GLUON = dataclasses.replace(TALL_GLUON, group_m=8)
 SLIM_SPEED = 0.85
+OVERLAP_MIN_WAVES = 4
 GLUON_TILES = {
     "fast": ((WIDE_GLUON, 1.0), (NARROW_GLUON, 0.93), (SLIM_GLUON, SLIM_SPEED)),
     "promoted": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.96), (OVERLAPPED_NARROW_GLUON, 0.955), (SLIM_GLUON, SLIM_SPEED)),
@@ -330,13 +335,17 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
     device's shared memory. On the Gluon kernel the preset is, of the regime's tiles whose ring of at least
     two stages fits, the one with the highest speed x grid_efficiency x tile_fill: a narrower or shorter
     tile wins where the wider one would leave the last wave mostly idle (few tiles: small M, skinny N) even
-    with its tiles split along K, or where M or N is far from a multiple of it."""
+    with its tiles split along K, or where M or N is far from a multiple of it. A tile that overlaps its
+    promotion does so only from OVERLAP_MIN_WAVES waves of tiles on."""
     fitting = [(fitted, speed) for tile, speed in (_gluon_tiles(granularity, fast_accum) if gluon else ())
                if (fitted := fit_shared_memory(tile.with_sms(device.multiprocessor_count), device)).shared_memory_bytes
                <= device.shared_memory_budget]
     if fitting:
         # max() keeps the first of equals: the faster tile where both fill their waves alike.
-        return max(fitting, key=lambda tile: tile[1] * grid_efficiency(M, N, K, tile[0]) * tile_fill(M, N, tile[0]))[0]
+        config = max(fitting, key=lambda tile: tile[1] * grid_efficiency(M, N, K, tile[0]) * tile_fill(M, N, tile[0]))[0]
+        if config.overlap_promotion and config.tiles(M, N) < OVERLAP_MIN_WAVES * config.num_sms:
+            config = dataclasses.replace(config, overlap_promotion=False)
+        return config
     preset = BLOCKWISE if granularity is Granularity.BLOCKWISE else FAST_ACCUM if fast_accum else PROMOTED
     config = fit_shared_memory(preset.with_sms(device.multiprocessor_count), device)
     if config.shared_memory_bytes > device.shared_memory_budget:

@@ -192,3 +192,16 @@ def test_gpu_heuristic_kernel_on_awkward_shapes(regime):
         rel = _error(*_operands(M, K, N, granularity, seed=M + K + N), granularity, fast_accum)
         config = gemm_config(M, N, K, granularity, fast_accum, torch.device("cuda"))
         assert rel <= limit, f"{regime} {M}x{K}x{N} ({config}): relative error {rel:.2e}"
+
+
+@pytest.mark.parametrize("regime", [PROMOTED, BLOCKWISE], ids=["tensorwise-promoted", "blockwise"])
+def test_the_narrow_tile_overlaps_its_promotion_only_on_many_waves(regime):
+    """128 x 128 overlaps its promotion where the grid walks many waves of tiles (a training step's products:
+    M 8192, N 1280 has 640 tiles, 4.8 waves), and not on an MoE expert's product of 1.9 waves or fewer (M 512,
+    and blockwise M 1024, N 4096), where the producer's loads ahead counted for more."""
+    shapes = [(8192, 1280, 4096, True), (512, 4096, 7168, False)]
+    for M, N, K, overlapped in shapes + ([(1024, 4096, 7168, False)] if regime == BLOCKWISE else []):
+        config = choose_config(M, N, K, *regime, H100, gluon=True)
+        assert (config.block_m, config.block_n) == (128, 128), (M, N, K)
+        assert config.overlap_promotion is overlapped, (M, N, K)
+        assert (config.tiles(M, N) >= gemm_configs.OVERLAP_MIN_WAVES * H100.multiprocessor_count) is overlapped
