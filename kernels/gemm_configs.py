@@ -214,10 +214,11 @@ BLOCKWISE = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_
 # reports/h100-sxm/gemm-overlapped-promotion) that took 128 x 128 from 0.89 to 0.96 of the fastest tile blockwise, and
 # from 0.93 to 0.955 tensorwise promoted; the three-consumer tile, whose register budget holds one product, stays the
 # fastest there. On products of few tiles the overlap loses: a consumer holding two ring slots leaves the producer
-# fewer to load ahead, which counts where the loads, not the promotion, set the pace. Over the MoE expert products
-# at 256-1024 tokens (reports/h100-sxm/gemm-moe-overlap) plain 128 x 128 beat overlapped on every shape of 1.9
-# waves of tiles or fewer (blockwise 0.93 against 0.85 of cuBLAS at M 512) and lost on the one of 13.6 waves, so
-# the heuristic overlaps only from OVERLAP_MIN_WAVES waves of tiles on (a threshold between the two).
+# fewer to load ahead, which counts where each operand tile feeds few output tiles and the loads set the pace. Over
+# the MoE expert products at 256-1024 tokens (tools/gemm_awkward_probe.py --shape-gen moe,
+# reports/h100-sxm/gemm-moe-overlap) plain 128 x 128 beat overlapped blockwise on every shape of up to 6.8 waves of
+# tiles (0.94 against 0.88 of cuBLAS, geomean) and lost on the one of 13.6 waves; the training step's products above
+# walk 15 waves or more. So the heuristic overlaps from OVERLAP_MIN_WAVES waves on, a threshold between the two.
 # 128 x 64 (SLIM_GLUON), for products of few tiles (M 128-256, or N of a few hundred): 0.84 (fast accumulation)
 # and 0.86 (promoted) of the fastest tile on the LLaMa-3 8B linears at M 128 and 512 whose waves it fills, tensorwise
 # (tools/gemm_awkward_probe.py, reports/h100-sxm/gemm-awkward-small-m); blockwise takes the same, unmeasured.
@@ -230,7 +231,7 @@ OVERLAPPED_NARROW_GLUON = dataclasses.replace(NARROW_GLUON, overlap_promotion=Tr
 BLOCKWISE_GLUON = dataclasses.replace(OVERLAPPED_NARROW_GLUON, group_m=8)
 TALL_BLOCKWISE_GLUON = dataclasses.replace(TALL_GLUON, group_m=8)
 SLIM_SPEED = 0.85
-OVERLAP_MIN_WAVES = 4
+OVERLAP_MIN_WAVES = 8
 GLUON_TILES = {
     "fast": ((WIDE_GLUON, 1.0), (NARROW_GLUON, 0.93), (SLIM_GLUON, SLIM_SPEED)),
     "promoted": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.96), (OVERLAPPED_NARROW_GLUON, 0.955), (SLIM_GLUON, SLIM_SPEED)),

@@ -196,11 +196,11 @@ def test_gpu_heuristic_kernel_on_awkward_shapes(regime):
 
 @pytest.mark.parametrize("regime", [PROMOTED, BLOCKWISE], ids=["tensorwise-promoted", "blockwise"])
 def test_the_narrow_tile_overlaps_its_promotion_only_on_many_waves(regime):
-    """128 x 128 overlaps its promotion where the grid walks many waves of tiles (a training step's products:
-    M 8192, N 1280 has 640 tiles, 4.8 waves), and not on an MoE expert's product of 1.9 waves or fewer (M 512,
-    and blockwise M 1024, N 4096), where the producer's loads ahead counted for more."""
-    shapes = [(8192, 1280, 4096, True), (512, 4096, 7168, False)]
-    for M, N, K, overlapped in shapes + ([(1024, 4096, 7168, False)] if regime == BLOCKWISE else []):
+    """128 x 128 overlaps its promotion where the grid walks OVERLAP_MIN_WAVES waves of tiles or more (blockwise M
+    16384, N 1280: 1280 tiles, 9.7 waves), and not on fewer (M 8192, N 1280: 4.8 waves; an MoE expert's M 512,
+    N 4096: one), where the producer's loads ahead counted for more."""
+    shapes = [(8192, 1280, 4096, False), (512, 4096, 7168, False)]
+    for M, N, K, overlapped in shapes + ([(16384, 1280, 4096, True)] if regime == BLOCKWISE else []):
         config = choose_config(M, N, K, *regime, H100, gluon=True)
         assert (config.block_m, config.block_n) == (128, 128), (M, N, K)
         assert config.overlap_promotion is overlapped, (M, N, K)

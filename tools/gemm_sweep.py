@@ -210,8 +210,9 @@ def _timer(choice: str) -> str:
 
 
 def _open_run(out: Path, command: str) -> RunWriter:
-    """The run's writer; its metadata records the command line as given (`command` where there is none)."""
-    return RunWriter(out, run_metadata(f"tools/gemm_sweep.py {shlex.join(sys.argv[1:]) or command}"))
+    """The run's writer; its metadata records the command line as given (`command` where there is none), under
+    the name of the script run (this one, or gemm_awkward_probe.py, which opens its runs here)."""
+    return RunWriter(out, run_metadata(f"tools/{Path(sys.argv[0]).name} {shlex.join(sys.argv[1:]) or command}"))
 
 
 @app.command()
