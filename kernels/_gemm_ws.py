@@ -419,61 +419,6 @@ def _store_rows(acc, c_desc, c_buf, rows, off_m, off_n, M, N, scale_a_ptr, scale
 
 
 @gluon.jit
-def _issue_accumulation(a_bufs, b_bufs, ready, consumed, acc, acc_right, HALF_N: gl.constexpr, SPLIT: gl.constexpr,
-                        WARPGROUP: gl.constexpr):
-    """Fast accumulation ahead: issue this program's `consumed`-th K-tile's wgmma onto the sums (each half's
-    of a 256-wide tile), which earlier wgmmas may still be adding into, and return them unwaited."""
-    a, b = _take_k_tile(a_bufs, b_bufs, ready, consumed, WARPGROUP)
-    acc = warpgroup_mma(a, b.slice(0, HALF_N, dim=0).permute((1, 0)), acc, is_async=True)
-    if SPLIT == 2:
-        acc_right = warpgroup_mma(a, b.slice(HALF_N, HALF_N, dim=0).permute((1, 0)), acc_right, is_async=True)
-    return acc, acc_right
-
-
-@gluon.jit
-def _await_sums(acc, acc_right, PENDING_K_TILES: gl.constexpr, SPLIT: gl.constexpr):
-    """Fast accumulation ahead: wait until all but the last PENDING_K_TILES K-tiles' wgmmas are done."""
-    if SPLIT == 2:
-        acc, acc_right = warpgroup_mma_wait(2 * PENDING_K_TILES, deps=(acc, acc_right))
-    else:
-        acc = warpgroup_mma_wait(PENDING_K_TILES, deps=(acc, ))
-    return acc, acc_right
-
-
-@gluon.jit
-def _retire_accumulation(acc, acc_right, empty, consumed, PENDING_K_TILES: gl.constexpr, SPLIT: gl.constexpr):
-    """Fast accumulation ahead: wait until the wgmmas of this program's `consumed`-th K-tile are done, leaving
-    those of the PENDING_K_TILES K-tiles issued after it running, and hand its ring slot back."""
-    acc, acc_right = _await_sums(acc, acc_right, PENDING_K_TILES, SPLIT)
-    mbarrier.arrive(empty.index(consumed % empty.type.shape[0]), count=1)
-    return acc, acc_right
-
-
-@gluon.jit
-def _sum_k_tiles_ahead(a_bufs, b_bufs, ready, empty, consumed, zero, k_first, k_end, WARPGROUP: gl.constexpr):
-    """Fast accumulation with each K-tile's wgmma issued onto the in-flight sums before the previous K-tile's
-    are waited for (config.accumulate_ahead), so a consumer keeps two K-tiles' wgmmas queued: the tensor
-    cores never wait for its wait-and-issue. No registers beyond the sums. Returns (sum, right half's sum,
-    the K-tile number after the last)."""
-    HALF_N: gl.constexpr = zero.shape[1]
-    SPLIT: gl.constexpr = b_bufs.type.shape[1] // HALF_N
-    acc = zero
-    acc_right = 0.0  # an unused constant unless the tile is split (Triton needs a value)
-    if SPLIT == 2:
-        acc_right = zero
-    acc, acc_right = _issue_accumulation(a_bufs, b_bufs, ready, consumed, acc, acc_right, HALF_N, SPLIT, WARPGROUP)
-    # Waits for nothing (one K-tile issued); the loop carries the sums as the wait returns them.
-    acc, acc_right = _await_sums(acc, acc_right, 1, SPLIT)
-    for ki in range(k_first + 1, k_end):
-        acc, acc_right = _issue_accumulation(a_bufs, b_bufs, ready, consumed + 1, acc, acc_right, HALF_N, SPLIT,
-                                             WARPGROUP)
-        acc, acc_right = _retire_accumulation(acc, acc_right, empty, consumed, 1, SPLIT)
-        consumed += 1
-    acc, acc_right = _retire_accumulation(acc, acc_right, empty, consumed, 0, SPLIT)
-    return acc, acc_right, consumed + 1
-
-
-@gluon.jit
 def _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, off_n, k_first, k_end, stride_sb_n,
                  stride_sb_k, SCALING: gl.constexpr, PROMOTE: gl.constexpr, OVERLAP: gl.constexpr,
                  SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr):
@@ -484,10 +429,7 @@ def _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero,
     # Blockwise: where each K-tile's weight scale lies in the window the producer loaded (the same offsets
     # it computes); unused otherwise.
     weight_scales = (off_n // SCALE_BLOCK) * stride_sb_n
-    if OVERLAP and not PROMOTE:
-        acc, acc_right, consumed = _sum_k_tiles_ahead(a_bufs, b_bufs, ready, empty, consumed, zero, k_first, k_end,
-                                                      WARPGROUP)
-    elif OVERLAP:
+    if OVERLAP:
         acc, consumed = _sum_k_tiles_overlapped(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero,
                                                 weight_scales, k_first, k_end, stride_sb_k, SCALING, WARPGROUP)
     else:
@@ -724,9 +666,7 @@ def _fp8_gemm_ws_kernel(
     SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (_gemm_persistent.SCALING_CODES)
     ACTIVATION: gl.constexpr,  # 0 none, 1 sigmoid (_gemm_persistent.ACTIVATION_CODES)
     PROMOTE: gl.constexpr,  # False: fast accumulation, the products summed by the tensor cores (not blockwise)
-    # Each K-tile's wgmma issued before the last one's is waited for: promoted, the last product promoted meanwhile
-    # (config.overlap_promotion); fast accumulation, chained onto the in-flight sums (config.accumulate_ahead).
-    OVERLAP: gl.constexpr,
+    OVERLAP: gl.constexpr,  # promoted: each K-tile's wgmma issued before the last is promoted (config.overlap_promotion)
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     SCALE_BLOCK: gl.constexpr,
@@ -905,7 +845,7 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
         SCALING=SCALING_CODES[granularity],
         ACTIVATION=ACTIVATION_CODES[activation],
         PROMOTE=is_promoted(granularity, fast_accum),
-        OVERLAP=config.overlap_promotion or config.accumulate_ahead,
+        OVERLAP=config.overlap_promotion,
         GROUP_M=config.group_m,
         STAGES=config.num_stages,
         SCALE_BLOCK=BLOCK,

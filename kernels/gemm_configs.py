@@ -108,9 +108,6 @@ class Fp8GemmConfig:
     # consumers'. It holds a sum and two products: 128 columns with two consumers (192 of their 232
     # registers), 64 with three (96 of 160).
     overlap_promotion: bool = False
-    # Gluon kernel, fast accumulation only: each consumer issues a K-tile's wgmma onto its in-flight sums before it
-    # waits for the previous K-tile's, so two K-tiles' wgmmas stay queued per consumer (no extra registers).
-    accumulate_ahead: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -127,7 +124,7 @@ class Fp8GemmConfig:
             raise ValueError(f"split_n must be 1 or 2, and 2 stores column halves (epilogue_subtile), got {self.split_n}")
         if self.num_warps not in (4, 8, 16):
             raise ValueError(f"num_warps must be 4, 8 or 16, got {self.num_warps}")
-        for mode in ("split_last_wave", "dynamic_tiles", "overlap_promotion", "accumulate_ahead"):
+        for mode in ("split_last_wave", "dynamic_tiles", "overlap_promotion"):
             if getattr(self, mode) and not self.gluon_ws:
                 raise ValueError(f"{mode} is a mode of the warp-specialized Gluon kernel (gluon_ws)")
         if self.gluon_ws and (
@@ -171,8 +168,6 @@ class Fp8GemmConfig:
             )
         if self.overlap_promotion and not is_promoted(granularity, fast_accum):
             raise ValueError("overlap_promotion overlaps the FP32 promotion, which fast accumulation does not do")
-        if self.accumulate_ahead and is_promoted(granularity, fast_accum):
-            raise ValueError("accumulate_ahead chains the tensor cores' own sums: fast accumulation only")
         if not fast_accum and self.block_k > BLOCK:
             raise ValueError(f"without fast accumulation the sum is promoted every block_k <= {BLOCK} of K")
 
@@ -378,11 +373,9 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, device: Device
                                (128, 64, (4, 6)))
         for s in stages
     ]
-    # Each Gluon tile also with the next K-tile's wgmma issued before the last is waited for: promoted, where its
-    # registers hold two products; with fast accumulation, onto the in-flight sums.
-    ahead = "overlap_promotion" if is_promoted(granularity, fast_accum) else "accumulate_ahead"
-    gluon += [fields | {ahead: True} for fields in gluon]
     if is_promoted(granularity, fast_accum):
+        # Each Gluon tile also with its promotion overlapped, where its registers hold two products.
+        gluon += [fields | dict(overlap_promotion=True) for fields in gluon]
         grid = [
             dict(block_m=bm, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=ws, split_n=split)
             # Two whole 128 x 256 accumulators would need the register file (16 warps of 128 registers spill);

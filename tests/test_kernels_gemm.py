@@ -268,19 +268,15 @@ def test_config_is_validated_once(fields, message):
         Fp8GemmConfig(**(base | fields))
 
 
-def test_overlapped_promotion_and_accumulation_ahead_are_candidates_of_their_regimes_only():
+def test_overlapped_promotion_is_a_promoted_regime_candidate_only():
     from fp8kernels.gemm_configs import NARROW_GLUON
 
     overlapped = dataclasses.replace(NARROW_GLUON, overlap_promotion=True)
     with pytest.raises(ValueError, match="fast accumulation"):
         overlapped.check_granularity(Granularity.TENSORWISE, fast_accum=True)
-    with pytest.raises(ValueError, match="fast accumulation only"):
-        dataclasses.replace(NARROW_GLUON, accumulate_ahead=True).check_granularity(Granularity.BLOCKWISE, fast_accum=False)
     for case in CASES:
         tiles = {(c.block_m, c.block_n) for c in candidate_configs(*case, H100) if c.overlap_promotion}
         assert tiles == ({(128, 128), (128, 64)} if is_promoted(*case) else set()), case
-        ahead = {(c.block_m, c.block_n) for c in candidate_configs(*case, H100) if c.accumulate_ahead}
-        assert ahead == (set() if is_promoted(*case) else {(128, 128), (128, 256), (192, 128), (128, 64)}), case
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
@@ -348,7 +344,7 @@ GLUON_BLOCKWISE_SHAPES = [(1, 1152, 384), (17, 1152, 384), (5000, 1280, 1024), (
 def _gluon_case_id(case_config) -> str:
     case, config = case_config
     return (f"{_case_id(case)}-m{config.block_m}-n{config.block_n}-stages{config.num_stages}"
-            + ("-overlapped" if config.overlap_promotion else "") + ("-ahead" if config.accumulate_ahead else ""))
+            + ("-overlapped" if config.overlap_promotion else ""))
 
 
 def test_the_gluon_kernel_is_a_candidate_everywhere_but_not_under_the_interpreter():

@@ -191,7 +191,6 @@ def _config_label(options: dict) -> str:
     return (f"{o['block_m']}x{o['block_n']}x{o['block_k']} s{o['num_stages']} w{o['num_warps']} g{o['group_m']}"
             + (" n-halves" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
             + (" gluon-ws" if o.get("gluon_ws") else "") + (" overlapped" if o.get("overlap_promotion") else "")
-            + (" ahead" if o.get("accumulate_ahead") else "")
             + (f" last-wave {o['split_tiles']}x{o['splits']}" if o.get("split_tiles") else ""))
 
 
