@@ -18,6 +18,11 @@ the MMA. Here, as in DeepGEMM, the partitions share one persistent walk over BLO
   waits and arrives on its own, so while one promotes another's wgmma keeps the tensor cores busy; no
   barrier spans more than a warpgroup.
 
+With config.overlap_promotion a consumer also issues the next K-tile's wgmma before it waits for the last and
+promotes it (_sum_k_tiles_overlapped), so its own FP32 adds run beside its next MMA: a sum and two products, 192
+registers, which only the two-consumer tiles up to 128 wide hold. It holds a second ring slot meanwhile, which costs
+the producer its lead on products of few tiles (gemm_configs.OVERLAP_MIN_WAVES).
+
 Two 64 x 128 FP32 sets (sum and product) are 128 registers a thread, inside the 232 two consumers get
 (setmaxnreg; the producer keeps 40) and the 160 of three; a 128 x 256 tile is promoted in two 128-column
 halves (192 registers, so only with two consumers). A 192 x 128 tile (three consumers) loads a byte of A
