@@ -156,10 +156,19 @@ def summarize(frame: pd.DataFrame) -> None:
                  "the heuristic's pick: geometric mean of cuBLAS time / ours, and of its speed over the best candidate's")
     worst = picked.sort_values("loss").groupby("regime").head(3)[["regime", "shape", "config", "ratio", "best_ratio"]]
     _print_frame(worst, "the shapes where the pick is furthest from the best candidate")
-    filled = frame[frame.grid_fill >= FILLED].assign(tile=lambda f: f.config.str.split(" ").str[:2].str.join(" "))
-    speed = filled.assign(speed=lambda f: f.ratio / f.best_ratio).groupby(["regime", "tile"]).agg(
+    _print_frame(tile_speeds(frame), f"each tile's speed over the best, on the shapes it fills (grid fill >= {FILLED})")
+
+
+def tile_speeds(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per regime and tile (its block sizes and stages, and whether it overlaps its promotion: the two are
+    different candidates of GLUON_TILES), the geometric mean of its time over the best candidate's, on the shapes
+    whose grid it fills."""
+    filled = frame[frame.grid_fill >= FILLED]
+    tile = filled.config.str.split(" ").str[:2].str.join(" ") + filled.config.str.contains(" overlapped").map(
+        {True: " overlapped", False: ""})
+    speed = filled.assign(tile=tile, speed=filled.ratio / filled.best_ratio).groupby(["regime", "tile"]).agg(
         speed=("speed", gmean), shapes=("speed", "size"))
-    _print_frame(speed.reset_index(), f"each tile's speed over the best, on the shapes it fills (grid fill >= {FILLED})")
+    return speed.reset_index()
 
 
 if __name__ == "__main__":
