@@ -814,6 +814,51 @@ def stream_scratch(name: str, device: torch.device, count: int) -> torch.Tensor:
     return scratch
 
 
+# Triton's names of the operand dtypes in a kernel signature (compile_sm90).
+_SIGNATURE_DTYPES = {"float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5"}
+
+
+def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bool, a_dtype: str = "float8_e4m3fn",
+                 b_dtype: str = "float8_e4m3fn", split_tiles: bool = True):
+    """The kernel launch_ws_gemm launches with `config`, compiled for sm_90a with no GPU (Triton's own ptxas
+    assembles it): its PTX, cubin and SASS for checks of registers, spills and wgmma order on any machine with
+    this Triton (tools/gemm_sass.py). The signature mirrors launch_ws_gemm's arguments; `split_tiles` compiles the
+    split-last-wave workspace in, as a launch that splits tiles does."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    bm, bn, bk = config.block_m, config.block_n, config.block_k
+    c_block = [CONSUMER_ROWS.value, min(bn, HALF_N)]
+
+    def descriptor(dtype_name: str, block: list[int]) -> str:
+        type_name = _SIGNATURE_DTYPES.get(dtype_name, {"bfloat16": "bf16", "float32": "fp32"}.get(dtype_name))
+        return f"tensordesc<{type_name}[{', '.join(map(str, block))}],{shared_layout(block, dtype_name)!r}>"
+
+    signature = {"a_desc": descriptor(a_dtype, [CONSUMER_ROWS.value, bk]), "b_desc": descriptor(b_dtype, [bn, bk]),
+                 "c_desc": descriptor("bfloat16", c_block), "scale_a_ptr": "*fp32", "scale_b_ptr": "*fp32"}
+    constants = {}
+    if granularity is Granularity.BLOCKWISE:
+        signature["sa_desc"] = f"tensordesc<fp32[{CONSUMER_ROWS.value}],{_SCALE_LAYOUT!r}>"
+        signature["sb_desc"] = f"tensordesc<fp32[{WEIGHT_SCALE_BOX}],{_SCALE_LAYOUT!r}>"
+    else:
+        constants.update(sa_desc=None, sb_desc=None)
+    if split_tiles:
+        signature["workspace_desc"] = descriptor("float32", c_block)
+    else:
+        constants["workspace_desc"] = None
+    signature |= dict.fromkeys(("flags_ptr", "counter_ptr", "log_ptr"), "*i32")
+    signature |= dict.fromkeys(("M", "N", "K", "stride_sa_m", "stride_sa_k", "stride_sb_n", "stride_sb_k", "num_programs",
+                                "split_tiles", "splits"), "i32")
+    constants |= dict(BLOCK_M=bm, SCALING=SCALING_CODES[granularity], ACTIVATION=ACTIVATION_CODES[Activation.NONE],
+                      PROMOTE=is_promoted(granularity, fast_accum), OVERLAP=config.overlap_promotion,
+                      GROUP_M=config.group_m, STAGES=config.num_stages, SCALE_BLOCK=BLOCK, DYNAMIC=config.dynamic_tiles)
+    signature |= {name: "constexpr" for name in constants}
+    source = GluonASTSource(_fp8_gemm_ws_kernel, signature, constants)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "maxnreg": MAX_REGISTERS[bm // CONSUMER_ROWS.value]})
+
+
 def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig,
                    activation: Activation):
     """Launch on validated operands (fp8kernels.gemm checks them): a[M, K], b_t[N, K], out[M, N]."""

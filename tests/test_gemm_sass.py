@@ -1,0 +1,54 @@
+"""tools/gemm_sass.py: reading ptxas's verdict on the Gluon GEMM (always), and every Gluon candidate assembled for
+sm_90a without spills or serialized wgmmas (where Triton is the release the kernel is written against: the GPU
+host's; no GPU needed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+
+from fp8kernels.gemm import GLUON_TRITON_RELEASES
+
+spec = importlib.util.spec_from_file_location("gemm_sass", Path(__file__).parents[1] / "tools/gemm_sass.py")
+sass_tool = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = sass_tool  # its dataclasses look their module up there
+spec.loader.exec_module(sass_tool)
+
+# ptxas -v of the overlapped blockwise tile before its promotion was pinned (reports/h100-sxm/gemm-overlapped-promotion).
+SPILLED_AND_SERIALIZED = """ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non wgmma instructions defining accumulator registers of a wgmma between start and end of the pipeline stage in the function '_fp8_gemm_ws_kernel'
+ptxas info    : Compiling entry function '_fp8_gemm_ws_kernel' for 'sm_90a'
+    152 bytes stack frame, 1084 bytes spill stores, 828 bytes spill loads
+ptxas info    : Used 168 registers, used 3 barriers, 152 bytes cumulative stack size
+"""
+CLEAN = """ptxas info    : Compiling entry function '_fp8_gemm_ws_kernel' for 'sm_90a'
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 128 registers, used 4 barriers
+"""
+SASS = """
+        /*0a10*/                   QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR16], R24, gsb0 ;
+        /*0a20*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*0b10*/                   QGMMA.64x128x32.F32.E4M3.E4M3 R88, gdesc[UR16], R88, gsb0 ;
+        /*0b20*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+"""
+
+
+def test_a_report_reads_spills_serialization_and_waits_in_flight():
+    bad = sass_tool.read_report("blockwise/fast_accum=off", "128x128x128 s4", SPILLED_AND_SERIALIZED, SASS)
+    assert (bad.registers, bad.spilled_bytes, bad.serialized, bad.wgmmas, bad.waits_in_flight) == (168, 1912, True, 2, 1)
+    assert not bad.clean
+    good = sass_tool.read_report("blockwise/fast_accum=off", "192x128x128 s3", CLEAN, "")
+    assert good.clean and (good.registers, good.spilled_bytes, good.wgmmas) == (128, 0, 0)
+
+
+@pytest.mark.skipif(not triton.__version__.startswith(GLUON_TRITON_RELEASES),
+                    reason=f"the Gluon kernel is written against Triton {GLUON_TRITON_RELEASES}, this is {triton.__version__}")
+def test_every_gluon_candidate_assembles_without_spills_or_serialized_wgmmas():
+    reports = [sass_tool.compile_report(c, g, f) for g, f, c in sass_tool.gluon_candidates(sass_tool.REGIMES)]
+    assert len(reports) > 20
+    assert [r for r in reports if not r.clean] == []
+    overlapped = [r for r in reports if "overlapped" in r.config]
+    assert overlapped and all(r.waits_in_flight > 0 for r in overlapped)

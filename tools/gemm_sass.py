@@ -1,0 +1,125 @@
+"""What ptxas made of the warp-specialised Gluon GEMM (kernels/_gemm_ws.py), per candidate config and regime, with no
+GPU: each config is compiled for sm_90a (fp8kernels._gemm_ws.compile_sm90, Triton's own ptxas) and its PTX assembled
+again with `ptxas -v` for the registers, the spilled bytes and ptxas's notes. C7515 says it serialized the wgmmas
+(each waited for before the next issues), which a consumer whose promotion or sums overlap its next wgmma must
+avoid. From the SASS: the QGMMA instructions and the wgmma waits that leave one group or more in flight.
+
+    python tools/gemm_sass.py                       # every Gluon candidate of every regime
+    python tools/gemm_sass.py --regime blockwise/fast_accum=off --sass-dir DIR
+
+Exits 1 when a config spills or has its wgmmas serialized. Needs the Triton release the kernel is written against
+(fp8kernels.gemm.GLUON_TRITON_RELEASES), which the GPU host has; any CPU will do.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fp8bench.config import Granularity
+from fp8kernels.gemm_configs import DeviceProperties, Fp8GemmConfig, candidate_configs
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gemm_sweep import REGIMES, _config_label, _regime_name  # noqa: E402  (a sibling script, not a package)
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, help=__doc__.split("\n\n")[0])
+console = Console(width=200)
+# The candidates' grid and shared memory are an H100's (an H200's too); the SASS does not depend on the SM count.
+HOPPER = DeviceProperties(multiprocessor_count=132, shared_memory_per_program=227 * 1024)
+SERIALIZED_NOTE = "C7515"
+
+
+@dataclass(frozen=True)
+class SassReport:
+    regime: str
+    config: str
+    registers: int  # the launch's per-thread count; setmaxnreg gives the consumers more
+    spilled_bytes: int  # spill stores + spill loads
+    serialized: bool  # ptxas note C7515
+    wgmmas: int  # QGMMA instructions in the SASS
+    waits_in_flight: int  # wgmma waits that leave at least one group running (WARPGROUP.DEPBAR.LE gsb0, 0x1 or more)
+
+    @property
+    def clean(self) -> bool:
+        return not self.spilled_bytes and not self.serialized
+
+
+def ptxas_verbose(ptx: str) -> str:
+    """`ptxas -v` of `ptx` for sm_90a with Triton's ptxas: its info lines and notes."""
+    from triton import knobs
+
+    with tempfile.TemporaryDirectory() as folder:
+        source = Path(folder) / "kernel.ptx"
+        source.write_text(ptx)
+        done = subprocess.run([knobs.nvidia.ptxas.path, "-v", "--gpu-name", "sm_90a", str(source), "-o",
+                               str(Path(folder) / "kernel.o")], capture_output=True, text=True, check=True)
+    return done.stdout + done.stderr
+
+
+def read_report(regime: str, config: str, ptxas_text: str, sass: str) -> SassReport:
+    """The report of one compiled config from its `ptxas -v` text and SASS."""
+    registers = re.search(r"Used (\d+) registers", ptxas_text)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ptxas_text)
+    waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([0-9a-f]+)", sass)
+    return SassReport(regime, config, int(registers.group(1)) if registers else 0,
+                      int(spills.group(1)) + int(spills.group(2)) if spills else 0, SERIALIZED_NOTE in ptxas_text,
+                      len(re.findall(r"\bQGMMA\.", sass)), sum(int(w, 16) > 0 for w in waits))
+
+
+def compile_report(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bool,
+                   sass_dir: Path | None = None) -> SassReport:
+    from triton.tools.disasm import get_sass
+
+    from fp8kernels._gemm_ws import compile_sm90
+
+    kernel = compile_sm90(config, granularity, fast_accum)
+    sass = get_sass(kernel.asm["cubin"])
+    label = _config_label(config.as_dict() | {"split_tiles": 0})
+    if sass_dir is not None:
+        name = f"{_regime_name(granularity, fast_accum)}-{label}".replace("/", "-").replace(" ", "-")
+        (sass_dir / f"{name}.sass").write_text(sass)
+    return read_report(_regime_name(granularity, fast_accum), label, ptxas_verbose(kernel.asm["ptx"]), sass)
+
+
+def gluon_candidates(regimes) -> list[tuple[Granularity, bool, Fp8GemmConfig]]:
+    return [(g, f, c) for g, f in regimes for c in candidate_configs(g, f, HOPPER) if c.gluon_ws]
+
+
+@app.command()
+def main(regime: list[str] = typer.Option([], help="e.g. blockwise/fast_accum=off (repeatable; default: all five)"),
+         sass_dir: Path | None = typer.Option(None, help="also write each config's SASS here")) -> None:
+    import triton
+
+    from fp8kernels.gemm import GLUON_TRITON_RELEASES
+
+    if not triton.__version__.startswith(GLUON_TRITON_RELEASES):
+        console.print(f"[red]the Gluon kernel is written against Triton {', '.join(GLUON_TRITON_RELEASES)}x; "
+                      f"this is {triton.__version__}[/]")
+        raise typer.Exit(2)
+    names = {_regime_name(g, f): (g, f) for g, f in REGIMES}
+    unknown = [name for name in regime if name not in names]
+    if unknown:
+        raise typer.BadParameter(f"unknown regime {unknown[0]!r}; choose from: {', '.join(names)}", param_hint="--regime")
+    if sass_dir is not None:
+        sass_dir.mkdir(parents=True, exist_ok=True)
+    reports = [compile_report(c, g, f, sass_dir) for g, f, c in gluon_candidates([names[r] for r in regime] or REGIMES)]
+    table = Table(title="the Gluon GEMM for sm_90a, per candidate", title_justify="left")
+    for column in ("regime", "config", "registers", "spilled bytes", "wgmmas serialized", "QGMMA", "waits leaving some in flight"):
+        table.add_column(column)
+    for r in reports:
+        table.add_row(r.regime, r.config, str(r.registers), str(r.spilled_bytes), "yes" if r.serialized else "no",
+                      str(r.wgmmas), str(r.waits_in_flight), style=None if r.clean else "red")
+    console.print(table)
+    raise typer.Exit(0 if all(r.clean for r in reports) else 1)
+
+
+if __name__ == "__main__":
+    app()
