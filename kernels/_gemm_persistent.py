@@ -13,7 +13,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from fp8kernels.scaling import BLOCK, Activation, Granularity
-from fp8kernels.gemm_configs import Fp8GemmConfig
+from fp8kernels.gemm_configs import Fp8GemmConfig, b_scale_rows
 
 # SCALING constexpr values: integers, so that the kernel's branches are resolved at compile time.
 SCALING_CODES = {Granularity.TENSORWISE: 0, Granularity.AXISWISE: 1, Granularity.BLOCKWISE: 2}
@@ -42,14 +42,19 @@ def _accumulate(acc, a, b, FAST_ACCUM: tl.constexpr):
 
 
 @triton.jit
-def _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, ki, k_tiles, stride_sa_m, stride_sa_k, stride_sb_n,
-                  stride_sb_k, SCALE_BLOCK: tl.constexpr):
-    """K-tile ki's 1 x 128 activation scale of each row, and the scale of the 128 x 128 weight block holding
-    column off_n. Rows past M read 0 (their products are zeros); a K-tile past the last (the prefetch
-    after the final iteration, never used) reads the last one's."""
+def _block_scales(scale_a_ptr, scale_b_ptr, rows, cols, M, N, off_n, ki, k_tiles, stride_sa_m, stride_sa_k,
+                  stride_sb_n, stride_sb_k, SCALE_BLOCK: tl.constexpr, B_SCALE_ROWS: tl.constexpr):
+    """K-tile ki's scale of each row's 1 x 128 activation group, and the weight's: with B_SCALE_ROWS 128 the
+    scale of the 128 x 128 block holding column off_n, with 1 each column's 1 x 128 group (grad_weight's
+    second operand). Rows and columns past M and N read 0 (their products are zeros); a K-tile past the last
+    (the prefetch after the final iteration, never used) reads the last one's."""
     ki = min(ki, k_tiles - 1)
     sa = tl.load(scale_a_ptr + rows * stride_sa_m + ki * stride_sa_k, mask=rows < M, other=0.0)
-    return sa, tl.load(scale_b_ptr + (off_n // SCALE_BLOCK) * stride_sb_n + ki * stride_sb_k)
+    if B_SCALE_ROWS == 1:
+        sb = tl.load(scale_b_ptr + cols * stride_sb_n + ki * stride_sb_k, mask=cols < N, other=0.0)
+    else:
+        sb = tl.load(scale_b_ptr + (off_n // SCALE_BLOCK) * stride_sb_n + ki * stride_sb_k)
+    return sa, sb
 
 
 @triton.jit
@@ -97,6 +102,7 @@ def _fp8_gemm_persistent_kernel(
     FLATTEN: tl.constexpr,
     EPILOGUE_SUBTILE: tl.constexpr,
     SCALE_BLOCK: tl.constexpr,
+    B_SCALE_ROWS: tl.constexpr,  # blockwise: rows of b_t per weight scale, 128 (128 x 128 blocks) or 1 (1 x 128 groups)
 ):
     HALF_N: tl.constexpr = BLOCK_N // 2
     start_pid = tl.program_id(axis=0)
@@ -120,14 +126,19 @@ def _fp8_gemm_persistent_kernel(
             # FP32 promotion per K-tile with its scales applied, as DeepGEMM does. The scales are loaded one
             # K-tile ahead: a load used in the same iteration would stall the MMA on its latency.
             rows = off_m + tl.arange(0, BLOCK_M)
+            cols = off_n + tl.arange(0, BLOCK_N)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            sa, sb = _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, 0, k_tiles, stride_sa_m, stride_sa_k,
-                                   stride_sb_n, stride_sb_k, SCALE_BLOCK)
+            sa, sb = _block_scales(scale_a_ptr, scale_b_ptr, rows, cols, M, N, off_n, 0, k_tiles, stride_sa_m,
+                                   stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK, B_SCALE_ROWS)
             for ki in range(k_tiles):
-                next_sa, next_sb = _block_scales(scale_a_ptr, scale_b_ptr, rows, M, off_n, ki + 1, k_tiles,
-                                                 stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK)
+                next_sa, next_sb = _block_scales(scale_a_ptr, scale_b_ptr, rows, cols, M, N, off_n, ki + 1, k_tiles,
+                                                 stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK,
+                                                 B_SCALE_ROWS)
                 product = tl.dot(a_desc.load([off_m, ki * BLOCK_K]), b_desc.load([off_n, ki * BLOCK_K]).T)
-                acc += product * (sa * sb)[:, None]
+                if B_SCALE_ROWS == 1:
+                    acc += product * sa[:, None] * sb[None, :]
+                else:
+                    acc += product * (sa * sb)[:, None]
                 sa, sb = next_sa, next_sb
         elif SPLIT_N == 1:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -200,6 +211,7 @@ def launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fas
         FLATTEN=not config.warp_specialize,
         EPILOGUE_SUBTILE=config.epilogue_subtile,
         SCALE_BLOCK=BLOCK,
+        B_SCALE_ROWS=b_scale_rows(granularity, scale_b.shape[0] if scale_b.dim() else 1, N),
         num_stages=config.num_stages,
         num_warps=config.num_warps,
     )

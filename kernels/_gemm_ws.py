@@ -77,7 +77,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from fp8kernels.scaling import BLOCK, Activation, Granularity
 from fp8kernels._gemm_persistent import ACTIVATION_CODES, SCALING_CODES, _tile_coords, scale_strides
-from fp8kernels.gemm_configs import Fp8GemmConfig, is_promoted, persistent_grid
+from fp8kernels.gemm_configs import Fp8GemmConfig, b_scale_rows, is_promoted, persistent_grid
 
 _GL_DTYPES = {"float8_e4m3fn": gl.float8e4nv, "float8_e5m2": gl.float8e5, "bfloat16": gl.bfloat16, "float32": gl.float32}
 # Rows of the tile each consumer warpgroup owns: one m64 wgmma.
@@ -100,6 +100,10 @@ CONSUMER_REGISTERS_OF_THREE, PRODUCER_REGISTERS_OF_THREE = gl.constexpr(160), gl
 # TMA writes to 128-byte aligned shared memory, and 128-byte boxes keep every ring slot aligned.
 SCALE_WINDOW = gl.constexpr(4)
 WEIGHT_SCALE_BOX = 32
+# The SCALING code of blockwise products whose right operand has 1 x 128 scales too (gemm_configs.b_scale_rows):
+# each K-tile's promotion scales the product by its rows' and its columns' scales. The producer loads the
+# tile's BLOCK_N column scales of each K-tile in one box, as it loads a consumer's row scales.
+BLOCKWISE_1X128_WEIGHTS = gl.constexpr(3)
 
 
 @gluon.jit
@@ -123,8 +127,10 @@ def _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_b
                  pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK: gl.constexpr):
     """Load K-tile `ki` of tile (pid_m, pid_n) into the ring slot of the program's `loaded`-th K-tile, once
     the consumers have handed it back. With blockwise scales by TMA (sa_desc not None) the slot also gets
-    the K-tile's activation scales of the tile's BLOCK_M rows and its weight block's scale, through 1-D
-    descriptors over the scales' storage (see _scale_descriptors), under the same `ready` barrier."""
+    the K-tile's activation scales of the tile's BLOCK_M rows and its weight block's scale (or, with 1 x 128
+    weight scales, its BLOCK_N columns' scales: a box of BLOCK_N floats, where a block scale's box is
+    WEIGHT_SCALE_BOX), through 1-D descriptors over the scales' storage (see _scale_descriptors), under the same
+    `ready` barrier."""
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // empty.type.shape[0]
     STAGES: gl.constexpr = empty.type.shape[0]
     BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
@@ -145,9 +151,12 @@ def _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_b
         for c in gl.static_range(CONSUMERS):
             tma.async_copy_global_to_shared(sa_desc, [ki * stride_sa_k + pid_m * BLOCK_M + c * CONSUMER_ROWS], bar,
                                             sa_bufs.index(slot * CONSUMERS + c))
-        weight_scale = (pid_n * BLOCK_N // SCALE_BLOCK) * stride_sb_n + ki * stride_sb_k
-        tma.async_copy_global_to_shared(sb_desc, [weight_scale - weight_scale % SCALE_WINDOW], bar,
-                                        sb_bufs.index(slot))
+        if sb_desc.block_type.shape[0] == BLOCK_N:  # 1 x 128 weight scales, N-major: the tile's columns of K-tile ki
+            tma.async_copy_global_to_shared(sb_desc, [ki * stride_sb_k + pid_n * BLOCK_N], bar, sb_bufs.index(slot))
+        else:
+            weight_scale = (pid_n * BLOCK_N // SCALE_BLOCK) * stride_sb_n + ki * stride_sb_k
+            tma.async_copy_global_to_shared(sb_desc, [weight_scale - weight_scale % SCALE_WINDOW], bar,
+                                            sb_bufs.index(slot))
     else:
         mbarrier.expect(bar, CONSUMERS * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
     for c in gl.static_range(CONSUMERS):
@@ -272,10 +281,19 @@ def _mma_promote(acc, a, b, zero, sa, sb, SCALING: gl.constexpr):
     (blockwise: scaled by its row and block scales; the others scale the finished sum)."""
     product = warpgroup_mma(a, b.permute((1, 0)), zero, use_acc=False, is_async=True)
     product = warpgroup_mma_wait(0, deps=(product, ))
+    return acc + _scaled_product(product, sa, sb, SCALING)
+
+
+@gluon.jit
+def _scaled_product(product, sa, sb, SCALING: gl.constexpr):
+    """A K-tile's product as it is promoted: blockwise, times its rows' scales and its weight block's scale (or,
+    BLOCKWISE_1X128_WEIGHTS, its columns' scales); the other granularities scale the finished sum instead."""
     if SCALING == 2:
-        return acc + product * (sa * sb)[:, None]
+        return product * (sa * sb)[:, None]
+    elif SCALING == BLOCKWISE_1X128_WEIGHTS:
+        return product * sa[:, None] * sb[None, :]
     else:
-        return acc + product
+        return product
 
 
 @gluon.jit
@@ -293,14 +311,17 @@ def _mma_accumulate(acc, acc_right, a, b, HALF_N: gl.constexpr, SPLIT: gl.conste
 @gluon.jit
 def _k_tile_scales(sa_bufs, sb_bufs, slot, zero, sb_place, SCALING: gl.constexpr, WARPGROUP: gl.constexpr):
     """Blockwise: a K-tile's scales, read from its ring slot before it is handed back: the activation scales of
-    this warpgroup's rows, and the weight scale at `sb_place` of its window (see SCALE_WINDOW). Else unused
-    constants (Triton needs values)."""
+    this warpgroup's rows, and the weight scale at `sb_place` of its window (see SCALE_WINDOW), or with 1 x 128
+    weight scales those of the tile's columns. Else unused constants (Triton needs values)."""
     sa = 1.0
     sb = 1.0
-    if SCALING == 2:
+    if SCALING >= 2:
         CONSUMERS: gl.constexpr = sa_bufs.type.shape[0] // sb_bufs.type.shape[0]
         row_layout: gl.constexpr = gl.SliceLayout(1, zero.type.layout)
         sa = sa_bufs.index(slot * CONSUMERS + WARPGROUP).load(row_layout)
+    if SCALING == BLOCKWISE_1X128_WEIGHTS:
+        sb = sb_bufs.index(slot).load(gl.SliceLayout(0, zero.type.layout))
+    elif SCALING == 2:
         window_layout: gl.constexpr = gl.BlockedLayout([SCALE_WINDOW], [32], [4], [0])
         window = sb_bufs.index(slot).slice(0, SCALE_WINDOW).load(window_layout)
         place = gl.arange(0, SCALE_WINDOW, layout=window_layout)
@@ -358,10 +379,7 @@ def _promote_issued(acc, product, sa_bufs, sb_bufs, empty, consumed, zero, weigh
     sa, sb = _k_tile_scales(sa_bufs, sb_bufs, slot, zero, (weight_scales + ki * stride_sb_k) % SCALE_WINDOW, SCALING,
                             WARPGROUP)
     mbarrier.arrive(empty.index(slot), count=1)
-    if SCALING == 2:
-        acc = acc + product * (sa * sb)[:, None]
-    else:
-        acc = acc + product
+    acc = acc + _scaled_product(product, sa, sb, SCALING)
     # Pinned here: LLVM would otherwise sink the adds past the next wgmma's issue (they are only needed at the
     # next promotion), keeping three products live, which spills and makes ptxas serialize the wgmmas.
     return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=gl.float32, is_pure=False, pack=1)
@@ -668,7 +686,7 @@ def _fp8_gemm_ws_kernel(
     a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, sa_desc, sb_desc, workspace_desc, flags_ptr, counter_ptr, log_ptr,
     M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
     BLOCK_M: gl.constexpr,  # 64 rows per consumer warpgroup: 128 or 192
-    SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (_gemm_persistent.SCALING_CODES)
+    SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (_gemm_persistent.SCALING_CODES), BLOCKWISE_1X128_WEIGHTS
     ACTIVATION: gl.constexpr,  # 0 none, 1 sigmoid (_gemm_persistent.ACTIVATION_CODES)
     PROMOTE: gl.constexpr,  # False: fast accumulation, the products summed by the tensor cores (not blockwise)
     OVERLAP: gl.constexpr,  # promoted: each K-tile's wgmma issued before the last is promoted (config.overlap_promotion)
@@ -762,21 +780,31 @@ def _shared_layout(block_shape: tuple[int, ...], dtype_name: str) -> gl.NVMMASha
     return gl.NVMMASharedLayout.get_default_for(list(block_shape), _GL_DTYPES[dtype_name])
 
 
-def tma_ready_scales(scale_a, scale_b):
+def tma_ready_scales(scale_a, scale_b, columnwise_b: bool = False):
     """The blockwise scales in layouts _scale_descriptors can read: both 16-byte aligned, and activation
     scales M-major (element (m, k) at m + k * stride) with each K-block's column starting on a 16-byte
     boundary, since every TMA box must; anything else is copied (scale_a into that layout with M padded to
     a multiple of SCALE_WINDOW: the quantizers' M-major layout needs no copy when M is such a multiple). The copy is
-    M * K / 128 floats, 1/32 of A's bytes, and is part of the call."""
-    M, k_blocks = scale_a.shape
-    window = SCALE_WINDOW.value
-    column_aligned = k_blocks == 1 or scale_a.stride(1) % window == 0
-    if scale_a.stride(0) != 1 or not column_aligned or scale_a.data_ptr() % 16:
-        padded_m = (M + window - 1) // window * window
-        scale_a = scale_a.new_empty_strided((M, k_blocks), (1, padded_m)).copy_(scale_a)
-    if scale_b.data_ptr() % 16:
+    M * K / 128 floats, 1/32 of A's bytes, and is part of the call. `columnwise_b`: scale_b holds 1 x 128 scales
+    too (N, K/128), read in boxes of a tile's columns, so it takes scale_a's layout."""
+    scale_a = _outer_major(scale_a)
+    if columnwise_b:
+        scale_b = _outer_major(scale_b)
+    elif scale_b.data_ptr() % 16:
         scale_b = scale_b.new_empty(scale_b.shape).copy_(scale_b)
     return scale_a, scale_b
+
+
+def _outer_major(scale):
+    """1 x 128 scales (R, K/128) as the producer reads them: R-major, 16-byte aligned, each K-block's column on a
+    16-byte boundary (copied into that layout, R padded to a multiple of SCALE_WINDOW, where they are not)."""
+    rows, k_blocks = scale.shape
+    window = SCALE_WINDOW.value
+    column_aligned = k_blocks == 1 or scale.stride(1) % window == 0
+    if scale.stride(0) != 1 or not column_aligned or scale.data_ptr() % 16:
+        padded = (rows + window - 1) // window * window
+        scale = scale.new_empty_strided((rows, k_blocks), (1, padded)).copy_(scale)
+    return scale
 
 
 def scale_storage(scale):
@@ -789,13 +817,14 @@ def scale_storage(scale):
 _SCALE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
 
 
-def _scale_descriptors(scale_a, scale_b):
+def _scale_descriptors(scale_a, scale_b, b_box: int):
     """1-D TMA descriptors over the storage of tma_ready_scales' output: the producer computes each
     box's start from the strides, so one descriptor serves every scale layout (a 2-D one would need its
     row stride 16-byte aligned, and a 1-wide weight-scale box is not a TMA box). Activation scales come in
-    one consumer's 64 rows a box, as A does."""
+    one consumer's 64 rows a box, as A does; weight scales in `b_box` floats (WEIGHT_SCALE_BOX, or a tile's
+    BLOCK_N for 1 x 128 weight scales)."""
     return [TensorDescriptor.from_tensor(scale_storage(scale), [box], _SCALE_LAYOUT)
-            for scale, box in ((scale_a, CONSUMER_ROWS.value), (scale_b, WEIGHT_SCALE_BOX))]
+            for scale, box in ((scale_a, CONSUMER_ROWS.value), (scale_b, b_box))]
 
 
 # Per device and stream, int32 scratch reused by every launch (two launches on different streams at once
@@ -814,16 +843,20 @@ def stream_scratch(name: str, device: torch.device, count: int) -> torch.Tensor:
     return scratch
 
 
+def _scaling_code(granularity: Granularity, b_rows: int) -> int:
+    return BLOCKWISE_1X128_WEIGHTS.value if b_rows == 1 and granularity is Granularity.BLOCKWISE else SCALING_CODES[granularity]
+
+
 # Triton's names of the operand dtypes in a kernel signature (compile_sm90).
 _SIGNATURE_DTYPES = {"float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5"}
 
 
 def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bool, a_dtype: str = "float8_e4m3fn",
-                 b_dtype: str = "float8_e4m3fn", split_tiles: bool = True):
+                 b_dtype: str = "float8_e4m3fn", split_tiles: bool = True, b_rows: int = BLOCK):
     """The kernel launch_ws_gemm launches with `config`, compiled for sm_90a with no GPU (Triton's own ptxas
     assembles it): its PTX, cubin and SASS for checks of registers, spills and wgmma order on any machine with
     this Triton (tools/gemm_sass.py). The signature mirrors launch_ws_gemm's arguments; `split_tiles` compiles the
-    split-last-wave workspace in, as a launch that splits tiles does."""
+    split-last-wave workspace in, as a launch that splits tiles does; `b_rows` 1: 1 x 128 weight scales."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -840,7 +873,7 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
     constants = {}
     if granularity is Granularity.BLOCKWISE:
         signature["sa_desc"] = f"tensordesc<fp32[{CONSUMER_ROWS.value}],{_SCALE_LAYOUT!r}>"
-        signature["sb_desc"] = f"tensordesc<fp32[{WEIGHT_SCALE_BOX}],{_SCALE_LAYOUT!r}>"
+        signature["sb_desc"] = f"tensordesc<fp32[{bn if b_rows == 1 else WEIGHT_SCALE_BOX}],{_SCALE_LAYOUT!r}>"
     else:
         constants.update(sa_desc=None, sb_desc=None)
     if split_tiles:
@@ -850,7 +883,7 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
     signature |= dict.fromkeys(("flags_ptr", "counter_ptr", "log_ptr"), "*i32")
     signature |= dict.fromkeys(("M", "N", "K", "stride_sa_m", "stride_sa_k", "stride_sb_n", "stride_sb_k", "num_programs",
                                 "split_tiles", "splits"), "i32")
-    constants |= dict(BLOCK_M=bm, SCALING=SCALING_CODES[granularity], ACTIVATION=ACTIVATION_CODES[Activation.NONE],
+    constants |= dict(BLOCK_M=bm, SCALING=_scaling_code(granularity, b_rows), ACTIVATION=ACTIVATION_CODES[Activation.NONE],
                       PROMOTE=is_promoted(granularity, fast_accum), OVERLAP=config.overlap_promotion,
                       GROUP_M=config.group_m, STAGES=config.num_stages, SCALE_BLOCK=BLOCK, DYNAMIC=config.dynamic_tiles)
     signature |= {name: "constexpr" for name in constants}
@@ -871,9 +904,10 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
     c_block = [CONSUMER_ROWS.value, min(bn, HALF_N)]
     c_desc = TensorDescriptor.from_tensor(out, c_block, shared_layout(c_block, "bfloat16"))
     sa_desc = sb_desc = None
+    b_rows = b_scale_rows(granularity, scale_b.shape[0] if scale_b.dim() else 1, N)
     if granularity is Granularity.BLOCKWISE:
-        scale_a, scale_b = tma_ready_scales(scale_a, scale_b)
-        sa_desc, sb_desc = _scale_descriptors(scale_a, scale_b)
+        scale_a, scale_b = tma_ready_scales(scale_a, scale_b, columnwise_b=b_rows == 1)
+        sa_desc, sb_desc = _scale_descriptors(scale_a, scale_b, bn if b_rows == 1 else WEIGHT_SCALE_BOX)
     programs, split_tiles, splits = persistent_grid(M, N, K, config)
     workspace_desc = None
     flags = out  # a stand-in the kernel does not touch when no tile is split
@@ -892,7 +926,7 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
         a_desc, b_desc, c_desc, scale_a, scale_b, sa_desc, sb_desc, workspace_desc, flags, counter, log, M, N, K,
         *scale_strides(scale_a, scale_b), programs, split_tiles, splits,
         BLOCK_M=bm,
-        SCALING=SCALING_CODES[granularity],
+        SCALING=_scaling_code(granularity, b_rows),
         ACTIVATION=ACTIVATION_CODES[activation],
         PROMOTE=is_promoted(granularity, fast_accum),
         OVERLAP=config.overlap_promotion,

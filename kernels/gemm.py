@@ -6,6 +6,7 @@ operand is passed K-major as `b_t` = b.T [N, K] row-major, and scales are dequan
     tensorwise  scale_a ()          scale_b ()
     axiswise    scale_a (M, 1)      scale_b (N, 1)
     blockwise   scale_a (M, K/128)  scale_b (N/128, K/128)   (1x128 activations, 128x128 weights)
+                                    or      (N, K/128)       (1x128 both: grad_weight = grad_output.T @ input)
 Scales may have any strides; blockwise activation scales read fastest stored M-major (the `.t()` of a
 contiguous (K/128, M) tensor), since each K-tile reads one scale per row.
 
@@ -30,6 +31,7 @@ from fp8kernels.gemm_configs import (
     SM90_SHARED_MEMORY_PER_PROGRAM,
     DeviceProperties,
     Fp8GemmConfig,
+    b_scale_rows,
     choose_config,
 )
 
@@ -86,10 +88,11 @@ def fp8_gemm(
     activation = _activation(activation)
     M, N, K = _check_operands(a, b_t, granularity)
     _check_scales(scale_a, scale_b, granularity, M, N, K, a.device)
+    b_rows = b_scale_rows(granularity, scale_b.shape[0] if scale_b.dim() else 1, N)
     if config is None:
         config = choose_config(M, N, K, granularity, bool(fast_accum), device_properties(a.device),
-                               gluon_runs_on(a.device))
-    config.check_granularity(granularity, bool(fast_accum))
+                               gluon_runs_on(a.device), b_rows)
+    config.check_granularity(granularity, bool(fast_accum), b_rows)
     if out is None:
         out = torch.empty((M, N), dtype=torch.bfloat16, device=a.device)
     elif out.shape != (M, N) or out.dtype != torch.bfloat16 or not out.is_contiguous() or out.device != a.device:
@@ -156,13 +159,14 @@ def _check_operands(a: torch.Tensor, b_t: torch.Tensor, granularity: Granularity
 def _check_scales(scale_a: torch.Tensor, scale_b: torch.Tensor, granularity: Granularity, M: int, N: int, K: int,
                   device: torch.device) -> None:
     expected = {
-        Granularity.TENSORWISE: ((), ()),
-        Granularity.AXISWISE: ((M, 1), (N, 1)),
-        Granularity.BLOCKWISE: ((M, K // BLOCK), (N // BLOCK, K // BLOCK)),
+        Granularity.TENSORWISE: ((), ((), )),
+        Granularity.AXISWISE: ((M, 1), ((N, 1), )),
+        # The weight's 128 x 128 blocks, or 1 x 128 groups as the activation's (grad_weight's second operand).
+        Granularity.BLOCKWISE: ((M, K // BLOCK), ((N // BLOCK, K // BLOCK), (N, K // BLOCK))),
     }[granularity]
-    for name, scale, shape in (("scale_a", scale_a, expected[0]), ("scale_b", scale_b, expected[1])):
-        if tuple(scale.shape) != shape or scale.dtype != torch.float32 or scale.device != device:
+    for name, scale, shapes in (("scale_a", scale_a, (expected[0], )), ("scale_b", scale_b, expected[1])):
+        if tuple(scale.shape) not in shapes or scale.dtype != torch.float32 or scale.device != device:
             raise ValueError(
-                f"{granularity.value} {name} must be a float32 tensor of shape {shape} on {device}, "
-                f"got {scale.dtype} {tuple(scale.shape)} on {scale.device}"
+                f"{granularity.value} {name} must be a float32 tensor of shape {' or '.join(map(str, shapes))} on "
+                f"{device}, got {scale.dtype} {tuple(scale.shape)} on {scale.device}"
             )

@@ -149,18 +149,20 @@ class Fp8GemmConfig:
     @property
     def shared_memory_bytes(self) -> int:
         """FP8 operand ring (the Gluon kernel's also holds blockwise scales: block_m float32 activation
-        scales and a 128-byte weight-scale box per stage, counted whatever the granularity) plus the bf16
+        scales and a 128-byte weight-scale box, or block_n 1 x 128 weight scales, per stage, counted whatever the
+        granularity) plus the bf16
         epilogue staging buffers (with split_last_wave at least two 128-column halves' worth, the room of an
         FP32 half-tile; the compiler's own estimate may differ)."""
         ring = self.num_stages * (self.block_m + self.block_n) * self.block_k
-        if self.gluon_ws:
-            ring += self.num_stages * (4 * self.block_m + 128)
+        if self.gluon_ws:  # a weight block's 128-byte scale box, or a tile's columns' 1 x 128 scales
+            ring += self.num_stages * (4 * self.block_m + max(128, 4 * self.block_n))
         staged_columns = max(self.block_n, 2 * min(self.block_n, 128)) if self.split_last_wave else self.block_n
         epilogue = self.block_m * staged_columns * 2 // (2 if self.epilogue_subtile else 1)
         return ring + epilogue
 
-    def check_granularity(self, granularity: Granularity, fast_accum: bool) -> None:
-        """Raise ValueError where this config cannot run that scaling (the promotion interval is BLOCK_K)."""
+    def check_granularity(self, granularity: Granularity, fast_accum: bool, b_scale_rows: int = BLOCK) -> None:
+        """Raise ValueError where this config cannot run that scaling (the promotion interval is BLOCK_K);
+        `b_scale_rows` 1: blockwise with the right operand's scales in 1 x 128 groups (see b_scale_rows)."""
         if granularity is Granularity.BLOCKWISE and (self.block_k != BLOCK or self.block_n > BLOCK or self.split_n > 1):
             raise ValueError(
                 f"blockwise scaling applies one scale per {BLOCK} of K and one weight scale per tile: "
@@ -168,6 +170,9 @@ class Fp8GemmConfig:
             )
         if self.overlap_promotion and not is_promoted(granularity, fast_accum):
             raise ValueError("overlap_promotion overlaps the FP32 promotion, which fast accumulation does not do")
+        if b_scale_rows == 1 and self.gluon_ws and (self.block_m != 128 or self.overlap_promotion):
+            raise ValueError("1 x 128 weight scales put a column of scales in each consumer's registers beside the sum "
+                             "and the product: the Gluon kernel takes them on 128-row tiles, promotion not overlapped")
         if not fast_accum and self.block_k > BLOCK:
             raise ValueError(f"without fast accumulation the sum is promoted every block_k <= {BLOCK} of K")
 
@@ -237,6 +242,10 @@ GLUON_TILES = {
     "promoted": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.96), (OVERLAPPED_NARROW_GLUON, 0.955), (SLIM_GLUON, SLIM_SPEED)),
     "blockwise": ((TALL_BLOCKWISE_GLUON, 1.0), (BLOCKWISE_GLUON, 0.96),
                   (dataclasses.replace(SLIM_GLUON, group_m=8), SLIM_SPEED)),
+    # 1 x 128 weight scales (grad_weight's products): the two-consumer tiles, not overlapped (check_granularity).
+    # Unmeasured: the blockwise tiles' speeds relative to each other.
+    "blockwise-1x128": ((dataclasses.replace(BLOCKWISE_GLUON, overlap_promotion=False), 1.0),
+                        (dataclasses.replace(SLIM_GLUON, group_m=8), SLIM_SPEED)),
 }
 
 
@@ -295,15 +304,23 @@ def grid_efficiency(M: int, N: int, K: int, config: Fp8GemmConfig) -> float:
     return work / (config.num_sms * _busiest_k_tiles(M, N, K, config, *last_wave_split(M, N, K, config)))
 
 
+def b_scale_rows(granularity: Granularity, scale_b_rows: int, N: int) -> int:
+    """Rows of b_t that share one scale under blockwise scaling: 128 for weights in 128 x 128 blocks (scale_b of
+    N/128 rows), 1 for 1 x 128 groups (scale_b of N rows: grad_weight = grad_output.T @ input, whose operands are
+    both activations); told apart by scale_b's rows (N >= 128). 128 for the other granularities (unused)."""
+    return 1 if granularity is Granularity.BLOCKWISE and scale_b_rows == N else BLOCK
+
+
 def is_promoted(granularity: Granularity, fast_accum: bool) -> bool:
     """Whether the kernel adds each K-tile's product into the FP32 sum itself (see the module docstring)."""
     return granularity is Granularity.BLOCKWISE or not fast_accum
 
 
-def _gluon_tiles(granularity: Granularity, fast_accum: bool) -> tuple[tuple[Fp8GemmConfig, float], ...]:
+def _gluon_tiles(granularity: Granularity, fast_accum: bool,
+                 b_scale_rows: int = BLOCK) -> tuple[tuple[Fp8GemmConfig, float], ...]:
     """The regime's Gluon tiles with their relative speeds (GLUON_TILES), fastest first."""
     if granularity is Granularity.BLOCKWISE:
-        return GLUON_TILES["blockwise"]
+        return GLUON_TILES["blockwise" if b_scale_rows == BLOCK else "blockwise-1x128"]
     return GLUON_TILES["promoted" if is_promoted(granularity, fast_accum) else "fast"]
 
 
@@ -313,10 +330,10 @@ CONFIG_OVERRIDE_ENV = "FP8KERNELS_GEMM_CONFIG"
 
 
 def choose_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, device: DeviceProperties,
-                  gluon: bool = False) -> Fp8GemmConfig:
+                  gluon: bool = False, b_scale_rows: int = BLOCK) -> Fp8GemmConfig:
     """The heuristic's config, with the fields of FP8KERNELS_GEMM_CONFIG (if set) forced onto it. `gluon`:
-    whether the Gluon kernel can run here (fp8kernels.gemm.gluon_runs_on)."""
-    config = _heuristic_config(M, N, K, granularity, fast_accum, device, gluon)
+    whether the Gluon kernel can run here (fp8kernels.gemm.gluon_runs_on); `b_scale_rows`: see b_scale_rows."""
+    config = _heuristic_config(M, N, K, granularity, fast_accum, device, gluon, b_scale_rows)
     override = os.environ.get(CONFIG_OVERRIDE_ENV)
     if not override:
         return config
@@ -325,20 +342,20 @@ def choose_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: 
         forced = dataclasses.replace(config, **fields)
     except (ValueError, TypeError) as err:
         raise ValueError(f"{CONFIG_OVERRIDE_ENV}={override!r} is not a JSON object of Fp8GemmConfig fields: {err}") from None
-    forced.check_granularity(granularity, fast_accum)
+    forced.check_granularity(granularity, fast_accum, b_scale_rows)
     return forced
 
 
 @functools.lru_cache(maxsize=1024)
 def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, device: DeviceProperties,
-                      gluon: bool) -> Fp8GemmConfig:
+                      gluon: bool, b_scale_rows: int) -> Fp8GemmConfig:
     """The heuristic: the regime's preset on a persistent grid of one program per SM, its ring cut to the
     device's shared memory. On the Gluon kernel the preset is, of the regime's tiles whose ring of at least
     two stages fits, the one with the highest speed x grid_efficiency x tile_fill: a narrower or shorter
     tile wins where the wider one would leave the last wave mostly idle (few tiles: small M, skinny N) even
     with its tiles split along K, or where M or N is far from a multiple of it. A tile that overlaps its
     promotion does so only from OVERLAP_MIN_WAVES waves of tiles on."""
-    fitting = [(fitted, speed) for tile, speed in (_gluon_tiles(granularity, fast_accum) if gluon else ())
+    fitting = [(fitted, speed) for tile, speed in (_gluon_tiles(granularity, fast_accum, b_scale_rows) if gluon else ())
                if (fitted := fit_shared_memory(tile.with_sms(device.multiprocessor_count), device)).shared_memory_bytes
                <= device.shared_memory_budget]
     if fitting:
@@ -362,9 +379,12 @@ def fit_shared_memory(config: Fp8GemmConfig, device: DeviceProperties) -> Fp8Gem
     return config if stages == config.num_stages else dataclasses.replace(config, num_stages=stages)
 
 
-def candidate_configs(granularity: Granularity, fast_accum: bool, device: DeviceProperties) -> list[Fp8GemmConfig]:
-    """Configs worth timing against each other on a GPU for one regime (its fastest Gluon tile first)."""
-    preset = fit_shared_memory(_gluon_tiles(granularity, fast_accum)[0][0].with_sms(device.multiprocessor_count), device)
+def candidate_configs(granularity: Granularity, fast_accum: bool, device: DeviceProperties,
+                      b_scale_rows: int = BLOCK) -> list[Fp8GemmConfig]:
+    """Configs worth timing against each other on a GPU for one regime (its fastest Gluon tile first);
+    `b_scale_rows` 1: blockwise with 1 x 128 weight scales (see b_scale_rows)."""
+    preset = fit_shared_memory(_gluon_tiles(granularity, fast_accum, b_scale_rows)[0][0].with_sms(
+        device.multiprocessor_count), device)
     gluon = [
         dict(block_m=bm, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=False, split_n=1,
              epilogue_subtile=False, gluon_ws=True)
@@ -396,7 +416,7 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, device: Device
     for fields in grid:
         try:
             config = dataclasses.replace(preset, **fields)
-            config.check_granularity(granularity, fast_accum)
+            config.check_granularity(granularity, fast_accum, b_scale_rows)
         except ValueError:
             continue  # over the shared-memory budget, or a K-tile the regime cannot take
         if config not in out:

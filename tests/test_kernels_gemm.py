@@ -628,3 +628,59 @@ def test_compare_refuses_shapes_it_does_not_know(tmp_path):
                            "--shape", "no-such-shape"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
     assert "no-such-shape" in done.stderr and "8192x8192x8192" not in done.stderr.split("not target shapes")[-1]
+
+
+# grad_weight = grad_output.T @ input: both operands in 1 x 128 groups along K (the token dimension).
+def _quantized_1x128_both(M: int, K: int, N: int, seed: int, layout: str = "outer-major"):
+    """a[M, K] and b_t[N, K] each cast in 1 x 128 groups, scales (M, K/128) and (N, K/128): outer-dimension-major
+    as the quantizers write them, or row-major (the Gluon launcher copies those into a layout TMA reads)."""
+    generator = torch.Generator().manual_seed(seed)
+    (qa, sa), (qb_t, sb) = (ref.quantize_blockwise(_random_bf16(rows, K, generator).float(), 1, BLOCK)
+                            for rows in (M, N))
+    if layout == "outer-major":
+        sa, sb = (s.t().contiguous().t() for s in (sa, sb))
+    return qa, qb_t, sa, sb
+
+
+@pytest.mark.parametrize("M, K, N", [(16, 256, 128), (48, 384, 256), (272, 128, 384)])
+def test_blockwise_with_1x128_weight_scales_on_awkward_shapes(M, K, N):
+    """Both operands in 1 x 128 groups: each K-tile's product scaled by its rows' and its columns' scales (the
+    heuristic's kernel; under the interpreter, the Triton one)."""
+    operands = _quantized_1x128_both(M, K, N, seed=M + K + N)
+    config = choose_config(M, N, K, Granularity.BLOCKWISE, False, H100, gluon=False, b_scale_rows=1)
+    out = _run_poisoned(*operands, Granularity.BLOCKWISE, False, config if not HAS_CUDA else None)
+    assert _relative_error(*operands, out) <= PROMOTED_TOLERANCE
+
+
+def test_1x128_weight_scales_are_told_from_128x128_blocks_by_their_rows_and_fit_two_consumer_tiles():
+    from fp8kernels.gemm_configs import TALL_BLOCKWISE_GLUON, b_scale_rows
+
+    assert b_scale_rows(Granularity.BLOCKWISE, 384, 384) == 1
+    assert b_scale_rows(Granularity.BLOCKWISE, 3, 384) == BLOCK
+    assert b_scale_rows(Granularity.AXISWISE, 384, 384) == BLOCK
+    with pytest.raises(ValueError, match="128-row tiles, promotion not overlapped"):
+        TALL_BLOCKWISE_GLUON.check_granularity(Granularity.BLOCKWISE, False, b_scale_rows=1)
+    for M, N, K in ((6144, 4096, 8192), (128, 1024, 8192), (4096, 28672, 8192)):
+        config = choose_config(M, N, K, Granularity.BLOCKWISE, False, H100, gluon=True, b_scale_rows=1)
+        assert config.block_m == 128 and not config.overlap_promotion, (M, N, K)
+        config.check_granularity(Granularity.BLOCKWISE, False, b_scale_rows=1)
+    qa, qb_t, sa, sb = _quantized_1x128_both(16, 256, 128, seed=5)
+    with pytest.raises(ValueError, match=r"scale_b must be a float32 tensor of shape \(1, 2\) or \(128, 2\)"):
+        fp8_gemm(qa, qb_t, sa, sb[:64], granularity="blockwise")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["outer-major", "row-major"])
+def test_gpu_gluon_blockwise_with_1x128_weight_scales(layout):
+    """The Gluon kernel's 1 x 128 weight scales (BLOCKWISE_1X128_WEIGHTS) on every tile the heuristic may take for
+    them, on awkward and real grad_weight sizes, scales in the quantizers' layout and row-major."""
+    from fp8kernels.gemm_configs import GLUON_TILES
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for tile, _ in GLUON_TILES["blockwise-1x128"]:
+        config = tile.with_sms(sms)
+        for M, K, N in [(17, 384, 1152), (300, 1280, 256), (4096, 8192, 4096), (6144, 8192, 1280)]:
+            operands = _quantized_1x128_both(M, K, N, seed=M + N, layout=layout)
+            out = _run_poisoned(*operands, Granularity.BLOCKWISE, False, config)
+            rel = _relative_error(*operands, out)
+            assert rel <= PROMOTED_TOLERANCE, f"{config.block_m}x{config.block_n} {M}x{K}x{N}: {rel:.2e}"

@@ -4,7 +4,8 @@ again with `ptxas -v` for the registers, the spilled bytes and ptxas's notes. C7
 (each waited for before the next issues), which a consumer whose promotion or sums overlap its next wgmma must
 avoid. From the SASS: the QGMMA instructions and the wgmma waits that leave one group or more in flight.
 
-    python tools/gemm_sass.py                       # every Gluon candidate of every regime
+    python tools/gemm_sass.py                       # every Gluon candidate of every regime (and of blockwise
+                                                    # products with 1 x 128 weight scales: blockwise-1x128)
     python tools/gemm_sass.py --regime blockwise/fast_accum=off --sass-dir DIR
 
 Exits 1 when a config spills or has its wgmmas serialized. Needs the Triton release the kernel is written against
@@ -26,6 +27,7 @@ from rich.table import Table
 
 from fp8bench.config import Granularity
 from fp8kernels.gemm_configs import DeviceProperties, Fp8GemmConfig, candidate_configs
+from fp8kernels.scaling import BLOCK
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gemm_sweep import REGIMES, _config_label, _regime_name  # noqa: E402  (a sibling script, not a package)
@@ -74,23 +76,35 @@ def read_report(regime: str, config: str, ptxas_text: str, sass: str) -> SassRep
                       len(re.findall(r"\bQGMMA\.", sass)), sum(int(w, 16) > 0 for w in waits))
 
 
-def compile_report(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bool,
+def regime_label(granularity: Granularity, fast_accum: bool, b_rows: int) -> str:
+    """gemm_sweep's regime names, and blockwise-1x128/fast_accum=off for 1 x 128 weight scales."""
+    name = _regime_name(granularity, fast_accum)
+    return name.replace("blockwise", "blockwise-1x128") if b_rows == 1 else name
+
+
+def compile_report(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bool, b_rows: int = BLOCK,
                    sass_dir: Path | None = None) -> SassReport:
     from triton.tools.disasm import get_sass
 
     from fp8kernels._gemm_ws import compile_sm90
 
-    kernel = compile_sm90(config, granularity, fast_accum)
+    kernel = compile_sm90(config, granularity, fast_accum, b_rows=b_rows)
     sass = get_sass(kernel.asm["cubin"])
     label = _config_label(config.as_dict() | {"split_tiles": 0})
+    regime = regime_label(granularity, fast_accum, b_rows)
     if sass_dir is not None:
-        name = f"{_regime_name(granularity, fast_accum)}-{label}".replace("/", "-").replace(" ", "-")
-        (sass_dir / f"{name}.sass").write_text(sass)
-    return read_report(_regime_name(granularity, fast_accum), label, ptxas_verbose(kernel.asm["ptx"]), sass)
+        (sass_dir / f"{regime}-{label}.sass".replace("/", "-").replace(" ", "-")).write_text(sass)
+    return read_report(regime, label, ptxas_verbose(kernel.asm["ptx"]), sass)
 
 
-def gluon_candidates(regimes) -> list[tuple[Granularity, bool, Fp8GemmConfig]]:
-    return [(g, f, c) for g, f in regimes for c in candidate_configs(g, f, HOPPER) if c.gluon_ws]
+def regimes_with_weight_scales(regimes) -> list[tuple[Granularity, bool, int]]:
+    """Each regime with its rows per weight scale: blockwise twice, with 128 x 128 blocks and 1 x 128 groups."""
+    return [(g, f, rows) for g, f in regimes for rows in ((BLOCK, 1) if g is Granularity.BLOCKWISE else (BLOCK, ))]
+
+
+def gluon_candidates(regimes) -> list[tuple[Granularity, bool, int, Fp8GemmConfig]]:
+    return [(g, f, rows, c) for g, f, rows in regimes_with_weight_scales(regimes)
+            for c in candidate_configs(g, f, HOPPER, rows) if c.gluon_ws]
 
 
 @app.command()
@@ -104,13 +118,14 @@ def main(regime: list[str] = typer.Option([], help="e.g. blockwise/fast_accum=of
         console.print(f"[red]the Gluon kernel is written against Triton {', '.join(GLUON_TRITON_RELEASES)}x; "
                       f"this is {triton.__version__}[/]")
         raise typer.Exit(2)
-    names = {_regime_name(g, f): (g, f) for g, f in REGIMES}
+    names = {_regime_name(g, f): (g, f) for g, f in REGIMES}  # blockwise brings blockwise-1x128 with it
     unknown = [name for name in regime if name not in names]
     if unknown:
         raise typer.BadParameter(f"unknown regime {unknown[0]!r}; choose from: {', '.join(names)}", param_hint="--regime")
     if sass_dir is not None:
         sass_dir.mkdir(parents=True, exist_ok=True)
-    reports = [compile_report(c, g, f, sass_dir) for g, f, c in gluon_candidates([names[r] for r in regime] or REGIMES)]
+    reports = [compile_report(c, g, f, rows, sass_dir)
+               for g, f, rows, c in gluon_candidates([names[r] for r in regime] or REGIMES)]
     table = Table(title="the Gluon GEMM for sm_90a, per candidate", title_justify="left")
     for column in ("regime", "config", "registers", "spilled bytes", "wgmmas serialized", "QGMMA", "waits leaving some in flight"):
         table.add_column(column)

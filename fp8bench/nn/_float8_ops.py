@@ -28,9 +28,9 @@ and dtypes without running a kernel) and eager mode simply calls them.
 - `fp8bench::fp8_gemm`: our persistent FP8 GEMM (fp8kernels.gemm), bf16 out, with the activation (if any)
   applied in its epilogue.
 - `fp8bench::fp8_gemm_1x128_1x128`: the blockwise product whose operands both have 1 x 128 scales
-  (grad_weight = grad_output.T @ input). fp8kernels.gemm has no such mode (its right operand takes
-  128 x 128 scales only), so on a GPU this product runs in cuBLAS (torch._scaled_mm) and on the CPU
-  (tests under TRITON_INTERPRET=1) as the reference formula.
+  (grad_weight = grad_output.T @ input). On a GPU it runs in cuBLAS (torch._scaled_mm): fp8kernels.gemm takes
+  this mode too, but it has not been timed against cuBLAS yet. On the CPU (tests under TRITON_INTERPRET=1) it
+  runs as the reference formula.
 
 Custom ops cannot return None: a copy that was not asked for comes back as an empty tensor, and
 tensorwise copies share one scale, returned once (in `scale`, or in `scale_t` for a transposed copy alone).
