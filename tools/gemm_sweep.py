@@ -3,6 +3,7 @@
     python tools/gemm_sweep.py compare --out DIR   # the heuristic's configs on the target shapes
     python tools/gemm_sweep.py tune --out DIR      # every candidate config on a few tuning shapes
     python tools/gemm_sweep.py gluon --out DIR     # the Gluon kernel's configs against the Triton preset
+    python tools/gemm_sweep.py wgrad --out DIR     # grad_weight's blockwise products (1 x 128 x 1 x 128)
 
 Both time with fp8bench.harness.timing (TimerChoice.measure), cuBLAS and ours on the same operands, the
 order alternating from shape to shape, and write result-schema rows (fp8bench.harness.results) to
@@ -37,9 +38,9 @@ from fp8bench.model.hardware import spec_for_device_name
 from fp8bench.benchmarks.matmul import GemmCase, MatmulBenchmark, random_operands
 from fp8bench.harness.results import RunWriter
 from fp8bench.harness.runner import measured_row
-from fp8bench.benchmarks.shapes import llama, square
+from fp8bench.benchmarks.shapes import llama, square, training
 from fp8bench.harness.timing import TimerChoice
-from fp8kernels.gemm import device_properties, fp8_gemm, gemm_config, launch_kernel
+from fp8kernels.gemm import device_properties, fp8_gemm, gemm_config, gluon_runs_on, launch_kernel
 from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config, last_wave_split
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
@@ -74,6 +75,8 @@ AGREEMENT = 1e-2
 # host side outlasts the L2 flush before it (our Gluon launch: ~0.3 ms of Python and Triton launcher at
 # 4096^3, against cuBLAS's ~0.15) is timed with the GPU waiting for it (reports/h100-sxm/gemm-split-last-wave).
 TIMER = typer.Option("cupti", help="cupti (kernel durations) | cuda-events (event pairs, launch gaps included)")
+# grad_weight's products: blockwise with both operands in 1 x 128 groups (`wgrad`).
+WGRAD_REGIME = "blockwise-1x128/fast_accum=off"
 QUICK = TimingConfig(repeats=2, settle_ms=50, warmup_ms=10, samples_ms=25, throttled_samples_ms=300)
 STEADY = TimingConfig(repeats=3, settle_ms=200, warmup_ms=25, samples_ms=50)
 
@@ -146,33 +149,58 @@ class SideBySide:
                 console.print(f"[yellow]{shape.name} {_regime_name(granularity, fast_accum)}: {reason}[/]")
                 continue
             cublas = REGISTRY["cublas"].prepare_gemm(operands, granularity, _fast(fast_accum))
-            cublas_out = cublas.run()
             quantized = kernel_operands(operands, granularity)
-            timed = []  # (backend, run, options, relative difference from cuBLAS)
-            for config in configs_for(granularity, fast_accum):
-                def run(config=config):
-                    return fp8_gemm(*quantized, granularity=granularity, fast_accum=fast_accum, config=config)
+            ours = [(lambda config=config: fp8_gemm(*quantized, granularity=granularity, fast_accum=fast_accum,
+                                                    config=config), config.options_for(shape.M, shape.N, shape.K))
+                    for config in configs_for(granularity, fast_accum)]
+            self._side_by_side(shape, granularity, fast_accum, _regime_name(granularity, fast_accum), cublas.run,
+                               cublas.options, ours, ours_first)
+            del quantized
 
-                rel = ((run().float() - cublas_out.float()).norm() / cublas_out.float().norm()).item()
-                if rel <= AGREEMENT:
-                    timed.append(("triton", run, config.options_for(shape.M, shape.N, shape.K), rel))
-                else:
-                    console.print(f"[red]{shape.name} {_regime_name(granularity, fast_accum)} {config.as_dict()}: "
-                                  f"output differs from cuBLAS by {rel:.3g}; not timed[/]")
-            timed.insert(len(timed) if ours_first else 0, ("cublas", cublas.run, cublas.options, None))
-            results = [(backend, options, rel, *self._measure(shape, granularity, fast_accum, backend, run, options))
-                       for backend, run, options, rel in timed]
-            cublas_ms = next(ms for backend, _, _, ms, _ in results if backend == "cublas")
-            for backend, options, rel, ms, row in results:
-                self.writer.append(row)
-                self.records.append({
-                    "shape": shape.name, "regime": _regime_name(granularity, fast_accum), "backend": backend,
-                    "config": _config_label(options) if backend == "triton" else "", "ms": ms,
-                    "tflops": row.values["tflops"], "ratio": cublas_ms / ms if backend == "triton" else None,
-                    "rel_diff_vs_cublas": rel, "sm_clock_mhz": row.values["sm_clock_mhz"],
-                    "split_tiles": options.get("split_tiles", 0) if backend == "triton" else None,
-                })
-            del quantized, cublas_out
+    def measure_1x128_both(self, shape: GemmShape, configs: list[Fp8GemmConfig], ours_first: bool = False) -> None:
+        """grad_weight's blockwise product, both operands in 1 x 128 groups: cuBLAS (torch._scaled_mm with the
+        right operand's scales transposed, as fp8bench.nn's fp8_gemm_1x128_1x128 runs it) and ours with each of
+        `configs`; rows carry `"b_scales": "1x128"` in their options."""
+        import torch
+
+        from fp8kernels import reference
+
+        operands = random_operands(shape)
+        (qa, sa), (qb_t, sb) = ((q, scale.t().contiguous().t()) for q, scale in (
+            reference.quantize_blockwise(x.float(), 1, BLOCK) for x in (operands.a, operands.b_t)))
+
+        def cublas():
+            return torch._scaled_mm(qa, qb_t.t(), sa, sb.t(), out_dtype=torch.bfloat16, use_fast_accum=False)
+
+        ours = [(lambda config=config: fp8_gemm(qa, qb_t, sa, sb, granularity=Granularity.BLOCKWISE, config=config),
+                 config.options_for(shape.M, shape.N, shape.K) | {"b_scales": "1x128"}) for config in configs]
+        self._side_by_side(shape, Granularity.BLOCKWISE, False, WGRAD_REGIME, cublas,
+                           {"op": "torch._scaled_mm", "b_scales": "1x128"}, ours, ours_first)
+
+    def _side_by_side(self, shape, granularity, fast_accum, regime: str, cublas_run, cublas_options: dict, ours,
+                      ours_first: bool) -> None:
+        """Time cuBLAS's run and each of ours (run, options) that agrees with it, in one run, record the rows."""
+        cublas_out = cublas_run()
+        timed = []  # (backend, run, options, relative difference from cuBLAS)
+        for run, options in ours:
+            rel = ((run().float() - cublas_out.float()).norm() / cublas_out.float().norm()).item()
+            if rel <= AGREEMENT:
+                timed.append(("triton", run, options, rel))
+            else:
+                console.print(f"[red]{shape.name} {regime} {options}: output differs from cuBLAS by {rel:.3g}; not timed[/]")
+        timed.insert(len(timed) if ours_first else 0, ("cublas", cublas_run, cublas_options, None))
+        results = [(backend, options, rel, *self._measure(shape, granularity, fast_accum, backend, run, options))
+                   for backend, run, options, rel in timed]
+        cublas_ms = next(ms for backend, _, _, ms, _ in results if backend == "cublas")
+        for backend, options, rel, ms, row in results:
+            self.writer.append(row)
+            self.records.append({
+                "shape": shape.name, "regime": regime, "backend": backend,
+                "config": _config_label(options) if backend == "triton" else "", "ms": ms,
+                "tflops": row.values["tflops"], "ratio": cublas_ms / ms if backend == "triton" else None,
+                "rel_diff_vs_cublas": rel, "sm_clock_mhz": row.values["sm_clock_mhz"],
+                "split_tiles": options.get("split_tiles", 0) if backend == "triton" else None,
+            })
 
     def _measure(self, shape, granularity, fast_accum, backend, fn, options):
         """(median ms, result row) of one timed case."""
@@ -329,6 +357,40 @@ def gluon(out: Path = typer.Option(..., help="folder for results.csv, summary.cs
     frame.to_csv(out / "summary.csv", index=False)
     for g, f in candidates:
         _print_frame(_rank(frame, _regime_name(g, f)).reset_index(), f"{_regime_name(g, f)}: geomean of our/cuBLAS speed per config")
+
+
+@app.command()
+def wgrad(out: Path = typer.Option(..., help="folder for results.csv, summary.csv and metadata.json"),
+          quick: bool = typer.Option(False, help="lighter timing (2 short repeats)"),
+          timer: str = TIMER) -> None:
+    """grad_weight's blockwise products (both operands in 1 x 128 groups, as a training step's backward runs
+    them): ours with the heuristic's config and each tile of its candidates against cuBLAS, on a LLaMa-3 8B
+    training step's grad_weight products and the square 4096^3 and 8192^3."""
+    import torch
+
+    timer = _timer(timer)
+    cuda = torch.device("cuda")
+    device = device_properties(cuda)
+    shapes = [s for s in training() if ".grad_weight." in s.name] + [s for s in square() if s.M in (4096, 8192)]
+
+    def configs(shape: GemmShape) -> list[Fp8GemmConfig]:
+        chosen = choose_config(shape.M, shape.N, shape.K, Granularity.BLOCKWISE, False, device, gluon_runs_on(cuda),
+                               b_scale_rows=1)
+        tiles = [c for c in candidate_configs(Granularity.BLOCKWISE, False, device, b_scale_rows=1)
+                 if c.gluon_ws == chosen.gluon_ws]
+        return list(dict.fromkeys([chosen, *tiles]))
+
+    with _open_run(out, "wgrad") as writer:
+        bench = SideBySide(writer, QUICK if quick else STEADY, timer)
+        for index, shape in enumerate(shapes):
+            bench.measure_1x128_both(shape, configs(shape), ours_first=index % 2 == 1)
+            console.print(f"{shape.name} done", highlight=False)
+    frame = bench.frame()
+    frame.to_csv(out / "summary.csv", index=False)
+    ours = frame[frame.backend == "triton"]
+    _print_frame(ours.pivot_table(index="shape", columns="config", values="ratio").reset_index(),
+                 f"{WGRAD_REGIME}: cuBLAS time / ours, per config")
+    _print_frame(_rank(frame, WGRAD_REGIME).reset_index(), f"{WGRAD_REGIME}: geomean of our/cuBLAS speed per config")
 
 
 def _tune_round(bench: SideBySide, shapes, candidates: dict) -> None:
