@@ -13,7 +13,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from fp8kernels.scaling import BLOCK, Activation, Granularity
-from fp8kernels.gemm_configs import Fp8GemmConfig, b_scale_rows
+from fp8kernels.gemm_configs import Fp8GemmConfig
 
 # SCALING constexpr values: integers, so that the kernel's branches are resolved at compile time.
 SCALING_CODES = {Granularity.TENSORWISE: 0, Granularity.AXISWISE: 1, Granularity.BLOCKWISE: 2}
@@ -186,7 +186,7 @@ def persistent_programs(M: int, N: int, config: Fp8GemmConfig) -> int:
 
 
 def launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool,
-                    config: Fp8GemmConfig, activation: Activation):
+                    config: Fp8GemmConfig, activation: Activation, b_rows: int):
     """Launch on validated operands (fp8kernels.gemm checks them): a[M, K], b_t[N, K], out[M, N]. Returns
     Triton's compiled-kernel handle (registers, spills and shared memory for tuning reports)."""
     M, K = a.shape
@@ -211,7 +211,7 @@ def launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fas
         FLATTEN=not config.warp_specialize,
         EPILOGUE_SUBTILE=config.epilogue_subtile,
         SCALE_BLOCK=BLOCK,
-        B_SCALE_ROWS=b_scale_rows(granularity, scale_b.shape[0] if scale_b.dim() else 1, N),
+        B_SCALE_ROWS=b_rows,
         num_stages=config.num_stages,
         num_warps=config.num_warps,
     )

@@ -77,7 +77,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from fp8kernels.scaling import BLOCK, Activation, Granularity
 from fp8kernels._gemm_persistent import ACTIVATION_CODES, SCALING_CODES, _tile_coords, scale_strides
-from fp8kernels.gemm_configs import Fp8GemmConfig, b_scale_rows, is_promoted, persistent_grid
+from fp8kernels.gemm_configs import Fp8GemmConfig, is_promoted, persistent_grid
 
 _GL_DTYPES = {"float8_e4m3fn": gl.float8e4nv, "float8_e5m2": gl.float8e5, "bfloat16": gl.bfloat16, "float32": gl.float32}
 # Rows of the tile each consumer warpgroup owns: one m64 wgmma.
@@ -893,7 +893,7 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
 
 
 def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig,
-                   activation: Activation):
+                   activation: Activation, b_rows: int):
     """Launch on validated operands (fp8kernels.gemm checks them): a[M, K], b_t[N, K], out[M, N]."""
     M, K = a.shape
     N = b_t.shape[0]
@@ -904,7 +904,6 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
     c_block = [CONSUMER_ROWS.value, min(bn, HALF_N)]
     c_desc = TensorDescriptor.from_tensor(out, c_block, shared_layout(c_block, "bfloat16"))
     sa_desc = sb_desc = None
-    b_rows = b_scale_rows(granularity, scale_b.shape[0] if scale_b.dim() else 1, N)
     if granularity is Granularity.BLOCKWISE:
         scale_a, scale_b = tma_ready_scales(scale_a, scale_b, columnwise_b=b_rows == 1)
         sa_desc, sb_desc = _scale_descriptors(scale_a, scale_b, bn if b_rows == 1 else WEIGHT_SCALE_BOX)

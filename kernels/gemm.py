@@ -97,14 +97,15 @@ def fp8_gemm(
         out = torch.empty((M, N), dtype=torch.bfloat16, device=a.device)
     elif out.shape != (M, N) or out.dtype != torch.bfloat16 or not out.is_contiguous() or out.device != a.device:
         raise ValueError(f"out must be a contiguous bfloat16 ({M}, {N}) tensor on {a.device}")
-    launch_kernel(a, b_t, scale_a, scale_b, out, granularity, bool(fast_accum), config, activation)
+    launch_kernel(a, b_t, scale_a, scale_b, out, granularity, bool(fast_accum), config, activation, b_rows)
     return out
 
 
 def launch_kernel(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig,
-                  activation: Activation = Activation.NONE):
-    """Launch the kernel `config` names on operands `fp8_gemm` has checked; returns its compiled-kernel
-    handle (registers, spills and shared memory for tuning reports)."""
+                  activation: Activation = Activation.NONE, b_rows: int = BLOCK):
+    """Launch the kernel `config` names on operands `fp8_gemm` has checked, `b_rows` rows of b_t per blockwise
+    weight scale (gemm_configs.b_scale_rows); returns its compiled-kernel handle (registers, spills and shared
+    memory for tuning reports)."""
     # Imported here: whether Triton interprets or compiles is fixed when the kernel is defined, so the
     # kernel module must not be loaded before a CPU caller has set TRITON_INTERPRET=1.
     if config.gluon_ws:
@@ -112,10 +113,10 @@ def launch_kernel(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_
             raise ValueError("the Gluon kernel (gluon_ws) does not run under TRITON_INTERPRET: use a GPU")
         from fp8kernels._gemm_ws import launch_ws_gemm
 
-        return launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity, fast_accum, config, activation)
+        return launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity, fast_accum, config, activation, b_rows)
     from fp8kernels._gemm_persistent import launch_fp8_gemm
 
-    return launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity, fast_accum, config, activation)
+    return launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity, fast_accum, config, activation, b_rows)
 
 
 def _granularity(value: Granularity | str) -> Granularity:

@@ -235,17 +235,17 @@ SLIM_GLUON = dataclasses.replace(NARROW_GLUON, block_n=64, num_stages=6)
 OVERLAPPED_NARROW_GLUON = dataclasses.replace(NARROW_GLUON, overlap_promotion=True)
 BLOCKWISE_GLUON = dataclasses.replace(OVERLAPPED_NARROW_GLUON, group_m=8)
 TALL_BLOCKWISE_GLUON = dataclasses.replace(TALL_GLUON, group_m=8)
+SLIM_BLOCKWISE_GLUON = dataclasses.replace(SLIM_GLUON, group_m=8)
 SLIM_SPEED = 0.85
 OVERLAP_MIN_WAVES = 8
 GLUON_TILES = {
     "fast": ((WIDE_GLUON, 1.0), (NARROW_GLUON, 0.93), (SLIM_GLUON, SLIM_SPEED)),
     "promoted": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.96), (OVERLAPPED_NARROW_GLUON, 0.955), (SLIM_GLUON, SLIM_SPEED)),
-    "blockwise": ((TALL_BLOCKWISE_GLUON, 1.0), (BLOCKWISE_GLUON, 0.96),
-                  (dataclasses.replace(SLIM_GLUON, group_m=8), SLIM_SPEED)),
+    "blockwise": ((TALL_BLOCKWISE_GLUON, 1.0), (BLOCKWISE_GLUON, 0.96), (SLIM_BLOCKWISE_GLUON, SLIM_SPEED)),
     # 1 x 128 weight scales (grad_weight's products): the two-consumer tiles, not overlapped (check_granularity).
     # Unmeasured: the blockwise tiles' speeds relative to each other.
     "blockwise-1x128": ((dataclasses.replace(BLOCKWISE_GLUON, overlap_promotion=False), 1.0),
-                        (dataclasses.replace(SLIM_GLUON, group_m=8), SLIM_SPEED)),
+                        (SLIM_BLOCKWISE_GLUON, SLIM_SPEED)),
 }
 
 
