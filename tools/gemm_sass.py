@@ -30,7 +30,7 @@ from fp8kernels.gemm_configs import DeviceProperties, Fp8GemmConfig, candidate_c
 from fp8kernels.scaling import BLOCK
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gemm_sweep import REGIMES, _config_label, _regime_name  # noqa: E402  (a sibling script, not a package)
+from gemm_sweep import REGIMES, WGRAD_REGIME, _config_label, _regime_name  # noqa: E402  (a sibling script, not a package)
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, help=__doc__.split("\n\n")[0])
 console = Console(width=200)
@@ -77,9 +77,8 @@ def read_report(regime: str, config: str, ptxas_text: str, sass: str) -> SassRep
 
 
 def regime_label(granularity: Granularity, fast_accum: bool, b_rows: int) -> str:
-    """gemm_sweep's regime names, and blockwise-1x128/fast_accum=off for 1 x 128 weight scales."""
-    name = _regime_name(granularity, fast_accum)
-    return name.replace("blockwise", "blockwise-1x128") if b_rows == 1 else name
+    """gemm_sweep's regime names, its WGRAD_REGIME for 1 x 128 weight scales (blockwise, which always promotes)."""
+    return WGRAD_REGIME if b_rows == 1 else _regime_name(granularity, fast_accum)
 
 
 def compile_report(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bool, b_rows: int = BLOCK,
