@@ -1,4 +1,5 @@
-"""tools/gemm_awkward_probe.py's CPU-side summary: each candidate tile's speed over the best of its shape."""
+"""tools/gemm_awkward_probe.py's CPU-side summary: each candidate tile's speed over the best of its shape; and
+gemm_sweep's ranking of tiles, which the probe imports with it."""
 
 from __future__ import annotations
 
@@ -38,3 +39,24 @@ def test_tile_speeds_keep_the_overlapped_and_plain_tile_apart_and_skip_unfilled_
     assert speeds.loc["128x128x128 s4 overlapped", "speed"] == pytest.approx(1.0)
     assert speeds.loc["192x128x128 s3", "shapes"] == 1 and speeds.loc["192x128x128 s3", "speed"] == pytest.approx(1.0)
     assert set(speeds.regime) == {regime}
+
+
+def test_gemm_sweep_ranks_a_tile_across_shapes_whatever_its_last_wave_split():
+    """The heuristic sizes the last wave's split per shape: the ranking still sees one tile timed on every shape."""
+    import gemm_sweep
+
+    regime = "blockwise-1x128/fast_accum=off"
+    frame = pd.DataFrame.from_records([  # (shape, tile, its config on that shape, ratio)
+        dict(shape=shape, regime=regime, backend="triton", tile=tile, config=config, ratio=ratio, tflops=900.0)
+        for shape, tile, config, ratio in [
+            ("a", "128x128x128 s4 w8 g8 gluon-ws overlapped", "128x128x128 s4 w8 g8 gluon-ws overlapped", 0.99),
+            ("b", "128x128x128 s4 w8 g8 gluon-ws overlapped", "128x128x128 s4 w8 g8 gluon-ws overlapped last-wave 4x5", 0.96),
+            ("a", "128x64x128 s4 w8 g8 gluon-ws", "128x64x128 s4 w8 g8 gluon-ws", 0.72),
+            ("b", "128x64x128 s4 w8 g8 gluon-ws", "128x64x128 s4 w8 g8 gluon-ws last-wave 8x5", 0.75),
+            ("a", "128x128x128 s4 w8 g8 gluon-ws", "128x128x128 s4 w8 g8 gluon-ws", 0.92),  # timed on one shape only
+        ]
+    ] + [dict(shape="a", regime=regime, backend="cublas", tile="", config="", ratio=None, tflops=950.0)])
+    ranked = gemm_sweep._rank(frame, regime)
+    assert list(ranked.index) == ["128x128x128 s4 w8 g8 gluon-ws overlapped", "128x64x128 s4 w8 g8 gluon-ws"]
+    assert ranked.geomean_ratio.iloc[0] == pytest.approx((0.99 * 0.96) ** 0.5)
+    assert ranked.min_ratio.iloc[1] == pytest.approx(0.72)

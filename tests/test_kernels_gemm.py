@@ -658,11 +658,12 @@ def test_1x128_weight_scales_are_told_from_128x128_blocks_by_their_rows_and_fit_
     assert b_scale_rows(Granularity.BLOCKWISE, 384, 384) == 1
     assert b_scale_rows(Granularity.BLOCKWISE, 3, 384) == BLOCK
     assert b_scale_rows(Granularity.AXISWISE, 384, 384) == BLOCK
-    with pytest.raises(ValueError, match="128-row tiles, promotion not overlapped"):
+    with pytest.raises(ValueError, match="the Gluon kernel takes them on 128-row tiles"):
         TALL_BLOCKWISE_GLUON.check_granularity(Granularity.BLOCKWISE, False, b_scale_rows=1)
     for M, N, K in ((6144, 4096, 8192), (128, 1024, 8192), (4096, 28672, 8192)):
         config = choose_config(M, N, K, Granularity.BLOCKWISE, False, H100, gluon=True, b_scale_rows=1)
-        assert config.block_m == 128 and not config.overlap_promotion, (M, N, K)
+        # Overlapped where the product walks OVERLAP_MIN_WAVES waves of tiles (the 6144 x 4096 one: 11.6).
+        assert config.block_m == 128 and config.overlap_promotion == (M * N >= 6144 * 4096), (M, N, K)
         config.check_granularity(Granularity.BLOCKWISE, False, b_scale_rows=1)
     qa, qb_t, sa, sb = _quantized_1x128_both(16, 256, 128, seed=5)
     with pytest.raises(ValueError, match=r"scale_b must be a float32 tensor of shape \(1, 2\) or \(128, 2\)"):
@@ -677,9 +678,13 @@ def test_gpu_gluon_blockwise_with_1x128_weight_scales(layout):
     from fp8kernels.gemm_configs import GLUON_TILES
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for tile, _ in GLUON_TILES["blockwise-1x128"]:
+    # Each tile overlapped and plain (the heuristic drops the overlap on products of few tiles); K of one, three
+    # and ten K-tiles (the overlapped loop's single, odd and paired ends).
+    tiles = dict.fromkeys(t for tile, _ in GLUON_TILES["blockwise-1x128"]
+                          for t in (tile, dataclasses.replace(tile, overlap_promotion=False)))
+    for tile in tiles:
         config = tile.with_sms(sms)
-        for M, K, N in [(17, 384, 1152), (300, 1280, 256), (4096, 8192, 4096), (6144, 8192, 1280)]:
+        for M, K, N in [(17, 384, 1152), (130, 128, 384), (300, 1280, 256), (4096, 8192, 4096), (6144, 8192, 1280)]:
             operands = _quantized_1x128_both(M, K, N, seed=M + N, layout=layout)
             out = _run_poisoned(*operands, Granularity.BLOCKWISE, False, config)
             rel = _relative_error(*operands, out)

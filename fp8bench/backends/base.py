@@ -38,8 +38,9 @@ class PreparedGemm:
 
 @dataclass(frozen=True)
 class Operands:
-    """Random BF16 operands of one shape: a[M, K] and b[K, N] with b stored K-major (as b.T
-    contiguous), the layout of a weight in nn.Linear and the one FP8 tensor cores read."""
+    """Random BF16 operands of one shape: a[M, K], and the right operand b[K, N] held as its transpose, the
+    field `b` being (N, K) contiguous (K-major): the layout of a weight in nn.Linear and the one FP8 tensor
+    cores read."""
 
     a: Any
     b: Any
