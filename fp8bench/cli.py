@@ -363,17 +363,25 @@ def _require_results(run_dir: Path) -> None:
 
 def _resumed(cases: list, out: Path, keep=lambda row: False) -> tuple[list, dict]:
     """The cases the run in `out` has not finished (fp8bench.harness.runner.resume: its CSV keeps the
-    finished groups' rows and those `keep` accepts), and that run's metadata for the new one to carry."""
+    finished groups' rows and those `keep` accepts), and that run's metadata for the new one to carry. A run
+    measured on another GPU model is a usage error, refused before its CSV is touched: its rows carry no GPU
+    name, so the continued run would pass one card's rows for another's."""
+    from fp8bench.harness.env import cuda_device_name
     from fp8bench.harness.results import read_metadata
     from fp8bench.harness.runner import resume
 
     _require_results(out)
+    previous = read_metadata(out)
+    here = cuda_device_name()
+    if here and previous.get("gpu_name") and previous["gpu_name"] != here:
+        raise typer.BadParameter(f"--resume continues a run on the GPU model that began it: {out} was measured on "
+                                 f"{previous['gpu_name']} and this is {here}; give a new --out")
     try:
         left = resume(cases, out, keep)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     console.print(f"resuming {out}: {len(cases) - len(left)} cases finished, {len(left)} to measure")
-    return left, read_metadata(out)
+    return left, previous
 
 
 def _open_run(run_dir: Path, metadata: dict, resume: bool):

@@ -328,6 +328,32 @@ def test_the_cli_refuses_an_out_folder_holding_another_run_and_resumes_one(tmp_p
     assert (tmp_path / RESULTS_CSV).read_text().endswith("\n") and len(read_rows(tmp_path)) == 0  # the fake rows: no case of the cast
 
 
+def test_resume_refuses_a_run_begun_on_another_gpu_model_and_leaves_it_untouched(tmp_path, monkeypatch):
+    """Rows carry no GPU name: `--resume` on another card would pass its rows for the first card's. Refused, exit
+    2 with both names, before the run's CSV (here with a torn last row, which a resume would trim) is touched."""
+    from typer.testing import CliRunner
+
+    import fp8bench.cli as cli
+    import fp8bench.harness.env as env
+    import fp8bench.harness.timing as timing
+
+    monkeypatch.setattr(cli, "require_cuda", lambda command: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(env, "cuda_device_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(timing, "TimerChoice", lambda choice, flush_l2: FakeClock())
+    with RunWriter(tmp_path, {"command": "first", "gpu_name": "NVIDIA H200"}) as writer:
+        writer.append(case_row(FakeBenchmark(), FakeCase("x", "ref"), "ok"))
+    with (tmp_path / RESULTS_CSV).open("a") as csv_file:
+        csv_file.write("fake,y,8,16,32,none,re")
+    before = (tmp_path / RESULTS_CSV).read_text()
+    args = ["cast", "--shape-gen", "custom", "--M", "128", "--K", "256", "--recipe", "tensorwise", "--no-report",
+            "--out", str(tmp_path), "--resume"]
+    refused = CliRunner().invoke(cli.app, args, env={"COLUMNS": "300"})
+    assert refused.exit_code == 2
+    assert "was measured on NVIDIA H200 and this is NVIDIA H100 80GB HBM3" in " ".join(refused.output.split())
+    assert (tmp_path / RESULTS_CSV).read_text() == before
+    assert json.loads((tmp_path / "metadata.json").read_text())["gpu_name"] == "NVIDIA H200"
+
+
 def test_a_benchmark_with_only_the_required_parts_runs(tmp_path):
     """Options, peak, speedup_vs_reference and bracket_reference are optional (case.py lists the defaults)."""
 
