@@ -244,7 +244,7 @@ GLUON_TILES = {
     "blockwise": ((TALL_BLOCKWISE_GLUON, 1.0), (BLOCKWISE_GLUON, 0.96), (SLIM_BLOCKWISE_GLUON, SLIM_SPEED)),
     # 1 x 128 weight scales (grad_weight's products): the two-consumer tiles (check_granularity). 128 x 128
     # overlapped (below OVERLAP_MIN_WAVES plain): over a LLaMa-3 8B step's grad_weight products and 4096^3 / 8192^3
-    # on an H100, 0.967 of cuBLAS against 0.915 plain; 128 x 64 0.70-0.76 there, taken only where its grid fills
+    # on an H100, 0.967 of cuBLAS against 0.915 plain; 128 x 64 0.69-0.76 there, taken only where its grid fills
     # better (reports/h100-sxm/gemm-wgrad-1x128).
     "blockwise-1x128": ((BLOCKWISE_GLUON, 1.0), (SLIM_BLOCKWISE_GLUON, SLIM_SPEED)),
 }
