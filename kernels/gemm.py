@@ -14,7 +14,8 @@ Without fast accumulation the FP32 sum is promoted every BLOCK_K (128) of K; blo
 since each K-tile carries its own scales. `activation` (fp8bench.config.Activation) is applied to the
 scaled FP32 sum in the epilogue, before the bf16 store: out = sigmoid(...) costs no pass of its own.
 The kernels: kernels/_gemm_persistent.py (Triton; every regime), kernels/_gemm_ws.py (Gluon,
-warp-specialized; every regime on a GPU with Triton 3.6); their tuning: kernels/gemm_configs.py.
+warp-specialized; every regime on a GPU with Triton 3.6); their tuning: kernels/gemm_configs.py (the heuristic),
+or with FP8KERNELS_GEMM_AUTOTUNE=1 kernels/gemm_autotune.py (timed once per problem and GPU model, cached).
 """
 
 from __future__ import annotations
@@ -70,6 +71,20 @@ def gemm_config(M: int, N: int, K: int, granularity: Granularity | str, fast_acc
                          gluon_runs_on(device))
 
 
+def chosen_config(a: torch.Tensor, b_t: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                  granularity: Granularity, fast_accum: bool) -> Fp8GemmConfig:
+    """The config fp8_gemm takes for checked operands when given none: the heuristic's, or with
+    FP8KERNELS_GEMM_AUTOTUNE=1 the tuned one (fp8kernels.gemm_autotune: cached per GPU model, tuned on first use)."""
+    from fp8kernels.gemm_autotune import autotune_enabled, autotuned_config
+
+    if autotune_enabled():
+        return autotuned_config(a, b_t, scale_a, scale_b, granularity, fast_accum)
+    M, K = a.shape
+    N = b_t.shape[0]
+    return choose_config(M, N, K, granularity, fast_accum, device_properties(a.device), gluon_runs_on(a.device),
+                         b_scale_rows(granularity, scale_b.shape[0] if scale_b.dim() else 1, N))
+
+
 def fp8_gemm(
     a: torch.Tensor,
     b_t: torch.Tensor,
@@ -90,8 +105,7 @@ def fp8_gemm(
     _check_scales(scale_a, scale_b, granularity, M, N, K, a.device)
     b_rows = b_scale_rows(granularity, scale_b.shape[0] if scale_b.dim() else 1, N)
     if config is None:
-        config = choose_config(M, N, K, granularity, bool(fast_accum), device_properties(a.device),
-                               gluon_runs_on(a.device), b_rows)
+        config = chosen_config(a, b_t, scale_a, scale_b, granularity, bool(fast_accum))
     config.check_granularity(granularity, bool(fast_accum), b_rows)
     if out is None:
         out = torch.empty((M, N), dtype=torch.bfloat16, device=a.device)

@@ -197,6 +197,17 @@ class Fp8GemmConfig:
         return dataclasses.replace(self, num_sms=num_sms)
 
 
+def config_label(options: dict) -> str:
+    """A config in a few words, from its fields (as_dict, or options_for with the split): tile, stages, warps,
+    group; then what is on (the tile's N halves, Triton's warp specialization, the Gluon kernel and its overlapped
+    promotion, and its last wave's split tiles x pieces). The `config` of tuning tables and caches."""
+    o = options
+    return (f"{o['block_m']}x{o['block_n']}x{o['block_k']} s{o['num_stages']} w{o['num_warps']} g{o['group_m']}"
+            + (" n-halves" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
+            + (" gluon-ws" if o.get("gluon_ws") else "") + (" overlapped" if o.get("overlap_promotion") else "")
+            + (f" last-wave {o['split_tiles']}x{o['splits']}" if o.get("split_tiles") else ""))
+
+
 # Named presets (num_sms is filled in from the device). group_m = 16 walks about sqrt(132 * 256 / 128)
 # row tiles per wave of 132 tiles, which keeps the A and B panels a wave reads from L2 about equal.
 FAST_ACCUM = Fp8GemmConfig(block_m=128, block_n=256, block_k=128, group_m=16, num_stages=3, num_warps=8, num_sms=1)
@@ -399,32 +410,17 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, device: Device
     gluon = [
         dict(block_m=bm, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=False, split_n=1,
              epilogue_subtile=False, gluon_ws=True)
-        # 128 x 64: half the 128-wide tile's columns, for products of few tiles (small M, narrow N).
-        for bm, bn, stages in ((128, 128, (4, 5)), (128, 256, (3, )), (GLUON_THREE_CONSUMER_ROWS, 128, (3, 4)),
-                               (128, 64, (4, 6)))
+        # 128 x 64: half the 128-wide tile's columns, for products of few tiles (small M, narrow N). With fast
+        # accumulation 128 x 128 also at 3 stages, as the sweeps have timed it.
+        for bm, bn, stages in ((128, 128, (4, 5) if is_promoted(granularity, fast_accum) else (3, 4, 5)), (128, 256, (3, )),
+                               (GLUON_THREE_CONSUMER_ROWS, 128, (3, 4)), (128, 64, (4, 6)))
         for s in stages
     ]
     if is_promoted(granularity, fast_accum):
         # Each Gluon tile also with its promotion overlapped, where its registers hold two products.
         gluon += [fields | dict(overlap_promotion=True) for fields in gluon]
-        grid = [
-            dict(block_m=bm, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=ws, split_n=split)
-            # Two whole 128 x 256 accumulators would need the register file (16 warps of 128 registers spill);
-            # split in column halves, the sum and one half's fresh product fit 8 warps.
-            for bm, bn, split, stages in ((128, 128, 1, (4, 5)), (128, 256, 2, (3,)), (64, 256, 2, (4, 5)))
-            for s in stages
-            for ws in (False, True)
-        ] + gluon
-    else:
-        grid = [
-            dict(block_m=bm, block_n=bn, block_k=bk, num_stages=s, num_warps=8, warp_specialize=ws)
-            for bm, bn in ((128, 256), (256, 128), (128, 128))
-            for bk in (64, 128)
-            for s in (3, 4, 5)
-            for ws in (False, True)
-        ] + gluon
     out = [preset]
-    for fields in grid:
+    for fields in gluon:
         try:
             config = dataclasses.replace(preset, **fields)
             config.check_granularity(granularity, fast_accum, b_scale_rows)

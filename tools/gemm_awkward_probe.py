@@ -39,6 +39,7 @@ from fp8kernels.gemm_configs import (
     Fp8GemmConfig,
     _gluon_tiles,
     candidate_configs,
+    config_label,
     fit_shared_memory,
     grid_efficiency,
     tile_fill,
@@ -48,7 +49,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from gemm_sweep import (  # noqa: E402  (a sibling script, not a package)
     REGIMES,
     SideBySide,
-    _config_label,
     _open_run,
     _print_frame,
     _regime_name,
@@ -131,7 +131,7 @@ def probe_frame(measured: pd.DataFrame, shapes: list[GemmShape], configs: dict, 
     for (shape, granularity, fast_accum), candidates_of in configs.items():
         regime = _regime_name(granularity, fast_accum)
         for position, config in enumerate(candidates_of):
-            label = _config_label(config.options_for(shape.M, shape.N, shape.K))
+            label = config_label(config.options_for(shape.M, shape.N, shape.K))
             fill[(shape.name, regime, label)] = (grid_efficiency(shape.M, shape.N, shape.K, config)
                                                   * tile_fill(shape.M, shape.N, config))
             if position == 0:

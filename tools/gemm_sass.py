@@ -26,11 +26,11 @@ from rich.console import Console
 from rich.table import Table
 
 from fp8bench.config import Granularity
-from fp8kernels.gemm_configs import DeviceProperties, Fp8GemmConfig, candidate_configs
+from fp8kernels.gemm_configs import DeviceProperties, Fp8GemmConfig, candidate_configs, config_label
 from fp8kernels.scaling import BLOCK
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gemm_sweep import REGIMES, WGRAD_REGIME, _config_label, _regime_name  # noqa: E402  (a sibling script, not a package)
+from gemm_sweep import REGIMES, WGRAD_REGIME, _regime_name  # noqa: E402  (a sibling script, not a package)
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, help=__doc__.split("\n\n")[0])
 console = Console(width=200)
@@ -89,7 +89,7 @@ def compile_report(config: Fp8GemmConfig, granularity: Granularity, fast_accum: 
 
     kernel = compile_sm90(config, granularity, fast_accum, b_rows=b_rows)
     sass = get_sass(kernel.asm["cubin"])
-    label = _config_label(config.as_dict() | {"split_tiles": 0})
+    label = config_label(config.as_dict() | {"split_tiles": 0})
     regime = regime_label(granularity, fast_accum, b_rows)
     if sass_dir is not None:
         (sass_dir / f"{regime}-{label}.sass".replace("/", "-").replace(" ", "-")).write_text(sass)

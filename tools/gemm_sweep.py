@@ -41,7 +41,7 @@ from fp8bench.harness.runner import measured_row
 from fp8bench.benchmarks.shapes import llama, square, training
 from fp8bench.harness.timing import TimerChoice
 from fp8kernels.gemm import device_properties, fp8_gemm, gemm_config, gluon_runs_on, launch_kernel
-from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config, last_wave_split
+from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config, config_label, last_wave_split
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 console = Console(width=200)
@@ -124,7 +124,7 @@ def precompile(jobs: list[tuple[Granularity, bool, Fp8GemmConfig]]) -> set[tuple
             if not ok:
                 failed.add(job)
             console.print(f"{'compiled' if ok else '[yellow]skipped[/]'} {_regime_name(*job[:2])} "
-                          f"{_config_label(job[2].as_dict())}: {report}", highlight=False)
+                          f"{config_label(job[2].as_dict())}: {report}", highlight=False)
     return failed
 
 
@@ -196,9 +196,9 @@ class SideBySide:
             self.writer.append(row)
             self.records.append({
                 "shape": shape.name, "regime": regime, "backend": backend,
-                "config": _config_label(options) if backend == "triton" else "",
+                "config": config_label(options) if backend == "triton" else "",
                 # The config less its last wave's split, which the heuristic sizes per shape: one tile across shapes.
-                "tile": _config_label(options | {"split_tiles": 0}) if backend == "triton" else "", "ms": ms,
+                "tile": config_label(options | {"split_tiles": 0}) if backend == "triton" else "", "ms": ms,
                 "tflops": row.values["tflops"], "ratio": cublas_ms / ms if backend == "triton" else None,
                 "rel_diff_vs_cublas": rel, "sm_clock_mhz": row.values["sm_clock_mhz"],
                 "split_tiles": options.get("split_tiles", 0) if backend == "triton" else None,
@@ -212,16 +212,6 @@ class SideBySide:
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame.from_records(self.records)
-
-
-def _config_label(options: dict) -> str:
-    """The config in a few words: tile, stages, warps, group; then what is on (the tile's N halves, Triton's
-    warp specialization, the Gluon kernel and its overlapped promotion, and its last wave's split tiles x pieces)."""
-    o = options
-    return (f"{o['block_m']}x{o['block_n']}x{o['block_k']} s{o['num_stages']} w{o['num_warps']} g{o['group_m']}"
-            + (" n-halves" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
-            + (" gluon-ws" if o.get("gluon_ws") else "") + (" overlapped" if o.get("overlap_promotion") else "")
-            + (f" last-wave {o['split_tiles']}x{o['splits']}" if o.get("split_tiles") else ""))
 
 
 def _print_frame(frame: pd.DataFrame, title: str) -> None:
@@ -321,7 +311,7 @@ def tune(out: Path = typer.Option(..., help="folder for results.csv and metadata
         variants = {}
         for (g, f), configs in candidates.items():
             ranked = _rank(frame, _regime_name(g, f))
-            best = [c for c in configs if _config_label(c.as_dict()) in ranked.index[:3]]
+            best = [c for c in configs if config_label(c.as_dict()) in ranked.index[:3]]
             variants[(g, f)] = [dataclasses.replace(c, group_m=m) for c in best for m in GROUP_M_VARIANTS if m != c.group_m]
         _tune_round(bench, shapes, variants)
     frame = bench.frame()

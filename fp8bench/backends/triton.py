@@ -57,17 +57,19 @@ class TritonBackend(Backend):
         return None if level is Level.CAST else fp8_device_problem()
 
     def prepare_gemm(self, operands: Operands, granularity: Granularity, fast_accum: FastAccum) -> PreparedGemm:
-        from fp8kernels.gemm import fp8_gemm, gemm_config
+        from fp8kernels.gemm import chosen_config, fp8_gemm
+        from fp8kernels.gemm_autotune import autotune_enabled
 
         qa, qb_t, sa, sb = kernel_operands(operands, granularity)
         use_fast_accum = fast_accum is FastAccum.ON
         M, N, K = qa.shape[0], qb_t.shape[0], qa.shape[1]
-        config = gemm_config(M, N, K, granularity, use_fast_accum, qa.device)
+        config = chosen_config(qa, qb_t, sa, sb, granularity, use_fast_accum)  # tuned here under FP8KERNELS_GEMM_AUTOTUNE=1
 
         def run():
             return fp8_gemm(qa, qb_t, sa, sb, granularity=granularity, fast_accum=use_fast_accum, config=config)
 
-        return PreparedGemm(run, {"op": "fp8kernels.gemm.fp8_gemm", "dtype": operands.dtype_name, **config.options_for(M, N, K)})
+        return PreparedGemm(run, {"op": "fp8kernels.gemm.fp8_gemm", "dtype": operands.dtype_name, **config.options_for(M, N, K),
+                                  "config_from": "autotuned" if autotune_enabled() else "heuristic"})
 
     def quantizer(self, recipe: CastRecipe, spec: Any, history_amax: Any) -> Quantizer:
         import torch

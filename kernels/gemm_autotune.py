@@ -1,0 +1,130 @@
+"""Autotuned FP8 GEMM configs with a persistent cache: where the heuristic (fp8kernels.gemm_configs) has not been
+measured on a shape, time its regime's candidate configs on this GPU once and keep the fastest.
+
+    FP8KERNELS_GEMM_AUTOTUNE=1         fp8_gemm, given no config, takes the tuned one (tuning it on first use)
+    FP8KERNELS_GEMM_TUNE_CACHE=DIR     where the cache files live (default ~/.cache/fp8kernels)
+
+One JSON file per GPU model (`gemm-<model>.json`), keyed by the problem: M, N, K, granularity, fast
+accumulation, the rows per blockwise weight scale and the operand dtypes. Each entry holds the chosen config
+(Fp8GemmConfig fields) and every candidate's median milliseconds, so a later look shows what it was chosen
+over. Candidates: the heuristic's pick first, then the regime's candidate_configs of the kernel that runs here
+(the Gluon kernel's tiles where it runs, else the Triton kernel's grid); a candidate that fails to compile
+or launch is left out. Each is timed with triton.testing.do_bench (median) on the caller's operands, so
+tuning costs a few seconds per new problem; later calls and processes read the cache. Writes are atomic
+(a whole file replaced), and entries other processes added since the file was read are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from fp8kernels.gemm_configs import Fp8GemmConfig, b_scale_rows, candidate_configs, choose_config, config_label
+from fp8kernels.scaling import Granularity
+
+AUTOTUNE_ENV = "FP8KERNELS_GEMM_AUTOTUNE"
+CACHE_ENV = "FP8KERNELS_GEMM_TUNE_CACHE"
+
+
+def autotune_enabled() -> bool:
+    return os.environ.get(AUTOTUNE_ENV) == "1"
+
+
+def problem_key(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, b_rows: int, a_dtype: torch.dtype,
+                b_dtype: torch.dtype) -> str:
+    dtypes = "x".join(str(d).removeprefix("torch.") for d in (a_dtype, b_dtype))
+    return f"{M}x{N}x{K}/{granularity.value}/fast_accum={'on' if fast_accum else 'off'}/b_rows={b_rows}/{dtypes}"
+
+
+def cache_path(device_name: str) -> Path:
+    folder = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "fp8kernels")
+    return folder / f"gemm-{re.sub(r'[^A-Za-z0-9]+', '-', device_name).strip('-').lower()}.json"
+
+
+class TuneCache:
+    """The tuned configs of one GPU model, in `path`."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def read(self) -> dict[str, dict]:
+        """Every entry; {} where there is no file. ValueError naming the file where it is not a JSON object of
+        entries, each with a `config` object."""
+        if not self.path.exists():
+            return {}
+        try:
+            entries = json.loads(self.path.read_text())
+        except (UnicodeDecodeError, ValueError) as err:
+            raise ValueError(f"{self.path}: not a GEMM tuning cache ({err}); delete it or point {CACHE_ENV} elsewhere") from None
+        if not isinstance(entries, dict) or not all(isinstance(e, dict) and isinstance(e.get("config"), dict)
+                                                    for e in entries.values()):
+            raise ValueError(f"{self.path}: not a GEMM tuning cache (a JSON object of entries with a `config`); "
+                             f"delete it or point {CACHE_ENV} elsewhere")
+        return entries
+
+    def config(self, key: str) -> Fp8GemmConfig | None:
+        entry = self.read().get(key)
+        if entry is None:
+            return None
+        try:
+            return Fp8GemmConfig(**entry["config"])
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{self.path}: entry {key!r} is not an Fp8GemmConfig ({err})") from None
+
+    def store(self, key: str, config: Fp8GemmConfig, candidate_ms: dict[str, float]) -> None:
+        """Add an entry: the file is read again and replaced whole, so entries written meanwhile stay."""
+        entries = self.read() | {key: {"config": config.as_dict(), "candidate_ms": candidate_ms}}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=self.path.parent, prefix=self.path.name, suffix=".tmp",
+                                         delete=False) as partial:
+            json.dump(entries, partial, indent=1, sort_keys=True)
+        os.replace(partial.name, self.path)
+
+
+def median_ms(config: Fp8GemmConfig, run: Callable[[], object]) -> float:
+    """`run`'s median milliseconds (triton.testing.do_bench), `run` being `config`'s launch."""
+    from triton.testing import do_bench
+
+    return do_bench(run, return_mode="median")
+
+
+def autotuned_config(a: torch.Tensor, b_t: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                     granularity: Granularity, fast_accum: bool, *, cache: TuneCache | None = None,
+                     timer: Callable[[Fp8GemmConfig, Callable[[], object]], float] = median_ms) -> Fp8GemmConfig:
+    """The cached config of this problem on this GPU model, or, the first time, the fastest candidate timed
+    by `timer` on these operands (then cached). Operands as fp8kernels.gemm.fp8_gemm takes them, checked."""
+    from fp8kernels.gemm import device_properties, fp8_gemm, gluon_runs_on
+
+    M, K = a.shape
+    N = b_t.shape[0]
+    b_rows = b_scale_rows(granularity, scale_b.shape[0] if scale_b.dim() else 1, N)
+    key = problem_key(M, N, K, granularity, fast_accum, b_rows, a.dtype, b_t.dtype)
+    cache = cache or TuneCache(cache_path(torch.cuda.get_device_name(a.device) if a.is_cuda else "cpu"))
+    cached = cache.config(key)
+    if cached is not None:
+        return cached
+    device, gluon = device_properties(a.device), gluon_runs_on(a.device)
+    heuristic = choose_config(M, N, K, granularity, fast_accum, device, gluon, b_rows)
+    candidates = dict.fromkeys([heuristic, *(c for c in candidate_configs(granularity, fast_accum, device, b_rows)
+                                             if c.gluon_ws == gluon)])
+    out = torch.empty((M, N), dtype=torch.bfloat16, device=a.device)
+    timed: dict[Fp8GemmConfig, float] = {}
+    for config in candidates:
+        run = lambda config=config: fp8_gemm(a, b_t, scale_a, scale_b, granularity=granularity,  # noqa: E731
+                                             fast_accum=fast_accum, config=config, out=out)
+        try:
+            timed[config] = timer(config, run)
+        except Exception:  # noqa: BLE001 (a candidate that cannot compile or launch here is not a choice)
+            continue
+    if not timed:
+        return heuristic
+    best = min(timed, key=timed.get)
+    cache.store(key, best, {config_label(c.options_for(M, N, K)): round(ms, 5) for c, ms in timed.items()})
+    return best
+

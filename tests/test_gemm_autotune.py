@@ -1,0 +1,151 @@
+"""fp8kernels.gemm_autotune: the tuned config per problem and GPU model, its persistent cache, and fp8_gemm taking
+it under FP8KERNELS_GEMM_AUTOTUNE=1. On the CPU a stand-in timer ranks the candidates (the kernels run under the
+interpreter, whose times mean nothing); the GPU test times them for real."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"  # before any kernel module is imported: Triton reads it then
+
+from fp8bench.backends import Operands  # noqa: E402
+from fp8bench.backends.triton import kernel_operands  # noqa: E402
+from fp8kernels import gemm as gemm_module  # noqa: E402
+from fp8kernels import reference as ref  # noqa: E402
+from fp8kernels.gemm_autotune import AUTOTUNE_ENV, CACHE_ENV, TuneCache, autotuned_config, cache_path, problem_key  # noqa: E402
+from fp8kernels.gemm_configs import Fp8GemmConfig, config_label  # noqa: E402
+from fp8kernels.scaling import Granularity  # noqa: E402
+
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+def _operands(M: int, K: int, N: int, granularity: Granularity, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    a, b_t = (torch.randn(rows, K, generator=generator).to(torch.bfloat16) for rows in (M, N))
+    return tuple(x.to(DEVICE) for x in kernel_operands(Operands(a, b_t), granularity))
+
+
+class RankByStages:
+    """A stand-in timer: a config's 'milliseconds' fall with its stages and rise with block_n, so the
+    fastest is known; records each config it was asked about, and never runs a kernel."""
+
+    def __init__(self, failing: Fp8GemmConfig | None = None):
+        self.asked: list[Fp8GemmConfig] = []
+        self.failing = failing
+
+    def __call__(self, config: Fp8GemmConfig, run) -> float:
+        self.asked.append(config)
+        if config == self.failing:
+            raise RuntimeError("out of resources: shared memory")
+        return self.ms(config)
+
+    @staticmethod
+    def ms(config: Fp8GemmConfig) -> float:
+        return 1.0 / config.num_stages + config.block_n / 1000 + (0.5 if config.overlap_promotion else 0.0)
+
+
+@pytest.fixture
+def gluon_candidates(monkeypatch):
+    """The candidates of a GPU with the Gluon kernel (the tuner's choices; the stand-in timer runs none)."""
+    monkeypatch.setattr(gemm_module, "gluon_runs_on", lambda device: True)
+
+
+def test_the_fastest_candidate_is_cached_and_read_back_without_timing_again(tmp_path, gluon_candidates):
+    operands = _operands(64, 256, 128, Granularity.TENSORWISE)
+    cache = TuneCache(tmp_path / "gemm-test.json")
+    timer = RankByStages()
+    chosen = autotuned_config(*operands, Granularity.TENSORWISE, False, cache=cache, timer=timer)
+    assert len(timer.asked) > 3 and len(set(timer.asked)) == len(timer.asked)  # each candidate once
+    assert chosen == min(timer.asked, key=RankByStages.ms)
+    entry = json.loads((tmp_path / "gemm-test.json").read_text())[
+        problem_key(64, 128, 256, Granularity.TENSORWISE, False, 128, torch.float8_e4m3fn, torch.float8_e4m3fn)]
+    assert Fp8GemmConfig(**entry["config"]) == chosen
+    assert len(entry["candidate_ms"]) == len(set(config_label(c.options_for(64, 128, 256)) for c in timer.asked))
+    again = RankByStages()
+    assert autotuned_config(*operands, Granularity.TENSORWISE, False, cache=cache, timer=again) == chosen
+    assert again.asked == []
+
+
+def test_a_candidate_that_fails_is_left_out_and_problems_are_kept_apart(tmp_path, gluon_candidates):
+    cache = TuneCache(tmp_path / "gemm-test.json")
+    first = RankByStages()
+    best = autotuned_config(*_operands(64, 256, 128, Granularity.AXISWISE), Granularity.AXISWISE, True, cache=cache,
+                            timer=first)
+    failing = RankByStages(failing=best)
+    # Another problem (fast accumulation off) is tuned anew; its fastest candidate fails, so the next one is kept.
+    second = autotuned_config(*_operands(64, 256, 128, Granularity.AXISWISE), Granularity.AXISWISE, False, cache=cache,
+                              timer=failing)
+    assert best in failing.asked and second != best
+    assert len(cache.read()) == 2
+
+
+def test_a_store_keeps_the_entries_another_process_wrote_meanwhile(tmp_path):
+    path = tmp_path / "gemm-test.json"
+    ours, theirs = TuneCache(path), TuneCache(path)
+    config = Fp8GemmConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_stages=2, num_warps=4, num_sms=4)
+    ours.read()
+    theirs.store("theirs", config, {"x": 1.0})
+    ours.store("ours", config, {"x": 2.0})
+    assert set(TuneCache(path).read()) == {"theirs", "ours"}
+    assert [p.name for p in tmp_path.iterdir()] == ["gemm-test.json"]  # no partial file left behind
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"k": {"no_config": 1}}', '{"k": {"config": {"block_q": 1}}}'])
+def test_a_malformed_cache_is_named_in_the_error(tmp_path, text):
+    path = tmp_path / "gemm-test.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=str(path)):
+        TuneCache(path).config("k")
+
+
+def test_fp8_gemm_takes_the_tuned_config_when_asked_to(tmp_path, monkeypatch):
+    """FP8KERNELS_GEMM_AUTOTUNE=1: a cached config for the problem is launched and the product is right; without
+    the variable the heuristic's is."""
+    operands = _operands(64, 256, 128, Granularity.TENSORWISE, seed=3)
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    device_name = torch.cuda.get_device_name() if HAS_CUDA else "cpu"
+    tuned = Fp8GemmConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_stages=2, num_warps=4, num_sms=2)
+    TuneCache(cache_path(device_name)).store(
+        problem_key(64, 128, 256, Granularity.TENSORWISE, False, 128, torch.float8_e4m3fn, torch.float8_e4m3fn),
+        tuned, {config_label(tuned.as_dict()): 1.0})
+    launched = []
+    launch = gemm_module.launch_kernel
+    monkeypatch.setattr(gemm_module, "launch_kernel", lambda *args: launched.append(args[7]) or launch(*args))
+    monkeypatch.setenv(AUTOTUNE_ENV, "1")
+    out = gemm_module.fp8_gemm(*operands, granularity="tensorwise")
+    assert launched == [tuned]
+    qa, qb_t, sa, sb = (x.cpu() for x in operands)
+    expected = ref.dequantize(qa, sa) @ ref.dequantize(qb_t, sb).t()
+    assert ((out.float().cpu() - expected).norm() / expected.norm()).item() < 1e-2
+    monkeypatch.delenv(AUTOTUNE_ENV)
+    gemm_module.fp8_gemm(*operands, granularity="tensorwise")
+    assert launched[1] == gemm_module.gemm_config(64, 128, 256, "tensorwise", False, qa.device if not HAS_CUDA
+                                                  else torch.device("cuda"))
+
+
+def test_the_cache_file_is_named_by_gpu_model_under_the_folder_asked_for(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    assert cache_path("NVIDIA H100 80GB HBM3") == tmp_path / "gemm-nvidia-h100-80gb-hbm3.json"
+    monkeypatch.delenv(CACHE_ENV)
+    assert cache_path("NVIDIA H200").parent.name == "fp8kernels"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_gpu_autotune_times_the_candidates_and_keeps_a_correct_config(tmp_path):
+    operands = _operands(512, 4096, 4096, Granularity.BLOCKWISE, seed=1)
+    cache = TuneCache(tmp_path / "gemm-gpu.json")
+    config = autotuned_config(*operands, Granularity.BLOCKWISE, False, cache=cache)
+    entry = next(iter(cache.read().values()))
+    assert len(entry["candidate_ms"]) > 2 and all(ms > 0 for ms in entry["candidate_ms"].values())
+    assert min(entry["candidate_ms"].values()) == entry["candidate_ms"][config_label(config.options_for(512, 4096, 4096))]
+    out = gemm_module.fp8_gemm(*operands, granularity="blockwise", config=config)
+    qa, qb_t, sa, sb = operands
+    expected = ref.dequantize(qa.cpu(), sa.cpu()) @ ref.dequantize(qb_t.cpu(), sb.cpu()).t()
+    assert ((out.float().cpu() - expected).norm() / expected.norm()).item() < 1e-2
