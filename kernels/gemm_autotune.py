@@ -7,15 +7,16 @@ measured on a shape, time its regime's candidate configs on this GPU once and ke
 One JSON file per GPU model (`gemm-<model>.json`), keyed by the problem: M, N, K, granularity, fast
 accumulation, the rows per blockwise weight scale and the operand dtypes. Each entry holds the chosen config
 (Fp8GemmConfig fields) and every candidate's median milliseconds, so a later look shows what it was chosen
-over. Candidates: the heuristic's pick first, then the regime's candidate_configs of the kernel that runs here
-(the Gluon kernel's tiles where it runs, else the Triton kernel's grid); a candidate that fails to compile
-or launch is left out. Each is timed with triton.testing.do_bench (median) on the caller's operands, so
+over. Candidates (tuning_candidates): the heuristic's pick first, then the regime's candidate_configs of the
+Gluon kernel where it runs (elsewhere the heuristic's alone), each that splits its last wave also whole; a
+candidate that fails to compile or launch is left out. Each is timed with triton.testing.do_bench (median) on the caller's operands, so
 tuning costs a few seconds per new problem; later calls and processes read the cache. Writes are atomic
 (a whole file replaced), and entries other processes added since the file was read are kept.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -25,7 +26,15 @@ from typing import Callable
 
 import torch
 
-from fp8kernels.gemm_configs import Fp8GemmConfig, b_scale_rows, candidate_configs, choose_config, config_label
+from fp8kernels.gemm_configs import (
+    DeviceProperties,
+    Fp8GemmConfig,
+    b_scale_rows,
+    candidate_configs,
+    choose_config,
+    config_label,
+    last_wave_split,
+)
 from fp8kernels.scaling import Granularity
 
 AUTOTUNE_ENV = "FP8KERNELS_GEMM_AUTOTUNE"
@@ -87,6 +96,17 @@ class TuneCache:
         os.replace(partial.name, self.path)
 
 
+def tuning_candidates(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, device: DeviceProperties,
+                      gluon: bool, b_rows: int) -> list[Fp8GemmConfig]:
+    """What the tuner times, the heuristic's pick first: the regime's candidate_configs of the kernel that runs here,
+    each one that would split its last wave along K also whole (the probes found the split slower than the model
+    on products of few tiles: gemm_configs.SPLIT_ALONE_SPEED)."""
+    heuristic = choose_config(M, N, K, granularity, fast_accum, device, gluon, b_rows)
+    configs = [heuristic, *(c for c in candidate_configs(granularity, fast_accum, device, b_rows) if c.gluon_ws == gluon)]
+    whole = [dataclasses.replace(c, split_last_wave=False) for c in configs if last_wave_split(M, N, K, c)[0]]
+    return list(dict.fromkeys(configs + whole))
+
+
 def median_ms(config: Fp8GemmConfig, run: Callable[[], object]) -> float:
     """`run`'s median milliseconds (triton.testing.do_bench), `run` being `config`'s launch."""
     from triton.testing import do_bench
@@ -109,10 +129,9 @@ def autotuned_config(a: torch.Tensor, b_t: torch.Tensor, scale_a: torch.Tensor, 
     cached = cache.config(key)
     if cached is not None:
         return cached
-    device, gluon = device_properties(a.device), gluon_runs_on(a.device)
-    heuristic = choose_config(M, N, K, granularity, fast_accum, device, gluon, b_rows)
-    candidates = dict.fromkeys([heuristic, *(c for c in candidate_configs(granularity, fast_accum, device, b_rows)
-                                             if c.gluon_ws == gluon)])
+    candidates = tuning_candidates(M, N, K, granularity, fast_accum, device_properties(a.device), gluon_runs_on(a.device),
+                                   b_rows)
+    heuristic = candidates[0]
     out = torch.empty((M, N), dtype=torch.bfloat16, device=a.device)
     timed: dict[Fp8GemmConfig, float] = {}
     for config in candidates:

@@ -4,6 +4,7 @@ interpreter, whose times mean nothing); the GPU test times them for real."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -18,8 +19,16 @@ from fp8bench.backends import Operands  # noqa: E402
 from fp8bench.backends.triton import kernel_operands  # noqa: E402
 from fp8kernels import gemm as gemm_module  # noqa: E402
 from fp8kernels import reference as ref  # noqa: E402
-from fp8kernels.gemm_autotune import AUTOTUNE_ENV, CACHE_ENV, TuneCache, autotuned_config, cache_path, problem_key  # noqa: E402
-from fp8kernels.gemm_configs import Fp8GemmConfig, config_label  # noqa: E402
+from fp8kernels.gemm_autotune import (  # noqa: E402
+    AUTOTUNE_ENV,
+    CACHE_ENV,
+    TuneCache,
+    autotuned_config,
+    cache_path,
+    problem_key,
+    tuning_candidates,
+)
+from fp8kernels.gemm_configs import DeviceProperties, Fp8GemmConfig, config_label, last_wave_split  # noqa: E402
 from fp8kernels.scaling import Granularity  # noqa: E402
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -127,6 +136,19 @@ def test_fp8_gemm_takes_the_tuned_config_when_asked_to(tmp_path, monkeypatch):
     gemm_module.fp8_gemm(*operands, granularity="tensorwise")
     assert launched[1] == gemm_module.gemm_config(64, 128, 256, "tensorwise", False, qa.device if not HAS_CUDA
                                                   else torch.device("cuda"))
+
+
+def test_the_candidates_include_each_split_config_whole_and_only_the_heuristic_without_gluon():
+    """Mixtral's expert w2 at 512 tokens on an H100: the candidates that split their last wave (128 x 256: 64
+    tiles, each in two K pieces) are timed whole too; where the Gluon kernel does not run, the heuristic's config
+    alone."""
+    h100 = DeviceProperties(multiprocessor_count=132, shared_memory_per_program=227 * 1024)
+    candidates = tuning_candidates(512, 4096, 14336, Granularity.TENSORWISE, True, h100, True, 128)
+    split = [c for c in candidates if last_wave_split(512, 4096, 14336, c)[0]]
+    assert split and all(dataclasses.replace(c, split_last_wave=False) in candidates for c in split)
+    assert len(set(candidates)) == len(candidates) and all(c.gluon_ws for c in candidates)
+    assert tuning_candidates(512, 4096, 14336, Granularity.TENSORWISE, True, h100, False, 128) == [
+        gemm_module.choose_config(512, 4096, 14336, Granularity.TENSORWISE, True, h100, False, 128)]
 
 
 def test_the_cache_file_is_named_by_gpu_model_under_the_folder_asked_for(tmp_path, monkeypatch):
