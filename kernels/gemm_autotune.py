@@ -7,9 +7,9 @@ measured on a shape, time its regime's candidate configs on this GPU once and ke
 One JSON file per GPU model (`gemm-<model>.json`), keyed by the problem: M, N, K, granularity, fast
 accumulation, the rows per blockwise weight scale and the operand dtypes. Each entry holds the chosen config
 (Fp8GemmConfig fields) and every candidate's median milliseconds, so a later look shows what it was chosen
-over. Candidates (tuning_candidates): the heuristic's pick first, then the regime's candidate_configs of the
-Gluon kernel where it runs (elsewhere the heuristic's alone), each that splits its last wave also whole; a
-candidate that fails to compile or launch is left out. Each is timed with triton.testing.do_bench (median) on the caller's operands, so
+over. Candidates (tuning_candidates): the heuristic's pick first, then the regime's tiles and candidate_configs
+of the Gluon kernel where it runs (elsewhere the heuristic's alone), each that splits its last wave also whole;
+a candidate that fails to compile or launch is left out. Each is timed with triton.testing.do_bench (median) on the caller's operands, so
 tuning costs a few seconds per new problem; later calls and processes read the cache. Writes are atomic
 (a whole file replaced), and entries other processes added since the file was read are kept.
 """
@@ -29,10 +29,12 @@ import torch
 from fp8kernels.gemm_configs import (
     DeviceProperties,
     Fp8GemmConfig,
+    _gluon_tiles,
     b_scale_rows,
     candidate_configs,
     choose_config,
     config_label,
+    fit_shared_memory,
     last_wave_split,
 )
 from fp8kernels.scaling import Granularity
@@ -98,11 +100,16 @@ class TuneCache:
 
 def tuning_candidates(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, device: DeviceProperties,
                       gluon: bool, b_rows: int) -> list[Fp8GemmConfig]:
-    """What the tuner times, the heuristic's pick first: the regime's candidate_configs of the kernel that runs here,
-    each one that would split its last wave along K also whole (the probes found the split slower than the model
-    on products of few tiles: gemm_configs.SPLIT_ALONE_SPEED)."""
+    """What the tuner times (and tools/gemm_awkward_probe.py), the heuristic's pick first: where the Gluon kernel
+    runs, the regime's tiles (GLUON_TILES) and its candidate_configs, each one that would split its last wave along
+    K also whole (the probes found the split slower than the model on products of few tiles:
+    gemm_configs.SPLIT_ALONE_SPEED); elsewhere the heuristic's alone."""
     heuristic = choose_config(M, N, K, granularity, fast_accum, device, gluon, b_rows)
-    configs = [heuristic, *(c for c in candidate_configs(granularity, fast_accum, device, b_rows) if c.gluon_ws == gluon)]
+    if not gluon:
+        return [heuristic]
+    tiles = [fit_shared_memory(tile.with_sms(device.multiprocessor_count), device)
+             for tile, _ in _gluon_tiles(granularity, fast_accum, b_rows)]
+    configs = [heuristic, *tiles, *(c for c in candidate_configs(granularity, fast_accum, device, b_rows) if c.gluon_ws)]
     whole = [dataclasses.replace(c, split_last_wave=False) for c in configs if last_wave_split(M, N, K, c)[0]]
     return list(dict.fromkeys(configs + whole))
 

@@ -8,9 +8,10 @@ that sets the GEMM heuristic's tile speeds (fp8kernels.gemm_configs.GLUON_TILES)
 For each shape (a generator of fp8bench.benchmarks.shapes, `--only` keeping the names that contain any of
 its words) and regime, cuBLAS and each candidate config run on the same operands with CUPTI kernel time
 (tools/gemm_sweep.py's SideBySide: outputs checked against cuBLAS's first, the order alternating from
-shape to shape). The candidates: the heuristic's choice, every tile of the regime's GLUON_TILES (each with
-the split of its last wave that last_wave_split decides for the shape), and the Gluon candidates of
-candidate_configs; where the Gluon kernel cannot run (a Triton other than the one it is written for), the
+shape to shape). The candidates are the autotuner's (fp8kernels.gemm_autotune.tuning_candidates): the
+heuristic's choice, every tile of the regime's GLUON_TILES (each with the split of its last wave that
+last_wave_split decides for the shape) and the Gluon candidates of candidate_configs, each that splits its last
+wave also whole; where the Gluon kernel cannot run (a Triton other than the one it is written for), the
 Triton kernel's heuristic config only.
 
 Writes DIR/results.csv (the result schema, the config in `options`), DIR/metadata.json and DIR/probe.csv:
@@ -24,7 +25,6 @@ regimes: split the set with --only or --shape-gen.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -34,16 +34,10 @@ from scipy.stats import gmean
 
 from fp8bench.benchmarks import shapes as shape_sets
 from fp8bench.config import GemmShape, Granularity, TimingConfig
-from fp8kernels.gemm import device_properties, gemm_config, gluon_runs_on
-from fp8kernels.gemm_configs import (
-    Fp8GemmConfig,
-    _gluon_tiles,
-    candidate_configs,
-    config_label,
-    fit_shared_memory,
-    grid_efficiency,
-    tile_fill,
-)
+from fp8kernels.gemm import device_properties, gluon_runs_on
+from fp8kernels.gemm_autotune import tuning_candidates
+from fp8kernels.gemm_configs import Fp8GemmConfig, config_label, grid_efficiency, tile_fill
+from fp8kernels.scaling import BLOCK
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gemm_sweep import (  # noqa: E402  (a sibling script, not a package)
@@ -68,18 +62,12 @@ FILLED = 0.95
 
 
 def candidates(shape: GemmShape, granularity: Granularity, fast_accum: bool) -> list[Fp8GemmConfig]:
-    """The heuristic's config first, then the regime's tiles and the Gluon candidates (no repeats)."""
+    """The heuristic's config first, then the others the autotuner would time (fp8kernels.gemm_autotune)."""
     import torch
 
     device = torch.device("cuda")
-    chosen = gemm_config(shape.M, shape.N, shape.K, granularity, fast_accum, device)
-    if not gluon_runs_on(device):
-        return [chosen]
-    properties = device_properties(device)
-    tiles = [fit_shared_memory(tile.with_sms(properties.multiprocessor_count), properties)
-             for tile, _ in _gluon_tiles(granularity, fast_accum)]
-    gluon = [c for c in candidate_configs(granularity, fast_accum, properties) if c.gluon_ws]
-    return list(dict.fromkeys([chosen, *tiles, *gluon]))
+    return tuning_candidates(shape.M, shape.N, shape.K, granularity, fast_accum, device_properties(device),
+                             gluon_runs_on(device), BLOCK)
 
 
 def _regime(name: str) -> tuple[Granularity, bool]:
