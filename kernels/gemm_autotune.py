@@ -8,10 +8,11 @@ One JSON file per GPU model (`gemm-<model>.json`), keyed by the problem: M, N, K
 accumulation, the rows per blockwise weight scale and the operand dtypes. Each entry holds the chosen config
 (Fp8GemmConfig fields) and every candidate's median milliseconds, so a later look shows what it was chosen
 over. Candidates (tuning_candidates): the heuristic's pick first, then the regime's tiles and candidate_configs
-of the Gluon kernel where it runs (elsewhere the heuristic's alone), each that splits its last wave also whole;
-a candidate that fails to compile or launch is left out. Each is timed with triton.testing.do_bench (median) on the caller's operands, so
-tuning costs a few seconds per new problem; later calls and processes read the cache. Writes are atomic
-(a whole file replaced), and entries other processes added since the file was read are kept.
+of the Gluon kernel where it runs, each that splits its last wave also whole; a candidate that fails to compile
+or launch is left out. Where the Gluon kernel does not run, the heuristic's config is the only one: nothing is
+timed or cached. Each is timed with triton.testing.do_bench (median) on the caller's operands, so tuning costs a
+few seconds per new problem; later calls and processes read the cache. Writes are atomic (a whole file
+replaced), and entries other processes added since the file was read are kept.
 """
 
 from __future__ import annotations
@@ -139,6 +140,8 @@ def autotuned_config(a: torch.Tensor, b_t: torch.Tensor, scale_a: torch.Tensor, 
     candidates = tuning_candidates(M, N, K, granularity, fast_accum, device_properties(a.device), gluon_runs_on(a.device),
                                    b_rows)
     heuristic = candidates[0]
+    if len(candidates) == 1:
+        return heuristic
     out = torch.empty((M, N), dtype=torch.bfloat16, device=a.device)
     timed: dict[Fp8GemmConfig, float] = {}
     for config in candidates:

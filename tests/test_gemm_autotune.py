@@ -151,6 +151,17 @@ def test_the_candidates_include_each_split_config_whole_and_only_the_heuristic_w
         gemm_module.choose_config(512, 4096, 14336, Granularity.TENSORWISE, True, h100, False, 128)]
 
 
+def test_without_the_gluon_kernel_the_heuristic_is_taken_untimed_and_uncached(tmp_path):
+    if HAS_CUDA and gemm_module.gluon_runs_on(torch.device("cuda")):
+        pytest.skip("the Gluon kernel runs here: the tuner has candidates (the GPU test below)")
+    cache = TuneCache(tmp_path / "gemm-test.json")
+    timer = RankByStages()
+    config = autotuned_config(*_operands(64, 256, 128, Granularity.TENSORWISE), Granularity.TENSORWISE, False,
+                              cache=cache, timer=timer)
+    assert config == gemm_module.gemm_config(64, 128, 256, "tensorwise", False, torch.device(DEVICE))
+    assert timer.asked == [] and not (tmp_path / "gemm-test.json").exists()
+
+
 def test_the_cache_file_is_named_by_gpu_model_under_the_folder_asked_for(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     assert cache_path("NVIDIA H100 80GB HBM3") == tmp_path / "gemm-nvidia-h100-80gb-hbm3.json"
