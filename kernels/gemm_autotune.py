@@ -30,12 +30,12 @@ import torch
 from fp8kernels.gemm_configs import (
     DeviceProperties,
     Fp8GemmConfig,
-    _gluon_tiles,
     b_scale_rows,
     candidate_configs,
     choose_config,
     config_label,
     fit_shared_memory,
+    gluon_tiles,
     last_wave_split,
 )
 from fp8kernels.scaling import Granularity
@@ -109,7 +109,7 @@ def tuning_candidates(M: int, N: int, K: int, granularity: Granularity, fast_acc
     if not gluon:
         return [heuristic]
     tiles = [fit_shared_memory(tile.with_sms(device.multiprocessor_count), device)
-             for tile, _ in _gluon_tiles(granularity, fast_accum, b_rows)]
+             for tile, _ in gluon_tiles(granularity, fast_accum, b_rows)]
     configs = [heuristic, *tiles, *(c for c in candidate_configs(granularity, fast_accum, device, b_rows) if c.gluon_ws)]
     whole = [dataclasses.replace(c, split_last_wave=False) for c in configs if last_wave_split(M, N, K, c)[0]]
     return list(dict.fromkeys(configs + whole))

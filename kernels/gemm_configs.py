@@ -338,7 +338,7 @@ def is_promoted(granularity: Granularity, fast_accum: bool) -> bool:
     return granularity is Granularity.BLOCKWISE or not fast_accum
 
 
-def _gluon_tiles(granularity: Granularity, fast_accum: bool,
+def gluon_tiles(granularity: Granularity, fast_accum: bool,
                  b_scale_rows: int = BLOCK) -> tuple[tuple[Fp8GemmConfig, float], ...]:
     """The regime's Gluon tiles with their relative speeds (GLUON_TILES), fastest first."""
     if granularity is Granularity.BLOCKWISE:
@@ -377,7 +377,7 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
     tile wins where the wider one would leave the last wave mostly idle (few tiles: small M, skinny N) even
     with its tiles split along K, or where M or N is far from a multiple of it. A tile that overlaps its
     promotion does so only from OVERLAP_MIN_WAVES waves of tiles on."""
-    fitting = [(fitted, speed) for tile, speed in (_gluon_tiles(granularity, fast_accum, b_scale_rows) if gluon else ())
+    fitting = [(fitted, speed) for tile, speed in (gluon_tiles(granularity, fast_accum, b_scale_rows) if gluon else ())
                if (fitted := fit_shared_memory(tile.with_sms(device.multiprocessor_count), device)).shared_memory_bytes
                <= device.shared_memory_budget]
     if fitting:
@@ -405,7 +405,7 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, device: Device
                       b_scale_rows: int = BLOCK) -> list[Fp8GemmConfig]:
     """Configs worth timing against each other on a GPU for one regime (its fastest Gluon tile first);
     `b_scale_rows` 1: blockwise with 1 x 128 weight scales (see b_scale_rows)."""
-    preset = fit_shared_memory(_gluon_tiles(granularity, fast_accum, b_scale_rows)[0][0].with_sms(
+    preset = fit_shared_memory(gluon_tiles(granularity, fast_accum, b_scale_rows)[0][0].with_sms(
         device.multiprocessor_count), device)
     gluon = [
         dict(block_m=bm, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=False, split_n=1,

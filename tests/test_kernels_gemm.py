@@ -541,11 +541,11 @@ def test_gpu_split_last_wave_sums_the_pieces_and_leaves_its_flags_zeroed(case):
     FP32 reference as whole tiles, bit-identical on a second run (the partial sums are added in a fixed
     order), and the flags the pieces signal on left zeroed for the next launch."""
     from fp8kernels._gemm_ws import stream_scratch
-    from fp8kernels.gemm_configs import _gluon_tiles, last_wave_split
+    from fp8kernels.gemm_configs import gluon_tiles, last_wave_split
 
     granularity, fast_accum = case
     limit = FAST_ACCUM_TOLERANCE if fast_accum else PROMOTED_TOLERANCE
-    for tile, _ in _gluon_tiles(granularity, fast_accum):
+    for tile, _ in gluon_tiles(granularity, fast_accum):
         if granularity is Granularity.BLOCKWISE and tile.block_n < BLOCK:
             continue  # its weights come in 128 x 128 blocks: a grid of 64-wide column tiles is no blockwise shape
         for programs, row_tiles, col_tiles in SPLIT_GRIDS:
@@ -570,11 +570,11 @@ def test_gpu_claimed_tiles_give_the_fixed_walks_result_bit_for_bit(case):
     runs it, so the outputs are bit-identical; also on fewer programs than SMs, many launches in a row
     (the counter resets itself) and the split last wave."""
     from fp8kernels._gemm_ws import stream_scratch
-    from fp8kernels.gemm_configs import _gluon_tiles
+    from fp8kernels.gemm_configs import gluon_tiles
 
     granularity, fast_accum = case
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for tile, _ in _gluon_tiles(granularity, fast_accum):
+    for tile, _ in gluon_tiles(granularity, fast_accum):
         ragged = 0 if granularity is Granularity.BLOCKWISE else 16  # blockwise weights: whole 128 x 128 blocks
         for programs, (M, K, N) in ((sms, (5000, 4096, 2048 + ragged)), (7, (1040, 1152, 1280)), (sms, (8192, 8192, 1280))):
             fixed = tile.with_sms(programs)
