@@ -71,6 +71,11 @@ def gemm_config(M: int, N: int, K: int, granularity: Granularity | str, fast_acc
                          gluon_runs_on(device))
 
 
+def weight_scale_rows(granularity: Granularity, scale_b: torch.Tensor, N: int) -> int:
+    """Rows of b_t per blockwise weight scale, told from scale_b's shape (gemm_configs.b_scale_rows)."""
+    return b_scale_rows(granularity, scale_b.shape[0] if scale_b.dim() else 1, N)
+
+
 def chosen_config(a: torch.Tensor, b_t: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                   granularity: Granularity, fast_accum: bool) -> Fp8GemmConfig:
     """The config fp8_gemm takes for checked operands when given none: the heuristic's, or with
@@ -82,7 +87,7 @@ def chosen_config(a: torch.Tensor, b_t: torch.Tensor, scale_a: torch.Tensor, sca
     M, K = a.shape
     N = b_t.shape[0]
     return choose_config(M, N, K, granularity, fast_accum, device_properties(a.device), gluon_runs_on(a.device),
-                         b_scale_rows(granularity, scale_b.shape[0] if scale_b.dim() else 1, N))
+                         weight_scale_rows(granularity, scale_b, N))
 
 
 def fp8_gemm(
@@ -103,7 +108,7 @@ def fp8_gemm(
     activation = _activation(activation)
     M, N, K = _check_operands(a, b_t, granularity)
     _check_scales(scale_a, scale_b, granularity, M, N, K, a.device)
-    b_rows = b_scale_rows(granularity, scale_b.shape[0] if scale_b.dim() else 1, N)
+    b_rows = weight_scale_rows(granularity, scale_b, N)
     if config is None:
         config = chosen_config(a, b_t, scale_a, scale_b, granularity, bool(fast_accum))
     config.check_granularity(granularity, bool(fast_accum), b_rows)

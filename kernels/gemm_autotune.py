@@ -30,7 +30,6 @@ import torch
 from fp8kernels.gemm_configs import (
     DeviceProperties,
     Fp8GemmConfig,
-    b_scale_rows,
     candidate_configs,
     choose_config,
     config_label,
@@ -42,6 +41,9 @@ from fp8kernels.scaling import Granularity
 
 AUTOTUNE_ENV = "FP8KERNELS_GEMM_AUTOTUNE"
 CACHE_ENV = "FP8KERNELS_GEMM_TUNE_CACHE"
+# The configs this process has taken, by (cache file, problem): fp8_gemm asks on every launch, and a launch's
+# host time counts where the GPU waits for it, so the cache file is read once per problem, not per call.
+_TAKEN: dict[tuple[Path, str], Fp8GemmConfig] = {}
 
 
 def autotune_enabled() -> bool:
@@ -126,17 +128,30 @@ def autotuned_config(a: torch.Tensor, b_t: torch.Tensor, scale_a: torch.Tensor, 
                      granularity: Granularity, fast_accum: bool, *, cache: TuneCache | None = None,
                      timer: Callable[[Fp8GemmConfig, Callable[[], object]], float] = median_ms) -> Fp8GemmConfig:
     """The cached config of this problem on this GPU model, or, the first time, the fastest candidate timed
-    by `timer` on these operands (then cached). Operands as fp8kernels.gemm.fp8_gemm takes them, checked."""
+    by `timer` on these operands (then cached). Operands as fp8kernels.gemm.fp8_gemm takes them, checked. Each
+    problem's config is looked up once per process (_TAKEN)."""
+    from fp8kernels.gemm import weight_scale_rows
+
+    M, K = a.shape
+    N = b_t.shape[0]
+    b_rows = weight_scale_rows(granularity, scale_b, N)
+    key = problem_key(M, N, K, granularity, fast_accum, b_rows, a.dtype, b_t.dtype)
+    cache = cache or TuneCache(cache_path(torch.cuda.get_device_name(a.device) if a.is_cuda else "cpu"))
+    taken = _TAKEN.get((cache.path, key))
+    if taken is None:
+        taken = _TAKEN[(cache.path, key)] = cache.config(key) or _tuned(a, b_t, scale_a, scale_b, granularity, fast_accum,
+                                                                          b_rows, key, cache, timer)
+    return taken
+
+
+def _tuned(a, b_t, scale_a, scale_b, granularity: Granularity, fast_accum: bool, b_rows: int, key: str,
+           cache: TuneCache, timer) -> Fp8GemmConfig:
+    """The fastest candidate on these operands, stored in `cache` under `key`; the heuristic's config untimed
+    where it is the only candidate, or where none ran."""
     from fp8kernels.gemm import device_properties, fp8_gemm, gluon_runs_on
 
     M, K = a.shape
     N = b_t.shape[0]
-    b_rows = b_scale_rows(granularity, scale_b.shape[0] if scale_b.dim() else 1, N)
-    key = problem_key(M, N, K, granularity, fast_accum, b_rows, a.dtype, b_t.dtype)
-    cache = cache or TuneCache(cache_path(torch.cuda.get_device_name(a.device) if a.is_cuda else "cpu"))
-    cached = cache.config(key)
-    if cached is not None:
-        return cached
     candidates = tuning_candidates(M, N, K, granularity, fast_accum, device_properties(a.device), gluon_runs_on(a.device),
                                    b_rows)
     heuristic = candidates[0]

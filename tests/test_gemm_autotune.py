@@ -79,6 +79,10 @@ def test_the_fastest_candidate_is_cached_and_read_back_without_timing_again(tmp_
     again = RankByStages()
     assert autotuned_config(*operands, Granularity.TENSORWISE, False, cache=cache, timer=again) == chosen
     assert again.asked == []
+    # Read once per process: fp8_gemm asks on every launch, which must not read the file each time.
+    (tmp_path / "gemm-test.json").unlink()
+    assert autotuned_config(*operands, Granularity.TENSORWISE, False, cache=cache, timer=again) == chosen
+    assert again.asked == [] and not (tmp_path / "gemm-test.json").exists()
 
 
 def test_a_candidate_that_fails_is_left_out_and_problems_are_kept_apart(tmp_path, gluon_candidates):
