@@ -339,7 +339,7 @@ def is_promoted(granularity: Granularity, fast_accum: bool) -> bool:
 
 
 def gluon_tiles(granularity: Granularity, fast_accum: bool,
-                 b_scale_rows: int = BLOCK) -> tuple[tuple[Fp8GemmConfig, float], ...]:
+                b_scale_rows: int = BLOCK) -> tuple[tuple[Fp8GemmConfig, float], ...]:
     """The regime's Gluon tiles with their relative speeds (GLUON_TILES), fastest first."""
     if granularity is Granularity.BLOCKWISE:
         return GLUON_TILES["blockwise" if b_scale_rows == BLOCK else "blockwise-1x128"]

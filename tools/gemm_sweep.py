@@ -42,6 +42,7 @@ from fp8bench.benchmarks.shapes import llama, square, training
 from fp8bench.harness.timing import TimerChoice
 from fp8kernels.gemm import device_properties, fp8_gemm, gemm_config, gluon_runs_on, launch_kernel
 from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config, config_label, last_wave_split
+from fp8kernels.gemm_autotune import tuning_candidates
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 console = Console(width=200)
@@ -356,8 +357,8 @@ def wgrad(out: Path = typer.Option(..., help="folder for results.csv, summary.cs
           quick: bool = typer.Option(False, help="lighter timing (2 short repeats)"),
           timer: str = TIMER) -> None:
     """grad_weight's blockwise products (both operands in 1 x 128 groups, as a training step's backward runs
-    them): ours with the heuristic's config and each tile of its candidates against cuBLAS, on a LLaMa-3 8B
-    training step's grad_weight products and the square 4096^3 and 8192^3."""
+    them): ours with the heuristic's config and the autotuner's other candidates (tuning_candidates) against
+    cuBLAS, on a LLaMa-3 8B training step's grad_weight products and the square 4096^3 and 8192^3."""
     import torch
 
     timer = _timer(timer)
@@ -366,11 +367,7 @@ def wgrad(out: Path = typer.Option(..., help="folder for results.csv, summary.cs
     shapes = [s for s in training() if ".grad_weight." in s.name] + [s for s in square() if s.M in (4096, 8192)]
 
     def configs(shape: GemmShape) -> list[Fp8GemmConfig]:
-        chosen = choose_config(shape.M, shape.N, shape.K, Granularity.BLOCKWISE, False, device, gluon_runs_on(cuda),
-                               b_scale_rows=1)
-        tiles = [c for c in candidate_configs(Granularity.BLOCKWISE, False, device, b_scale_rows=1)
-                 if c.gluon_ws == chosen.gluon_ws]
-        return list(dict.fromkeys([chosen, *tiles]))
+        return tuning_candidates(shape.M, shape.N, shape.K, Granularity.BLOCKWISE, False, device, gluon_runs_on(cuda), 1)
 
     with _open_run(out, "wgrad") as writer:
         bench = SideBySide(writer, QUICK if quick else STEADY, timer)
