@@ -847,6 +847,24 @@ def _scaling_code(granularity: Granularity, b_rows: int) -> int:
     return BLOCKWISE_1X128_WEIGHTS.value if b_rows == 1 and granularity is Granularity.BLOCKWISE else SCALING_CODES[granularity]
 
 
+def _kernel_constants(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bool, activation: Activation,
+                      b_rows: int) -> dict:
+    """The kernel's constexpr arguments for `config`: what launch_ws_gemm launches with and compile_sm90 compiles."""
+    return dict(BLOCK_M=config.block_m, SCALING=_scaling_code(granularity, b_rows), ACTIVATION=ACTIVATION_CODES[activation],
+                PROMOTE=is_promoted(granularity, fast_accum), OVERLAP=config.overlap_promotion, GROUP_M=config.group_m,
+                STAGES=config.num_stages, SCALE_BLOCK=BLOCK, DYNAMIC=config.dynamic_tiles)
+
+
+def _launch_options(config: Fp8GemmConfig) -> dict:
+    """num_warps: the default partition (consumer warpgroup 0); maxnreg: see MAX_REGISTERS."""
+    return dict(num_warps=4, maxnreg=MAX_REGISTERS[config.block_m // CONSUMER_ROWS.value])
+
+
+def _weight_scale_box(config: Fp8GemmConfig, b_rows: int) -> int:
+    """Floats of a weight-scale TMA box: a block scale's window, or with 1 x 128 weight scales the tile's columns."""
+    return config.block_n if b_rows == 1 else WEIGHT_SCALE_BOX
+
+
 # Triton's names of the operand dtypes in a kernel signature (compile_sm90).
 _SIGNATURE_DTYPES = {"float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5"}
 
@@ -861,7 +879,7 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    bm, bn, bk = config.block_m, config.block_n, config.block_k
+    bn, bk = config.block_n, config.block_k
     c_block = [CONSUMER_ROWS.value, min(bn, HALF_N)]
 
     def descriptor(dtype_name: str, block: list[int]) -> str:
@@ -873,7 +891,7 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
     constants = {}
     if granularity is Granularity.BLOCKWISE:
         signature["sa_desc"] = f"tensordesc<fp32[{CONSUMER_ROWS.value}],{_SCALE_LAYOUT!r}>"
-        signature["sb_desc"] = f"tensordesc<fp32[{bn if b_rows == 1 else WEIGHT_SCALE_BOX}],{_SCALE_LAYOUT!r}>"
+        signature["sb_desc"] = f"tensordesc<fp32[{_weight_scale_box(config, b_rows)}],{_SCALE_LAYOUT!r}>"
     else:
         constants.update(sa_desc=None, sb_desc=None)
     if split_tiles:
@@ -883,13 +901,10 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
     signature |= dict.fromkeys(("flags_ptr", "counter_ptr", "log_ptr"), "*i32")
     signature |= dict.fromkeys(("M", "N", "K", "stride_sa_m", "stride_sa_k", "stride_sb_n", "stride_sb_k", "num_programs",
                                 "split_tiles", "splits"), "i32")
-    constants |= dict(BLOCK_M=bm, SCALING=_scaling_code(granularity, b_rows), ACTIVATION=ACTIVATION_CODES[Activation.NONE],
-                      PROMOTE=is_promoted(granularity, fast_accum), OVERLAP=config.overlap_promotion,
-                      GROUP_M=config.group_m, STAGES=config.num_stages, SCALE_BLOCK=BLOCK, DYNAMIC=config.dynamic_tiles)
+    constants |= _kernel_constants(config, granularity, fast_accum, Activation.NONE, b_rows)
     signature |= {name: "constexpr" for name in constants}
     source = GluonASTSource(_fp8_gemm_ws_kernel, signature, constants)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "maxnreg": MAX_REGISTERS[bm // CONSUMER_ROWS.value]})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=_launch_options(config))
 
 
 def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig,
@@ -906,7 +921,7 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
     sa_desc = sb_desc = None
     if granularity is Granularity.BLOCKWISE:
         scale_a, scale_b = tma_ready_scales(scale_a, scale_b, columnwise_b=b_rows == 1)
-        sa_desc, sb_desc = _scale_descriptors(scale_a, scale_b, bn if b_rows == 1 else WEIGHT_SCALE_BOX)
+        sa_desc, sb_desc = _scale_descriptors(scale_a, scale_b, _weight_scale_box(config, b_rows))
     programs, split_tiles, splits = persistent_grid(M, N, K, config)
     workspace_desc = None
     flags = out  # a stand-in the kernel does not touch when no tile is split
@@ -924,15 +939,5 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
     return _fp8_gemm_ws_kernel[(programs,)](
         a_desc, b_desc, c_desc, scale_a, scale_b, sa_desc, sb_desc, workspace_desc, flags, counter, log, M, N, K,
         *scale_strides(scale_a, scale_b), programs, split_tiles, splits,
-        BLOCK_M=bm,
-        SCALING=_scaling_code(granularity, b_rows),
-        ACTIVATION=ACTIVATION_CODES[activation],
-        PROMOTE=is_promoted(granularity, fast_accum),
-        OVERLAP=config.overlap_promotion,
-        GROUP_M=config.group_m,
-        STAGES=config.num_stages,
-        SCALE_BLOCK=BLOCK,
-        DYNAMIC=config.dynamic_tiles,
-        num_warps=4,  # the default partition: consumer warpgroup 0
-        maxnreg=MAX_REGISTERS[bm // CONSUMER_ROWS.value],
+        **_kernel_constants(config, granularity, fast_accum, activation, b_rows), **_launch_options(config),
     )
