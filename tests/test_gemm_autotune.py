@@ -186,3 +186,28 @@ def test_gpu_autotune_times_the_candidates_and_keeps_a_correct_config(tmp_path):
     qa, qb_t, sa, sb = operands
     expected = ref.dequantize(qa.cpu(), sa.cpu()) @ ref.dequantize(qb_t.cpu(), sb.cpu()).t()
     assert ((out.float().cpu() - expected).norm() / expected.norm()).item() < 1e-2
+
+
+def test_the_tuned_backend_times_the_cached_config_beside_the_heuristic_one(tmp_path, monkeypatch):
+    """`triton-tuned` takes the autotuner's config whatever FP8KERNELS_GEMM_AUTOTUNE says, and says so in its
+    row's options; `triton` beside it keeps the heuristic's. Both products are right."""
+    from fp8bench.backends import get_backend
+    from fp8bench.config import FastAccum
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    monkeypatch.delenv(AUTOTUNE_ENV, raising=False)
+    generator = torch.Generator().manual_seed(5)
+    a, b_t = (torch.randn(rows, 256, generator=generator).to(torch.bfloat16).to(DEVICE) for rows in (64, 128))
+    tuned = Fp8GemmConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_stages=2, num_warps=4, num_sms=2)
+    TuneCache(cache_path(torch.cuda.get_device_name() if HAS_CUDA else "cpu")).store(
+        problem_key(64, 128, 256, Granularity.TENSORWISE, False, 128, torch.float8_e4m3fn, torch.float8_e4m3fn),
+        tuned, {config_label(tuned.as_dict()): 1.0})
+    heuristic = gemm_module.gemm_config(64, 128, 256, "tensorwise", False, torch.device(DEVICE))
+    assert heuristic != tuned
+    expected = (a.float() @ b_t.float().t()).cpu()
+    for name, config_from, config in (("triton-tuned", "autotuned", tuned), ("triton", "heuristic", heuristic)):
+        prepared = get_backend(name).prepare_gemm(Operands(a, b_t), Granularity.TENSORWISE, FastAccum.OFF)
+        assert prepared.options["config_from"] == config_from
+        assert prepared.options["block_n"] == config.block_n and prepared.options["num_stages"] == config.num_stages
+        out = prepared.run().float().cpu()
+        assert ((out - expected).norm() / expected.norm()).item() < 0.05

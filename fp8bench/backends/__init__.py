@@ -14,13 +14,13 @@ from fp8bench.backends.te import TeBackend, TeLayerBackend
 from fp8bench.backends.torch_bf16 import Bf16Backend
 from fp8bench.backends.torch_cast import TorchCompileBackend, TorchEagerBackend
 from fp8bench.backends.torchao import TorchaoBackend
-from fp8bench.backends.triton import TritonBackend
+from fp8bench.backends.triton import TritonBackend, TunedTritonBackend
 from fp8bench.harness.case import Unsupported
 
 REGISTRY: dict[str, Backend] = {
     backend.name: backend
     for backend in (
-        Bf16Backend(), CublasBackend(), TritonBackend(), TorchEagerBackend(), TorchCompileBackend(), TorchaoBackend(), TeBackend(),
+        Bf16Backend(), CublasBackend(), TritonBackend(), TunedTritonBackend(), TorchEagerBackend(), TorchCompileBackend(), TorchaoBackend(), TeBackend(),
         TeLayerBackend(),
     )
 }

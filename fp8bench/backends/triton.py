@@ -56,20 +56,27 @@ class TritonBackend(Backend):
         # The quantize kernels also run on the CPU under TRITON_INTERPRET=1 (the tests do).
         return None if level is Level.CAST else fp8_device_problem()
 
-    def prepare_gemm(self, operands: Operands, granularity: Granularity, fast_accum: FastAccum) -> PreparedGemm:
-        from fp8kernels.gemm import chosen_config, fp8_gemm
+    def gemm_config(self, qa, qb_t, sa, sb, granularity: Granularity, fast_accum: bool) -> tuple[Any, str]:
+        """The kernel config this backend times on these operands, and where it came from (the row's
+        `config_from`): fp8_gemm's own choice, the heuristic's or, under FP8KERNELS_GEMM_AUTOTUNE=1, the tuned one."""
+        from fp8kernels.gemm import chosen_config
         from fp8kernels.gemm_autotune import autotune_enabled
+
+        return chosen_config(qa, qb_t, sa, sb, granularity, fast_accum), "autotuned" if autotune_enabled() else "heuristic"
+
+    def prepare_gemm(self, operands: Operands, granularity: Granularity, fast_accum: FastAccum) -> PreparedGemm:
+        from fp8kernels.gemm import fp8_gemm
 
         qa, qb_t, sa, sb = kernel_operands(operands, granularity)
         use_fast_accum = fast_accum is FastAccum.ON
         M, N, K = qa.shape[0], qb_t.shape[0], qa.shape[1]
-        config = chosen_config(qa, qb_t, sa, sb, granularity, use_fast_accum)  # tuned here under FP8KERNELS_GEMM_AUTOTUNE=1
+        config, config_from = self.gemm_config(qa, qb_t, sa, sb, granularity, use_fast_accum)  # tuning (if any) happens here, untimed
 
         def run():
             return fp8_gemm(qa, qb_t, sa, sb, granularity=granularity, fast_accum=use_fast_accum, config=config)
 
         return PreparedGemm(run, {"op": "fp8kernels.gemm.fp8_gemm", "dtype": operands.dtype_name, **config.options_for(M, N, K),
-                                  "config_from": "autotuned" if autotune_enabled() else "heuristic"})
+                                  "config_from": config_from})
 
     def quantizer(self, recipe: CastRecipe, spec: Any, history_amax: Any) -> Quantizer:
         import torch
@@ -159,3 +166,18 @@ class TritonBackend(Backend):
 
         return Converted(model, after_optimizer_step=after_optimizer_step, options=options,
                          recompute_contexts=lambda region, selective: recompute_contexts(region))  # fmt: skip
+
+
+class TunedTritonBackend(TritonBackend):
+    """Our GEMM with the autotuner's config for every problem (fp8kernels.gemm_autotune: its cache read, or
+    the problem tuned in the build step, untimed), whatever FP8KERNELS_GEMM_AUTOTUNE says: beside `triton` in
+    one run, what tuning buys over the heuristic on each shape."""
+
+    name = "triton-tuned"
+    description = "fp8kernels.gemm with the autotuner's config per problem (cached per GPU model)"
+    levels = frozenset({Level.GEMM})
+
+    def gemm_config(self, qa, qb_t, sa, sb, granularity: Granularity, fast_accum: bool) -> tuple[Any, str]:
+        from fp8kernels.gemm_autotune import autotuned_config
+
+        return autotuned_config(qa, qb_t, sa, sb, granularity, fast_accum), "autotuned"

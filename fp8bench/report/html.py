@@ -198,7 +198,7 @@ def ratio_whiskers(frame: pd.DataFrame, reference: pd.DataFrame, keys: list[str]
 BACKEND_COLOURS: dict[str, str] = {
     "bf16": "#7f7f7f", "bf16-compile": "#b8b8b8",
     "cublas": "#1f77b4",
-    "triton": "#d62728", "triton-compile": "#ff7f7f",
+    "triton": "#d62728", "triton-compile": "#ff7f7f", "triton-tuned": "#8c0d0d",
     "torchao": "#2ca02c", "torchao-compile": "#98df8a",
     "te": "#9467bd", "te-layer": "#c5b0d5",
     "torch": "#8c564b", "torch-compile": "#c49c94",

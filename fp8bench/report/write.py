@@ -278,8 +278,8 @@ def _navigation(granularities: list[Granularity], benchmarks: list[str]) -> str:
 
 # ---- headline: the run's answer, first on its index ----------------------------------------------
 
-# Our implementations (fp8kernels, eager and compiled); every other FP8 backend is a reference.
-OURS = ("triton", "triton-compile")
+# Our implementations (fp8kernels: eager, compiled, with autotuned GEMM configs); every other FP8 backend is a reference.
+OURS = ("triton", "triton-compile", "triton-tuned")
 # Per benchmark, the column its headline compares (larger is better) and what it means.
 HEADLINE_MEASURES: dict[str, tuple[str, str]] = {
     "matmul": ("speedup_vs_bf16", "GEMM speedup over BF16"),
