@@ -10,7 +10,7 @@ accumulation, the rows per blockwise weight scale and the operand dtypes. Each e
 over. Candidates (tuning_candidates): the heuristic's pick first, then the regime's tiles and candidate_configs
 of the Gluon kernel where it runs, each that splits its last wave also whole; a candidate that fails to compile
 or launch is left out. Where the Gluon kernel does not run, the heuristic's config is the only one: nothing is
-timed or cached. Each is timed with triton.testing.do_bench (median) on the caller's operands, so tuning costs a
+timed or cached. Each is timed from a CUDA graph (median_ms) on the caller's operands, so tuning costs a
 few seconds per new problem; later calls and processes read the cache. Writes are atomic (a whole file
 replaced), and entries other processes added since the file was read are kept.
 """
@@ -118,10 +118,14 @@ def tuning_candidates(M: int, N: int, K: int, granularity: Granularity, fast_acc
 
 
 def median_ms(config: Fp8GemmConfig, run: Callable[[], object]) -> float:
-    """`run`'s median milliseconds (triton.testing.do_bench), `run` being `config`'s launch."""
-    from triton.testing import do_bench
+    """`run`'s GPU milliseconds, `run` being `config`'s launch: replayed from a CUDA graph
+    (triton.testing.do_bench_cudagraph, median of its replays), so the host's launch time is left out. Timed
+    by events around each launch (triton.testing.do_bench), products of 0.1 ms measured the Python launch
+    path instead: on an H100 the MoE experts' picks ran up to 2x slower than the heuristic's configs under
+    CUPTI (reports/h100-sxm/matmul-moe-tuned)."""
+    from triton.testing import do_bench_cudagraph
 
-    return do_bench(run, return_mode="median")
+    return do_bench_cudagraph(run, return_mode="median")
 
 
 def autotuned_config(a: torch.Tensor, b_t: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
