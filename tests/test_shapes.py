@@ -82,12 +82,16 @@ def test_small_m_is_below_a_wave_of_row_tiles():
 
 
 def test_awkward_suite_runs_every_granularity_against_cublas_and_bf16(tmp_path):
-    (entry,) = load_suite(REPO / "suites" / "awkward.toml").entries
-    argv = entry.argv(Path(tmp_path))
+    awkward, moe_tuned = load_suite(REPO / "suites" / "awkward.toml").entries
+    argv = awkward.argv(Path(tmp_path))
     assert argv[:3] == ["matmul", "--shape-gen", "awkward"]
     joined = " ".join(argv)
     for option in ("--granularity all", "--fast-accum both", "--backend bf16", "--backend cublas", "--backend triton"):
         assert option in joined
+    assert "triton-tuned" not in joined
+    tuned = moe_tuned.argv(Path(tmp_path))
+    assert tuned[:3] == ["matmul", "--shape-gen", "moe"]
+    assert tuned[tuned.index("--backend", tuned.index("triton")) + 1] == "triton-tuned"
 
 
 def test_training_is_each_linears_three_products():
