@@ -252,7 +252,9 @@ OVERLAP_MIN_WAVES = 8
 GLUON_TILES = {
     # The three-consumer tile runs fast accumulation too (0.93 of 128 x 256 there, reports/h100-sxm/gemm-gluon-tall).
     # Without it, the fast regime took 128 x 64 or 128 x 128 tiles on N 1040 and N 1376 at 4096 tokens, and ran
-    # 1.43x and 1.08x slower than the same products promoted in 192 x 128 (reports/h100-sxm/matmul-awkward).
+    # 1.43x and 1.08x slower than the same products promoted in 192 x 128 (reports/h100-sxm/matmul-awkward). Over
+    # the square, LLaMa, training, sweep, dsv3 and awkward sets the picks change there and on 1536^3 and 3072^3
+    # (from 128 x 64 and 128 x 128 split), not rerun.
     "fast": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.93), (NARROW_GLUON, 0.93), (SLIM_GLUON, SLIM_SPEED)),
     "promoted": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.96), (OVERLAPPED_NARROW_GLUON, 0.955), (SLIM_GLUON, SLIM_SPEED)),
     "blockwise": ((TALL_BLOCKWISE_GLUON, 1.0), (BLOCKWISE_GLUON, 0.96), (SLIM_BLOCKWISE_GLUON, SLIM_SPEED)),
