@@ -248,6 +248,15 @@ BLOCKWISE_GLUON = dataclasses.replace(OVERLAPPED_NARROW_GLUON, group_m=8)
 TALL_BLOCKWISE_GLUON = dataclasses.replace(TALL_GLUON, group_m=8)
 SLIM_BLOCKWISE_GLUON = dataclasses.replace(SLIM_GLUON, group_m=8)
 SLIM_SPEED = 0.85
+# ...but only where rows are few. On products of many row tiles, where the tensor cores set the pace, the 64-wide
+# wgmma reads its A tile twice as often per product as the 128-wide one: on an H100, DeepSeek-V3's and Mixtral's
+# expert products at 2048 tokens ran 128 x 64 at 0.49-0.59 of 128 x 256 (median 0.55, grids of whole waves alike;
+# the tuner's candidates, reports/h100-sxm/matmul-moe-tuned), and the skinny DeepSeek-V3 product (M 4096, K 7168,
+# N 2112) in 128 x 64 with fast accumulation ran 1.32x slower than in split 128 x 128 tiles promoted
+# (reports/h100-sxm/matmul-awkward). Up to SLIM_MAX_ROWS rows the measured 0.85 holds (M 128 and 512, and the
+# heuristic's picks within 1% of the tuner's fastest on the MoE products of 256-1024 tokens).
+SLIM_MAX_ROWS = 1024
+SLIM_SPEED_MANY_ROWS = 0.55
 OVERLAP_MIN_WAVES = 8
 GLUON_TILES = {
     # The three-consumer tile runs fast accumulation too (0.93 of 128 x 256 there, reports/h100-sxm/gemm-gluon-tall).
@@ -331,6 +340,12 @@ def grid_efficiency(M: int, N: int, K: int, config: Fp8GemmConfig) -> float:
     return alone * work / (config.num_sms * _busiest_k_tiles(M, N, K, config, split_tiles, splits))
 
 
+def tile_speed(tile: Fp8GemmConfig, speed: float, M: int) -> float:
+    """A Gluon tile's relative speed (GLUON_TILES) on a product of M rows: the 64-wide tile's falls to
+    SLIM_SPEED_MANY_ROWS above SLIM_MAX_ROWS rows."""
+    return min(speed, SLIM_SPEED_MANY_ROWS) if tile.block_n == 64 and M > SLIM_MAX_ROWS else speed
+
+
 def b_scale_rows(granularity: Granularity, scale_b_rows: int, N: int) -> int:
     """Rows of b_t that share one scale under blockwise scaling: 128 for weights in 128 x 128 blocks (scale_b of
     N/128 rows), 1 for 1 x 128 groups (scale_b of N rows: grad_weight = grad_output.T @ input, whose operands are
@@ -387,7 +402,7 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
                <= device.shared_memory_budget]
     if fitting:
         # max() keeps the first of equals: the faster tile where both fill their waves alike.
-        config = max(fitting, key=lambda tile: tile[1] * grid_efficiency(M, N, K, tile[0]) * tile_fill(M, N, tile[0]))[0]
+        config = max(fitting, key=lambda tile: tile_speed(*tile, M) * grid_efficiency(M, N, K, tile[0]) * tile_fill(M, N, tile[0]))[0]
         if config.overlap_promotion and config.tiles(M, N) < OVERLAP_MIN_WAVES * config.num_sms:
             config = dataclasses.replace(config, overlap_promotion=False)
         return config

@@ -112,6 +112,16 @@ def test_n_off_the_tile_takes_the_tile_that_wastes_less():
     assert tile(4096, 2000, 4096, FAST) == (128, 256)
 
 
+def test_the_64_wide_tile_is_for_few_rows():
+    """128 x 64 keeps its measured speed on products of up to SLIM_MAX_ROWS rows (it fills the waves of M 128);
+    on the skinny DeepSeek-V3 product (4096 rows, N 2112) it counts at SLIM_SPEED_MANY_ROWS and 128 x 128 wins,
+    the tile the promoted regime takes there."""
+    assert tile(128, 4096, 4096, FAST) == (128, 64)
+    assert gemm_configs.tile_speed(gemm_configs.SLIM_GLUON, gemm_configs.SLIM_SPEED, 4096) == gemm_configs.SLIM_SPEED_MANY_ROWS
+    assert gemm_configs.tile_speed(gemm_configs.NARROW_GLUON, 0.93, 4096) == 0.93
+    assert tile(4096, 2112, 7168, FAST) == tile(4096, 2112, 7168, (Granularity.TENSORWISE, False)) == (128, 128)
+
+
 @pytest.mark.parametrize("regime", REGIMES, ids=str)
 def test_the_tuned_shapes_keep_their_tiles(regime):
     """Square and LLaMa products of many tiles keep the tiles the sweeps chose."""
