@@ -148,7 +148,7 @@ def command_line() -> str:
 def matmul(
     shape_gen: str = typer.Option("square", help="square | pow2-extended | llama | training (every product of a LLaMa-3 8B training step) | sweep | dsv3 | awkward (moe, tp-shards, unaligned, small-m) | custom"),
     granularity: str = typer.Option("all", help="tensorwise | axiswise (alias rowwise) | blockwise | all"),
-    backend: Optional[list[str]] = typer.Option(None, help="repeatable; default: every available backend"),
+    backend: Optional[list[str]] = typer.Option(None, help="repeatable; default: every backend but triton-tuned (ours on the autotuner's configs: tunes each new problem first)"),
     fast_accum: str = typer.Option("both", help="on | off | both"),
     dtypes: str = typer.Option("e4m3", help="FP8 operand dtypes: e4m3 (both) | e5m2xe4m3 (an e5m2 gradient x e4m3) | all"),
     M: Optional[int] = typer.Option(None, "--M", help="with --shape-gen custom"),
@@ -166,7 +166,7 @@ def matmul(
     """One FP8 GEMM per backend and granularity against BF16: time, TFLOPS, % of peak, speedup."""
     _resume_needs_out(resume, out)
     from fp8bench.benchmarks import shapes
-    from fp8bench.backends import Level, backend_names
+    from fp8bench.backends import Level, backend_names, default_backend_names
     from fp8bench.model.hardware import resolve_gpu
     from fp8bench.harness.timing import TIMER_CHOICES
 
@@ -179,7 +179,7 @@ def matmul(
         shape_list = shapes.generate(shape_gen, M, K, N)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
-    backends = tuple(backend or backend_names(Level.GEMM))
+    backends = tuple(backend or default_backend_names(Level.GEMM))
     unknown = [name for name in backends if name not in backend_names(Level.GEMM)]
     if unknown:
         raise typer.BadParameter(f"unknown backend {unknown[0]!r}; choose from: {', '.join(backend_names(Level.GEMM))}")

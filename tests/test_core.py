@@ -110,10 +110,11 @@ def test_registry_declares_capabilities():
 
 
 def test_every_implementation_is_one_backend_declaring_its_levels():
-    from fp8bench.backends import Level, Unsupported, backend_names
+    from fp8bench.backends import Level, Unsupported, backend_names, default_backend_names
     from fp8bench.backends.quantize import CAST_RECIPES
 
     assert backend_names(Level.GEMM) == ["bf16", "cublas", "triton", "triton-tuned"]  # our GEMM on two configs
+    assert default_backend_names(Level.GEMM) == ["bf16", "cublas", "triton"]  # tuning runs where it is asked for
     assert backend_names(Level.CAST) == ["triton", "torch", "torch-compile", "te"]
     assert set(backend_names(Level.LAYER)) == {"bf16", "triton", "te", "torchao"}
     assert set(backend_names(Level.MODEL)) == {"bf16", "triton", "te", "torchao", "te-layer"}  # TE's TransformerLayer: models only

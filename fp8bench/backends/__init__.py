@@ -30,6 +30,11 @@ def backend_names(level: Level = Level.GEMM) -> list[str]:
     return [name for name, backend in REGISTRY.items() if level in backend.levels]
 
 
+def default_backend_names(level: Level = Level.GEMM) -> list[str]:
+    """What a command runs when no backend is named: every backend of `level` but the opt-in ones."""
+    return [name for name in backend_names(level) if not REGISTRY[name].opt_in]
+
+
 def get_backend(name: str, level: Level | None = None) -> Backend:
     """The backend of that name; ValueError for an unknown one (or one without `level`, when given)."""
     choices = backend_names(level) if level else list(REGISTRY)
@@ -63,6 +68,6 @@ def recipe_problem(implementation: str, recipe: Any) -> str | None:
 
 
 __all__ = [
-    "REGISTRY", "Backend", "Converted", "LayerStep", "Level", "Operands", "PreparedGemm", "Unsupported", "backend_names", "convert",
+    "REGISTRY", "Backend", "Converted", "LayerStep", "Level", "Operands", "PreparedGemm", "Unsupported", "backend_names", "convert", "default_backend_names",
     "get_backend", "recipe_problem",
 ]  # fmt: skip

@@ -63,6 +63,8 @@ class Backend(ABC):
     # Whether convert_model also takes recipe None: the backend's own layers without FP8, a BF16 model of
     # its own that runs beside the reference (TE's TransformerLayer); the reference `bf16` is not one.
     runs_bf16: bool = False
+    # Left out of a command's default backends (run where named): a variant whose build step costs much more.
+    opt_in: bool = False
 
     def unavailable_reason(self, level: Level = Level.GEMM) -> str | None:
         """Why this backend cannot run `level` here (not installed, no GPU, wrong GPU), or None."""

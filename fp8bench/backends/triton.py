@@ -176,6 +176,7 @@ class TunedTritonBackend(TritonBackend):
     name = "triton-tuned"
     description = "fp8kernels.gemm with the autotuner's config per problem (cached per GPU model)"
     levels = frozenset({Level.GEMM})
+    opt_in = True  # tuning a new problem times 8-10 configs: seconds per shape and regime
 
     def gemm_config(self, qa, qb_t, sa, sb, granularity: Granularity, fast_accum: bool) -> tuple[Any, str]:
         from fp8kernels.gemm_autotune import autotuned_config
