@@ -198,7 +198,20 @@ def matmul(
 
     benchmark = MatmulBenchmark(spec)
     clock = TimerChoice(timer, config.timing.flush_l2)
-    _run_benchmark(benchmark, benchmark.cases(config), clock, config.timing, shape_gen, out, report, spec, resume=resume)
+    run_dir = _run_benchmark(benchmark, benchmark.cases(config), clock, config.timing, shape_gen, out, report, spec, resume=resume)
+    if run_dir and "triton-tuned" in backends:
+        _keep_tuned_configs(run_dir, shape_list, device_name)
+
+
+def _keep_tuned_configs(run_dir: Path, shape_list, device_name: str) -> None:
+    """The autotuner's entries for the run's products, beside its results (TUNE_CACHE_JSON): each picked config
+    with every candidate's time, which the GPU model's cache file keeps only until it is deleted or moved."""
+    from fp8bench.harness.results import TUNE_CACHE_JSON
+    from fp8kernels.gemm_autotune import TuneCache, cache_path
+
+    kept = TuneCache(cache_path(device_name)).copy_problems({(s.M, s.N, s.K) for s in shape_list}, run_dir / TUNE_CACHE_JSON)
+    if kept:
+        console.print(f"tuned configs: {run_dir / TUNE_CACHE_JSON} ({kept} problems)")
 
 
 @app.command()
@@ -250,9 +263,9 @@ def cast(
 def _run_benchmark(
     benchmark, cases, clock, timing: TimingConfig, label: str, out: Optional[Path], report: bool, spec,
     printers=None, resume: bool = False,
-) -> None:
+) -> Path | None:
     """Open the run folder, run the cases through the harness (fp8bench.harness.runner), print the table,
-    write reports.
+    write reports; the run folder (None where only the plan was printed).
 
     `printers` is (print_row, print_summary) for benchmarks whose rows are not GEMMs (default: console's).
     `resume` continues the run in `out`: its finished groups are kept, the rest measured, its metadata
@@ -264,7 +277,7 @@ def _run_benchmark(
     from fp8bench.harness.runner import run_cases
 
     if _planned(benchmark, clock, timing):
-        return
+        return None
     show_row, show_summary = printers or (print_row, print_summary)
     run_dir = out or default_run_dir(benchmark.name, label)
     metadata = run_metadata(
@@ -288,6 +301,7 @@ def _run_benchmark(
         _write_pages(run_dir)
     if interrupted:
         raise typer.Exit(130)
+    return run_dir
 
 
 def _write_pages(run_dir: Path) -> None:

@@ -94,7 +94,19 @@ class TuneCache:
 
     def store(self, key: str, config: Fp8GemmConfig, candidate_ms: dict[str, float]) -> None:
         """Add an entry: the file is read again and replaced whole, so entries written meanwhile stay."""
-        entries = self.read() | {key: {"config": config.as_dict(), "candidate_ms": candidate_ms}}
+        self._write(self.read() | {key: {"config": config.as_dict(), "candidate_ms": candidate_ms}})
+
+    def copy_problems(self, products: set[tuple[int, int, int]], path: Path) -> int:
+        """Write the entries of these (M, N, K) products to `path` (a cache file of their own, e.g. beside a
+        run's results: what was chosen over what); the number written, nothing written where none."""
+        entries = {key: entry for key, entry in self.read().items()
+                   if tuple(int(size) for size in key.split("/", 1)[0].split("x")) in products}
+        if entries:
+            TuneCache(path)._write(entries)
+        return len(entries)
+
+    def _write(self, entries: dict[str, dict]) -> None:
+        """Replace the file whole (a partial file renamed over it)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=self.path.parent, prefix=self.path.name, suffix=".tmp",
                                          delete=False) as partial:

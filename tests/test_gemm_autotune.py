@@ -211,3 +211,17 @@ def test_the_tuned_backend_times_the_cached_config_beside_the_heuristic_one(tmp_
         assert prepared.options["block_n"] == config.block_n and prepared.options["num_stages"] == config.num_stages
         out = prepared.run().float().cpu()
         assert ((out - expected).norm() / expected.norm()).item() < 0.05
+
+
+def test_a_runs_problems_are_copied_out_of_the_cache_beside_its_results(tmp_path):
+    cache = TuneCache(tmp_path / "gemm-test.json")
+    config = Fp8GemmConfig(block_m=64, block_n=64, block_k=64, group_m=8, num_stages=2, num_warps=4, num_sms=4)
+    for M, N, K in ((512, 4096, 14336), (256, 7168, 2048)):
+        for fast_accum in (True, False):
+            cache.store(problem_key(M, N, K, Granularity.TENSORWISE, fast_accum, 128, torch.float8_e4m3fn,
+                                    torch.float8_e4m3fn), config, {"x": 1.0})
+    run_copy = tmp_path / "run" / "gemm-tune-cache.json"
+    assert cache.copy_problems({(512, 4096, 14336), (4096, 4096, 4096)}, run_copy) == 2
+    assert {key.split("/")[0] for key in TuneCache(run_copy).read()} == {"512x4096x14336"}
+    assert cache.copy_problems({(4096, 4096, 4096)}, tmp_path / "none.json") == 0
+    assert not (tmp_path / "none.json").exists()

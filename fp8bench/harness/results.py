@@ -24,6 +24,7 @@ from fp8bench.harness.validate import MalformedFile, finite_number, json_type_na
 
 RESULTS_CSV = "results.csv"
 METADATA_JSON = "metadata.json"
+TUNE_CACHE_JSON = "gemm-tune-cache.json"  # the autotuner's picks for a matmul run's products (fp8kernels.gemm_autotune)
 
 # Values rows spell that readers (reports, comparisons) rely on:
 COPY_RECIPE = "copy"  # cast: the device-to-device copy of the tensor, the reference and ceiling of its group
