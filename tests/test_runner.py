@@ -354,6 +354,38 @@ def test_resume_refuses_a_run_begun_on_another_gpu_model_and_leaves_it_untouched
     assert json.loads((tmp_path / "metadata.json").read_text())["gpu_name"] == "NVIDIA H200"
 
 
+def test_a_matmul_run_with_the_tuned_backend_keeps_its_problems_tuned_configs(tmp_path, monkeypatch):
+    """`fp8bench matmul --backend triton-tuned` (stand-in clock and runner: nothing runs on a GPU) copies the tuner's
+    entries for its products into the run folder, and only those; a run without that backend copies none."""
+    import torch
+    from typer.testing import CliRunner
+
+    import fp8bench.cli as cli
+    import fp8bench.harness.runner as runner
+    import fp8bench.harness.timing as timing
+    from fp8bench.harness.results import TUNE_CACHE_JSON
+    from fp8kernels.gemm_autotune import CACHE_ENV, TuneCache, cache_path, problem_key
+    from fp8kernels.gemm_configs import Fp8GemmConfig
+    from fp8kernels.scaling import Granularity as KernelGranularity
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(cli, "require_cuda", lambda command: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(timing, "TimerChoice", lambda choice, flush_l2: FakeClock())
+    monkeypatch.setattr(runner, "run_cases", lambda benchmark, cases, *args, **kwargs: [])
+    config = Fp8GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, num_stages=4, num_warps=8, num_sms=132)
+    cache = TuneCache(cache_path("NVIDIA H100 80GB HBM3"))
+    for M in (256, 512):
+        cache.store(problem_key(M, 1024, 2048, KernelGranularity.TENSORWISE, True, 128, torch.float8_e4m3fn,
+                                torch.float8_e4m3fn), config, {"128x128x128 s4 w8 g8 gluon-ws": 0.01})
+    args = ["matmul", "--shape-gen", "custom", "--M", "256", "--K", "2048", "--N", "1024", "--no-report"]
+    tuned = CliRunner().invoke(cli.app, [*args, "--backend", "triton-tuned", "--out", str(tmp_path / "tuned")])
+    assert tuned.exit_code == 0, tuned.output
+    assert [key.split("/")[0] for key in TuneCache(tmp_path / "tuned" / TUNE_CACHE_JSON).read()] == ["256x1024x2048"]
+    plain = CliRunner().invoke(cli.app, [*args, "--backend", "triton", "--out", str(tmp_path / "plain")])
+    assert plain.exit_code == 0, plain.output
+    assert not (tmp_path / "plain" / TUNE_CACHE_JSON).exists()
+
+
 def test_a_benchmark_with_only_the_required_parts_runs(tmp_path):
     """Options, peak, speedup_vs_reference and bracket_reference are optional (case.py lists the defaults)."""
 
