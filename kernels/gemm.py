@@ -138,13 +138,15 @@ def launch_kernel(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_
     return launch_fp8_gemm(a, b_t, scale_a, scale_b, out, granularity, fast_accum, config, activation, b_rows)
 
 
+_GRANULARITY_NAMES = {g.value: g for g in Granularity.fp8()} | {"rowwise": Granularity.AXISWISE}
+
+
 def _granularity(value: Granularity | str) -> Granularity:
     if isinstance(value, Granularity) and value is not Granularity.NONE:
         return value
-    names = {g.value: g for g in Granularity.fp8()} | {"rowwise": Granularity.AXISWISE}
-    if isinstance(value, str) and value in names:
-        return names[value]
-    raise ValueError(f"unknown FP8 granularity {value!r}; choose one of: {', '.join(names)}")
+    if isinstance(value, str) and value in _GRANULARITY_NAMES:
+        return _GRANULARITY_NAMES[value]
+    raise ValueError(f"unknown FP8 granularity {value!r}; choose one of: {', '.join(_GRANULARITY_NAMES)}")
 
 
 def _activation(value: Activation | str) -> Activation:
