@@ -209,7 +209,11 @@ def _keep_tuned_configs(run_dir: Path, shape_list, device_name: str) -> None:
     from fp8bench.harness.results import TUNE_CACHE_JSON
     from fp8kernels.gemm_autotune import TuneCache, cache_path
 
-    kept = TuneCache(cache_path(device_name)).copy_problems({(s.M, s.N, s.K) for s in shape_list}, run_dir / TUNE_CACHE_JSON)
+    try:
+        kept = TuneCache(cache_path(device_name)).copy_problems({(s.M, s.N, s.K) for s in shape_list}, run_dir / TUNE_CACHE_JSON)
+    except ValueError as err:  # a malformed cache file: its rows are `failed:` rows already
+        err_console.print(f"[yellow]tuned configs not kept: {err}[/]")
+        return
     if kept:
         console.print(f"tuned configs: {run_dir / TUNE_CACHE_JSON} ({kept} problems)")
 

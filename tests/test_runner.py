@@ -384,6 +384,9 @@ def test_a_matmul_run_with_the_tuned_backend_keeps_its_problems_tuned_configs(tm
     plain = CliRunner().invoke(cli.app, [*args, "--backend", "triton", "--out", str(tmp_path / "plain")])
     assert plain.exit_code == 0, plain.output
     assert not (tmp_path / "plain" / TUNE_CACHE_JSON).exists()
+    cache.path.write_text("{not json")  # a malformed cache: a line naming it, the run's exit unchanged
+    broken = CliRunner().invoke(cli.app, [*args, "--backend", "triton-tuned", "--out", str(tmp_path / "broken")])
+    assert broken.exit_code == 0 and "tuned configs not kept" in broken.output and cache.path.name in broken.output
 
 
 def test_a_benchmark_with_only_the_required_parts_runs(tmp_path):
