@@ -5,19 +5,47 @@ unfused h returns (`swiglu_reference` is that h)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 import triton
 
 from fp8kernels._quantize_common import check_input, empty_fp8, empty_scales, fp8_constants
-from fp8kernels._swiglu_cast import AMAX, AXISWISE, BLOCKWISE, _swiglu_cast_kernel
+from fp8kernels._swiglu_cast import AXISWISE, BLOCKWISE, _swiglu_amax_kernel, _swiglu_cast_kernel
 from fp8kernels.quantize import QuantizedTensor, QuantizeSpec
 from fp8kernels.scaling import BLOCK
 
-# One tile edge for every mode: blockwise needs whole 128-wide groups both ways; 8 warps hold a
+# One tile edge for the casting modes: blockwise needs whole 128-wide groups both ways; 8 warps hold a
 # 128 x 128 float32 tile without spilling (untuned: no GPU sweep has picked it).
 TILE = BLOCK
 NUM_WARPS = 8
+
+
+@dataclass(frozen=True)
+class AmaxConfig:
+    """The amax pass's launch (`_swiglu_amax_kernel`): a tile_rows x tile_cols tile, row_tiles of them down a
+    column of tiles per program (one column atomic per program), num_warps."""
+
+    tile_rows: int = BLOCK
+    tile_cols: int = BLOCK
+    row_tiles: int = 1
+    num_warps: int = NUM_WARPS
+
+    def __post_init__(self) -> None:
+        for name in ("tile_rows", "tile_cols"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two of at least 16, got {value}")
+        if self.row_tiles < 1 or self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"row_tiles must be >= 1 and num_warps a power of two up to 16, got {self}")
+
+
+# The axiswise cast's amax pass: as the cast pass's tile until a GPU sweep picks another
+# (tools/swiglu_amax_probe.py times AMAX_CANDIDATES).
+AMAX_CONFIG = AmaxConfig()
+AMAX_CANDIDATES = (AMAX_CONFIG, AmaxConfig(row_tiles=4), AmaxConfig(row_tiles=16), AmaxConfig(64, 128, 8, 4),
+                   AmaxConfig(64, 256, 4, 8), AmaxConfig(32, 256, 8, 4), AmaxConfig(128, 128, 4, 4))
 
 
 def swiglu_reference(gu: torch.Tensor) -> torch.Tensor:
@@ -34,6 +62,7 @@ def _ffn(gu: torch.Tensor) -> int:
 
 
 def _launch(gu, scaling, spec: QuantizeSpec, q, scale, q_t, scale_t, row_amax=None, col_amax=None):
+    """The casting kernel, one TILE x TILE tile a program."""
     rows, ffn = gu.shape[0], gu.shape[1] // 2
     unused = gu  # a pointer for arguments the mode does not read
     _swiglu_cast_kernel[(triton.cdiv(rows, TILE), triton.cdiv(ffn, TILE))](
@@ -43,12 +72,15 @@ def _launch(gu, scaling, spec: QuantizeSpec, q, scale, q_t, scale_t, row_amax=No
     )  # fmt: skip
 
 
-def swiglu_amax(gu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def swiglu_amax(gu: torch.Tensor, config: AmaxConfig = AMAX_CONFIG) -> tuple[torch.Tensor, torch.Tensor]:
     """(the amax of each row of h, of each column of h), float32 (R,) and (F,): one read of gu, no output h."""
     ffn = _ffn(gu)
-    row_amax = torch.zeros(gu.shape[0], dtype=torch.float32, device=gu.device)  # atomic max needs a zero start
+    rows = gu.shape[0]
+    row_amax = torch.zeros(rows, dtype=torch.float32, device=gu.device)  # atomic max needs a zero start
     col_amax = torch.zeros(ffn, dtype=torch.float32, device=gu.device)
-    _launch(gu, AMAX, QuantizeSpec(), None, None, None, None, row_amax=row_amax, col_amax=col_amax)
+    grid = (triton.cdiv(rows, config.tile_rows * config.row_tiles), triton.cdiv(ffn, config.tile_cols))
+    _swiglu_amax_kernel[grid](gu, row_amax, col_amax, rows, ffn, TILE_ROWS=config.tile_rows, TILE_COLS=config.tile_cols,
+                              ROW_TILES=config.row_tiles, num_warps=config.num_warps)
     return row_amax, col_amax
 
 

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
+from tool_module import load_tool
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported (see test_gemm_awkward_probe)
-spec = importlib.util.spec_from_file_location("gemm_heuristic_grade", Path(__file__).parents[1] / "tools/gemm_heuristic_grade.py")
-tool = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = tool
-spec.loader.exec_module(tool)
+tool = load_tool("gemm_heuristic_grade")
 
 from fp8kernels.gemm_autotune import TuneCache, problem_key  # noqa: E402
 from fp8kernels.gemm_configs import DeviceProperties, choose_config, config_label  # noqa: E402

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from typer.testing import CliRunner
+from tool_module import load_tool
 
-spec = importlib.util.spec_from_file_location("gemm_host_probe", Path(__file__).parents[1] / "tools/gemm_host_probe.py")
-probe = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = probe
-spec.loader.exec_module(probe)
+probe = load_tool("gemm_host_probe")
 
 
 def test_the_parts_are_the_spans_between_the_marks_of_one_call():

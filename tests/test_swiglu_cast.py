@@ -22,6 +22,8 @@ from fp8kernels.quantize_blockwise import quantize_blockwise  # noqa: E402
 from fp8kernels import reference as ref  # noqa: E402
 from fp8kernels.reference import E4M3, E5M2  # noqa: E402
 from fp8kernels.swiglu_cast import (  # noqa: E402
+    AMAX_CANDIDATES,
+    AmaxConfig,
     swiglu_amax,
     swiglu_cast_axiswise,
     swiglu_cast_blockwise,
@@ -62,6 +64,23 @@ def test_amax_is_h_per_row_and_column(rows, ffn):
     h = swiglu_reference(gu).float().abs()
     row_amax, col_amax = swiglu_amax(gu)
     assert torch.equal(row_amax, h.amax(dim=1)) and torch.equal(col_amax, h.amax(dim=0))
+
+
+@pytest.mark.parametrize("config", AMAX_CANDIDATES, ids=str)
+def test_every_amax_candidate_gives_the_same_amaxes(config):
+    """The probe's launch configs, on a product whose rows end inside a program's walk and whose width ends
+    inside a tile."""
+    gu = gate_up(300, 200, 5)
+    h = swiglu_reference(gu).float().abs()
+    row_amax, col_amax = swiglu_amax(gu, config)
+    assert torch.equal(row_amax, h.amax(dim=1)) and torch.equal(col_amax, h.amax(dim=0))
+
+
+def test_an_amax_config_that_cannot_launch_is_refused():
+    with pytest.raises(ValueError, match="power of two"):
+        AmaxConfig(tile_rows=96)
+    with pytest.raises(ValueError, match="row_tiles"):
+        AmaxConfig(row_tiles=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
