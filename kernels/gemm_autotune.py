@@ -24,7 +24,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -55,6 +55,24 @@ def problem_key(M: int, N: int, K: int, granularity: Granularity, fast_accum: bo
                 b_dtype: torch.dtype) -> str:
     dtypes = "x".join(str(d).removeprefix("torch.") for d in (a_dtype, b_dtype))
     return f"{M}x{N}x{K}/{granularity.value}/fast_accum={'on' if fast_accum else 'off'}/b_rows={b_rows}/{dtypes}"
+
+
+class Problem(NamedTuple):
+    """What problem_key spells, read back (the operand dtypes left out)."""
+
+    M: int
+    N: int
+    K: int
+    granularity: Granularity
+    fast_accum: bool
+    b_rows: int
+
+
+def problem_of(key: str) -> Problem:
+    """The problem a problem_key names."""
+    sizes, granularity, fast_accum, b_rows, _ = key.split("/")
+    M, N, K = (int(size) for size in sizes.split("x"))
+    return Problem(M, N, K, Granularity(granularity), fast_accum == "fast_accum=on", int(b_rows.removeprefix("b_rows=")))
 
 
 def cache_path(device_name: str) -> Path:
@@ -99,8 +117,7 @@ class TuneCache:
     def copy_problems(self, products: set[tuple[int, int, int]], path: Path) -> int:
         """Write the entries of these (M, N, K) products to `path` (a cache file of their own, e.g. beside a
         run's results: what was chosen over what); the number written, nothing written where none."""
-        entries = {key: entry for key, entry in self.read().items()
-                   if tuple(int(size) for size in key.split("/", 1)[0].split("x")) in products}
+        entries = {key: entry for key, entry in self.read().items() if problem_of(key)[:3] in products}
         if entries:
             TuneCache(path)._write(entries)
         return len(entries)

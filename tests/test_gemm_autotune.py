@@ -26,6 +26,7 @@ from fp8kernels.gemm_autotune import (  # noqa: E402
     autotuned_config,
     cache_path,
     problem_key,
+    problem_of,
     tuning_candidates,
 )
 from fp8kernels.gemm_configs import DeviceProperties, Fp8GemmConfig, config_label, last_wave_split  # noqa: E402
@@ -225,3 +226,10 @@ def test_a_runs_problems_are_copied_out_of_the_cache_beside_its_results(tmp_path
     assert {key.split("/")[0] for key in TuneCache(run_copy).read()} == {"512x4096x14336"}
     assert cache.copy_problems({(4096, 4096, 4096)}, tmp_path / "none.json") == 0
     assert not (tmp_path / "none.json").exists()
+
+
+def test_a_problem_key_reads_back_as_its_problem():
+    key = problem_key(512, 4096, 14336, Granularity.BLOCKWISE, False, 1, torch.float8_e5m2, torch.float8_e4m3fn)
+    assert problem_of(key) == (512, 4096, 14336, Granularity.BLOCKWISE, False, 1)
+    assert problem_of(problem_key(64, 128, 256, Granularity.AXISWISE, True, 128, torch.float8_e4m3fn,
+                                  torch.float8_e4m3fn)).fast_accum is True

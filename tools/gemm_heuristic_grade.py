@@ -27,17 +27,16 @@ console = Console(width=200)
 def grade(entries: dict[str, dict], sms: int, shared_memory: int) -> tuple[list[tuple[str, str, float]], list[str]]:
     """([(problem key, the heuristic's pick, its time over the fastest candidate's)], [keys whose pick was not
     timed]), over tuner cache entries (fp8kernels.gemm_autotune.problem_key keys)."""
+    from fp8kernels.gemm_autotune import problem_of
     from fp8kernels.gemm_configs import DeviceProperties, choose_config, config_label
-    from fp8kernels.scaling import Granularity
 
     device = DeviceProperties(sms, shared_memory)
     graded, untimed = [], []
     for key, entry in entries.items():
-        sizes, granularity, fast_accum, b_rows, _ = key.split("/")
-        M, N, K = (int(size) for size in sizes.split("x"))
-        pick = choose_config(M, N, K, Granularity(granularity), fast_accum.endswith("on"), device, True,
-                             int(b_rows.removeprefix("b_rows=")))
-        label = config_label(pick.options_for(M, N, K))
+        problem = problem_of(key)
+        pick = choose_config(problem.M, problem.N, problem.K, problem.granularity, problem.fast_accum, device, True,
+                             problem.b_rows)
+        label = config_label(pick.options_for(problem.M, problem.N, problem.K))
         times = entry["candidate_ms"]
         if label in times:
             graded.append((key, label, times[label] / min(times.values())))
