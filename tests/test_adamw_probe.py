@@ -3,10 +3,7 @@ fake timer: a CPU gives no GPU numbers), and its refusal to run without a GPU.""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
 
@@ -15,10 +12,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-spec = importlib.util.spec_from_file_location("adamw_probe", Path(__file__).parents[1] / "tools/adamw_probe.py")
-probe = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = probe  # its dataclasses look their module up there
-spec.loader.exec_module(probe)
+from tool_module import load_tool
+
+probe = load_tool("adamw_probe")
 
 TINY = [(64, 40), (7,), (300,)]
 

@@ -483,15 +483,9 @@ def test_compiled_checkpointed_block_with_fp8_all_gather_saves_no_fp8_tensor():
 
 def _memory_probe():
     """tools/fsdp_memory_probe.py (not installed) as a module."""
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from tool_module import load_tool
 
-    spec = importlib.util.spec_from_file_location("fsdp_memory_probe", Path(__file__).parents[1] / "tools/fsdp_memory_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = probe  # its dataclasses look their module up there
-    spec.loader.exec_module(probe)
-    return probe
+    return load_tool("fsdp_memory_probe")
 
 
 MEMORY_MODEL = LlamaConfig("memory", dim=128, ffn_dim=256, heads=2, kv_heads=1, vocab=256, layers=4)

@@ -3,17 +3,12 @@ waiting for, and the scaling efficiency against the one-GPU rows."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pandas as pd
 import pytest
 
-spec = importlib.util.spec_from_file_location("fsdp_probe", Path(__file__).parents[1] / "tools/fsdp_probe.py")
-probe = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = probe  # its dataclasses look their module up there
-spec.loader.exec_module(probe)
+from tool_module import load_tool
+
+probe = load_tool("fsdp_probe")
 
 
 def _kernel(name: str, start: float, duration: float, stream: int) -> dict:

@@ -3,23 +3,13 @@ gemm_sweep's ranking of tiles, which the probe imports with it."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-from pathlib import Path
-
 import pandas as pd
 import pytest
 import torch
 
-# The tool imports Triton's language module: under the interpreter (no GPU) that must come after TRITON_INTERPRET
-# is set, or the kernel tests collected after this file find Triton's own functions compiled for a GPU.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-spec = importlib.util.spec_from_file_location("gemm_awkward_probe", Path(__file__).parents[1] / "tools/gemm_awkward_probe.py")
-probe = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = probe
-spec.loader.exec_module(probe)
+from tool_module import load_tool
+
+probe = load_tool("gemm_awkward_probe", triton_kernels=True)
 
 
 def test_tile_speeds_keep_the_overlapped_and_plain_tile_apart_and_skip_unfilled_grids():

@@ -3,18 +3,13 @@ all-gather of the block moves, and the per-background summary."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from fp8bench.nn.llama import PRESETS
 
-spec = importlib.util.spec_from_file_location("gemm_beside_comm_probe", Path(__file__).parents[1] / "tools/gemm_beside_comm_probe.py")
-probe = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = probe  # its dataclasses look their module up there
-spec.loader.exec_module(probe)
+from tool_module import load_tool
+
+probe = load_tool("gemm_beside_comm_probe")
 
 
 def test_each_linear_runs_three_products_of_equal_work_in_training():

@@ -9,7 +9,7 @@ import torch
 from typer.testing import CliRunner
 from tool_module import load_tool
 
-tool = load_tool("gemm_heuristic_grade")
+tool = load_tool("gemm_heuristic_grade", triton_kernels=True)
 
 from fp8kernels.gemm_autotune import TuneCache, problem_key  # noqa: E402
 from fp8kernels.gemm_configs import DeviceProperties, choose_config, config_label  # noqa: E402

@@ -4,10 +4,7 @@ host's; no GPU needed)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,14 +12,9 @@ import triton
 
 from fp8kernels.gemm import GLUON_TRITON_RELEASES
 
-# The tool imports Triton's language module: under the interpreter (no GPU) that must come after TRITON_INTERPRET
-# is set, or the kernel tests collected after this file find Triton's own functions compiled for a GPU.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-spec = importlib.util.spec_from_file_location("gemm_sass", Path(__file__).parents[1] / "tools/gemm_sass.py")
-sass_tool = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = sass_tool  # its dataclasses look their module up there
-spec.loader.exec_module(sass_tool)
+from tool_module import load_tool
+
+sass_tool = load_tool("gemm_sass", triton_kernels=True)
 
 # ptxas -v of the overlapped blockwise tile before its promotion was pinned (reports/h100-sxm/gemm-overlapped-promotion).
 SPILLED_AND_SERIALIZED = """ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non wgmma instructions defining accumulator registers of a wgmma between start and end of the pipeline stage in the function '_fp8_gemm_ws_kernel'

@@ -7,7 +7,7 @@ import torch
 from typer.testing import CliRunner
 from tool_module import load_tool
 
-probe = load_tool("swiglu_amax_probe")
+probe = load_tool("swiglu_amax_probe", triton_kernels=True)
 
 from fp8kernels.swiglu_cast import AMAX_CANDIDATES, AmaxConfig  # noqa: E402
 

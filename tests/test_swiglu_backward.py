@@ -20,10 +20,7 @@ against quantize_axiswise. A `gpu` test repeats that at LLaMa-3-8B's FFN, R = 81
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -46,10 +43,9 @@ from fp8kernels.swiglu_backward import (  # noqa: E402
     swiglu_backward_reference,
 )
 
-spec = importlib.util.spec_from_file_location("swiglu_backward_probe", Path(__file__).parents[1] / "tools/swiglu_backward_probe.py")
-probe = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = probe  # its dataclasses look their module up there
-spec.loader.exec_module(probe)
+from tool_module import load_tool  # noqa: E402
+
+probe = load_tool("swiglu_backward_probe")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 AWKWARD = [(37, 200), (128, 384), (1, 130)]  # rows, ffn: partial tiles both ways, whole tiles, one row

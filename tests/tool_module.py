@@ -11,11 +11,12 @@ from types import ModuleType
 import torch
 
 
-def load_tool(name: str) -> ModuleType:
-    """tools/<name>.py as the module `name`. Without a GPU, TRITON_INTERPRET=1 is set first: a tool that imports
-    Triton's language module before it would leave the kernel tests collected after it with Triton's functions
+def load_tool(name: str, triton_kernels: bool = False) -> ModuleType:
+    """tools/<name>.py as the module `name`, registered in sys.modules (its dataclasses look their module up
+    there). `triton_kernels`: the tool imports Triton's language module (our kernels), so without a GPU
+    TRITON_INTERPRET=1 is set first; set after, the kernel tests collected later would find Triton's functions
     compiled for a GPU."""
-    if not torch.cuda.is_available():
+    if triton_kernels and not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
     spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
