@@ -488,6 +488,13 @@ def test_a_run_forcing_a_gemm_config_says_so_in_its_metadata(monkeypatch):
     assert env.run_metadata("fp8bench matmul")["gemm_config_override"] == '{"num_stages": 2}'
 
 
+def test_a_tool_records_its_own_command_line_not_fp8benchs(monkeypatch):
+    from fp8bench.harness import env
+
+    monkeypatch.setattr("sys.argv", ["/checkout/tools/gemm_host_probe.py", "--out", "runs/host probe"])
+    assert env.script_command_line() == "python tools/gemm_host_probe.py --out 'runs/host probe'"
+
+
 def test_the_git_revision_named_by_the_environment_wins(monkeypatch):
     from fp8bench.harness import env
 

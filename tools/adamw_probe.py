@@ -25,7 +25,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import statistics
-import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
@@ -287,9 +286,9 @@ def main(
     frame = pd.DataFrame.from_records(records)
     out.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out, index=False)
-    from fp8bench.harness.env import run_metadata
+    from fp8bench.harness.env import run_metadata, script_command_line
 
-    metadata = run_metadata(" ".join(["python tools/adamw_probe.py", *sys.argv[1:]]), {"steps": steps, "warmup": warmup})
+    metadata = run_metadata(script_command_line(), {"steps": steps, "warmup": warmup})
     (out.parent / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
     console.print(frame_table(frame, f"one optimizer step on {torch.cuda.get_device_name()}, medians of {steps} steps; written to {out}", TABLE_COLUMNS))
 

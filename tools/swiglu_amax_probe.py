@@ -74,8 +74,7 @@ def main(
     import pandas as pd
     import torch
 
-    from fp8bench.cli import command_line
-    from fp8bench.harness.env import run_metadata
+    from fp8bench.harness.env import run_metadata, script_command_line
 
     if not torch.cuda.is_available():
         console.print("swiglu_amax_probe needs a CUDA GPU")
@@ -89,7 +88,7 @@ def main(
     if out:
         out.mkdir(parents=True, exist_ok=True)
         pd.DataFrame(records).to_csv(out / "amax.csv", index=False)
-        (out / "metadata.json").write_text(json.dumps(run_metadata(command_line(), {"rows": rows, "ffn": ffn}), indent=1, default=str))
+        (out / "metadata.json").write_text(json.dumps(run_metadata(script_command_line(), {"rows": rows, "ffn": ffn}), indent=1, default=str))
 
 
 if __name__ == "__main__":

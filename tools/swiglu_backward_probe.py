@@ -42,7 +42,6 @@ DIR/metadata.json (GPU, versions, git revision, command).
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -362,11 +361,11 @@ def main(
     frame = pd.DataFrame.from_records(probe(rows, ffn, sweep))
     title = f"SwiGLU backward, R={rows} F={ffn} bf16, on {torch.cuda.get_device_name()}: CUPTI kernel time, medians of repeats"
     if out is not None:
-        from fp8bench.harness.env import run_metadata
+        from fp8bench.harness.env import run_metadata, script_command_line
 
         out.mkdir(parents=True, exist_ok=True)
         frame.to_csv(out / "swiglu_backward.csv", index=False)
-        metadata = run_metadata(" ".join(["python tools/swiglu_backward_probe.py", *sys.argv[1:]]), {"rows": rows, "ffn": ffn, "sweep": sweep})
+        metadata = run_metadata(script_command_line(), {"rows": rows, "ffn": ffn, "sweep": sweep})
         (out / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
         title += f"; written to {out}"
     console.print(frame_table(frame, title))

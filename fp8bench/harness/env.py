@@ -6,6 +6,7 @@ import datetime as dt
 import importlib.metadata
 import os
 import platform
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,12 @@ def gpu_metadata() -> dict[str, Any]:
     except Exception as err:  # noqa: BLE001 - NVML is optional; say why it is missing
         info["nvml_error"] = str(err)
     return info
+
+
+def script_command_line() -> str:
+    """The command line of a script run from the repository (tools/*.py), as typed there: `python tools/NAME.py
+    ARGS`, whatever the working directory's path to it was."""
+    return shlex.join(["python", f"tools/{Path(sys.argv[0]).name}", *sys.argv[1:]])
 
 
 def run_metadata(command: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
