@@ -154,6 +154,7 @@ def matmul(
     M: Optional[int] = typer.Option(None, "--M", help="with --shape-gen custom"),
     K: Optional[int] = typer.Option(None, "--K", help="with --shape-gen custom"),
     N: Optional[int] = typer.Option(None, "--N", help="with --shape-gen custom"),
+    shape_name: Optional[list[str]] = typer.Option(None, help="repeatable; keep the shapes whose name contains this (e.g. moe.dsv3.)"),
     repeats: int = typer.Option(5, min=1, help="independent repeats per case (each with its own warm-up)"),
     timer: str = typer.Option("auto", help="auto | cuda-events | cupti"),
     gpu: str = typer.Option("auto", help="GPU model for % of peak: auto (detect) or a hardware-table key"),
@@ -176,7 +177,7 @@ def matmul(
     if timer not in TIMER_CHOICES:
         raise typer.BadParameter(f"unknown timer {timer!r}; choose one of: {', '.join(TIMER_CHOICES)}")
     try:
-        shape_list = shapes.generate(shape_gen, M, K, N)
+        shape_list = shapes.generate(shape_gen, M, K, N, shape_name or ())
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     backends = tuple(backend or default_backend_names(Level.GEMM))
@@ -642,14 +643,10 @@ def roofline(
     impls = tuple(dict.fromkeys(i for name in implementation or ["all"] for i in choice(name, IMPLEMENTATION_CHOICES, "implementation")))
     device_name = cuda_device_name()
     try:
-        shape_list = shapes.generate(shape_gen, M, K, N)
+        shape_list = shapes.generate(shape_gen, M, K, N, shape_name or ())
         specs = list(dict.fromkeys(resolve_gpu(name, device_name) for name in gpu or ["auto"]))
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
-    if shape_name:
-        shape_list = [s for s in shape_list if any(part in s.name for part in shape_name)]
-        if not shape_list:
-            raise typer.BadParameter(f"no {shape_gen} shape has a name containing any of {shape_name}")
     if calibration is not None and len(specs) > 1:
         raise typer.BadParameter("--calibration is one GPU's profile; with several --gpu each uses its own calibration/<gpu>.json")
     measuring = measure and device_name is not None

@@ -59,9 +59,16 @@ def test_sweep_and_custom():
     assert (one.M, one.K, one.N, one.name) == (17, 48, 96, "17x48x96")
 
 
+def test_shapes_kept_by_a_part_of_their_name():
+    got = shapes.generate("awkward", name_parts=("moe.dsv3.w2.M1024", "skinny."))
+    assert [s.name for s in got] == ["moe.dsv3.w2.M1024", "skinny.dsv3.wq_a_kv_a.M4096"]
+    assert [s.name for s in shapes.generate("custom", 17, 48, 96, ("17x48",))] == ["17x48x96"]
+
+
 @pytest.mark.parametrize(
     "args, message",
-    [(("custom", 16, None, 32), "--K"), (("square", 16, 16, 16), "only go with"), (("cubes",), "choose one of")],
+    [(("custom", 16, None, 32), "--K"), (("square", 16, 16, 16), "only go with"), (("cubes",), "choose one of"),
+     (("square", None, None, None, ("llama",)), r"no square shape has a name containing any of \['llama'\]")],
 )
 def test_shape_generator_errors(args, message):
     with pytest.raises(ValueError, match=message):

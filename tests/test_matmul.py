@@ -98,6 +98,12 @@ def test_our_backend_multiplies_e5m2_by_e4m3_within_fp8_noise_of_bf16(granularit
     assert prepared.options["dtype"] == "e5m2xe4m3"
 
 
+def test_cli_refuses_a_shape_name_no_shape_has():
+    result = CliRunner().invoke(app, ["matmul", "--shape-gen", "moe", "--shape-name", "llama3-405b"])
+    assert result.exit_code == 2
+    assert "no moe shape has a name containing any of ['llama3-405b']" in " ".join(result.output.replace("│", " ").split())
+
+
 def test_cli_refuses_unknown_operand_dtypes():
     result = CliRunner().invoke(app, ["matmul", "--dtypes", "e6m1"])
     assert result.exit_code == 2

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from fp8bench.config import GemmShape
 
@@ -181,15 +181,22 @@ SHAPE_GENERATORS: dict[str, Callable[[], list[GemmShape]]] = {
 SHAPE_GEN_CHOICES = (*SHAPE_GENERATORS, "custom")
 
 
-def generate(name: str, M: int | None = None, K: int | None = None, N: int | None = None) -> list[GemmShape]:
-    """Shapes of a named generator; `custom` takes exactly one M, K and N."""
+def generate(name: str, M: int | None = None, K: int | None = None, N: int | None = None,
+             name_parts: Sequence[str] = ()) -> list[GemmShape]:
+    """Shapes of a named generator (`custom` takes exactly one M, K and N), those whose name contains one of
+    `name_parts` where any are given."""
     if name == "custom":
         missing = [dim for dim, value in (("M", M), ("K", K), ("N", N)) if value is None]
         if missing:
             raise ValueError(f"--shape-gen custom needs {', '.join('--' + d for d in missing)}")
-        return [GemmShape(M, K, N)]
-    if name not in SHAPE_GENERATORS:
+        shapes = [GemmShape(M, K, N)]
+    elif name not in SHAPE_GENERATORS:
         raise ValueError(f"unknown shape generator {name!r}; choose one of: {', '.join(SHAPE_GEN_CHOICES)}")
-    if (M, K, N) != (None, None, None):
+    elif (M, K, N) != (None, None, None):
         raise ValueError("--M/--K/--N only go with --shape-gen custom")
-    return SHAPE_GENERATORS[name]()
+    else:
+        shapes = SHAPE_GENERATORS[name]()
+    kept = [s for s in shapes if not name_parts or any(part in s.name for part in name_parts)]
+    if not kept:
+        raise ValueError(f"no {name} shape has a name containing any of {list(name_parts)}")
+    return kept
