@@ -114,12 +114,13 @@ def test_n_off_the_tile_takes_the_tile_that_wastes_less():
 
 def test_the_64_wide_tile_is_for_few_rows():
     """128 x 64 keeps its measured speed on products of up to SLIM_MAX_ROWS rows (it fills the waves of M 128);
-    on the skinny DeepSeek-V3 product (4096 rows, N 2112) it counts at SLIM_SPEED_MANY_ROWS and 128 x 128 wins,
-    the tile the promoted regime takes there."""
+    on the skinny DeepSeek-V3 product (4096 rows, N 2112) it counts at SLIM_SPEED_MANY_ROWS and the three-consumer
+    tile wins in both regimes, whole: the autotuner's fastest there (reports/h100-sxm/matmul-fast-tall)."""
     assert tile(128, 4096, 4096, FAST) == (128, 64)
     assert gemm_configs.tile_speed(gemm_configs.SLIM_GLUON, gemm_configs.SLIM_SPEED, 4096) == gemm_configs.SLIM_SPEED_MANY_ROWS
     assert gemm_configs.tile_speed(gemm_configs.NARROW_GLUON, 0.93, 4096) == 0.93
-    assert tile(4096, 2112, 7168, FAST) == tile(4096, 2112, 7168, (Granularity.TENSORWISE, False)) == (128, 128)
+    assert tile(4096, 2112, 7168, FAST) == tile(4096, 2112, 7168, (Granularity.TENSORWISE, False)) == (192, 128)
+    assert gemm_configs.last_wave_split(4096, 2112, 7168, choose_config(4096, 2112, 7168, *FAST, H100, gluon=True)) == (0, 1)
 
 
 @pytest.mark.parametrize("regime", REGIMES, ids=str)
@@ -225,9 +226,10 @@ def test_gpu_heuristic_kernel_on_awkward_shapes(regime):
 def test_the_narrow_tile_overlaps_its_promotion_only_on_many_waves(regime):
     """128 x 128 overlaps its promotion where the grid walks OVERLAP_MIN_WAVES waves of tiles or more (blockwise M
     16384, N 1280: 1280 tiles, 9.7 waves), and not on fewer (M 8192, N 1280: 4.8 waves; an MoE expert's M 512,
-    N 4096: one), where the producer's loads ahead counted for more."""
-    shapes = [(8192, 1280, 4096, False), (512, 4096, 7168, False)]
-    for M, N, K, overlapped in shapes + ([(16384, 1280, 4096, True)] if regime == BLOCKWISE else []):
+    N 4096: one), where the producer's loads ahead counted for more. (Tensorwise promoted takes 128 x 256 at M 8192,
+    N 1280.)"""
+    shapes = [(512, 4096, 7168, False)]
+    for M, N, K, overlapped in shapes + ([(8192, 1280, 4096, False), (16384, 1280, 4096, True)] if regime == BLOCKWISE else []):
         config = choose_config(M, N, K, *regime, H100, gluon=True)
         assert (config.block_m, config.block_n) == (128, 128), (M, N, K)
         assert config.overlap_promotion is overlapped, (M, N, K)
