@@ -155,6 +155,7 @@ def matmul(
     K: Optional[int] = typer.Option(None, "--K", help="with --shape-gen custom"),
     N: Optional[int] = typer.Option(None, "--N", help="with --shape-gen custom"),
     shape_name: Optional[list[str]] = typer.Option(None, help="repeatable; keep the shapes whose name contains this (e.g. moe.dsv3.)"),
+    shape: Optional[list[str]] = typer.Option(None, "--shape", help="with --shape-gen custom: a product MxKxN, repeatable"),
     repeats: int = typer.Option(5, min=1, help="independent repeats per case (each with its own warm-up)"),
     timer: str = typer.Option("auto", help="auto | cuda-events | cupti"),
     gpu: str = typer.Option("auto", help="GPU model for % of peak: auto (detect) or a hardware-table key"),
@@ -177,7 +178,7 @@ def matmul(
     if timer not in TIMER_CHOICES:
         raise typer.BadParameter(f"unknown timer {timer!r}; choose one of: {', '.join(TIMER_CHOICES)}")
     try:
-        shape_list = shapes.generate(shape_gen, M, K, N, shape_name or ())
+        shape_list = shapes.generate(shape_gen, M, K, N, shape_name or (), shape or ())
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None
     backends = tuple(backend or default_backend_names(Level.GEMM))
@@ -617,6 +618,7 @@ def roofline(
     measure: bool = typer.Option(True, "--measure/--no-measure", help="also measure the layer (needs a GPU; predictions only without one)"),
     report: bool = typer.Option(True, "--report/--no-report", help="write the HTML report into the run folder"),
     shape_name: Optional[list[str]] = typer.Option(None, help="repeatable; keep the shapes whose name contains this (e.g. llama3-8b.)"),
+    shape: Optional[list[str]] = typer.Option(None, "--shape", help="with --shape-gen custom: a product MxKxN, repeatable"),
     repeats: int = typer.Option(5, min=1, help="measured: independent repeats per case (each with its own warm-up)"),
     eager: bool = typer.Option(True, "--eager/--no-eager", help="measured: also our layer (Float8LayerNormLinear) and the BF16 layer without torch.compile"),
     out: Optional[Path] = typer.Option(None, help="run folder (default runs/<time>-roofline-<shape-gen>)"),
@@ -643,7 +645,7 @@ def roofline(
     impls = tuple(dict.fromkeys(i for name in implementation or ["all"] for i in choice(name, IMPLEMENTATION_CHOICES, "implementation")))
     device_name = cuda_device_name()
     try:
-        shape_list = shapes.generate(shape_gen, M, K, N, shape_name or ())
+        shape_list = shapes.generate(shape_gen, M, K, N, shape_name or (), shape or ())
         specs = list(dict.fromkeys(resolve_gpu(name, device_name) for name in gpu or ["auto"]))
     except ValueError as err:
         raise typer.BadParameter(str(err)) from None

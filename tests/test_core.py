@@ -65,10 +65,18 @@ def test_shapes_kept_by_a_part_of_their_name():
     assert [s.name for s in shapes.generate("custom", 17, 48, 96, ("17x48",))] == ["17x48x96"]
 
 
+def test_custom_products_written_mxkxn():
+    got = shapes.generate("custom", products=("4096x7168x2112", "256X4096x28672"))
+    assert [(s.M, s.K, s.N, s.name) for s in got] == [(4096, 7168, 2112, "4096x7168x2112"), (256, 4096, 28672, "256x4096x28672")]
+    assert [s.name for s in shapes.generate("custom", 17, 48, 96, products=("32x64x16",))] == ["17x48x96", "32x64x16"]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [(("custom", 16, None, 32), "--K"), (("square", 16, 16, 16), "only go with"), (("cubes",), "choose one of"),
-     (("square", None, None, None, ("llama",)), r"no square shape has a name containing any of \['llama'\]")],
+     (("square", None, None, None, ("llama",)), r"no square shape has a name containing any of \['llama'\]"),
+     (("custom",), "needs --shape MxKxN"), (("custom", None, None, None, (), ("4096x7168",)), "'4096x7168' is not MxKxN"),
+     (("custom", None, None, None, (), ("0x16x16",)), "is not MxKxN"), (("llama", None, None, None, (), ("16x16x16",)), "only go with")],
 )
 def test_shape_generator_errors(args, message):
     with pytest.raises(ValueError, match=message):

@@ -104,6 +104,12 @@ def test_cli_refuses_a_shape_name_no_shape_has():
     assert "no moe shape has a name containing any of ['llama3-405b']" in " ".join(result.output.replace("│", " ").split())
 
 
+def test_cli_refuses_a_malformed_product():
+    result = CliRunner().invoke(app, ["matmul", "--shape-gen", "custom", "--shape", "4096x7168"])
+    assert result.exit_code == 2
+    assert "'4096x7168' is not MxKxN" in " ".join(result.output.replace("│", " ").split())
+
+
 def test_cli_refuses_unknown_operand_dtypes():
     result = CliRunner().invoke(app, ["matmul", "--dtypes", "e6m1"])
     assert result.exit_code == 2

@@ -181,19 +181,31 @@ SHAPE_GENERATORS: dict[str, Callable[[], list[GemmShape]]] = {
 SHAPE_GEN_CHOICES = (*SHAPE_GENERATORS, "custom")
 
 
+def parse_product(text: str) -> GemmShape:
+    """A product written MxKxN (e.g. 4096x7168x2112)."""
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--shape {text!r} is not MxKxN (three positive integers, e.g. 4096x7168x2112)")
+    M, K, N = (int(p) for p in parts)
+    return GemmShape(M, K, N)
+
+
 def generate(name: str, M: int | None = None, K: int | None = None, N: int | None = None,
-             name_parts: Sequence[str] = ()) -> list[GemmShape]:
-    """Shapes of a named generator (`custom` takes exactly one M, K and N), those whose name contains one of
-    `name_parts` where any are given."""
+             name_parts: Sequence[str] = (), products: Sequence[str] = ()) -> list[GemmShape]:
+    """Shapes of a named generator, those whose name contains one of `name_parts` where any are given. `custom`
+    takes one M, K and N, or `products` written MxKxN (--shape, repeatable), or both."""
+    dims = (M, K, N)
     if name == "custom":
-        missing = [dim for dim, value in (("M", M), ("K", K), ("N", N)) if value is None]
-        if missing:
-            raise ValueError(f"--shape-gen custom needs {', '.join('--' + d for d in missing)}")
-        shapes = [GemmShape(M, K, N)]
+        missing = [f"--{d}" for d, value in zip("MKN", dims) if value is None]
+        if len(missing) == 3 and not products:
+            raise ValueError("--shape-gen custom needs --shape MxKxN (repeatable) or --M, --K and --N")
+        if 0 < len(missing) < 3:
+            raise ValueError(f"--shape-gen custom needs {', '.join(missing)} beside the others")
+        shapes = ([] if missing else [GemmShape(M, K, N)]) + [parse_product(p) for p in products]
     elif name not in SHAPE_GENERATORS:
         raise ValueError(f"unknown shape generator {name!r}; choose one of: {', '.join(SHAPE_GEN_CHOICES)}")
-    elif (M, K, N) != (None, None, None):
-        raise ValueError("--M/--K/--N only go with --shape-gen custom")
+    elif dims != (None, None, None) or products:
+        raise ValueError("--M/--K/--N and --shape only go with --shape-gen custom")
     else:
         shapes = SHAPE_GENERATORS[name]()
     kept = [s for s in shapes if not name_parts or any(part in s.name for part in name_parts)]
