@@ -508,6 +508,8 @@ def test_a_tool_records_its_own_command_line_not_fp8benchs(monkeypatch):
 
     monkeypatch.setattr("sys.argv", ["/checkout/tools/gemm_host_probe.py", "--out", "runs/host probe"])
     assert env.script_command_line() == "python tools/gemm_host_probe.py --out 'runs/host probe'"
+    monkeypatch.setattr("sys.argv", ["tools/gemm_sweep.py"])
+    assert env.script_command_line(without_arguments="compare") == "python tools/gemm_sweep.py compare"
 
 
 def test_the_git_revision_named_by_the_environment_wins(monkeypatch):

@@ -20,8 +20,6 @@ import concurrent.futures
 import dataclasses
 import multiprocessing
 import os
-import shlex
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -33,7 +31,7 @@ from scipy.stats import gmean
 from fp8bench.backends import REGISTRY
 from fp8bench.backends.triton import kernel_operands
 from fp8bench.config import BLOCK, FastAccum, GemmShape, Granularity, MatmulCase, TimingConfig
-from fp8bench.harness.env import run_metadata
+from fp8bench.harness.env import run_metadata, script_command_line
 from fp8bench.model.hardware import spec_for_device_name
 from fp8bench.benchmarks.matmul import GemmCase, MatmulBenchmark, random_operands
 from fp8bench.harness.results import RunWriter
@@ -233,7 +231,7 @@ def _timer(choice: str) -> str:
 def _open_run(out: Path, command: str) -> RunWriter:
     """The run's writer; its metadata records the command line as given (`command` where there is none), under
     the name of the script run (this one, or gemm_awkward_probe.py, which opens its runs here)."""
-    return RunWriter(out, run_metadata(f"tools/{Path(sys.argv[0]).name} {shlex.join(sys.argv[1:]) or command}"))
+    return RunWriter(out, run_metadata(script_command_line(without_arguments=command)))
 
 
 @app.command()

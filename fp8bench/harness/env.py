@@ -85,10 +85,12 @@ def gpu_metadata() -> dict[str, Any]:
     return info
 
 
-def script_command_line() -> str:
+def script_command_line(without_arguments: str = "") -> str:
     """The command line of a script run from the repository (tools/*.py), as typed there: `python tools/NAME.py
-    ARGS`, whatever the working directory's path to it was."""
-    return shlex.join(["python", f"tools/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+    ARGS`, whatever the working directory's path to it was; `without_arguments` stands for ARGS where there are
+    none (a command function called from Python)."""
+    arguments = sys.argv[1:] or shlex.split(without_arguments)
+    return shlex.join(["python", f"tools/{Path(sys.argv[0]).name}", *arguments])
 
 
 def run_metadata(command: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
