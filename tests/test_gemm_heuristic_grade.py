@@ -44,3 +44,34 @@ def test_the_cli_prints_the_geomean_and_exits_2_on_a_malformed_cache(tmp_path):
     (tmp_path / "bad.json").write_text("[1, 2]")
     bad = CliRunner().invoke(tool.app, [str(tmp_path / "bad.json")])
     assert bad.exit_code == 2 and "bad.json" in bad.output
+
+
+def test_a_changed_tile_speed_is_graded_beside_the_heuristic_and_undone(tmp_path):
+    """With 128 x 128 at half its speed, the fast regime's pick for M 512, N 4096, K 14336 is 128 x 256 split in two:
+    a candidate this cache did not time, so it counts apart; the picks it alters over the shape sets are counted;
+    and the heuristic is the same afterwards."""
+    pick = choose_config(512, 4096, 14336, Granularity.TENSORWISE, True, H100, True, 128)
+    result = CliRunner().invoke(tool.app, [str(_cache(tmp_path, 0.05, 0.04)), "--set", "fast.NARROW_GLUON=0.5"])
+    assert result.exit_code == 0, result.output
+    assert "with fast.NARROW_GLUON=0.5: no problem graded (2 whose pick was not timed)" in " ".join(result.output.split())
+    assert "picks the change alters over fp8bench's shape sets:" in result.output
+    assert choose_config(512, 4096, 14336, Granularity.TENSORWISE, True, H100, True, 128) == pick
+    from fp8kernels import gemm_configs
+
+    hand_over = gemm_configs.PARTIAL_SUM_K_TILES
+    with tool.changed([tool.parse_setting("fast.NARROW_GLUON=0.5")]):
+        assert choose_config(512, 4096, 14336, Granularity.TENSORWISE, True, H100, True, 128).block_n == 256
+    with tool.changed([tool.parse_setting("PARTIAL_SUM_K_TILES=3")]):
+        assert gemm_configs.PARTIAL_SUM_K_TILES == 3 and isinstance(gemm_configs.PARTIAL_SUM_K_TILES, int)
+    assert gemm_configs.PARTIAL_SUM_K_TILES == hand_over
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("PARTIAL_SUM_K_TILES", "expected NAME=NUMBER"),
+    ("SLIM_SPEED=0.8", "a constant of PARTIAL_SUM_K_TILES"),
+    ("quick.WIDE_GLUON=1", "no regime 'quick'"),
+    ("blockwise.WIDE_GLUON=1", "blockwise's tiles are TALL_BLOCKWISE_GLUON"),
+])
+def test_a_setting_it_cannot_apply_exits_2_naming_what_it_can(tmp_path, setting, message):
+    result = CliRunner().invoke(tool.app, [str(_cache(tmp_path, 0.05, 0.04)), "--set", setting])
+    assert result.exit_code == 2 and message in " ".join(result.output.split())

@@ -5,16 +5,23 @@ the ones the tuner measured, so a change to the heuristic's constants can be wei
 GPU run.
 
     python tools/gemm_heuristic_grade.py reports/h100-sxm/matmul-moe-tuned/gemm-tune-cache.json [--sms 132]
-        [--shared-memory 232448] [--worst 10]
+        [--shared-memory 232448] [--worst 10] [--set PARTIAL_SUM_K_TILES=3] [--set promoted.TALL_GLUON=0.97]
 
 Prints the geomean and the worst of pick / fastest, and the problems whose pick is slowest against their
 fastest. A problem whose pick the tuner did not time (the heuristic changed since) is counted apart.
+
+`--set` (repeatable) grades the heuristic again with a changed constant: one of the split and tile-speed model's
+numbers read at each pick (MODEL_CONSTANTS), or a tile's speed in one regime of GLUON_TILES (`REGIME.TILE=SPEED`,
+e.g. `fast.NARROW_GLUON=0.9`). It then also counts the picks the change alters over fp8bench's shape sets
+(`fp8bench matmul --shape-gen`, every regime), the products a change would have to be measured on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
+from typing import Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -22,6 +29,9 @@ from rich.table import Table
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 console = Console(width=200)
+
+# gemm_configs' numbers that choose_config reads at each pick (others are folded into presets at import).
+MODEL_CONSTANTS = ("PARTIAL_SUM_K_TILES", "SPLIT_ALONE_SPEED", "SLIM_MAX_ROWS", "SLIM_SPEED_MANY_ROWS", "OVERLAP_MIN_WAVES")
 
 
 def grade(entries: dict[str, dict], sms: int, shared_memory: int) -> tuple[list[tuple[str, str, float]], list[str]]:
@@ -45,15 +55,108 @@ def grade(entries: dict[str, dict], sms: int, shared_memory: int) -> tuple[list[
     return graded, untimed
 
 
+def parse_setting(text: str) -> tuple[str, float]:
+    """`NAME=VALUE` -> (NAME, VALUE); ValueError saying what NAME may be."""
+    from fp8kernels import gemm_configs
+
+    name, sep, value = text.partition("=")
+    try:
+        number = float(value)
+    except ValueError:
+        number = None
+    if not sep or number is None:
+        raise ValueError(f"--set {text!r}: expected NAME=NUMBER")
+    regime, dot, tile = name.partition(".")
+    if dot:
+        if regime not in gemm_configs.GLUON_TILES:
+            raise ValueError(f"--set {text!r}: no regime {regime!r}; choose one of {', '.join(gemm_configs.GLUON_TILES)}")
+        names = [_tile_name(t) for t, _ in gemm_configs.GLUON_TILES[regime]]
+        if tile not in names:
+            raise ValueError(f"--set {text!r}: {regime}'s tiles are {', '.join(names)}")
+    elif name not in MODEL_CONSTANTS:
+        raise ValueError(f"--set {text!r}: a constant of {', '.join(MODEL_CONSTANTS)}, or REGIME.TILE=SPEED")
+    return name, number
+
+
+def _tile_name(tile) -> str:
+    """The gemm_configs preset name a GLUON_TILES entry is (e.g. TALL_GLUON)."""
+    from fp8kernels import gemm_configs
+
+    return next(name for name, value in vars(gemm_configs).items() if name.endswith("_GLUON") and value == tile)
+
+
+@contextlib.contextmanager
+def changed(settings: list[tuple[str, float]]) -> Iterator[None]:
+    """gemm_configs with `settings` in place (the heuristic's caches cleared on the way in and out)."""
+    from fp8kernels import gemm_configs
+
+    saved_tiles, saved = dict(gemm_configs.GLUON_TILES), {}
+    for name, value in settings:
+        regime, dot, tile = name.partition(".")
+        if dot:
+            gemm_configs.GLUON_TILES[regime] = tuple((t, value if _tile_name(t) == tile else speed)
+                                                     for t, speed in gemm_configs.GLUON_TILES[regime])
+        else:
+            saved.setdefault(name, getattr(gemm_configs, name))
+            setattr(gemm_configs, name, type(getattr(gemm_configs, name))(value))
+    _clear_caches()
+    try:
+        yield
+    finally:
+        gemm_configs.GLUON_TILES.update(saved_tiles)
+        for name, value in saved.items():
+            setattr(gemm_configs, name, value)
+        _clear_caches()
+
+
+def _clear_caches() -> None:
+    from fp8kernels import gemm_configs
+
+    gemm_configs._heuristic_config.cache_clear()
+    gemm_configs.last_wave_split.cache_clear()
+
+
+def shape_set_picks(sms: int, shared_memory: int) -> dict[tuple, str]:
+    """{(M, K, N, granularity, fast accumulation): the heuristic's pick} over every product of fp8bench's shape
+    sets, every regime (blockwise where K and N are multiples of 128)."""
+    from fp8bench.benchmarks.shapes import SHAPE_GENERATORS
+    from fp8kernels.gemm_configs import DeviceProperties, choose_config, config_label
+    from fp8kernels.scaling import BLOCK, Granularity
+
+    device = DeviceProperties(sms, shared_memory)
+    regimes = [(g, fast) for g in (Granularity.TENSORWISE, Granularity.AXISWISE) for fast in (True, False)]
+    picks = {}
+    for generate in SHAPE_GENERATORS.values():
+        for s in generate():
+            blockwise = [(Granularity.BLOCKWISE, False)] if not (s.K % BLOCK or s.N % BLOCK) else []
+            for granularity, fast in regimes + blockwise:
+                config = choose_config(s.M, s.N, s.K, granularity, fast, device, True)
+                picks[(s.M, s.K, s.N, granularity.value, fast)] = config_label(config.options_for(s.M, s.N, s.K))
+    return picks
+
+
+def _summary(graded: list[tuple[str, str, float]], untimed: list[str]) -> str:
+    ratios = [ratio for _, _, ratio in graded]
+    return (f"{len(graded)} problems: the heuristic's pick takes {math.exp(sum(map(math.log, ratios)) / len(ratios)):.4f}x "
+            f"the fastest candidate's time (geomean), {max(ratios):.3f}x at worst; {sum(r <= 1.0 for r in ratios)} "
+            f"picks are the fastest; {len(untimed)} problems' picks were not timed")
+
+
 @app.command()
 def main(
     caches: list[Path] = typer.Argument(..., help="tuner cache files (JSON)"),
     sms: int = typer.Option(132, help="the GPU's SM count (an H100's and an H200's: 132)"),
     shared_memory: int = typer.Option(232448, help="shared memory a program may use, bytes (H100 / H200: 227 KiB)"),
-    worst: int = typer.Option(10, help="problems to list, slowest pick first"),
+    worst: int = typer.Option(10, help="problems to list, slowest pick first (and changed picks with --set)"),
+    setting: Optional[list[str]] = typer.Option(None, "--set", help="repeatable: grade again with NAME=VALUE (see the docstring)"),
 ) -> None:
     from fp8kernels.gemm_autotune import TuneCache
 
+    try:
+        settings = [parse_setting(text) for text in setting or []]
+    except ValueError as err:
+        console.print(f"[red]{err}[/]")
+        raise typer.Exit(2) from None
     entries: dict[str, dict] = {}
     for path in caches:
         try:
@@ -65,14 +168,28 @@ def main(
     if not graded:
         console.print(f"no problem graded ({len(untimed)} whose pick was not timed)")
         raise typer.Exit(1)
-    ratios = [ratio for _, _, ratio in graded]
-    console.print(f"{len(graded)} problems: the heuristic's pick takes {math.exp(sum(map(math.log, ratios)) / len(ratios)):.4f}x "
-                  f"the fastest candidate's time (geomean), {max(ratios):.3f}x at worst; {sum(r <= 1.0 for r in ratios)} "
-                  f"picks are the fastest; {len(untimed)} problems' picks were not timed")
+    console.print(_summary(graded, untimed))
     table = Table("problem", "the heuristic's pick", "pick / fastest")
     for key, label, ratio in sorted(graded, key=lambda row: -row[2])[:worst]:
         table.add_row(key, label, f"{ratio:.3f}")
     console.print(table)
+    if not settings:
+        return
+    names = ", ".join(f"{name}={value:g}" for name, value in settings)
+    with changed(settings):
+        changed_graded, changed_untimed = grade(entries, sms, shared_memory)
+    console.print(f"with {names}: " + (_summary(changed_graded, changed_untimed) if changed_graded
+                                          else f"no problem graded ({len(changed_untimed)} whose pick was not timed)"))
+    before = shape_set_picks(sms, shared_memory)
+    with changed(settings):
+        after = shape_set_picks(sms, shared_memory)
+    moved = [(problem, before[problem], after[problem]) for problem in before if before[problem] != after[problem]]
+    console.print(f"picks the change alters over fp8bench's shape sets: {len(moved)} of {len(before)}")
+    if moved:
+        table = Table("M x K x N", "regime", "pick now", f"with {names}")
+        for (M, K, N, granularity, fast), now, then in moved[:worst]:
+            table.add_row(f"{M}x{K}x{N}", f"{granularity} fast_accum={'on' if fast else 'off'}", now, then)
+        console.print(table)
 
 
 if __name__ == "__main__":
