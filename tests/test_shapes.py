@@ -81,8 +81,8 @@ def test_small_m_is_below_a_wave_of_row_tiles():
     assert {(s.K, s.N) for s in got} == {(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)}
 
 
-def test_awkward_suite_runs_every_granularity_against_cublas_and_bf16(tmp_path):
-    awkward, moe_tuned = load_suite(REPO / "suites" / "awkward.toml").entries
+def test_awkward_suite_entries_run_what_they_say(tmp_path):
+    awkward, moe_tuned, split_waves = load_suite(REPO / "suites" / "awkward.toml").entries
     argv = awkward.argv(Path(tmp_path))
     assert argv[:3] == ["matmul", "--shape-gen", "awkward"]
     joined = " ".join(argv)
@@ -92,6 +92,10 @@ def test_awkward_suite_runs_every_granularity_against_cublas_and_bf16(tmp_path):
     tuned = moe_tuned.argv(Path(tmp_path))
     assert tuned[:3] == ["matmul", "--shape-gen", "moe"]
     assert tuned[tuned.index("--backend", tuned.index("triton")) + 1] == "triton-tuned"
+    split = split_waves.argv(Path(tmp_path))
+    assert split[:3] == ["matmul", "--shape-gen", "custom"] and split.count("--shape") == 16
+    products = [shapes.parse_product(split[i + 1]) for i, arg in enumerate(split) if arg == "--shape"]
+    assert {p.M for p in products} == {4096} and {p.K for p in products} == {2048, 4096, 8192, 16384}
 
 
 def test_training_is_each_linears_three_products():
