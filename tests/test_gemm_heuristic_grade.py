@@ -75,3 +75,21 @@ def test_a_changed_tile_speed_is_graded_beside_the_heuristic_and_undone(tmp_path
 def test_a_setting_it_cannot_apply_exits_2_naming_what_it_can(tmp_path, setting, message):
     result = CliRunner().invoke(tool.app, [str(_cache(tmp_path, 0.05, 0.04)), "--set", setting])
     assert result.exit_code == 2 and message in " ".join(result.output.split())
+
+
+def test_splits_set_the_models_gain_beside_the_measured_one(tmp_path):
+    """N 1040 at M 4096, K 4096 in 192 x 128 tiles: 198 tiles, 1.5 waves; its last 66 split in two take the busiest
+    program from 64 K-tiles to 32 + 16 + the hand-over's PARTIAL_SUM_K_TILES x 2. The tuner timed the split slower."""
+    from fp8kernels import gemm_configs
+
+    cache = TuneCache(tmp_path / "gemm-test.json")
+    key = problem_key(4096, 1040, 4096, Granularity.TENSORWISE, True, 128, torch.float8_e4m3fn, torch.float8_e4m3fn)
+    whole = "192x128x128 s3 w8 g16 gluon-ws"
+    pick = choose_config(4096, 1040, 4096, Granularity.TENSORWISE, True, H100, True, 128)
+    cache.store(key, pick, {whole: 0.0378, whole + " last-wave 66x2": 0.0447, "128x256x128 s3 w8 g16 gluon-ws": 0.0437})
+    (record,) = tool.split_pairs(cache.read(), 132)
+    assert record["tile"] == whole and record["split"] == "66x2" and record["waves"] == pytest.approx(1.5)
+    assert record["model_gain"] == pytest.approx(64 / (32 + 16 + 2 * gemm_configs.PARTIAL_SUM_K_TILES))
+    assert record["measured_gain"] == pytest.approx(0.0378 / 0.0447)
+    result = CliRunner().invoke(tool.app, [str(cache.path), "--splits"])
+    assert result.exit_code == 0 and "1-2 waves: 1 splits, measured gain 0.846 geomean" in result.output

@@ -14,6 +14,10 @@ fastest. A problem whose pick the tuner did not time (the heuristic changed sinc
 numbers read at each pick (MODEL_CONSTANTS), or a tile's speed in one regime of GLUON_TILES (`REGIME.TILE=SPEED`,
 e.g. `fast.NARROW_GLUON=0.9`). It then also counts the picks the change alters over fp8bench's shape sets
 (`fp8bench matmul --shape-gen`, every regime), the products a change would have to be measured on.
+
+`--splits` lists every candidate the tuner timed both whole and with its last wave split along K: the split model's
+gain (the busiest program's K-tiles whole over split, gemm_configs.busiest_k_tiles) beside the measured one, and
+the measured gain's geomean by how many waves of tiles the product makes.
 """
 
 from __future__ import annotations
@@ -135,6 +139,47 @@ def shape_set_picks(sms: int, shared_memory: int) -> dict[tuple, str]:
     return picks
 
 
+def split_pairs(entries: dict[str, dict], sms: int) -> list[dict]:
+    """One record per candidate timed both whole and split in `entries`: the problem, the tile, waves of tiles,
+    the split (tiles x pieces), the model's gain and the measured one (time whole / time split)."""
+    import dataclasses
+    import re
+
+    from fp8kernels import gemm_configs
+    from fp8kernels.gemm_autotune import problem_of
+
+    records = []
+    for key, entry in entries.items():
+        problem, times = problem_of(key), entry["candidate_ms"]
+        for label, split_ms in times.items():
+            split = re.search(r" last-wave (\d+)x(\d+)$", label)
+            whole = label[:split.start()] if split else None
+            if whole not in times:
+                continue
+            block_m, block_n, block_k = (int(x) for x in label.split()[0].split("x"))
+            tile = dataclasses.replace(gemm_configs.WIDE_GLUON, block_m=block_m, block_n=block_n, block_k=block_k, num_sms=sms)
+            split_tiles, pieces = int(split.group(1)), int(split.group(2))
+            tiles = tile.tiles(problem.M, problem.N)
+            alone = gemm_configs.SPLIT_ALONE_SPEED if split_tiles == tiles else 1.0
+            model = alone * (gemm_configs.busiest_k_tiles(problem.M, problem.N, problem.K, tile, 0, 1)
+                             / gemm_configs.busiest_k_tiles(problem.M, problem.N, problem.K, tile, split_tiles, pieces))
+            records.append(dict(problem=key, tile=whole, waves=tiles / sms, split=f"{split_tiles}x{pieces}",
+                                model_gain=model, measured_gain=times[whole] / split_ms))
+    return records
+
+
+def _print_splits(records: list[dict]) -> None:
+    table = Table("problem", "tile (whole)", "waves", "split", "model's gain", "measured gain")
+    for r in sorted(records, key=lambda r: (r["waves"], r["problem"])):
+        table.add_row(r["problem"], r["tile"], f"{r['waves']:.2f}", r["split"], f"{r['model_gain']:.3f}", f"{r['measured_gain']:.3f}")
+    console.print(table)
+    for low, high in ((0, 1), (1, 2), (2, 4), (4, math.inf)):
+        gains = [r["measured_gain"] for r in records if low <= r["waves"] < high]
+        if gains:
+            console.print(f"{low}-{high} waves: {len(gains)} splits, measured gain {math.exp(sum(map(math.log, gains)) / len(gains)):.3f} "
+                          f"geomean ({min(gains):.3f}-{max(gains):.3f})")
+
+
 def _summary(graded: list[tuple[str, str, float]], untimed: list[str]) -> str:
     ratios = [ratio for _, _, ratio in graded]
     return (f"{len(graded)} problems: the heuristic's pick takes {math.exp(sum(map(math.log, ratios)) / len(ratios)):.4f}x "
@@ -149,6 +194,7 @@ def main(
     shared_memory: int = typer.Option(232448, help="shared memory a program may use, bytes (H100 / H200: 227 KiB)"),
     worst: int = typer.Option(10, help="problems to list, slowest pick first (and changed picks with --set)"),
     setting: Optional[list[str]] = typer.Option(None, "--set", help="repeatable: grade again with NAME=VALUE (see the docstring)"),
+    splits: bool = typer.Option(False, "--splits", help="also list each candidate timed whole and split: the model's gain and the measured one"),
 ) -> None:
     from fp8kernels.gemm_autotune import TuneCache
 
@@ -173,6 +219,8 @@ def main(
     for key, label, ratio in sorted(graded, key=lambda row: -row[2])[:worst]:
         table.add_row(key, label, f"{ratio:.3f}")
     console.print(table)
+    if splits:
+        _print_splits(split_pairs(entries, sms))
     if not settings:
         return
     names = ", ".join(f"{name}={value:g}" for name, value in settings)
