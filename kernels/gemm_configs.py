@@ -305,14 +305,14 @@ def last_wave_split(M: int, N: int, K: int, config: Fp8GemmConfig) -> tuple[int,
     leftover = config.tiles(M, N) % programs
     pieces = range(2, min(programs // leftover, config.k_tiles(K)) + 1) if leftover else range(0)
     # The fewest pieces among equally short ones.
-    busiest, best = min(((busiest_k_tiles(M, N, K, config, leftover, splits), splits) for splits in pieces),
+    busiest, best = min(((_busiest_k_tiles(M, N, K, config, leftover, splits), splits) for splits in pieces),
                         default=(None, 1))
-    if best > 1 and busiest < busiest_k_tiles(M, N, K, config, 0, 1):
+    if best > 1 and busiest < _busiest_k_tiles(M, N, K, config, 0, 1):
         return leftover, best
     return 0, 1
 
 
-def busiest_k_tiles(M: int, N: int, K: int, config: Fp8GemmConfig, split_tiles: int, splits: int) -> int:
+def _busiest_k_tiles(M: int, N: int, K: int, config: Fp8GemmConfig, split_tiles: int, splits: int) -> int:
     """K-tiles of MMA time of the busiest program: its whole tiles and, where `split_tiles` are cut into
     `splits` pieces, the last piece's K-tiles and handing over (a partial sum written, then the
     others' read by the last piece)."""
@@ -337,14 +337,15 @@ def tile_fill(M: int, N: int, config: Fp8GemmConfig) -> float:
     return M * N / (config.tiles(M, N) * config.block_m * config.block_n)
 
 
-def grid_efficiency(M: int, N: int, K: int, config: Fp8GemmConfig) -> float:
+def grid_efficiency(M: int, N: int, K: int, config: Fp8GemmConfig, split: tuple[int, int] | None = None) -> float:
     """The share of the grid's SM time spent on MMA: the tiles' K-tiles over num_sms x the busiest
     program's (whose last wave, with whole tiles, counts whole), times SPLIT_ALONE_SPEED where every tile is
-    split (no whole wave before the split one)."""
-    split_tiles, splits = last_wave_split(M, N, K, config)
+    split (no whole wave before the split one). `split`: (tiles, pieces) of the last wave, as last_wave_split
+    returns (its choice where None); (0, 1) for whole tiles."""
+    split_tiles, splits = split or last_wave_split(M, N, K, config)
     work = config.tiles(M, N) * config.k_tiles(K)
     alone = SPLIT_ALONE_SPEED if split_tiles and split_tiles == config.tiles(M, N) else 1.0
-    return alone * work / (config.num_sms * busiest_k_tiles(M, N, K, config, split_tiles, splits))
+    return alone * work / (config.num_sms * _busiest_k_tiles(M, N, K, config, split_tiles, splits))
 
 
 def tile_speed(tile: Fp8GemmConfig, speed: float, M: int) -> float:

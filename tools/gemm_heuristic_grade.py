@@ -16,7 +16,7 @@ e.g. `fast.NARROW_GLUON=0.9`). It then also counts the picks the change alters o
 (`fp8bench matmul --shape-gen`, every regime), the products a change would have to be measured on.
 
 `--splits` lists every candidate the tuner timed both whole and with its last wave split along K: the split model's
-gain (the busiest program's K-tiles whole over split, gemm_configs.busiest_k_tiles) beside the measured one, and
+gain (gemm_configs.grid_efficiency split over whole: the busiest program's K-tiles) beside the measured one, and
 the measured gain's geomean by how many waves of tiles the product makes.
 """
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 from pathlib import Path
+from statistics import geometric_mean
 from typing import Iterator, Optional
 
 import typer
@@ -143,6 +144,7 @@ def split_pairs(entries: dict[str, dict], sms: int) -> list[dict]:
     """One record per candidate timed both whole and split in `entries`: the problem, the tile, waves of tiles,
     the split (tiles x pieces), the model's gain and the measured one (time whole / time split)."""
     import dataclasses
+    import functools
     import re
 
     from fp8kernels import gemm_configs
@@ -159,12 +161,10 @@ def split_pairs(entries: dict[str, dict], sms: int) -> list[dict]:
             block_m, block_n, block_k = (int(x) for x in label.split()[0].split("x"))
             tile = dataclasses.replace(gemm_configs.WIDE_GLUON, block_m=block_m, block_n=block_n, block_k=block_k, num_sms=sms)
             split_tiles, pieces = int(split.group(1)), int(split.group(2))
-            tiles = tile.tiles(problem.M, problem.N)
-            alone = gemm_configs.SPLIT_ALONE_SPEED if split_tiles == tiles else 1.0
-            model = alone * (gemm_configs.busiest_k_tiles(problem.M, problem.N, problem.K, tile, 0, 1)
-                             / gemm_configs.busiest_k_tiles(problem.M, problem.N, problem.K, tile, split_tiles, pieces))
-            records.append(dict(problem=key, tile=whole, waves=tiles / sms, split=f"{split_tiles}x{pieces}",
-                                model_gain=model, measured_gain=times[whole] / split_ms))
+            efficiency = functools.partial(gemm_configs.grid_efficiency, problem.M, problem.N, problem.K, tile)
+            records.append(dict(problem=key, tile=whole, waves=tile.tiles(problem.M, problem.N) / sms,
+                                split=f"{split_tiles}x{pieces}", model_gain=efficiency((split_tiles, pieces)) / efficiency((0, 1)),
+                                measured_gain=times[whole] / split_ms))
     return records
 
 
@@ -176,13 +176,13 @@ def _print_splits(records: list[dict]) -> None:
     for low, high in ((0, 1), (1, 2), (2, 4), (4, math.inf)):
         gains = [r["measured_gain"] for r in records if low <= r["waves"] < high]
         if gains:
-            console.print(f"{low}-{high} waves: {len(gains)} splits, measured gain {math.exp(sum(map(math.log, gains)) / len(gains)):.3f} "
+            console.print(f"{low}-{high} waves: {len(gains)} splits, measured gain {geometric_mean(gains):.3f} "
                           f"geomean ({min(gains):.3f}-{max(gains):.3f})")
 
 
 def _summary(graded: list[tuple[str, str, float]], untimed: list[str]) -> str:
     ratios = [ratio for _, _, ratio in graded]
-    return (f"{len(graded)} problems: the heuristic's pick takes {math.exp(sum(map(math.log, ratios)) / len(ratios)):.4f}x "
+    return (f"{len(graded)} problems: the heuristic's pick takes {geometric_mean(ratios):.4f}x "
             f"the fastest candidate's time (geomean), {max(ratios):.3f}x at worst; {sum(r <= 1.0 for r in ratios)} "
             f"picks are the fastest; {len(untimed)} problems' picks were not timed")
 
