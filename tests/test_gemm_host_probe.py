@@ -27,3 +27,8 @@ def test_the_parts_are_the_spans_between_the_marks_of_one_call():
 def test_without_a_gpu_it_says_so_and_exits_2():
     result = CliRunner().invoke(probe.app, [])
     assert result.exit_code == 2 and "needs a CUDA GPU" in result.output
+
+
+def test_a_shape_not_written_mxkxn_exits_2_naming_it():
+    result = CliRunner().invoke(probe.app, ["--shape", "512x4096"])
+    assert result.exit_code == 2 and "'512x4096' is not MxKxN" in result.output

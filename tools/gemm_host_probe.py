@@ -86,7 +86,8 @@ def medians(samples: dict[str, list[float]]) -> dict[str, float | None]:
     return {name: statistics.median(values) if values else None for name, values in samples.items()}
 
 
-def probe_shape(shape: str, granularity: str, fast_accum: bool, calls: int, clock: PartClock) -> dict:
+def probe_shape(product, granularity: str, fast_accum: bool, calls: int, clock: PartClock) -> dict:
+    """One row of host.csv: `product` (a GemmShape) in one regime, each library called `calls` times."""
     import torch
 
     from fp8bench.backends import Operands, get_backend
@@ -94,9 +95,8 @@ def probe_shape(shape: str, granularity: str, fast_accum: bool, calls: int, cloc
     from fp8bench.config import FastAccum, Granularity
     from fp8kernels.gemm import fp8_gemm
 
-    M, K, N = (int(size) for size in shape.split("x"))
     generator = torch.Generator(device="cuda").manual_seed(0)
-    a, b = (torch.randn(rows, K, generator=generator, device="cuda").to(torch.bfloat16) for rows in (M, N))
+    a, b = (torch.randn(rows, product.K, generator=generator, device="cuda").to(torch.bfloat16) for rows in (product.M, product.N))
     g = Granularity(granularity)
     cublas = get_backend("cublas").prepare_gemm(Operands(a, b), g, FastAccum.ON if fast_accum else FastAccum.OFF).run
     qa, qb_t, sa, sb = kernel_operands(Operands(a, b), g)
@@ -116,12 +116,12 @@ def probe_shape(shape: str, granularity: str, fast_accum: bool, calls: int, cloc
         for part, value in clock.parts(start).items():
             samples[part].append(value)
     torch.cuda.synchronize()
-    return {"shape": shape, "granularity": granularity, "fast_accum": fast_accum, **medians(samples)}
+    return {"shape": product.name, "granularity": granularity, "fast_accum": fast_accum, **medians(samples)}
 
 
 @app.command()
 def main(
-    shape: Optional[list[str]] = typer.Option(None, help="M x K x N, repeatable"),
+    shape: Optional[list[str]] = typer.Option(None, help="MxKxN, repeatable"),
     calls: int = typer.Option(300, min=10),
     out: Optional[Path] = typer.Option(None, help="folder for host.csv and metadata.json"),
 ) -> None:
@@ -130,14 +130,20 @@ def main(
     import pandas as pd
     import torch
 
+    from fp8bench.benchmarks.shapes import parse_product
     from fp8bench.harness.env import run_metadata, script_command_line
 
+    try:
+        products = [parse_product(text) for text in shape or DEFAULT_SHAPES]
+    except ValueError as err:
+        console.print(str(err))
+        raise typer.Exit(2) from None
     if not torch.cuda.is_available():
         console.print("gemm_host_probe needs a CUDA GPU")
         raise typer.Exit(2)
     clock = PartClock()
     instrument(clock)
-    rows = [probe_shape(s, granularity, fast_accum, calls, clock) for s in (shape or DEFAULT_SHAPES) for granularity, fast_accum in REGIMES]
+    rows = [probe_shape(p, granularity, fast_accum, calls, clock) for p in products for granularity, fast_accum in REGIMES]
     table = Table("shape", "regime", "cublas us", "ours us", *(f"{part} us" for part in PARTS))
     for row in rows:
         table.add_row(row["shape"], f"{row['granularity']} fa={'on' if row['fast_accum'] else 'off'}",
