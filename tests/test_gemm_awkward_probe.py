@@ -50,3 +50,40 @@ def test_gemm_sweep_ranks_a_tile_across_shapes_whatever_its_last_wave_split():
     assert list(ranked.index) == ["128x128x128 s4 w8 g8 gluon-ws overlapped", "128x64x128 s4 w8 g8 gluon-ws"]
     assert ranked.geomean_ratio.iloc[0] == pytest.approx((0.99 * 0.96) ** 0.5)
     assert ranked.min_ratio.iloc[1] == pytest.approx(0.72)
+
+
+def test_a_candidate_variant_runs_and_reports_its_split_with_its_constants_in_place():
+    """`gemm_sweep.py compare --candidate PARTIAL_SUM_K_TILES=8`: the variant's last-wave split is sized at launch, so
+    its options (and its runs) see the changed constant; outside it, the heuristic's constant is back."""
+    import gemm_sweep
+    from fp8kernels import gemm_configs
+    from fp8kernels.gemm_configs import DeviceProperties, choose_config
+    from fp8kernels.scaling import Granularity
+
+    from gemm_sweep import GemmShape, Variant
+
+    shape = GemmShape(16384, 16384, 16384)
+    config = choose_config(shape.M, shape.N, shape.K, Granularity.TENSORWISE, True, DeviceProperties(132, 232448), True)
+    before = gemm_configs.PARTIAL_SUM_K_TILES
+    _, plain = gemm_sweep.SideBySide._ours(shape, None, Granularity.TENSORWISE, True, Variant(config))
+    _, variant = gemm_sweep.SideBySide._ours(shape, None, Granularity.TENSORWISE, True,
+                                             Variant(config, "PARTIAL_SUM_K_TILES=8", (("PARTIAL_SUM_K_TILES", 8.0),)))
+    assert (plain["split_tiles"], plain["splits"]) == (8, 8) and "variant" not in plain
+    assert (variant["split_tiles"], variant["splits"]) == (8, 4) and variant["variant"] == "PARTIAL_SUM_K_TILES=8"
+    assert gemm_configs.PARTIAL_SUM_K_TILES == before
+    assert gemm_configs.last_wave_split(shape.M, shape.N, shape.K, config) == (8, 8)
+
+
+def test_variant_gains_are_the_picks_time_over_the_variants(capsys):
+    """Gain above 1: the variant ran faster; the per-regime geomean takes the variant's ratio where it has one."""
+    import gemm_sweep
+
+    regime = "tensorwise/fast_accum=on"
+    per_shape = pd.DataFrame([dict(shape=s, regime=regime, config=f"pick {s}", ratio=r) for s, r in (("a", 0.8), ("b", 1.0))])
+    twins = pd.DataFrame([dict(shape="a", regime=regime, config="other", ratio=0.9)])
+    gemm_sweep._print_variant_gains(per_shape, twins, "X=1", "the heuristic with X=1")
+    printed = capsys.readouterr().out
+    assert "1.125" in printed  # 0.9 / 0.8
+    assert f"{(0.9 * 1.0) ** 0.5:.3f}" in printed and f"{(0.8 * 1.0) ** 0.5:.3f}" in printed
+    gemm_sweep._print_variant_gains(per_shape, twins.iloc[:0], "X=1", "nothing timed")
+    assert capsys.readouterr().out == ""

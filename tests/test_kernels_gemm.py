@@ -689,3 +689,16 @@ def test_gpu_gluon_blockwise_with_1x128_weight_scales(layout):
             out = _run_poisoned(*operands, Granularity.BLOCKWISE, False, config)
             rel = _relative_error(*operands, out)
             assert rel <= PROMOTED_TOLERANCE, f"{config.block_m}x{config.block_n} {M}x{K}x{N}: {rel:.2e}"
+
+
+def test_compare_refuses_a_malformed_candidate(tmp_path):
+    """`gemm_sweep.py compare --candidate` takes gemm_heuristic_grade's NAME=VALUE; anything else exits 2 naming it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "tools" / "gemm_sweep.py"
+    done = subprocess.run([sys.executable, str(script), "compare", "--out", str(tmp_path), "--candidate", "NO_SUCH=3"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "NO_SUCH=3" in done.stderr and "PARTIAL_SUM_K_TILES" in done.stderr

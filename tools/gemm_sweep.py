@@ -17,9 +17,11 @@ counts.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import multiprocessing
 import os
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -41,6 +43,9 @@ from fp8bench.harness.timing import TimerChoice
 from fp8kernels.gemm import device_properties, fp8_gemm, gemm_config, gluon_runs_on, launch_kernel
 from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config, config_label, last_wave_split
 from fp8kernels.gemm_autotune import tuning_candidates
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gemm_heuristic_grade import changed, parse_setting  # noqa: E402  (a sibling script, not a package)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 console = Console(width=200)
@@ -127,6 +132,20 @@ def precompile(jobs: list[tuple[Granularity, bool, Fp8GemmConfig]]) -> set[tuple
     return failed
 
 
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A config of ours timed under a name (`variant` in the summary; "" for the config as given): in `compare`, the
+    heuristic's pick's twin that splits no tile, or the pick of the heuristic with model constants changed
+    (`settings`, gemm_heuristic_grade.py's --set), run with them in place, since the last wave's split is sized at
+    each launch."""
+    config: Fp8GemmConfig
+    name: str = ""
+    settings: tuple[tuple[str, float], ...] = ()
+
+    def constants(self):
+        return changed(list(self.settings)) if self.settings else contextlib.nullcontext()
+
+
 class SideBySide:
     """Measures cuBLAS and our kernel on one shape's operands and records both rows."""
 
@@ -139,8 +158,8 @@ class SideBySide:
         self.records: list[dict] = []
 
     def measure_shape(self, shape: GemmShape, regimes, configs_for, ours_first: bool = False) -> None:
-        """For each regime, cuBLAS and ours with each config `configs_for(granularity, fast_accum)` gives;
-        `ours_first` swaps the order, so that alternating it over shapes cancels any drift of the clocks."""
+        """For each regime, cuBLAS and ours with each config (or Variant) `configs_for(granularity, fast_accum)`
+        gives; `ours_first` swaps the order, so that alternating it over shapes cancels any drift of the clocks."""
         operands = random_operands(shape)
         for granularity, fast_accum in regimes:
             reason = REGISTRY["cublas"].unsupported_reason(shape, granularity, _fast(fast_accum))
@@ -149,12 +168,23 @@ class SideBySide:
                 continue
             cublas = REGISTRY["cublas"].prepare_gemm(operands, granularity, _fast(fast_accum))
             quantized = kernel_operands(operands, granularity)
-            ours = [(lambda config=config: fp8_gemm(*quantized, granularity=granularity, fast_accum=fast_accum,
-                                                    config=config), config.options_for(shape.M, shape.N, shape.K))
-                    for config in configs_for(granularity, fast_accum)]
+            ours = [self._ours(shape, quantized, granularity, fast_accum, item if isinstance(item, Variant) else Variant(item))
+                    for item in configs_for(granularity, fast_accum)]
             self._side_by_side(shape, granularity, fast_accum, _regime_name(granularity, fast_accum), cublas.run,
                                cublas.options, ours, ours_first)
             del quantized
+
+    @staticmethod
+    def _ours(shape: GemmShape, quantized, granularity: Granularity, fast_accum: bool, variant: Variant):
+        """(run, options) of our kernel on `variant`'s config; the options name a named variant."""
+
+        def run():
+            with variant.constants():
+                return fp8_gemm(*quantized, granularity=granularity, fast_accum=fast_accum, config=variant.config)
+
+        with variant.constants():
+            options = variant.config.options_for(shape.M, shape.N, shape.K)
+        return run, options | ({"variant": variant.name} if variant.name else {})
 
     def measure_1x128_both(self, shape: GemmShape, configs: list[Fp8GemmConfig], ours_first: bool = False) -> None:
         """grad_weight's blockwise product, both operands in 1 x 128 groups: cuBLAS (torch._scaled_mm with the
@@ -201,6 +231,7 @@ class SideBySide:
                 "tflops": row.values["tflops"], "ratio": cublas_ms / ms if backend == "triton" else None,
                 "rel_diff_vs_cublas": rel, "sm_clock_mhz": row.values["sm_clock_mhz"],
                 "split_tiles": options.get("split_tiles", 0) if backend == "triton" else None,
+                "variant": options.get("variant", "") if backend == "triton" else "",
             })
 
     def _measure(self, shape, granularity, fast_accum, backend, fn, options):
@@ -241,6 +272,9 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
                                                       "27 shapes over runs that must each end within a time limit"),
             unsplit: bool = typer.Option(False, help="also time each config that splits its last wave's tiles "
                                                       "along K without splitting them, side by side"),
+            candidate: list[str] = typer.Option([], help="NAME=VALUE, repeatable: also time the pick of the heuristic "
+                                                          "with this model constant changed (gemm_heuristic_grade.py "
+                                                          "--set), side by side, where it differs"),
             timer: str = TIMER) -> None:
     """The heuristic's config on every target shape, each regime against cuBLAS."""
     import torch
@@ -250,16 +284,29 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
     unknown = set(shape) - {s.name for s in shapes}
     if unknown:
         raise typer.BadParameter(f"not target shapes: {', '.join(sorted(unknown))}", param_hint="--shape")
+    try:
+        settings = tuple(parse_setting(text) for text in candidate)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--candidate") from None
+    candidate_name = ", ".join(candidate)
     shapes = [s for s in shapes if s.name in shape] if shape else shapes
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cuda = torch.device("cuda")
 
-    def configs(g: Granularity, f: bool, s: GemmShape) -> list[Fp8GemmConfig]:
-        config = gemm_config(s.M, s.N, s.K, g, f, torch.device("cuda"))
-        split = unsplit and last_wave_split(s.M, s.N, s.K, config)[0]
-        plain = [dataclasses.replace(config, split_last_wave=False)] if split else []
-        return [config, *plain]
+    def configs(g: Granularity, f: bool, s: GemmShape) -> list[Variant]:
+        config = gemm_config(s.M, s.N, s.K, g, f, cuda)
+        variants = [Variant(config)]
+        if unsplit and last_wave_split(s.M, s.N, s.K, config)[0]:
+            variants.append(Variant(dataclasses.replace(config, split_last_wave=False), "unsplit"))
+        if settings:
+            candidate = Variant(config, candidate_name, settings)
+            with candidate.constants():
+                candidate = dataclasses.replace(candidate, config=gemm_config(s.M, s.N, s.K, g, f, cuda))
+                moved = candidate.config.options_for(s.M, s.N, s.K) != config.options_for(s.M, s.N, s.K)
+            variants += [candidate] if moved else []
+        return variants
 
-    precompile(sorted({(g, f, c) for s in shapes for g, f in REGIMES for c in configs(g, f, s)}, key=str))
+    precompile(sorted({(g, f, v.config) for s in shapes for g, f in REGIMES for v in configs(g, f, s)}, key=str))
     with _open_run(out, "compare") as writer:
         bench = SideBySide(writer, QUICK if quick else STEADY, timer)
         for index, shape in enumerate(shapes):
@@ -268,25 +315,37 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
     frame = bench.frame()
     frame.to_csv(out / "summary.csv", index=False)
     ours = frame[frame.backend == "triton"]
-    # The heuristic's row of each shape and regime, and (--unsplit) its twin that splits no tile.
-    plain = ours.duplicated(["shape", "regime"], keep=False) & (ours.split_tiles == 0)
+    heuristic = ours[ours.variant == ""]
     cublas = frame[frame.backend == "cublas"][["shape", "regime", "tflops"]]
-    per_shape = ours[~plain].merge(cublas.rename(columns={"tflops": "cublas_tflops"}), on=["shape", "regime"])
+    per_shape = heuristic.merge(cublas.rename(columns={"tflops": "cublas_tflops"}), on=["shape", "regime"])
     table = per_shape.pivot(index="shape", columns="regime", values="ratio").reindex([s.name for s in shapes])
     _print_frame(table.reset_index(), f"our time / cuBLAS time inverted (ratio > 1: ours faster), {num_sms} SMs")
     summary = per_shape.groupby("regime").agg(
         geomean_ratio=("ratio", gmean), min_ratio=("ratio", "min"), ours_tflops=("tflops", "median"),
         cublas_tflops=("cublas_tflops", "median"), shapes=("ratio", "size"))
     _print_frame(summary.reset_index(), f"geometric mean of our/cuBLAS speed over {len(shapes)} shapes")
-    if plain.any():
-        twins = per_shape.merge(ours[plain][["shape", "regime", "ratio"]].rename(columns={"ratio": "plain_ratio"}),
-                                on=["shape", "regime"])
-        twins["gain"] = twins.ratio / twins.plain_ratio
-        _print_frame(twins.pivot(index="shape", columns="regime", values="gain").reset_index(),
-                     "last wave split: our time unsplit / split, where the heuristic splits the last wave's tiles")
-        _print_frame(twins.groupby("regime").agg(geomean_gain=("gain", gmean), min_gain=("gain", "min"),
-                                                 max_gain=("gain", "max"), shapes=("gain", "size")).reset_index(),
-                     "last wave split against unsplit, geometric mean over those shapes")
+    for variant, title in (("unsplit", "the pick's twin that splits no tile: our time split / unsplit"),
+                           (candidate_name, f"the heuristic with {candidate_name}: our time with its pick now / with this")):
+        _print_variant_gains(per_shape, ours[ours.variant == variant], variant, title)
+
+
+def _print_variant_gains(per_shape: pd.DataFrame, twins: pd.DataFrame, variant: str, title: str) -> None:
+    """Where `twins` (a variant's rows) were timed beside the heuristic's pick: each shape's and regime's gain (the
+    pick's time over the variant's: above 1, the variant is faster), then per regime, the geomean of ours / cuBLAS
+    over every shape with the variant's time where it has one."""
+    if twins.empty:
+        return
+    gains = per_shape.merge(twins[["shape", "regime", "ratio", "config"]].rename(
+        columns={"ratio": "variant_ratio", "config": "variant_config"}), on=["shape", "regime"])
+    gains["gain"] = gains.variant_ratio / gains.ratio
+    _print_frame(gains[["shape", "regime", "config", "variant_config", "gain"]], f"{title}, where it differs")
+    with_variant = per_shape.merge(gains[["shape", "regime", "variant_ratio"]], on=["shape", "regime"], how="left")
+    with_variant["changed"] = with_variant.variant_ratio.notna()
+    with_variant["variant_ratio"] = with_variant.variant_ratio.fillna(with_variant.ratio)
+    _print_frame(with_variant.groupby("regime").agg(
+        geomean_ratio=("ratio", gmean), geomean_ratio_with_variant=("variant_ratio", gmean),
+        shapes_changed=("changed", "sum")).reset_index(),
+        f"{variant}: ours / cuBLAS, geomean per regime, the heuristic's picks and with the variant's where it has one")
 
 
 @app.command()
