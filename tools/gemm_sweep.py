@@ -299,10 +299,11 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
         if unsplit and last_wave_split(s.M, s.N, s.K, config)[0]:
             variants.append(Variant(dataclasses.replace(config, split_last_wave=False), "unsplit"))
         if settings:
+            picked = config.options_for(s.M, s.N, s.K)
             candidate = Variant(config, candidate_name, settings)
-            with candidate.constants():
+            with candidate.constants():  # its split too: sized by the constants
                 candidate = dataclasses.replace(candidate, config=gemm_config(s.M, s.N, s.K, g, f, cuda))
-                moved = candidate.config.options_for(s.M, s.N, s.K) != config.options_for(s.M, s.N, s.K)
+                moved = candidate.config.options_for(s.M, s.N, s.K) != picked
             variants += [candidate] if moved else []
         return variants
 
