@@ -64,6 +64,7 @@ import functools
 
 import torch
 import triton.language as tl
+from triton import knobs
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -936,8 +937,46 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
     if config.dynamic_tiles:
         counter = stream_scratch("counter", a.device, 2)
         log = stream_scratch("log", a.device, programs * (config.num_stages + 1))
-    return _fp8_gemm_ws_kernel[(programs,)](
-        a_desc, b_desc, c_desc, scale_a, scale_b, sa_desc, sb_desc, workspace_desc, flags, counter, log, M, N, K,
-        *scale_strides(scale_a, scale_b), programs, split_tiles, splits,
-        **_kernel_constants(config, granularity, fast_accum, activation, b_rows), **_launch_options(config),
-    )
+    arguments = (a_desc, b_desc, c_desc, scale_a, scale_b, sa_desc, sb_desc, workspace_desc, flags, counter, log, M, N, K,
+                 *scale_strides(scale_a, scale_b), programs, split_tiles, splits)
+    return _launch(a.device.index, programs, arguments, _kernel_constants(config, granularity, fast_accum, activation, b_rows),
+                   _launch_options(config))
+
+
+# The compiled kernels launched so far, by what selects one (_launch_key). A launch through the JIT function binds
+# and specializes every argument and looks the kernel up by a string key: a third of a call's host time
+# (reports/h100-sxm/gemm-host-probe). After a key's first launch, the compiled kernel is launched directly.
+_COMPILED: dict[tuple, object] = {}
+
+
+def _launch(device_index: int, programs: int, arguments: tuple, constants: dict, options: dict):
+    key = _launch_key(device_index, arguments, constants, options)
+    kernel = _COMPILED.get(key)
+    if kernel is None:
+        kernel = _COMPILED[key] = _fp8_gemm_ws_kernel[(programs,)](*arguments, **constants, **options)
+    else:
+        kernel[(programs, 1, 1)](*arguments, *(constants[name] for name in _CONSTEXPR_NAMES))
+    return kernel
+
+
+# The kernel's constexpr parameters in order: a compiled kernel takes every argument by position.
+_CONSTEXPR_NAMES = tuple(param.name for param in _fp8_gemm_ws_kernel.params if param.is_constexpr)
+
+
+def _launch_key(device_index: int, arguments: tuple, constants: dict, options: dict) -> tuple:
+    """What Triton specializes a compiled kernel on, or more: per integer argument whether it is 1, a multiple of 16
+    and an int32; per tensor its dtype and 16-byte alignment; per descriptor its dtype, block and layout (its shape
+    and strides are arguments of the launch); the constexprs, launch options, device and the debug and
+    instrumentation settings (they change what Triton compiles)."""
+    return (device_index, tuple(map(_specialization, arguments)), tuple(constants.values()), tuple(options.items()),
+            knobs.runtime.debug, knobs.compilation.instrumentation_mode)
+
+
+def _specialization(argument):
+    if isinstance(argument, int):
+        return argument == 1, argument % 16 == 0, -2**31 <= argument < 2**31
+    if isinstance(argument, torch.Tensor):
+        return argument.dtype, argument.data_ptr() % 16 == 0
+    if isinstance(argument, TensorDescriptor):
+        return argument.base.dtype, tuple(argument.block_shape), argument.layout
+    return argument  # None: a constexpr

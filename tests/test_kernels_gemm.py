@@ -702,3 +702,27 @@ def test_compare_refuses_a_malformed_candidate(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
     assert "NO_SUCH=3" in done.stderr and "PARTIAL_SUM_K_TILES" in done.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_gpu_a_compiled_kernel_is_launched_again_only_where_triton_would_take_it(case, monkeypatch):
+    """After a key's first launch the Gluon kernel is launched without the JIT (fp8kernels._gemm_ws._launch): a
+    shape that Triton specializes alike (M 512 after 256) reuses the compiled kernel, one it does not (M 1, an odd M)
+    gets its own; every result against the fp32 reference."""
+    from fp8kernels import _gemm_ws
+
+    monkeypatch.setattr(_gemm_ws, "_COMPILED", {})
+    granularity, fast_accum = case
+    limit = FAST_ACCUM_TOLERANCE if fast_accum else PROMOTED_TOLERANCE
+    config = next(c for c in candidate_configs(granularity, fast_accum, H100) if c.gluon_ws)
+    # Whole tiles: a split's tile and piece counts would be arguments of their own.
+    config = dataclasses.replace(config.with_sms(torch.cuda.get_device_properties(0).multi_processor_count),
+                                 split_last_wave=False)
+    compiled = []
+    for M in (256, 512, 1, 257, 256):
+        operands = _quantized(M, 1024, 384, granularity, seed=M)
+        rel = _relative_error(*operands, _run_poisoned(*operands, granularity, fast_accum, config))
+        assert rel <= limit, f"{_case_id(case)} M {M}: relative error {rel:.2e}"
+        compiled.append(len(_gemm_ws._COMPILED))
+    assert compiled == [1, 1, 2, 3, 3]
