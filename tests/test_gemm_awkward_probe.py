@@ -87,3 +87,19 @@ def test_variant_gains_are_the_picks_time_over_the_variants(capsys):
     assert f"{(0.9 * 1.0) ** 0.5:.3f}" in printed and f"{(0.8 * 1.0) ** 0.5:.3f}" in printed
     gemm_sweep._print_variant_gains(per_shape, twins.iloc[:0], "X=1", "nothing timed")
     assert capsys.readouterr().out == ""
+
+
+def test_compare_takes_target_shapes_by_name_and_products_of_ones_own():
+    import typer
+
+    import gemm_sweep
+
+    assert len(gemm_sweep.compared_shapes([])) == 27
+    named, own = gemm_sweep.compared_shapes(["llama3-70b-tp8.wqkv.M8192", "4096x7168x2112"])
+    assert (named.M, named.K, named.N) == (8192, 8192, 1280)
+    assert (own.M, own.K, own.N) == (4096, 7168, 2112)
+    with pytest.raises(typer.BadParameter, match="not target shapes nor MxKxN products: no-such, 4096x7168"):
+        gemm_sweep.compared_shapes(["no-such", "4096x7168", "8192x8192x8192"])
+    assert gemm_sweep.parse_regime("blockwise/fast_accum=off") == (gemm_sweep.Granularity.BLOCKWISE, False)
+    with pytest.raises(typer.BadParameter, match="unknown regime 'blockwise/fast_accum=on'"):
+        gemm_sweep.parse_regime("blockwise/fast_accum=on")

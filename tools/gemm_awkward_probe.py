@@ -48,6 +48,7 @@ from gemm_sweep import (  # noqa: E402  (a sibling script, not a package)
     _regime_name,
     _timer,
     console,
+    parse_regime,
     precompile,
 )
 
@@ -70,14 +71,6 @@ def candidates(shape: GemmShape, granularity: Granularity, fast_accum: bool) -> 
                              gluon_runs_on(device), BLOCK)
 
 
-def _regime(name: str) -> tuple[Granularity, bool]:
-    for granularity, fast_accum in REGIMES:
-        if _regime_name(granularity, fast_accum) == name:
-            return granularity, fast_accum
-    raise typer.BadParameter(f"unknown regime {name!r}; choose from: {', '.join(_regime_name(*r) for r in REGIMES)}",
-                             param_hint="--regime")
-
-
 @app.command()
 def probe(out: Path = typer.Option(..., help="folder for results.csv, probe.csv and metadata.json"),
           shape_gen: str = typer.Option("awkward", help=f"a shape generator: {', '.join(shape_sets.SHAPE_GENERATORS)}"),
@@ -95,7 +88,7 @@ def probe(out: Path = typer.Option(..., help="folder for results.csv, probe.csv 
     shapes = [s for s in shapes if not only or any(word in s.name for word in only)]
     if not shapes:
         raise typer.BadParameter(f"no {shape_gen} shape has a name containing any of {only}", param_hint="--only")
-    regimes = [_regime(name) for name in regime] or list(REGIMES)
+    regimes = [parse_regime(name) for name in regime] or list(REGIMES)
     configs = {(s, g, f): candidates(s, g, f) for s in shapes for g, f in regimes}
     failed = precompile(sorted({(g, f, c) for (_, g, f), cs in configs.items() for c in cs}, key=str))
     with _open_run(out, "probe") as writer:

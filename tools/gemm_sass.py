@@ -30,7 +30,7 @@ from fp8kernels.gemm_configs import DeviceProperties, Fp8GemmConfig, candidate_c
 from fp8kernels.scaling import BLOCK
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gemm_sweep import REGIMES, WGRAD_REGIME, _regime_name  # noqa: E402  (a sibling script, not a package)
+from gemm_sweep import REGIMES, WGRAD_REGIME, _regime_name, parse_regime  # noqa: E402  (a sibling script, not a package)
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, help=__doc__.split("\n\n")[0])
 console = Console(width=200)
@@ -117,14 +117,11 @@ def main(regime: list[str] = typer.Option([], help="e.g. blockwise/fast_accum=of
         console.print(f"[red]the Gluon kernel is written against Triton {', '.join(GLUON_TRITON_RELEASES)}x; "
                       f"this is {triton.__version__}[/]")
         raise typer.Exit(2)
-    names = {_regime_name(g, f): (g, f) for g, f in REGIMES}  # blockwise brings blockwise-1x128 with it
-    unknown = [name for name in regime if name not in names]
-    if unknown:
-        raise typer.BadParameter(f"unknown regime {unknown[0]!r}; choose from: {', '.join(names)}", param_hint="--regime")
+    regimes = [parse_regime(name) for name in regime] or REGIMES  # blockwise brings blockwise-1x128 with it
     if sass_dir is not None:
         sass_dir.mkdir(parents=True, exist_ok=True)
     reports = [compile_report(c, g, f, rows, sass_dir)
-               for g, f, rows, c in gluon_candidates([names[r] for r in regime] or REGIMES)]
+               for g, f, rows, c in gluon_candidates(regimes)]
     table = Table(title="the Gluon GEMM for sm_90a, per candidate", title_justify="left")
     for column in ("regime", "config", "registers", "spilled bytes", "wgmmas serialized", "QGMMA", "waits leaving some in flight"):
         table.add_column(column)

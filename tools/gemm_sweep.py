@@ -94,6 +94,15 @@ def _regime_name(granularity: Granularity, fast_accum: bool) -> str:
     return f"{granularity.value}/fast_accum={'on' if fast_accum else 'off'}"
 
 
+def parse_regime(name: str) -> tuple[Granularity, bool]:
+    """A regime by its name (e.g. blockwise/fast_accum=off): a --regime value of the GEMM tools."""
+    for granularity, fast_accum in REGIMES:
+        if _regime_name(granularity, fast_accum) == name:
+            return granularity, fast_accum
+    raise typer.BadParameter(f"unknown regime {name!r}; choose from: {', '.join(_regime_name(*r) for r in REGIMES)}",
+                             param_hint="--regime")
+
+
 def _fast(fast_accum: bool) -> FastAccum:
     return FastAccum.ON if fast_accum else FastAccum.OFF
 
@@ -268,8 +277,10 @@ def _open_run(out: Path, command: str) -> RunWriter:
 @app.command()
 def compare(out: Path = typer.Option(..., help="folder for results.csv and metadata.json"),
             quick: bool = typer.Option(False, help="lighter timing (2 short repeats)"),
-            shape: list[str] = typer.Option([], help="only these target shapes, by name (repeatable): to split the "
-                                                      "27 shapes over runs that must each end within a time limit"),
+            shape: list[str] = typer.Option([], help="only these shapes (repeatable): target shapes by name (to split "
+                                                      "the 27 over runs that must each end within a time limit) or "
+                                                      "products of one's own, MxKxN"),
+            regime: list[str] = typer.Option([], help="e.g. blockwise/fast_accum=off (repeatable; default: all five)"),
             unsplit: bool = typer.Option(False, help="also time each config that splits its last wave's tiles "
                                                       "along K without splitting them, side by side"),
             candidate: list[str] = typer.Option([], help="NAME=VALUE, repeatable: also time the pick of the heuristic "
@@ -280,16 +291,13 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
     import torch
 
     timer = _timer(timer)
-    shapes = target_shapes()
-    unknown = set(shape) - {s.name for s in shapes}
-    if unknown:
-        raise typer.BadParameter(f"not target shapes: {', '.join(sorted(unknown))}", param_hint="--shape")
+    shapes = compared_shapes(shape)
+    regimes = [parse_regime(name) for name in regime] or list(REGIMES)
     try:
         settings = tuple(parse_setting(text) for text in candidate)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--candidate") from None
     candidate_name = ", ".join(candidate)
-    shapes = [s for s in shapes if s.name in shape] if shape else shapes
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     cuda = torch.device("cuda")
 
@@ -307,11 +315,11 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
             variants += [candidate] if moved else []
         return variants
 
-    precompile(sorted({(g, f, v.config) for s in shapes for g, f in REGIMES for v in configs(g, f, s)}, key=str))
+    precompile(sorted({(g, f, v.config) for s in shapes for g, f in regimes for v in configs(g, f, s)}, key=str))
     with _open_run(out, "compare") as writer:
         bench = SideBySide(writer, QUICK if quick else STEADY, timer)
         for index, shape in enumerate(shapes):
-            bench.measure_shape(shape, REGIMES, lambda g, f, s=shape: configs(g, f, s), ours_first=index % 2 == 1)
+            bench.measure_shape(shape, regimes, lambda g, f, s=shape: configs(g, f, s), ours_first=index % 2 == 1)
             console.print(f"{shape.name} done", highlight=False)
     frame = bench.frame()
     frame.to_csv(out / "summary.csv", index=False)
@@ -328,6 +336,24 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
     for variant, title in (("unsplit", "the pick's twin that splits no tile: our time split / unsplit"),
                            (candidate_name, f"the heuristic with {candidate_name}: our time with its pick now / with this")):
         _print_variant_gains(per_shape, ours[ours.variant == variant], variant, title)
+
+
+def compared_shapes(names: list[str]) -> list[GemmShape]:
+    """`compare`'s shapes: every target shape, or those `names` gives (a target shape's name, or MxKxN)."""
+    from fp8bench.benchmarks.shapes import parse_product
+
+    targets = {s.name: s for s in target_shapes()}
+    if not names:
+        return list(targets.values())
+    shapes, unknown = [], []
+    for name in names:
+        try:
+            shapes.append(targets[name] if name in targets else parse_product(name))
+        except ValueError:
+            unknown.append(name)
+    if unknown:
+        raise typer.BadParameter(f"not target shapes nor MxKxN products: {', '.join(unknown)}", param_hint="--shape")
+    return shapes
 
 
 def _print_variant_gains(per_shape: pd.DataFrame, twins: pd.DataFrame, variant: str, title: str) -> None:
