@@ -16,8 +16,9 @@ e.g. `fast.NARROW_GLUON=0.9`). It then also counts the picks the change alters o
 (`fp8bench matmul --shape-gen`, every regime), the products a change would have to be measured on.
 
 `--splits` lists every candidate the tuner timed both whole and with its last wave split along K: the split model's
-gain (gemm_configs.grid_efficiency split over whole: the busiest program's K-tiles) beside the measured one, and
-the measured gain's geomean by how many waves of tiles the product makes.
+gain (gemm_configs.grid_efficiency split over whole: the busiest program's K-tiles) beside the measured one, the
+measured gain's geomean by how many waves of tiles the product makes, and the measured gain over the model's by K,
+under one wave and from one wave apart.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def shape_set_picks(sms: int, shared_memory: int) -> dict[tuple, str]:
 
 
 def split_pairs(entries: dict[str, dict], sms: int) -> list[dict]:
-    """One record per candidate timed both whole and split in `entries`: the problem, the tile, waves of tiles,
+    """One record per candidate timed both whole and split in `entries`: the problem, the tile, K, waves of tiles,
     the split (tiles x pieces), the model's gain and the measured one (time whole / time split)."""
     import dataclasses
     import functools
@@ -162,7 +163,7 @@ def split_pairs(entries: dict[str, dict], sms: int) -> list[dict]:
             tile = dataclasses.replace(gemm_configs.WIDE_GLUON, block_m=block_m, block_n=block_n, block_k=block_k, num_sms=sms)
             split_tiles, pieces = int(split.group(1)), int(split.group(2))
             efficiency = functools.partial(gemm_configs.grid_efficiency, problem.M, problem.N, problem.K, tile)
-            records.append(dict(problem=key, tile=whole, waves=tile.tiles(problem.M, problem.N) / sms,
+            records.append(dict(problem=key, tile=whole, K=problem.K, waves=tile.tiles(problem.M, problem.N) / sms,
                                 split=f"{split_tiles}x{pieces}", model_gain=efficiency((split_tiles, pieces)) / efficiency((0, 1)),
                                 measured_gain=times[whole] / split_ms))
     return records
@@ -178,6 +179,15 @@ def _print_splits(records: list[dict]) -> None:
         if gains:
             console.print(f"{low}-{high} waves: {len(gains)} splits, measured gain {geometric_mean(gains):.3f} "
                           f"geomean ({min(gains):.3f}-{max(gains):.3f})")
+    # Where the model errs, by K (a partial sum's hand-over costs the model the same K-tiles whatever K), apart for
+    # products under one wave of tiles (every tile split) and the others (the last wave's split).
+    for name, below_one_wave in (("under one wave", True), ("from one wave", False)):
+        for low, high in ((0, 2048), (2048, 4096), (4096, 8192), (8192, math.inf)):
+            errors = [r["measured_gain"] / r["model_gain"] for r in records
+                      if low < r["K"] <= high and (r["waves"] < 1) == below_one_wave]
+            if errors:
+                console.print(f"{name}, K {low + 1}-{high}: {len(errors)} splits, measured over the model's gain "
+                              f"{geometric_mean(errors):.3f} geomean")
 
 
 def _summary(graded: list[tuple[str, str, float]], untimed: list[str]) -> str:
