@@ -82,12 +82,9 @@ def probe(out: Path = typer.Option(..., help="folder for results.csv, probe.csv 
 
     timer = _timer(timer)
     try:
-        shapes = shape_sets.generate(shape_gen)
-    except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--shape-gen") from None
-    shapes = [s for s in shapes if not only or any(word in s.name for word in only)]
-    if not shapes:
-        raise typer.BadParameter(f"no {shape_gen} shape has a name containing any of {only}", param_hint="--only")
+        shapes = shape_sets.generate(shape_gen, name_parts=only)
+    except ValueError as err:  # an unknown --shape-gen, or no shape left by --only
+        raise typer.BadParameter(str(err)) from None
     regimes = [parse_regime(name) for name in regime] or list(REGIMES)
     configs = {(s, g, f): candidates(s, g, f) for s in shapes for g, f in regimes}
     failed = precompile(sorted({(g, f, c) for (_, g, f), cs in configs.items() for c in cs}, key=str))

@@ -38,7 +38,7 @@ from fp8bench.model.hardware import spec_for_device_name
 from fp8bench.benchmarks.matmul import GemmCase, MatmulBenchmark, random_operands
 from fp8bench.harness.results import RunWriter
 from fp8bench.harness.runner import measured_row
-from fp8bench.benchmarks.shapes import llama, square, training
+from fp8bench.benchmarks.shapes import llama, parse_product, square, training
 from fp8bench.harness.timing import TimerChoice
 from fp8kernels.gemm import device_properties, fp8_gemm, gemm_config, gluon_runs_on, launch_kernel
 from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config, config_label, last_wave_split
@@ -308,11 +308,10 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
             variants.append(Variant(dataclasses.replace(config, split_last_wave=False), "unsplit"))
         if settings:
             picked = config.options_for(s.M, s.N, s.K)
-            candidate = Variant(config, candidate_name, settings)
-            with candidate.constants():  # its split too: sized by the constants
-                candidate = dataclasses.replace(candidate, config=gemm_config(s.M, s.N, s.K, g, f, cuda))
-                moved = candidate.config.options_for(s.M, s.N, s.K) != picked
-            variants += [candidate] if moved else []
+            with changed(list(settings)):  # its split too: sized by the constants
+                candidate = gemm_config(s.M, s.N, s.K, g, f, cuda)
+                moved = candidate.options_for(s.M, s.N, s.K) != picked
+            variants += [Variant(candidate, candidate_name, settings)] if moved else []
         return variants
 
     precompile(sorted({(g, f, v.config) for s in shapes for g, f in regimes for v in configs(g, f, s)}, key=str))
@@ -340,8 +339,6 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
 
 def compared_shapes(names: list[str]) -> list[GemmShape]:
     """`compare`'s shapes: every target shape, or those `names` gives (a target shape's name, or MxKxN)."""
-    from fp8bench.benchmarks.shapes import parse_product
-
     targets = {s.name: s for s in target_shapes()}
     if not names:
         return list(targets.values())
