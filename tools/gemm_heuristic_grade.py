@@ -62,7 +62,8 @@ def grade(entries: dict[str, dict], sms: int, shared_memory: int) -> tuple[list[
 
 
 def parse_setting(text: str) -> tuple[str, float]:
-    """`NAME=VALUE` -> (NAME, VALUE); ValueError saying what NAME may be."""
+    """`NAME=VALUE` -> (NAME, VALUE); ValueError saying what NAME may be (the caller names its option: --set here,
+    gemm_sweep.py compare's --candidate)."""
     from fp8kernels import gemm_configs
 
     name, sep, value = text.partition("=")
@@ -71,16 +72,16 @@ def parse_setting(text: str) -> tuple[str, float]:
     except ValueError:
         number = None
     if not sep or number is None:
-        raise ValueError(f"--set {text!r}: expected NAME=NUMBER")
+        raise ValueError(f"{text!r}: expected NAME=NUMBER")
     regime, dot, tile = name.partition(".")
     if dot:
         if regime not in gemm_configs.GLUON_TILES:
-            raise ValueError(f"--set {text!r}: no regime {regime!r}; choose one of {', '.join(gemm_configs.GLUON_TILES)}")
+            raise ValueError(f"{text!r}: no regime {regime!r}; choose one of {', '.join(gemm_configs.GLUON_TILES)}")
         names = [_tile_name(t) for t, _ in gemm_configs.GLUON_TILES[regime]]
         if tile not in names:
-            raise ValueError(f"--set {text!r}: {regime}'s tiles are {', '.join(names)}")
+            raise ValueError(f"{text!r}: {regime}'s tiles are {', '.join(names)}")
     elif name not in MODEL_CONSTANTS:
-        raise ValueError(f"--set {text!r}: a constant of {', '.join(MODEL_CONSTANTS)}, or REGIME.TILE=SPEED")
+        raise ValueError(f"{text!r}: a constant of {', '.join(MODEL_CONSTANTS)}, or REGIME.TILE=SPEED")
     return name, number
 
 
@@ -211,7 +212,7 @@ def main(
     try:
         settings = [parse_setting(text) for text in setting or []]
     except ValueError as err:
-        console.print(f"[red]{err}[/]")
+        console.print(f"[red]--set {err}[/]")
         raise typer.Exit(2) from None
     entries: dict[str, dict] = {}
     for path in caches:
