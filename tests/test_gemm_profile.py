@@ -1,0 +1,105 @@
+"""tools/gemm_profile.py's CPU side: reading ncu's exported counters and SASS samples, and clear exits on bad input."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+from typer.testing import CliRunner
+from tool_module import load_tool
+
+profile = load_tool("gemm_profile")
+
+
+def write_raw(path, kernel: str, duration_us: float, tensor_pct: float, barrier_stall: float) -> None:
+    """A raw page as `ncu --page raw --csv` exports it: names, units, one kernel's values (thousands with commas)."""
+    names = ["ID", "Kernel Name", "gpu__time_duration.sum", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
+             "launch__grid_size", "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
+             "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"]
+    with path.open("w", newline="") as f:
+        out = csv.writer(f, quoting=csv.QUOTE_ALL)
+        out.writerows([names, ["", "", "us", "%", "", "", ""],
+                       ["0", kernel, f"{duration_us:,.3f}", str(tensor_pct), "132", str(barrier_stall), "0.5"]])
+
+
+def write_sass(path, instructions: list[tuple[str, int, int]]) -> None:
+    """A source page as `ncu --page source --csv --print-source sass` exports it: (SASS, times executed, samples)."""
+    names = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_barrier",
+             "stall_selected", "stall_barrier (Not Issued)"]
+    with path.open("w", newline="") as f:
+        out = csv.writer(f, quoting=csv.QUOTE_ALL)
+        out.writerow(["Kernel Name", "k"])
+        out.writerow(names)
+        for i, (source, executed, samples) in enumerate(instructions):
+            out.writerow([f"{0x7f0000 + 16 * i:#x}", source, samples, executed, samples - samples // 4, samples // 4,
+                          samples])
+
+
+def test_counters_and_stalls_are_read_by_name(tmp_path):
+    write_raw(tmp_path / "ours.raw.csv", "_fp8_gemm_ws_kernel", 1803.07, 79.5, 3.94)
+    counters = profile.read_counters(tmp_path / "ours.raw.csv")
+    assert counters.kernel == "_fp8_gemm_ws_kernel"
+    assert counters.values["duration_us"] == pytest.approx(1803.07)
+    assert counters.values["tensor_pipe_pct"] == pytest.approx(79.5) and counters.values["grid"] == 132
+    assert "l2_pct" not in counters.values  # a counter the export lacks is left out, not zero
+    assert counters.stalls == {"barrier": pytest.approx(3.94), "wait": pytest.approx(0.5)}
+
+
+def test_hot_runs_group_equally_executed_instructions_and_drop_the_cold(tmp_path):
+    loop = [("QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR8], RZ", 600, 40), ("WARPGROUP.DEPBAR.LE gsb0, 0x0", 600, 300)]
+    loop += [(f"FFMA R{i}, R{i + 64}, R150, R{i}", 600, 5) for i in range(64)]
+    write_sass(tmp_path / "ours.sass.csv", [("LDC R1, c[0x0][0x28]", 132, 2)] + loop + [("EXIT", 132, 1),
+                                                                                       ("BAR.SYNC 0x1", 4, 60)])
+    runs = profile.read_hot_runs(tmp_path / "ours.sass.csv")
+    total = 2 + 40 + 300 + 64 * 5 + 1 + 60
+    assert [r.first for r in runs] == ["+0x10", "+0x440"]  # the loop, then the barrier; the LDC and EXIT are under 2%
+    body, barrier = runs
+    assert (body.instructions, body.executed, body.qgmma, body.ffma, body.barriers) == (66, 600, 1, 64, 1)
+    assert body.share == pytest.approx((40 + 300 + 320) / total)
+    # Each instruction's samples split 3:1 (rounded down) between barrier and selected; the run's shares sum them.
+    assert body.stalls == {"barrier": pytest.approx((30 + 225 + 64 * 4) / 660), "selected": pytest.approx((10 + 75 + 64) / 660)}
+    assert barrier.barriers == 1 and barrier.share == pytest.approx(60 / total)
+
+
+def test_summarize_prints_both_backends_side_by_side(tmp_path):
+    write_raw(tmp_path / "ours.raw.csv", "_fp8_gemm_ws_kernel", 803.1, 79.5, 3.94)
+    write_raw(tmp_path / "cublas.raw.csv", "nvjet_sm90_qqtst_128x128", 776.3, 81.0, 1.21)
+    for backend in ("ours", "cublas"):
+        write_sass(tmp_path / f"{backend}.sass.csv", [("FFMA R1, R2, R3, R1", 10, 50)])
+    result = CliRunner().invoke(profile.app, ["summarize", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "nvjet_sm90_qqtst_128x128" in result.output and "776.3" in result.output and "803.1" in result.output
+    assert "stall barrier" in result.output and "3.94" in result.output and "1.21" in result.output
+
+
+def test_a_malformed_export_exits_2_naming_the_file(tmp_path):
+    (tmp_path / "ours.raw.csv").write_text("not,counters\n")
+    result = CliRunner().invoke(profile.app, ["summarize", str(tmp_path)])
+    assert result.exit_code == 2 and "ours.raw.csv: not ncu's raw counters" in result.output
+    write_raw(tmp_path / "ours.raw.csv", "k", 1.0, 1.0, 1.0)
+    (tmp_path / "ours.sass.csv").write_text("Address,Source\n")
+    result = CliRunner().invoke(profile.app, ["summarize", str(tmp_path)])
+    assert result.exit_code == 2 and "ours.sass.csv: not ncu's SASS source page" in result.output
+
+
+def test_a_folder_without_exports_exits_2(tmp_path):
+    result = CliRunner().invoke(profile.app, ["summarize", str(tmp_path)])
+    assert result.exit_code == 2 and "no <backend>.raw.csv to summarize" in result.output
+
+
+def test_a_bad_shape_or_regime_exits_2_before_profiling(tmp_path):
+    result = CliRunner().invoke(profile.app, ["run", "--shape", "4096x7168", "--regime", "blockwise/fast_accum=off",
+                                              "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "'4096x7168' is not MxKxN" in result.output
+    result = CliRunner().invoke(profile.app, ["run", "--shape", "4096x7168x2048", "--regime", "blockwise",
+                                              "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "unknown regime 'blockwise'" in result.output
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU exit")
+def test_without_a_gpu_run_says_so_and_exits_2(tmp_path):
+    result = CliRunner().invoke(profile.app, ["run", "--shape", "4096x7168x2048", "--regime", "blockwise/fast_accum=off",
+                                              "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "needs a CUDA GPU" in result.output

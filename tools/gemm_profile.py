@@ -1,0 +1,270 @@
+"""Where an FP8 GEMM's time goes, ours against cuBLAS, from Nsight Compute (ncu) hardware counters: one product,
+one regime, one kernel launch of each profiled with ncu's full set.
+
+    python tools/gemm_profile.py run --shape 4096x16384x7168 --regime blockwise/fast_accum=off --out DIR
+    python tools/gemm_profile.py summarize DIR        # the tables again, from DIR's exported counters
+
+`run` launches this script's `launch` command under ncu once per backend (`ours`: fp8kernels.gemm.fp8_gemm with the
+heuristic's config, or the fields FP8KERNELS_GEMM_CONFIG forces onto it; `cublas`: torch._scaled_mm as `fp8bench
+matmul` calls it), profiles its third kernel launch, and exports each report's counters (DIR/<backend>.raw.csv) and
+its SASS with per-instruction stall samples (DIR/<backend>.sass.csv). Then, side by side: the kernel's duration and
+SM clock (ncu locks the clocks to base while it profiles, so durations compare across backends, not with a timed
+run), how busy the tensor pipe, L2, DRAM and shared memory were, issue activity, the leading stall reasons, and
+each kernel's hot instruction runs (consecutive instructions executed equally often, i.e. loop bodies) with their
+share of the stall samples. Needs an sm_90 GPU and ncu (`--ncu`, default: on PATH or /usr/local/cuda/bin/ncu).
+"""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
+console = Console(width=200)
+BACKENDS = ("ours", "cublas")
+# ncu's kernel filter per backend (regex on the function name): ours is the Gluon or the Triton kernel; cuBLAS's
+# FP8 GEMMs on Hopper are nvjet or CUTLASS sm90 kernels. The quantization of the operands comes before and matches neither.
+KERNEL_FILTERS = {"ours": "_fp8_gemm", "cublas": "nvjet|sm90_xmma|cutlass"}
+CALLS = 3  # the profiled launch is the last: the first compiles (ours) or picks an algorithm (cuBLAS)
+# (column, counter, unit) of the side-by-side table.
+COUNTERS = (
+    ("duration_us", "gpu__time_duration.sum", "us"),
+    ("sm_clock_ghz", "sm__cycles_elapsed.avg.per_second", "GHz"),
+    ("tensor_pipe_pct", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed", "%"),
+    ("l2_pct", "lts__throughput.avg.pct_of_peak_sustained_elapsed", "%"),
+    ("dram_pct", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", "%"),
+    ("shared_wavefronts_pct", "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed", "%"),
+    ("issue_active_pct", "smsp__issue_active.avg.pct_of_peak_sustained_active", "%"),
+    ("grid", "launch__grid_size", ""),
+    ("cluster", "launch__cluster_size", ""),
+    ("block", "launch__block_size", ""),
+    ("registers", "launch__registers_per_thread", ""),
+    ("shared_kb", "launch__shared_mem_per_block_dynamic", "KB"),
+)
+STALL_PREFIX, STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+SAMPLES = "Warp Stall Sampling (All Samples)"
+HOT_SHARE = 0.02  # instruction runs with at least this share of a kernel's stall samples are listed
+
+
+class ProfileError(Exception):
+    """A file of the profile folder that is missing or not what ncu exports: exit 2 naming it."""
+
+
+@dataclass(frozen=True)
+class KernelCounters:
+    """One profiled kernel: its name, the table's counters and its stall reasons (warps per issued instruction)."""
+    kernel: str
+    values: dict[str, float]
+    stalls: dict[str, float]
+
+
+@dataclass(frozen=True)
+class HotRun:
+    """Consecutive SASS instructions executed equally often (a loop body or straight-line block) and their samples."""
+    first: str  # offset of its first instruction from the kernel's first
+    instructions: int
+    executed: int  # times each of its instructions ran (all warps)
+    share: float  # of the kernel's stall samples
+    stalls: dict[str, float]  # the leading stall reasons, share of the run's samples
+    qgmma: int
+    ffma: int
+    barriers: int  # BAR.SYNC and WARPGROUP.DEPBAR: where a warp waits for others or for its MMA
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", "")) if text.strip() not in ("", "n/a") else float("nan")
+
+
+def read_counters(path: Path) -> KernelCounters:
+    """The counters of `ncu --import REPORT --page raw --csv` (a header row, a units row, one row per kernel: the first)."""
+    try:
+        rows = list(csv.reader(path.open()))
+    except OSError as err:
+        raise ProfileError(f"{path}: cannot read ({err.strerror})") from None
+    if len(rows) < 3 or "Kernel Name" not in rows[0]:
+        raise ProfileError(f"{path}: not ncu's raw counters (a header with 'Kernel Name', units, a kernel's row)")
+    row = dict(zip(rows[0], rows[2]))
+    values = {column: _number(row[counter]) for column, counter, _ in COUNTERS if counter in row}
+    stalls = {name[len(STALL_PREFIX):-len(STALL_SUFFIX)]: _number(value) for name, value in row.items()
+              if name.startswith(STALL_PREFIX) and name.endswith(STALL_SUFFIX)}
+    return KernelCounters(row["Kernel Name"], values, stalls)
+
+
+def read_hot_runs(path: Path, share: float = HOT_SHARE) -> list[HotRun]:
+    """The runs of `ncu --page source --csv --print-source sass` holding at least `share` of its stall samples."""
+    try:
+        rows = list(csv.reader(path.open()))
+    except OSError as err:
+        raise ProfileError(f"{path}: cannot read ({err.strerror})") from None
+    header = next((i for i, row in enumerate(rows) if "Address" in row and SAMPLES in row), None)
+    if header is None:
+        raise ProfileError(f"{path}: not ncu's SASS source page (no 'Address' and '{SAMPLES}' columns)")
+    names = rows[header]
+    column = {name: i for i, name in enumerate(names)}
+    stall_columns = [n for n in names if n.startswith("stall_") and "Not Issued" not in n]
+    body = [row for row in rows[header + 1:] if len(row) == len(names)]
+    total = sum(_number(row[column[SAMPLES]]) for row in body) or 1.0
+    start = int(body[0][column["Address"]], 16) if body else 0
+    groups: list[list[list[str]]] = []
+    for row in body:
+        executed = row[column["Instructions Executed"]]
+        if groups and groups[-1][0][column["Instructions Executed"]] == executed:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    runs = []
+    for group in groups:
+        samples = sum(_number(row[column[SAMPLES]]) for row in group)
+        if samples < share * total:
+            continue
+        reasons = {n[len("stall_"):]: sum(_number(row[column[n]]) for row in group) for n in stall_columns}
+        leading = dict(sorted(((k, v / samples) for k, v in reasons.items() if v), key=lambda kv: -kv[1])[:4])
+        source = [row[column["Source"]] for row in group]
+        runs.append(HotRun(f"+{int(group[0][column['Address']], 16) - start:#x}", len(group), int(_number(group[0][column["Instructions Executed"]])),
+                           samples / total, leading, sum("QGMMA" in s for s in source), sum("FFMA" in s for s in source),
+                           sum("BAR.SYNC" in s or "WARPGROUP.DEPBAR" in s for s in source)))
+    return runs
+
+
+def _exit_2(message: str) -> None:
+    console.print(f"gemm_profile: {message}", highlight=False)
+    raise typer.Exit(2)
+
+
+def _product(shape: str, regime: str):
+    """(GemmShape, granularity, fast_accum) of --shape and --regime, or exit 2 naming the bad one."""
+    from fp8bench.benchmarks.shapes import parse_product
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from gemm_sweep import parse_regime  # a sibling script, not a package
+
+    try:
+        product = parse_product(shape)
+    except ValueError as err:
+        _exit_2(str(err))
+    try:
+        granularity, fast_accum = parse_regime(regime)
+    except typer.BadParameter as err:
+        _exit_2(str(err))
+    return product, granularity, fast_accum
+
+
+@app.command(hidden=True)
+def launch(backend: str = typer.Option(...), shape: str = typer.Option(...), regime: str = typer.Option(...)):
+    """The product CALLS times on `backend` (what `run` profiles under ncu)."""
+    import torch
+
+    product, granularity, fast_accum = _product(shape, regime)
+    if not torch.cuda.is_available():
+        _exit_2("needs a CUDA GPU")
+    from fp8bench.backends import REGISTRY
+    from fp8bench.backends.triton import kernel_operands
+    from fp8bench.benchmarks.matmul import random_operands
+    from fp8bench.config import FastAccum
+    from fp8kernels.gemm import fp8_gemm
+
+    operands = random_operands(product)
+    if backend == "ours":
+        quantized = kernel_operands(operands, granularity)
+        call = lambda: fp8_gemm(*quantized, granularity=granularity, fast_accum=fast_accum)  # noqa: E731
+    elif backend == "cublas":
+        fast = FastAccum.ON if fast_accum else FastAccum.OFF
+        reason = REGISTRY["cublas"].unsupported_reason(product, granularity, fast)
+        if reason:
+            _exit_2(f"cublas: unsupported: {reason}")
+        call = REGISTRY["cublas"].prepare_gemm(operands, granularity, fast).run
+    else:
+        _exit_2(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    for _ in range(CALLS):
+        call()
+    torch.cuda.synchronize()
+
+
+def _ncu_path(given: str | None) -> str | None:
+    if given:
+        return given if Path(given).is_file() else None
+    return shutil.which("ncu") or next((p for p in ("/usr/local/cuda/bin/ncu",) if Path(p).is_file()), None)
+
+
+@app.command()
+def run(shape: str = typer.Option(..., help="the product, MxKxN"),
+        regime: str = typer.Option(..., help="e.g. blockwise/fast_accum=off"),
+        out: Path = typer.Option(..., help="folder for the reports, their exported counters and metadata.json"),
+        ncu: str = typer.Option(None, help="the ncu executable (default: on PATH or /usr/local/cuda/bin/ncu)")):
+    """Profile one launch of ours and of cuBLAS on the product with ncu, export the counters, print the tables."""
+    import torch
+
+    _product(shape, regime)  # a bad shape or regime exits before any profiling
+    if not torch.cuda.is_available():
+        _exit_2("needs a CUDA GPU")
+    executable = _ncu_path(ncu)
+    if executable is None:
+        _exit_2(f"Nsight Compute's ncu not found ({ncu or 'not on PATH nor /usr/local/cuda/bin/ncu'}); pass --ncu")
+    from fp8bench.harness.env import run_metadata, script_command_line
+    from fp8bench.harness.results import write_metadata
+
+    out.mkdir(parents=True, exist_ok=True)
+    version = subprocess.run([executable, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1:]
+    write_metadata(out, run_metadata(script_command_line(), {"ncu": version[0] if version else "", "shape": shape,
+                                                              "regime": regime}))
+    for backend in BACKENDS:
+        report = out / backend
+        profiled = subprocess.run(
+            [executable, "--set", "full", "--launch-skip", str(CALLS - 1), "--launch-count", "1", "-k",
+             f"regex:{KERNEL_FILTERS[backend]}", "-f", "-o", str(report), sys.executable, __file__, "launch",
+             "--backend", backend, "--shape", shape, "--regime", regime],
+            capture_output=True, text=True)
+        (out / f"{backend}.ncu.log").write_text(profiled.stdout + profiled.stderr)
+        if profiled.returncode or not report.with_suffix(".ncu-rep").is_file():
+            console.print(f"{backend}: failed: ncu exited {profiled.returncode} without a report "
+                          f"(see {out / f'{backend}.ncu.log'})", highlight=False)
+            continue
+        for page, name in ((["--page", "raw"], "raw"), (["--page", "source", "--print-source", "sass"], "sass")):
+            exported = subprocess.run([executable, "--import", str(report.with_suffix(".ncu-rep")), *page, "--csv"],
+                                      capture_output=True, text=True)
+            (out / f"{backend}.{name}.csv").write_text(exported.stdout)
+    summarize(out)
+
+
+@app.command()
+def summarize(folder: Path = typer.Argument(..., help="a folder `run` wrote")):
+    """The side-by-side counters and each kernel's hot instruction runs, from the exported CSVs."""
+    try:
+        profiled = {b: read_counters(folder / f"{b}.raw.csv") for b in BACKENDS if (folder / f"{b}.raw.csv").is_file()}
+        hot = {b: read_hot_runs(folder / f"{b}.sass.csv") for b in profiled}
+    except ProfileError as err:
+        _exit_2(str(err))
+    if not profiled:
+        _exit_2(f"{folder}: no <backend>.raw.csv to summarize (run `gemm_profile.py run` first)")
+    table = Table(title=f"{folder}: one kernel launch each, counters of Nsight Compute")
+    table.add_column("counter")
+    for backend, counters in profiled.items():
+        table.add_column(f"{backend}\n{counters.kernel[:60]}", justify="right")
+    for column, _, unit in COUNTERS:
+        table.add_row(f"{column} ({unit})" if unit else column,
+                      *(f"{c.values.get(column, float('nan')):.4g}" for c in profiled.values()))
+    reasons = sorted({r for c in profiled.values() for r in c.stalls},
+                     key=lambda r: -max(c.stalls.get(r, 0.0) for c in profiled.values()))
+    for reason in reasons[:8]:
+        table.add_row(f"stall {reason} (warps per issue)", *(f"{c.stalls.get(reason, 0.0):.3g}" for c in profiled.values()))
+    console.print(table)
+    for backend, runs in hot.items():
+        listing = Table(title=f"{backend}: instruction runs with {HOT_SHARE:.0%} or more of the stall samples")
+        for name in ("first", "instructions", "executed", "samples", "QGMMA", "FFMA", "barriers", "leading stalls"):
+            listing.add_column(name, justify="left" if name in ("first", "leading stalls") else "right")
+        for r in runs:
+            listing.add_row(r.first, str(r.instructions), str(r.executed), f"{r.share:.1%}", str(r.qgmma), str(r.ffma),
+                            str(r.barriers), ", ".join(f"{k} {v:.0%}" for k, v in r.stalls.items()))
+        console.print(listing)
+
+
+if __name__ == "__main__":
+    app()
