@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 
 import pytest
 import torch
@@ -73,6 +74,20 @@ def test_summarize_prints_both_backends_side_by_side(tmp_path):
     assert "stall barrier" in result.output and "3.94" in result.output and "1.21" in result.output
 
 
+def test_exports_kept_gzipped_read_as_written(tmp_path):
+    write_raw(tmp_path / "ours.raw.csv", "_fp8_gemm_ws_kernel", 803.1, 79.5, 3.94)
+    write_sass(tmp_path / "ours.sass.csv", [("FFMA R1, R2, R3.reuse, R1", 10, 50)])
+    plain = CliRunner().invoke(profile.app, ["summarize", str(tmp_path)])
+    for name in ("ours.raw.csv", "ours.sass.csv"):
+        (tmp_path / f"{name}.gz").write_bytes(gzip.compress((tmp_path / name).read_bytes()))
+        (tmp_path / name).unlink()
+    zipped = CliRunner().invoke(profile.app, ["summarize", str(tmp_path)])
+    assert zipped.exit_code == plain.exit_code == 0 and "803.1" in zipped.output and "+0x0" in zipped.output
+    (tmp_path / "ours.sass.csv.gz").write_bytes(b"not gzip")
+    result = CliRunner().invoke(profile.app, ["summarize", str(tmp_path)])
+    assert result.exit_code == 2 and "ours.sass.csv.gz: cannot read" in result.output
+
+
 def test_a_malformed_export_exits_2_naming_the_file(tmp_path):
     (tmp_path / "ours.raw.csv").write_text("not,counters\n")
     result = CliRunner().invoke(profile.app, ["summarize", str(tmp_path)])
@@ -85,7 +100,7 @@ def test_a_malformed_export_exits_2_naming_the_file(tmp_path):
 
 def test_a_folder_without_exports_exits_2(tmp_path):
     result = CliRunner().invoke(profile.app, ["summarize", str(tmp_path)])
-    assert result.exit_code == 2 and "no <backend>.raw.csv to summarize" in result.output
+    assert result.exit_code == 2 and "no <backend>.raw.csv(.gz) to summarize" in result.output
 
 
 def test_a_bad_shape_or_regime_exits_2_before_profiling(tmp_path):

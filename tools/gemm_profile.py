@@ -2,7 +2,7 @@
 one regime, one kernel launch of each profiled with ncu's full set.
 
     python tools/gemm_profile.py run --shape 4096x16384x7168 --regime blockwise/fast_accum=off --out DIR
-    python tools/gemm_profile.py summarize DIR        # the tables again, from DIR's exported counters
+    python tools/gemm_profile.py summarize DIR        # the tables again, from DIR's exported counters (or gzipped)
 
 `run` launches this script's `launch` command under ncu once per backend (`ours`: fp8kernels.gemm.fp8_gemm with the
 heuristic's config, or the fields FP8KERNELS_GEMM_CONFIG forces onto it; `cublas`: torch._scaled_mm as `fp8bench
@@ -17,6 +17,7 @@ share of the stall samples. Needs an sm_90 GPU and ncu (`--ncu`, default: on PAT
 from __future__ import annotations
 
 import csv
+import gzip
 import shutil
 import subprocess
 import sys
@@ -83,12 +84,22 @@ def _number(text: str) -> float:
     return float(text.replace(",", "")) if text.strip() not in ("", "n/a") else float("nan")
 
 
+def exported(folder: Path, name: str) -> Path | None:
+    """An export of the folder, as `run` wrote it (NAME) or compressed for keeping (NAME.gz); None if neither is there."""
+    return next((path for path in (folder / name, folder / f"{name}.gz") if path.is_file()), None)
+
+
+def _rows(path: Path) -> list[list[str]]:
+    try:
+        with (gzip.open(path, "rt") if path.suffix == ".gz" else path.open()) as f:
+            return list(csv.reader(f))
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as err:
+        raise ProfileError(f"{path}: cannot read ({getattr(err, 'strerror', None) or err})") from None
+
+
 def read_counters(path: Path) -> KernelCounters:
     """The counters of `ncu --import REPORT --page raw --csv` (a header row, a units row, one row per kernel: the first)."""
-    try:
-        rows = list(csv.reader(path.open()))
-    except OSError as err:
-        raise ProfileError(f"{path}: cannot read ({err.strerror})") from None
+    rows = _rows(path)
     if len(rows) < 3 or "Kernel Name" not in rows[0]:
         raise ProfileError(f"{path}: not ncu's raw counters (a header with 'Kernel Name', units, a kernel's row)")
     row = dict(zip(rows[0], rows[2]))
@@ -100,10 +111,7 @@ def read_counters(path: Path) -> KernelCounters:
 
 def read_hot_runs(path: Path, share: float = HOT_SHARE) -> list[HotRun]:
     """The runs of `ncu --page source --csv --print-source sass` holding at least `share` of its stall samples."""
-    try:
-        rows = list(csv.reader(path.open()))
-    except OSError as err:
-        raise ProfileError(f"{path}: cannot read ({err.strerror})") from None
+    rows = _rows(path)
     header = next((i for i, row in enumerate(rows) if "Address" in row and SAMPLES in row), None)
     if header is None:
         raise ProfileError(f"{path}: not ncu's SASS source page (no 'Address' and '{SAMPLES}' columns)")
@@ -238,12 +246,12 @@ def run(shape: str = typer.Option(..., help="the product, MxKxN"),
 def summarize(folder: Path = typer.Argument(..., help="a folder `run` wrote")):
     """The side-by-side counters and each kernel's hot instruction runs, from the exported CSVs."""
     try:
-        profiled = {b: read_counters(folder / f"{b}.raw.csv") for b in BACKENDS if (folder / f"{b}.raw.csv").is_file()}
-        hot = {b: read_hot_runs(folder / f"{b}.sass.csv") for b in profiled}
+        profiled = {b: read_counters(path) for b in BACKENDS if (path := exported(folder, f"{b}.raw.csv"))}
+        hot = {b: read_hot_runs(path) for b in profiled if (path := exported(folder, f"{b}.sass.csv"))}
     except ProfileError as err:
         _exit_2(str(err))
     if not profiled:
-        _exit_2(f"{folder}: no <backend>.raw.csv to summarize (run `gemm_profile.py run` first)")
+        _exit_2(f"{folder}: no <backend>.raw.csv(.gz) to summarize (run `gemm_profile.py run` first)")
     table = Table(title=f"{folder}: one kernel launch each, counters of Nsight Compute")
     table.add_column("counter")
     for backend, counters in profiled.items():
