@@ -323,10 +323,12 @@ def _k_tile_scales(sa_bufs, sb_bufs, slot, zero, sb_place, SCALING: gl.constexpr
     if SCALING == BLOCKWISE_1X128_WEIGHTS:
         sb = sb_bufs.index(slot).load(gl.SliceLayout(0, zero.type.layout))
     elif SCALING == 2:
-        window_layout: gl.constexpr = gl.BlockedLayout([SCALE_WINDOW], [32], [4], [0])
-        window = sb_bufs.index(slot).slice(0, SCALE_WINDOW).load(window_layout)
-        place = gl.arange(0, SCALE_WINDOW, layout=window_layout)
-        sb = gl.sum(gl.where(place == sb_place, window, 0.0), axis=0)
+        # The ring's weight-scale boxes seen as one column of floats: the K-tile's scale is one row of it, read at
+        # its place in the window.
+        BOX: gl.constexpr = sb_bufs.type.shape[1]
+        column = sb_bufs._reinterpret(gl.float32, [sb_bufs.type.shape[0] * BOX, 1], sb_bufs.layout)
+        one_each: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        sb = gl.sum(column.index(slot * BOX + sb_place).load(one_each), axis=0)
     return sa, sb
 
 
