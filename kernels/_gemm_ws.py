@@ -424,31 +424,18 @@ def _sum_k_tiles_overlapped(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, cons
 
 
 @gluon.jit
-def _output_scales(scale_a_ptr, scale_b_ptr, off_m, off_n, M, N, stride_sa_m, stride_sb_n, zero, SCALING: gl.constexpr):
-    """What the epilogue multiplies a warpgroup's 64 x 128 block at (off_m, off_n) by: (the two scales' product, unused)
-    tensorwise, (its rows' scales, its columns' scales) axiswise, unused constants blockwise (the promotion applied
-    its scales)."""
+def _store_rows(acc, c_desc, c_buf, rows, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n,
+                SCALING: gl.constexpr, ACTIVATION: gl.constexpr, OTHER_STORES: gl.constexpr):
+    """Scale (tensorwise, axiswise), apply the activation (ACTIVATION_CODES) and store one consumer's 64 x
+    128 block through its own shared buffer; OTHER_STORES of this warpgroup's stores, issued since this
+    buffer's last one, may stay in flight."""
     if SCALING == 0:
-        return gl.load(scale_a_ptr) * gl.load(scale_b_ptr), 1.0
+        acc = acc * (gl.load(scale_a_ptr) * gl.load(scale_b_ptr))
     elif SCALING == 1:
-        rows = off_m + gl.arange(0, zero.shape[0], layout=gl.SliceLayout(1, zero.type.layout))
-        cols = off_n + gl.arange(0, zero.shape[1], layout=gl.SliceLayout(0, zero.type.layout))
-        return (gl.load(scale_a_ptr + rows * stride_sa_m, mask=rows < M, other=0.0),
-                gl.load(scale_b_ptr + cols * stride_sb_n, mask=cols < N, other=0.0))
-    else:
-        return 1.0, 1.0
-
-
-@gluon.jit
-def _store_rows(acc, c_desc, c_buf, off_m, off_n, scale, col_scale, SCALING: gl.constexpr, ACTIVATION: gl.constexpr,
-                OTHER_STORES: gl.constexpr):
-    """Scale (tensorwise: by `scale`; axiswise: by the rows' `scale` and the columns' `col_scale`), apply the activation
-    (ACTIVATION_CODES) and store one consumer's 64 x 128 block through its own shared buffer; OTHER_STORES of this
-    warpgroup's stores, issued since this buffer's last one, may stay in flight."""
-    if SCALING == 0:
-        acc = acc * scale
-    elif SCALING == 1:
-        acc = acc * scale[:, None] * col_scale[None, :]
+        cols = off_n + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
+        row_scale = gl.load(scale_a_ptr + rows * stride_sa_m, mask=rows < M, other=0.0)
+        col_scale = gl.load(scale_b_ptr + cols * stride_sb_n, mask=cols < N, other=0.0)
+        acc = acc * row_scale[:, None] * col_scale[None, :]
     if ACTIVATION == 1:
         acc = tl.sigmoid(acc)  # Triton's own, as in the Triton kernel's epilogue
     tma.store_wait(pendings=OTHER_STORES)  # this buffer's previous store has left it (stores finish in order)
@@ -484,28 +471,18 @@ def _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero,
 
 
 @gluon.jit
-def _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n,
-                zero, loaded, loaded_right, SCALING: gl.constexpr, ACTIVATION: gl.constexpr, LOADED: gl.constexpr,
-                CONSUMERS: gl.constexpr, SPLIT: gl.constexpr, WARPGROUP: gl.constexpr):
-    """Scale and store this warpgroup's rows of a tile (a 256-wide one, SPLIT 2, as its two halves): by the halves'
-    _output_scales `loaded` and `loaded_right` where LOADED, else by scales loaded here, each half's just before
-    its store (a promoted 256-wide tile's registers hold one half's column scales beside its two sums, not both)."""
+def _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
+                stride_sb_n, SCALING: gl.constexpr, ACTIVATION: gl.constexpr, CONSUMERS: gl.constexpr,
+                SPLIT: gl.constexpr, WARPGROUP: gl.constexpr):
+    """Scale and store this warpgroup's rows of a tile (a 256-wide one, SPLIT 2, as its two halves)."""
     HALF_N: gl.constexpr = c_bufs.type.shape[2]
     BUFFERS: gl.constexpr = c_bufs.type.shape[0] // CONSUMERS
-    if not LOADED:
-        loaded = _output_scales(scale_a_ptr, scale_b_ptr, off_m, off_n, M, N, stride_sa_m, stride_sb_n, zero, SCALING)
-    scale, col_scale = loaded
-    _store_rows(acc, c_desc, c_bufs.index(WARPGROUP * BUFFERS), off_m, off_n, scale, col_scale, SCALING, ACTIVATION,
-                SPLIT - 1)
+    rows = off_m + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
+    _store_rows(acc, c_desc, c_bufs.index(WARPGROUP * BUFFERS), rows, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr,
+                stride_sa_m, stride_sb_n, SCALING, ACTIVATION, SPLIT - 1)
     if SPLIT == 2:
-        if not LOADED:
-            loaded_right = _output_scales(scale_a_ptr, scale_b_ptr, off_m, off_n + HALF_N, M, N, stride_sa_m, stride_sb_n,
-                                          zero, SCALING)
-        scale, col_scale = loaded_right
-        _store_rows(acc_right, c_desc, c_bufs.index(WARPGROUP * BUFFERS + 1), off_m, off_n + HALF_N, scale, col_scale,
-                    SCALING, ACTIVATION, SPLIT - 1)
-
-
+        _store_rows(acc_right, c_desc, c_bufs.index(WARPGROUP * BUFFERS + 1), rows, off_m, off_n + HALF_N, M, N,
+                    scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, ACTIVATION, SPLIT - 1)
 @gluon.jit
 def _partial_slot(program, CONSUMERS: gl.constexpr, WARPGROUP: gl.constexpr):
     """Where `program`'s partial sum of this warpgroup's rows goes: its flag's index, and the workspace's
@@ -688,17 +665,6 @@ def _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc
     pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
     off_m = pid_m * BLOCK_M + WARPGROUP * ROWS
     off_n = pid_n * BLOCK_N
-    # With fast accumulation the output scales are loaded before the K-tiles, their latency hidden behind the MMAs
-    # (axiswise: a 256-wide tile's column scales are 64 registers beside its 128 of sums, where the epilogue's loads
-    # had held the warpgroup: reports/h100-sxm/gemm-blockwise-profile); promoted, a product's registers leave no room
-    # for them, and _store_tile loads them.
-    loaded = (1.0, 1.0)
-    loaded_right = (1.0, 1.0)
-    if not PROMOTE:
-        loaded = _output_scales(scale_a_ptr, scale_b_ptr, off_m, off_n, M, N, stride_sa_m, stride_sb_n, zero, SCALING)
-        if SPLIT == 2:
-            loaded_right = _output_scales(scale_a_ptr, scale_b_ptr, off_m, off_n + HALF_N, M, N, stride_sa_m, stride_sb_n,
-                                          zero, SCALING)
     acc, acc_right, consumed = _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, off_n,
                                             k_first, k_end, stride_sb_n, stride_sb_k, SCALING, PROMOTE, OVERLAP,
                                             SCALE_BLOCK, WARPGROUP)
@@ -711,11 +677,10 @@ def _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc
                                                partial_bars.index(WARPGROUP), flags_ptr, tile_id, split_tiles,
                                                splits, CONSUMERS, SPLIT, WARPGROUP)
             _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
-                        stride_sb_n, zero, loaded, loaded_right, SCALING, ACTIVATION, not PROMOTE, CONSUMERS, SPLIT,
-                        WARPGROUP)
+                        stride_sb_n, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
     else:
-        _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n,
-                    zero, loaded, loaded_right, SCALING, ACTIVATION, not PROMOTE, CONSUMERS, SPLIT, WARPGROUP)
+        _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
+                    stride_sb_n, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
     return consumed
 
 
