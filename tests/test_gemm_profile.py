@@ -15,13 +15,14 @@ profile = load_tool("gemm_profile")
 
 def write_raw(path, kernel: str, duration_us: float, tensor_pct: float, barrier_stall: float) -> None:
     """A raw page as `ncu --page raw --csv` exports it: names, units, one kernel's values (thousands with commas)."""
-    names = ["ID", "Kernel Name", "gpu__time_duration.sum", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
+    names = ["ID", "Kernel Name", "gpu__time_duration.sum", "sm__cycles_elapsed.avg.per_second",
+             "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
              "launch__grid_size", "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
              "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"]
     with path.open("w", newline="") as f:
         out = csv.writer(f, quoting=csv.QUOTE_ALL)
-        out.writerows([names, ["", "", "us", "%", "", "", ""],
-                       ["0", kernel, f"{duration_us:,.3f}", str(tensor_pct), "132", str(barrier_stall), "0.5"]])
+        out.writerows([names, ["", "", "us", "Ghz", "%", "", "", ""],
+                       ["0", kernel, f"{duration_us:,.3f}", "1.4", str(tensor_pct), "132", str(barrier_stall), "0.5"]])
 
 
 def write_sass(path, instructions: list[tuple[str, int, int]]) -> None:
@@ -42,6 +43,7 @@ def test_counters_and_stalls_are_read_by_name(tmp_path):
     counters = profile.read_counters(tmp_path / "ours.raw.csv")
     assert counters.kernel == "_fp8_gemm_ws_kernel"
     assert counters.values["duration_us"] == pytest.approx(1803.07)
+    assert counters.values["sm_kilocycles"] == pytest.approx(1803.07 * 1.4)  # duration x clock: compares across runs
     assert counters.values["tensor_pipe_pct"] == pytest.approx(79.5) and counters.values["grid"] == 132
     assert "l2_pct" not in counters.values  # a counter the export lacks is left out, not zero
     assert counters.stalls == {"barrier": pytest.approx(3.94), "wait": pytest.approx(0.5)}

@@ -7,11 +7,12 @@ one regime, one kernel launch of each profiled with ncu's full set.
 `run` launches this script's `launch` command under ncu once per backend (`ours`: fp8kernels.gemm.fp8_gemm with the
 heuristic's config, or the fields FP8KERNELS_GEMM_CONFIG forces onto it; `cublas`: torch._scaled_mm as `fp8bench
 matmul` calls it), profiles its third kernel launch, and exports each report's counters (DIR/<backend>.raw.csv) and
-its SASS with per-instruction stall samples (DIR/<backend>.sass.csv). Then, side by side: the kernel's duration and
-SM clock (ncu locks the clocks to base while it profiles, so durations compare across backends, not with a timed
-run), how busy the tensor pipe, L2, DRAM and shared memory were, issue activity, the leading stall reasons, and
-each kernel's hot instruction runs (consecutive instructions executed equally often, i.e. loop bodies) with their
-share of the stall samples. Needs an sm_90 GPU and ncu (`--ncu`, default: on PATH or /usr/local/cuda/bin/ncu).
+its SASS with per-instruction stall samples (DIR/<backend>.sass.csv). Then, side by side: the kernel's duration, SM
+clock and SM cycles (ncu locks the clock near base while it profiles, a little differently from run to run: durations
+compare between the backends of a run and cycles across runs, neither with a timed run, whose clock the power cap
+sets), how busy the tensor pipe, L2, DRAM and shared memory were, issue activity, the leading stall reasons, and each
+kernel's hot instruction runs (consecutive instructions executed equally often, i.e. loop bodies) with their share of
+the stall samples. Needs an sm_90 GPU and ncu (`--ncu`, default: on PATH or /usr/local/cuda/bin/ncu).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ CALLS = 3  # the profiled launch is the last: the first compiles (ours) or picks
 COUNTERS = (
     ("duration_us", "gpu__time_duration.sum", "us"),
     ("sm_clock_ghz", "sm__cycles_elapsed.avg.per_second", "GHz"),
+    ("sm_kilocycles", None, "k"),  # duration x clock (read_counters)
     ("tensor_pipe_pct", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed", "%"),
     ("l2_pct", "lts__throughput.avg.pct_of_peak_sustained_elapsed", "%"),
     ("dram_pct", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", "%"),
@@ -104,6 +106,9 @@ def read_counters(path: Path) -> KernelCounters:
         raise ProfileError(f"{path}: not ncu's raw counters (a header with 'Kernel Name', units, a kernel's row)")
     row = dict(zip(rows[0], rows[2]))
     values = {column: _number(row[counter]) for column, counter, _ in COUNTERS if counter in row}
+    if {"duration_us", "sm_clock_ghz"} <= values.keys():
+        # ncu's locked clock differs a little from run to run (1.38-1.44 GHz on an H100): cycles compare across runs.
+        values["sm_kilocycles"] = values["duration_us"] * values["sm_clock_ghz"]
     stalls = {name[len(STALL_PREFIX):-len(STALL_SUFFIX)]: _number(value) for name, value in row.items()
               if name.startswith(STALL_PREFIX) and name.endswith(STALL_SUFFIX)}
     return KernelCounters(row["Kernel Name"], values, stalls)
