@@ -76,6 +76,24 @@ def test_summarize_prints_both_backends_side_by_side(tmp_path):
     assert "stall barrier" in result.output and "3.94" in result.output and "1.21" in result.output
 
 
+def test_folders_compared_side_by_side_under_their_names(tmp_path):
+    for name, duration in (("before", 831.9), ("after", 796.5)):
+        (tmp_path / name).mkdir()
+        write_raw(tmp_path / name / "ours.raw.csv", "_fp8_gemm_ws_kernel", duration, 80.0, 3.9)
+    result = CliRunner().invoke(profile.app, ["summarize", str(tmp_path / "before"), str(tmp_path / "after")])
+    assert result.exit_code == 0, result.output
+    assert "before: ours" in result.output and "after: ours" in result.output
+    assert "1165" in result.output and "1115" in result.output  # SM kilocycles at 1.4 GHz: 831.9 and 796.5 us
+    (tmp_path / "again" / "before").mkdir(parents=True)
+    write_raw(tmp_path / "again" / "before" / "ours.raw.csv", "_fp8_gemm_ws_kernel", 700.0, 80.0, 3.9)
+    result = CliRunner().invoke(profile.app, ["summarize", str(tmp_path / "before"), str(tmp_path / "again" / "before")],
+                                terminal_width=400)
+    assert result.exit_code == 0 and "980" in result.output and "1165" in result.output  # both kept: names told apart
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(profile.app, ["summarize", str(tmp_path / "before"), str(tmp_path / "empty")])
+    assert result.exit_code == 2 and "empty: no <backend>.raw.csv(.gz) to summarize" in result.output
+
+
 def test_exports_kept_gzipped_read_as_written(tmp_path):
     write_raw(tmp_path / "ours.raw.csv", "_fp8_gemm_ws_kernel", 803.1, 79.5, 3.94)
     write_sass(tmp_path / "ours.sass.csv", [("FFMA R1, R2, R3.reuse, R1", 10, 50)])

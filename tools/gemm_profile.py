@@ -3,6 +3,7 @@ one regime, one kernel launch of each profiled with ncu's full set.
 
     python tools/gemm_profile.py run --shape 4096x16384x7168 --regime blockwise/fast_accum=off --out DIR
     python tools/gemm_profile.py summarize DIR        # the tables again, from DIR's exported counters (or gzipped)
+    python tools/gemm_profile.py summarize BEFORE AFTER   # two runs' kernels side by side (compare in SM cycles)
 
 `run` launches this script's `launch` command under ncu once per backend (`ours`: fp8kernels.gemm.fp8_gemm with the
 heuristic's config, or the fields FP8KERNELS_GEMM_CONFIG forces onto it; `cublas`: torch._scaled_mm as `fp8bench
@@ -248,19 +249,28 @@ def run(shape: str = typer.Option(..., help="the product, MxKxN"),
 
 
 @app.command()
-def summarize(folder: Path = typer.Argument(..., help="a folder `run` wrote")):
-    """The side-by-side counters and each kernel's hot instruction runs, from the exported CSVs."""
-    try:
-        profiled = {b: read_counters(path) for b in BACKENDS if (path := exported(folder, f"{b}.raw.csv"))}
-        hot = {b: read_hot_runs(path) for b in profiled if (path := exported(folder, f"{b}.sass.csv"))}
-    except ProfileError as err:
-        _exit_2(str(err))
-    if not profiled:
-        _exit_2(f"{folder}: no <backend>.raw.csv(.gz) to summarize (run `gemm_profile.py run` first)")
-    table = Table(title=f"{folder}: one kernel launch each, counters of Nsight Compute")
+def summarize(folders: list[Path] = typer.Argument(..., help="folders `run` wrote: one, or several to compare (e.g. "
+                                                             "before and after a change)")):
+    """The counters of every profiled kernel side by side (each folder's ours and cuBLAS), then each kernel's hot
+    instruction runs, from the exported CSVs."""
+    profiled: dict[str, KernelCounters] = {}
+    hot: dict[str, list[HotRun]] = {}
+    for folder in folders:
+        try:
+            found = {b: read_counters(path) for b in BACKENDS if (path := exported(folder, f"{b}.raw.csv"))}
+            for backend in found:
+                if path := exported(folder, f"{backend}.sass.csv"):
+                    hot[_label(folder, backend, folders)] = read_hot_runs(path)
+        except ProfileError as err:
+            _exit_2(str(err))
+        if not found:
+            _exit_2(f"{folder}: no <backend>.raw.csv(.gz) to summarize (run `gemm_profile.py run` first)")
+        profiled |= {_label(folder, backend, folders): counters for backend, counters in found.items()}
+    title = folders[0] if len(folders) == 1 else f"{len(folders)} profiles"
+    table = Table(title=f"{title}: one kernel launch each, counters of Nsight Compute")
     table.add_column("counter")
-    for backend, counters in profiled.items():
-        table.add_column(f"{backend}\n{counters.kernel[:60]}", justify="right")
+    for label, counters in profiled.items():
+        table.add_column(f"{label}\n{counters.kernel[:60]}", justify="right")
     for column, _, unit in COUNTERS:
         table.add_row(f"{column} ({unit})" if unit else column,
                       *(f"{c.values.get(column, float('nan')):.4g}" for c in profiled.values()))
@@ -269,14 +279,25 @@ def summarize(folder: Path = typer.Argument(..., help="a folder `run` wrote")):
     for reason in reasons[:8]:
         table.add_row(f"stall {reason} (warps per issue)", *(f"{c.stalls.get(reason, 0.0):.3g}" for c in profiled.values()))
     console.print(table)
-    for backend, runs in hot.items():
-        listing = Table(title=f"{backend}: instruction runs with {HOT_SHARE:.0%} or more of the stall samples")
+    for label, runs in hot.items():
+        listing = Table(title=f"{label}: instruction runs with {HOT_SHARE:.0%} or more of the stall samples")
         for name in ("first", "instructions", "executed", "samples", "QGMMA", "FFMA", "barriers", "leading stalls"):
             listing.add_column(name, justify="left" if name in ("first", "leading stalls") else "right")
         for r in runs:
             listing.add_row(r.first, str(r.instructions), str(r.executed), f"{r.share:.1%}", str(r.qgmma), str(r.ffma),
                             str(r.barriers), ", ".join(f"{k} {v:.0%}" for k, v in r.stalls.items()))
         console.print(listing)
+
+
+def _label(folder: Path, backend: str, folders: list[Path]) -> str:
+    """A kernel's column: its backend, and where several folders are compared its folder's name (with its parent's,
+    or its path as given, where two folders share a name)."""
+    if len(folders) == 1:
+        return backend
+    for name in (folder.name, f"{folder.parent.name}/{folder.name}"):
+        if [f"{f.parent.name}/{f.name}" if "/" in name else f.name for f in folders].count(name) == 1:
+            return f"{name}: {backend}"
+    return f"{folder}: {backend}"
 
 
 if __name__ == "__main__":
