@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import csv
 import gzip
+import json
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 from tool_module import load_tool
+
+from fp8bench.harness import env
 
 profile = load_tool("gemm_profile")
 
@@ -131,6 +136,46 @@ def test_a_bad_shape_or_regime_exits_2_before_profiling(tmp_path):
                                               "--out", str(tmp_path)])
     assert result.exit_code == 2 and "unknown regime 'blockwise'" in result.output
     assert not any(tmp_path.iterdir())
+
+
+def test_run_profiles_each_backend_exports_its_counters_and_prints_them(tmp_path, monkeypatch):
+    """`run` end to end with ncu stood in for: one profile and two exports per backend, then the tables."""
+    exports = {}
+    for backend, duration in (("ours", 796.5), ("cublas", 783.6)):
+        write_raw(tmp_path / f"{backend}.raw", "_fp8_gemm_ws_kernel" if backend == "ours" else "nvjet_sm90", duration, 83.2, 1.0)
+        write_sass(tmp_path / f"{backend}.sass", [("FFMA R1, R2, R3.reuse, R1", 10, 50)])
+        exports[backend] = {"raw": (tmp_path / f"{backend}.raw").read_text(), "source": (tmp_path / f"{backend}.sass").read_text()}
+    calls = []
+    real_run = subprocess.run
+
+    def fake_run(command, **kwargs):
+        if command[0] != "/opt/ncu":  # git, for the run's metadata
+            return real_run(command, **kwargs)
+        calls.append(command)
+        if command[1:] == ["--version"]:
+            return subprocess.CompletedProcess(command, 0, "NVIDIA (R) Nsight Compute\nVersion 2025.3.1.0\n", "")
+        if "--import" in command:
+            report = Path(command[command.index("--import") + 1])
+            return subprocess.CompletedProcess(command, 0, exports[report.stem][command[command.index("--page") + 1]], "")
+        Path(command[command.index("-o") + 1] + ".ncu-rep").write_bytes(b"report")
+        return subprocess.CompletedProcess(command, 0, "==PROF== done", "")
+
+    monkeypatch.setattr(profile.subprocess, "run", fake_run)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(env, "gpu_metadata", lambda: {"gpu_name": "NVIDIA H100 80GB HBM3"})
+    monkeypatch.setattr(profile, "_ncu_path", lambda given: "/opt/ncu")
+    out = tmp_path / "profile"
+    result = CliRunner().invoke(profile.app, ["run", "--shape", "4096x16384x7168", "--regime", "blockwise/fast_accum=off",
+                                              "--out", str(out)], terminal_width=300)
+    assert result.exit_code == 0, result.output
+    profiled = [c for c in calls if "-o" in c]
+    assert [c[c.index("-k") + 1] for c in profiled] == ["regex:_fp8_gemm", "regex:nvjet|sm90_xmma|cutlass"]
+    assert all(c[c.index("--launch-skip") + 1] == "2" for c in profiled)  # the third call, after compile and warm-up
+    assert {p.name for p in out.iterdir()} >= {"ours.raw.csv", "ours.sass.csv", "cublas.raw.csv", "cublas.sass.csv",
+                                                "metadata.json", "ours.ncu.log"}
+    assert "796.5" in result.output and "783.6" in result.output and "ours: instruction runs" in result.output
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert metadata["ncu"] == "Version 2025.3.1.0" and metadata["regime"] == "blockwise/fast_accum=off"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU exit")

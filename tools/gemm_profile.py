@@ -245,7 +245,7 @@ def run(shape: str = typer.Option(..., help="the product, MxKxN"),
             exported = subprocess.run([executable, "--import", str(report.with_suffix(".ncu-rep")), *page, "--csv"],
                                       capture_output=True, text=True)
             (out / f"{backend}.{name}.csv").write_text(exported.stdout)
-    summarize(out)
+    print_profiles([out])
 
 
 @app.command()
@@ -253,6 +253,11 @@ def summarize(folders: list[Path] = typer.Argument(..., help="folders `run` wrot
                                                              "before and after a change)")):
     """The counters of every profiled kernel side by side (each folder's ours and cuBLAS), then each kernel's hot
     instruction runs, from the exported CSVs."""
+    print_profiles(folders)
+
+
+def print_profiles(folders: list[Path]) -> None:
+    """summarize's tables (and `run`'s, of its one folder); exit 2 on a folder without exports or a malformed one."""
     profiled: dict[str, KernelCounters] = {}
     hot: dict[str, list[HotRun]] = {}
     for folder in folders:
