@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import itertools
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+# gemm_sweep, a sibling script (not a package), is imported where needed: it loads torch, which `summarize` does not need.
+sys.path.insert(0, str(Path(__file__).parent))
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 console = Console(width=200)
 BACKENDS = ("ours", "cublas")
@@ -127,22 +130,16 @@ def read_hot_runs(path: Path, share: float = HOT_SHARE) -> list[HotRun]:
     body = [row for row in rows[header + 1:] if len(row) == len(names)]
     total = sum(_number(row[column[SAMPLES]]) for row in body) or 1.0
     start = int(body[0][column["Address"]], 16) if body else 0
-    groups: list[list[list[str]]] = []
-    for row in body:
-        executed = row[column["Instructions Executed"]]
-        if groups and groups[-1][0][column["Instructions Executed"]] == executed:
-            groups[-1].append(row)
-        else:
-            groups.append([row])
     runs = []
-    for group in groups:
+    for executed, rows_of_run in itertools.groupby(body, key=lambda row: row[column["Instructions Executed"]]):
+        group = list(rows_of_run)
         samples = sum(_number(row[column[SAMPLES]]) for row in group)
         if samples < share * total:
             continue
         reasons = {n[len("stall_"):]: sum(_number(row[column[n]]) for row in group) for n in stall_columns}
         leading = dict(sorted(((k, v / samples) for k, v in reasons.items() if v), key=lambda kv: -kv[1])[:4])
         source = [row[column["Source"]] for row in group]
-        runs.append(HotRun(f"+{int(group[0][column['Address']], 16) - start:#x}", len(group), int(_number(group[0][column["Instructions Executed"]])),
+        runs.append(HotRun(f"+{int(group[0][column['Address']], 16) - start:#x}", len(group), int(_number(executed)),
                            samples / total, leading, sum("QGMMA" in s for s in source), sum("FFMA" in s for s in source),
                            sum("BAR.SYNC" in s or "WARPGROUP.DEPBAR" in s for s in source)))
     return runs
@@ -157,8 +154,7 @@ def _product(shape: str, regime: str):
     """(GemmShape, granularity, fast_accum) of --shape and --regime, or exit 2 naming the bad one."""
     from fp8bench.benchmarks.shapes import parse_product
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from gemm_sweep import parse_regime  # a sibling script, not a package
+    from gemm_sweep import parse_regime
 
     try:
         product = parse_product(shape)
@@ -182,15 +178,15 @@ def launch(backend: str = typer.Option(...), shape: str = typer.Option(...), reg
     from fp8bench.backends import REGISTRY
     from fp8bench.backends.triton import kernel_operands
     from fp8bench.benchmarks.matmul import random_operands
-    from fp8bench.config import FastAccum
     from fp8kernels.gemm import fp8_gemm
+    from gemm_sweep import _fast
 
     operands = random_operands(product)
     if backend == "ours":
         quantized = kernel_operands(operands, granularity)
         call = lambda: fp8_gemm(*quantized, granularity=granularity, fast_accum=fast_accum)  # noqa: E731
     elif backend == "cublas":
-        fast = FastAccum.ON if fast_accum else FastAccum.OFF
+        fast = _fast(fast_accum)
         reason = REGISTRY["cublas"].unsupported_reason(product, granularity, fast)
         if reason:
             _exit_2(f"cublas: unsupported: {reason}")
