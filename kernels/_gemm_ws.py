@@ -60,6 +60,7 @@ kernels/_gemm_persistent.py, and this kernel is checked by the GPU tests.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -76,6 +77,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from fp8kernels import _cluster
+from fp8kernels._cluster import (BARRIER_BYTES, arrive_peer, cluster_end, cluster_start, cta_copies, cta_rank,
+                                 multicast_rows_ptx)
 from fp8kernels.scaling import BLOCK, Activation, Granularity
 from fp8kernels._gemm_persistent import ACTIVATION_CODES, SCALING_CODES, _tile_coords, scale_strides
 from fp8kernels.gemm_configs import Fp8GemmConfig, is_promoted, persistent_grid
@@ -105,6 +109,68 @@ WEIGHT_SCALE_BOX = 32
 # each K-tile's promotion scales the product by its rows' and its columns' scales. The producer loads the
 # tile's BLOCK_N column scales of each K-tile in one box, as it loads a consumer's row scales.
 BLOCKWISE_1X128_WEIGHTS = gl.constexpr(3)
+# A cluster of two CTAs (config.cluster_m 2): the buffers whose shared-memory offsets the inline PTX of the B
+# multicast and the peer's arrive needs, by their names in the kernel (_cluster.allocation_offsets).
+ADDRESSED = ("b_bufs", "ready", "empty")
+# The kernel's entry in PTX, whose first parameter (b_half_desc) the multicast load names.
+KERNEL_NAME = gl.constexpr("_fp8_gemm_ws_kernel")
+
+
+# The kernel's layouts, for a program of one CTA or a cluster of two (gl.num_ctas()), each CTA holding its own
+# copies of every tensor (_cluster.cta_copies). Made here, not in the kernel: a cga_layout written as a list in a
+# Gluon function becomes a tuple of Triton values there, and layout equality then fails on it.
+@gluon.constexpr_function
+def _lanes_layout(warps, ctas):
+    """One element per thread of `warps` warps."""
+    return gl.BlockedLayout([1], [32], [warps], [0], cga_layout=cta_copies(1, ctas))
+
+
+@gluon.constexpr_function
+def _mma_layout(half_n, operand_bits, ctas):
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, half_n, 256 // operand_bits],
+                                     cga_layout=cta_copies(2, ctas))
+
+
+@gluon.constexpr_function
+def _barrier_layout(ctas):
+    return mbarrier.MBarrierLayout(cga_layout=cta_copies(1, ctas))
+
+
+@gluon.constexpr_function
+def _offset(offsets, name):
+    """A buffer's offset from global_smem in a cluster's kernel (SharedOffsets); 0 without one."""
+    return getattr(offsets, name) if offsets is not None else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedOffsets:
+    """Where Triton's allocator put the buffers the cluster's inline PTX addresses (ADDRESSED)."""
+    b_bufs: int
+    ready: int
+    empty: int
+
+
+@gluon.jit
+def _cta_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    """(pid_m, pid_n) of this CTA's tile: the tile itself for a program of one CTA; in a cluster of two, the
+    tile_id-th pair of row tiles on one column of B (walked in groups of GROUP_M rows as single tiles are), one
+    row tile each."""
+    CTAS: gl.constexpr = gl.num_ctas()
+    if CTAS == 1:
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    else:
+        GROUP_PAIRS: gl.constexpr = GROUP_M // CTAS if GROUP_M >= CTAS else 1
+        pair_m, pid_n = _tile_coords(tile_id, gl.cdiv(num_pid_m, CTAS), num_pid_n, GROUP_PAIRS)
+        pid_m = pair_m * CTAS + cta_rank()
+    return pid_m, pid_n
+
+
+@gluon.jit
+def _unit_count(num_pid_m, num_pid_n, split_tiles, splits):
+    """Units of work of the launch (_work_unit): its tiles (a cluster's pairs of tiles), split_tiles of them cut
+    in `splits` pieces."""
+    CTAS: gl.constexpr = gl.num_ctas()
+    return gl.cdiv(num_pid_m, CTAS) * num_pid_n - split_tiles + split_tiles * splits
 
 
 @gluon.jit
@@ -125,13 +191,14 @@ def _work_unit(unit, split_tiles, splits, k_tiles):
 
 @gluon.jit
 def _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, loaded, pid_m,
-                 pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK: gl.constexpr):
+                 pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK: gl.constexpr, OFFSETS: gl.constexpr):
     """Load K-tile `ki` of tile (pid_m, pid_n) into the ring slot of the program's `loaded`-th K-tile, once
     the consumers have handed it back. With blockwise scales by TMA (sa_desc not None) the slot also gets
     the K-tile's activation scales of the tile's BLOCK_M rows and its weight block's scale (or, with 1 x 128
     weight scales, its BLOCK_N columns' scales: a box of BLOCK_N floats, where a block scale's box is
     WEIGHT_SCALE_BOX), through 1-D descriptors over the scales' storage (see _scale_descriptors), under the same
-    `ready` barrier."""
+    `ready` barrier. In a cluster of two CTAs (on the same column of B), B comes half from each: this CTA's
+    half, multicast into both CTAs' slot, signals both CTAs' `ready` (the expected bytes count all of B)."""
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // empty.type.shape[0]
     STAGES: gl.constexpr = empty.type.shape[0]
     BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
@@ -163,7 +230,14 @@ def _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_b
     for c in gl.static_range(CONSUMERS):
         tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M + c * CONSUMER_ROWS, ki * BLOCK_K], bar,
                                         a_bufs.index(slot * CONSUMERS + c))
-    tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, ki * BLOCK_K], bar, b_bufs.index(slot))
+    if gl.num_ctas() == 2:
+        HALF_ROWS: gl.constexpr = BLOCK_N // 2
+        rows_ptx: gl.constexpr = multicast_rows_ptx(KERNEL_NAME, 0, HALF_ROWS, HALF_ROWS * BLOCK_K)
+        _cluster.asm(rows_ptx, "=r,r,r,r,r", [_offset(OFFSETS, "b_bufs") + slot * b_desc.block_type.nbytes,
+                                             _offset(OFFSETS, "ready") + slot * BARRIER_BYTES, pid_n * BLOCK_N,
+                                             ki * BLOCK_K])
+    else:
+        tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, ki * BLOCK_K], bar, b_bufs.index(slot))
     return loaded + 1
 
 
@@ -198,8 +272,7 @@ mov.b32 $0, 0;
 @gluon.jit
 def _lane_values(ptr, value):
     """`ptr` and `value` once for each lane of the producer's warp (inline PTX runs per element)."""
-    one_each: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    lanes = gl.zeros([32], gl.int32, one_each)
+    lanes = gl.zeros([32], gl.int32, _lanes_layout(1, gl.num_ctas()))
     return ptr + lanes, lanes + value
 
 
@@ -219,21 +292,21 @@ def _finish_claims(counter_ptr, num_programs):
 @gluon.jit
 def _load_unit(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, loaded, unit,
                num_pid_m, num_pid_n, k_tiles, split_tiles, splits, stride_sa_k, stride_sb_n, stride_sb_k,
-               GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr):
+               GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr, OFFSETS: gl.constexpr):
     """The TMA loads of every K-tile of `unit`, from the program's `loaded`-th on; returns the next."""
     tile_id, k_first, k_end, _ = _work_unit(unit, split_tiles, splits, k_tiles)
-    pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    pid_m, pid_n = _cta_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
     for ki in range(k_first, k_end):
         loaded = _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty,
-                              loaded, pid_m, pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK)
+                              loaded, pid_m, pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK, OFFSETS)
     return loaded
 
 
 @gluon.jit
 def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, counter_ptr, log_ptr,
               M, N, K, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, GROUP_M: gl.constexpr,
-              SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr):
-    """One warp: TMA loads of every K-tile of this program's work, in the order the consumers take it
+              SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr, OFFSETS: gl.constexpr):
+    """One warp (a warpgroup in a cluster: see the kernel): TMA loads of every K-tile of this program's work, in the order the consumers take it
     (_consumer), each into the next free ring slot. With DYNAMIC, the units it claims go to the consumers
     through the program's STAGES + 1 slots of a log in global memory, each written before the
     unit's first K-tile is loaded: the `ready` barrier that K-tile completes orders the write before the
@@ -250,8 +323,10 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs
     k_tiles = gl.cdiv(K, BLOCK_K)
     program = gl.program_id(axis=0)
     loaded = 0
-    units = num_pid_m * num_pid_n - split_tiles + split_tiles * splits
+    units = _unit_count(num_pid_m, num_pid_n, split_tiles, splits)
     log = log_ptr + program * (STAGES + 1)
+    if gl.num_ctas() == 2:
+        cluster_start()
     if DYNAMIC:
         unit = _claim_unit(counter_ptr)
     else:
@@ -265,9 +340,11 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs
             following = unit + num_programs
         loaded = _load_unit(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, loaded,
                             unit, num_pid_m, num_pid_n, k_tiles, split_tiles, splits, stride_sa_k, stride_sb_n,
-                            stride_sb_k, GROUP_M, SCALE_BLOCK)
+                            stride_sb_k, GROUP_M, SCALE_BLOCK, OFFSETS)
         unit = following
         walked += 1
+    if gl.num_ctas() == 2:
+        cluster_end()
     if DYNAMIC:
         slot = loaded % STAGES
         gl.store(log + walked % (STAGES + 1), -1)
@@ -329,9 +406,17 @@ def _k_tile_scales(sa_bufs, sb_bufs, slot, zero, sb_place, SCALING: gl.constexpr
         # M 4096, K 16384, N 7168 (reports/h100-sxm/gemm-blockwise-profile).
         BOX: gl.constexpr = sb_bufs.type.shape[1]
         column = sb_bufs._reinterpret(gl.float32, [sb_bufs.type.shape[0] * BOX, 1], sb_bufs.layout)
-        one_each: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        sb = gl.sum(column.index(slot * BOX + sb_place).load(one_each), axis=0)
+        sb = gl.sum(column.index(slot * BOX + sb_place).load(_lanes_layout(4, gl.num_ctas())), axis=0)
     return sa, sb
+
+
+@gluon.jit
+def _release_slot(empty, slot, OFFSETS: gl.constexpr):
+    """Hand a ring slot back to the producer, once this warpgroup's wgmma reading it has completed; in a cluster,
+    to the peer CTA's producer too, whose half of B is multicast into it."""
+    mbarrier.arrive(empty.index(slot), count=1)
+    if gl.num_ctas() == 2:
+        arrive_peer(_offset(OFFSETS, "empty") + slot * BARRIER_BYTES)
 
 
 @gluon.jit
@@ -346,7 +431,7 @@ def _take_k_tile(a_bufs, b_bufs, ready, consumed, WARPGROUP: gl.constexpr):
 
 @gluon.jit
 def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right, zero, sb_place,
-            SCALING: gl.constexpr, PROMOTE: gl.constexpr, WARPGROUP: gl.constexpr):
+            SCALING: gl.constexpr, PROMOTE: gl.constexpr, WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
     """Add this program's `consumed`-th K-tile into the sum (a 256-wide tile: both halves' sums), promoted
     or, without PROMOTE, accumulated by the tensor cores; then hand its ring slot back to the producer."""
     HALF_N: gl.constexpr = zero.shape[1]
@@ -360,7 +445,7 @@ def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_r
         acc_right = _mma_promote(acc_right, a, b.slice(HALF_N, HALF_N, dim=0), zero, sa, sb, SCALING)
     else:
         acc = _mma_promote(acc, a, b, zero, sa, sb, SCALING)
-    mbarrier.arrive(empty.index(consumed % empty.type.shape[0]), count=1)
+    _release_slot(empty, consumed % empty.type.shape[0], OFFSETS)
     return acc, acc_right
 
 
@@ -374,7 +459,7 @@ def _issue_product(a_bufs, b_bufs, ready, consumed, zero, WARPGROUP: gl.constexp
 
 @gluon.jit
 def _promote_issued(acc, product, sa_bufs, sb_bufs, empty, consumed, zero, weight_scales, ki, stride_sb_k,
-                    PENDING: gl.constexpr, SCALING: gl.constexpr, WARPGROUP: gl.constexpr):
+                    PENDING: gl.constexpr, SCALING: gl.constexpr, WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
     """Overlapped promotion: wait for the product of this program's `consumed`-th K-tile (K-tile `ki` of the
     tile), leaving the PENDING wgmma issued after it running, read its scales, hand its ring slot back and
     add it into the sum. The scales are read here, not when the wgmma is issued, so no K-tile's scales stay
@@ -383,7 +468,7 @@ def _promote_issued(acc, product, sa_bufs, sb_bufs, empty, consumed, zero, weigh
     slot = consumed % empty.type.shape[0]
     sa, sb = _k_tile_scales(sa_bufs, sb_bufs, slot, zero, (weight_scales + ki * stride_sb_k) % SCALE_WINDOW, SCALING,
                             WARPGROUP)
-    mbarrier.arrive(empty.index(slot), count=1)
+    _release_slot(empty, slot, OFFSETS)
     acc = acc + _scaled_product(product, sa, sb, SCALING)
     # Pinned here: LLVM would otherwise sink the adds past the next wgmma's issue (they are only needed at the
     # next promotion), keeping three products live, which spills and makes ptxas serialize the wgmmas.
@@ -392,7 +477,8 @@ def _promote_issued(acc, product, sa_bufs, sb_bufs, empty, consumed, zero, weigh
 
 @gluon.jit
 def _sum_k_tiles_overlapped(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, weight_scales, k_first,
-                            k_end, stride_sb_k, SCALING: gl.constexpr, WARPGROUP: gl.constexpr):
+                            k_end, stride_sb_k, SCALING: gl.constexpr, WARPGROUP: gl.constexpr,
+                            OFFSETS: gl.constexpr):
     """This warpgroup's promoted sum over K-tiles [k_first, k_end) with each K-tile's wgmma issued before
     the previous product is promoted, so the warpgroup's own FP32 adds run while the tensor cores work on
     its next product (config.overlap_promotion): a sum and two products, 3 x 64 registers at 128 columns.
@@ -406,21 +492,21 @@ def _sum_k_tiles_overlapped(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, cons
     for ki in range(k_first + 1, k_end - 1, 2):
         odd = _issue_product(a_bufs, b_bufs, ready, consumed + 1, zero, WARPGROUP)
         acc = _promote_issued(acc, even, sa_bufs, sb_bufs, empty, consumed, zero, weight_scales, ki - 1, stride_sb_k,
-                              1, SCALING, WARPGROUP)
+                              1, SCALING, WARPGROUP, OFFSETS)
         even = _issue_product(a_bufs, b_bufs, ready, consumed + 2, zero, WARPGROUP)
         acc = _promote_issued(acc, odd, sa_bufs, sb_bufs, empty, consumed + 1, zero, weight_scales, ki, stride_sb_k,
-                              1, SCALING, WARPGROUP)
+                              1, SCALING, WARPGROUP, OFFSETS)
         consumed += 2
     if (k_end - k_first) % 2 == 0:  # one K-tile left after the pairs
         odd = _issue_product(a_bufs, b_bufs, ready, consumed + 1, zero, WARPGROUP)
         acc = _promote_issued(acc, even, sa_bufs, sb_bufs, empty, consumed, zero, weight_scales, k_end - 2,
-                              stride_sb_k, 1, SCALING, WARPGROUP)
+                              stride_sb_k, 1, SCALING, WARPGROUP, OFFSETS)
         acc = _promote_issued(acc, odd, sa_bufs, sb_bufs, empty, consumed + 1, zero, weight_scales, k_end - 1,
-                              stride_sb_k, 0, SCALING, WARPGROUP)
+                              stride_sb_k, 0, SCALING, WARPGROUP, OFFSETS)
         consumed += 2
     else:
         acc = _promote_issued(acc, even, sa_bufs, sb_bufs, empty, consumed, zero, weight_scales, k_end - 1,
-                              stride_sb_k, 0, SCALING, WARPGROUP)
+                              stride_sb_k, 0, SCALING, WARPGROUP, OFFSETS)
         consumed += 1
     return acc, consumed
 
@@ -449,7 +535,7 @@ def _store_rows(acc, c_desc, c_buf, rows, off_m, off_n, M, N, scale_a_ptr, scale
 @gluon.jit
 def _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, off_n, k_first, k_end, stride_sb_n,
                  stride_sb_k, SCALING: gl.constexpr, PROMOTE: gl.constexpr, OVERLAP: gl.constexpr,
-                 SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr):
+                 SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
     """This warpgroup's rows of a tile summed over its K-tiles [k_first, k_end), taken from the ring from
     the program's `consumed`-th K-tile on: (sum, the right half's sum of a 256-wide tile, consumed)."""
     SPLIT: gl.constexpr = b_bufs.type.shape[1] // zero.shape[1]
@@ -459,7 +545,8 @@ def _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero,
     weight_scales = (off_n // SCALE_BLOCK) * stride_sb_n
     if OVERLAP:
         acc, consumed = _sum_k_tiles_overlapped(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero,
-                                                weight_scales, k_first, k_end, stride_sb_k, SCALING, WARPGROUP)
+                                                weight_scales, k_first, k_end, stride_sb_k, SCALING, WARPGROUP,
+                                                OFFSETS)
     else:
         acc = zero
         if SPLIT == 2:
@@ -467,7 +554,7 @@ def _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero,
         for ki in range(k_first, k_end):
             sb_place = (weight_scales + ki * stride_sb_k) % SCALE_WINDOW
             acc, acc_right = _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right, zero,
-                                     sb_place, SCALING, PROMOTE, WARPGROUP)
+                                     sb_place, SCALING, PROMOTE, WARPGROUP, OFFSETS)
             consumed += 1
     return acc, acc_right, consumed
 
@@ -496,8 +583,8 @@ def _partial_slot(program, CONSUMERS: gl.constexpr, WARPGROUP: gl.constexpr):
 def _partial_flags(flags_ptr, program, CONSUMERS: gl.constexpr, WARPGROUP: gl.constexpr):
     """The flag of `program`'s partial sum of this warpgroup's rows, once for each thread of the warpgroup
     (each signals, and waits, on its own: no barrier across the warpgroup)."""
-    one_each: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    return flags_ptr + _partial_slot(program, CONSUMERS, WARPGROUP) + gl.zeros([WARPGROUP_THREADS], gl.int32, one_each)
+    return flags_ptr + _partial_slot(program, CONSUMERS, WARPGROUP) + gl.zeros([WARPGROUP_THREADS], gl.int32,
+                                                                               _lanes_layout(4, gl.num_ctas()))
 
 
 # Each thread of a warpgroup that wrote a partial sum: wait until its TMA stores have been written (not
@@ -580,7 +667,7 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
               partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs,
               split_tiles, splits, SCALING: gl.constexpr, ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr,
               OVERLAP: gl.constexpr, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr,
-              WARPGROUP: gl.constexpr):
+              OFFSETS: gl.constexpr, WARPGROUP: gl.constexpr):
     """One warpgroup: rows [WARPGROUP * 64, WARPGROUP * 64 + 64) of every tile of this program's work. A
     256-wide tile is computed as two 128-column halves, each with a sum of its own, their products one at
     a time: two sums and one product (192 registers) fit where two whole-width sets (256) would not.
@@ -606,9 +693,7 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
                                       workspace_desc.layout).index(WARPGROUP)
     else:
         staging: gl.constexpr = None
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HALF_N, 256 // a_bufs.dtype.primitive_bitwidth]
-    )
+    mma_layout: gl.constexpr = _mma_layout(HALF_N, a_bufs.dtype.primitive_bitwidth, gl.num_ctas())
 
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
@@ -616,19 +701,23 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
     zero = gl.zeros([ROWS, HALF_N], gl.float32, mma_layout)
     program = gl.program_id(axis=0)
     consumed = 0
-    units = num_pid_m * num_pid_n - split_tiles + split_tiles * splits
+    units = _unit_count(num_pid_m, num_pid_n, split_tiles, splits)
     log = log_ptr + program * (STAGES + 1)
     walked = 0
+    if gl.num_ctas() == 2:
+        cluster_start()
     unit = _next_unit(ready, consumed, log, walked, program, num_programs, units, DYNAMIC)
     while unit >= 0:
         consumed = _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr,
                                  scale_b_ptr, workspace_desc, staging, partial_bars, flags_ptr, M, N, stride_sa_m,
                                  stride_sb_n, stride_sb_k, split_tiles, splits, unit, consumed, zero, num_pid_m,
                                  num_pid_n, k_tiles, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK,
-                                 WARPGROUP)
+                                 WARPGROUP, OFFSETS)
         walked += 1
         unit = _next_unit(ready, consumed, log, walked, program, num_programs, units, DYNAMIC)
     tma.store_wait(pendings=0)
+    if gl.num_ctas() == 2:
+        cluster_end()
 
 
 @gluon.jit
@@ -652,7 +741,7 @@ def _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc
                   workspace_desc, staging, partial_bars, flags_ptr, M, N, stride_sa_m, stride_sb_n, stride_sb_k,
                   split_tiles, splits, unit, consumed, zero, num_pid_m, num_pid_n, k_tiles, SCALING: gl.constexpr,
                   ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr, OVERLAP: gl.constexpr, GROUP_M: gl.constexpr,
-                  SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr):
+                  SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
     """This warpgroup's rows of `unit`: its K-tiles summed from the program's `consumed`-th on, then stored,
     or left as a partial sum for the tile's last piece, or (the last piece) added to the others' and stored.
     Returns the next K-tile's number."""
@@ -664,12 +753,12 @@ def _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc
     HALF_N: gl.constexpr = c_bufs.type.shape[2]
     SPLIT: gl.constexpr = BLOCK_N // HALF_N
     tile_id, k_first, k_end, piece = _work_unit(unit, split_tiles, splits, k_tiles)
-    pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    pid_m, pid_n = _cta_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
     off_m = pid_m * BLOCK_M + WARPGROUP * ROWS
     off_n = pid_n * BLOCK_N
     acc, acc_right, consumed = _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, off_n,
                                             k_first, k_end, stride_sb_n, stride_sb_k, SCALING, PROMOTE, OVERLAP,
-                                            SCALE_BLOCK, WARPGROUP)
+                                            SCALE_BLOCK, WARPGROUP, OFFSETS)
     if workspace_desc is not None:  # splitting compiled in (else split_tiles is 0: every piece is -1)
         if piece >= 0 and piece < splits - 1:
             _publish_partial(acc, acc_right, workspace_desc, staging, flags_ptr, unit, CONSUMERS, SPLIT, WARPGROUP)
@@ -688,6 +777,7 @@ def _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc
 
 @gluon.jit
 def _fp8_gemm_ws_kernel(
+    b_half_desc,  # a cluster's: B in half tiles, this CTA's multicast to both (first: _load_k_tile names it); else None
     a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, sa_desc, sb_desc, workspace_desc, flags_ptr, counter_ptr, log_ptr,
     M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
     BLOCK_M: gl.constexpr,  # 64 rows per consumer warpgroup: 128 or 192
@@ -699,10 +789,14 @@ def _fp8_gemm_ws_kernel(
     STAGES: gl.constexpr,
     SCALE_BLOCK: gl.constexpr,
     DYNAMIC: gl.constexpr,  # the programs claim their units from counter_ptr (config.dynamic_tiles)
+    OFFSETS: gl.constexpr,  # a cluster's (launched with num_ctas 2): SharedOffsets; else None
 ):
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     CONSUMERS: gl.constexpr = BLOCK_M // CONSUMER_ROWS
+    # In a cluster the producer is a whole warpgroup (one thread issues): barrier.cluster waits for every warp
+    # that has not exited, so none may sit idle.
+    PRODUCER_WARPS: gl.constexpr = 4 if gl.num_ctas() == 2 else 1
     # A in 64-row boxes, one per consumer warpgroup: a tile of three (192 rows) is not a power of two.
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES * CONSUMERS, CONSUMER_ROWS, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
@@ -721,16 +815,16 @@ def _fp8_gemm_ws_kernel(
         sb_bufs: gl.constexpr = None
     # Split tiles: a barrier per consumer for the TMA loads of the partial sums its last pieces add.
     if workspace_desc is not None:
-        partial_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        partial_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], _barrier_layout(gl.num_ctas()))
         for i in gl.static_range(CONSUMERS):
             mbarrier.init(partial_bars.index(i), count=1)
     else:
         partial_bars: gl.constexpr = None
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], _barrier_layout(gl.num_ctas()))
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], _barrier_layout(gl.num_ctas()))
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)  # the producer's expect; TMA's bytes complete the phase
-        mbarrier.init(empty.index(i), count=CONSUMERS)  # one arrival per consumer warpgroup
+        mbarrier.init(empty.index(i), count=CONSUMERS * gl.num_ctas())  # one arrival per consumer warpgroup of the cluster
 
     # Each partition's arguments written out: a tuple built in the kernel would turn its constexprs into values.
     if CONSUMERS == 3:
@@ -739,20 +833,20 @@ def _fp8_gemm_ws_kernel(
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
                              workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
                              stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M,
-                             SCALE_BLOCK, DYNAMIC, 0)),
+                             SCALE_BLOCK, DYNAMIC, OFFSETS, 0)),
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
                              workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
                              stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M,
-                             SCALE_BLOCK, DYNAMIC, 1)),
+                             SCALE_BLOCK, DYNAMIC, OFFSETS, 1)),
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
                              workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
                              stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M,
-                             SCALE_BLOCK, DYNAMIC, 2)),
+                             SCALE_BLOCK, DYNAMIC, OFFSETS, 2)),
                 (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, counter_ptr,
                              log_ptr, M, N, K, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
-                             GROUP_M, SCALE_BLOCK, DYNAMIC)),
+                             GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS)),
             ],
-            [4, 4, 1],
+            [4, 4, PRODUCER_WARPS],
             [CONSUMER_REGISTERS_OF_THREE, CONSUMER_REGISTERS_OF_THREE, PRODUCER_REGISTERS_OF_THREE],
         )
     else:
@@ -761,28 +855,30 @@ def _fp8_gemm_ws_kernel(
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
                              workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
                              stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M,
-                             SCALE_BLOCK, DYNAMIC, 0)),
+                             SCALE_BLOCK, DYNAMIC, OFFSETS, 0)),
                 (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
                              workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
                              stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M,
-                             SCALE_BLOCK, DYNAMIC, 1)),
+                             SCALE_BLOCK, DYNAMIC, OFFSETS, 1)),
                 (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, counter_ptr,
                              log_ptr, M, N, K, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
-                             GROUP_M, SCALE_BLOCK, DYNAMIC)),
+                             GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS)),
             ],
-            [4, 1],
+            [4, PRODUCER_WARPS],
             [CONSUMER_REGISTERS_OF_TWO, PRODUCER_REGISTERS_OF_TWO],
         )
 
 
-def shared_layout(block_shape: list[int], dtype_name: str) -> gl.NVMMASharedLayout:
-    return _shared_layout(tuple(block_shape), dtype_name)
+def shared_layout(block_shape: list[int], dtype_name: str, ctas: int = 1) -> gl.NVMMASharedLayout:
+    """A TMA box's shared-memory layout in a program of `ctas` CTAs, each loading its own copy."""
+    return _shared_layout(tuple(block_shape), dtype_name, ctas)
 
 
 # Layouts are immutable and few; made afresh, the three a launch needs took a fifth of its host time.
 @functools.lru_cache(maxsize=64)
-def _shared_layout(block_shape: tuple[int, ...], dtype_name: str) -> gl.NVMMASharedLayout:
-    return gl.NVMMASharedLayout.get_default_for(list(block_shape), _GL_DTYPES[dtype_name])
+def _shared_layout(block_shape: tuple[int, ...], dtype_name: str, ctas: int) -> gl.NVMMASharedLayout:
+    return gl.NVMMASharedLayout.get_default_for(list(block_shape), _GL_DTYPES[dtype_name],
+                                                cga_layout=cta_copies(len(block_shape), ctas) or None)
 
 
 def tma_ready_scales(scale_a, scale_b, columnwise_b: bool = False):
@@ -819,16 +915,18 @@ def scale_storage(scale):
     return scale.as_strided((span,), (1,))
 
 
-_SCALE_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+@functools.lru_cache(maxsize=2)
+def _scale_layout(ctas: int) -> gl.NVMMASharedLayout:
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1, cga_layout=cta_copies(1, ctas))
 
 
-def _scale_descriptors(scale_a, scale_b, b_box: int):
+def _scale_descriptors(scale_a, scale_b, b_box: int, ctas: int):
     """1-D TMA descriptors over the storage of tma_ready_scales' output: the producer computes each
     box's start from the strides, so one descriptor serves every scale layout (a 2-D one would need its
     row stride 16-byte aligned, and a 1-wide weight-scale box is not a TMA box). Activation scales come in
     one consumer's 64 rows a box, as A does; weight scales in `b_box` floats (WEIGHT_SCALE_BOX, or a tile's
     BLOCK_N for 1 x 128 weight scales)."""
-    return [TensorDescriptor.from_tensor(scale_storage(scale), [box], _SCALE_LAYOUT)
+    return [TensorDescriptor.from_tensor(scale_storage(scale), [box], _scale_layout(ctas))
             for scale, box in ((scale_a, CONSUMER_ROWS.value), (scale_b, b_box))]
 
 
@@ -857,12 +955,28 @@ def _kernel_constants(config: Fp8GemmConfig, granularity: Granularity, fast_accu
     """The kernel's constexpr arguments for `config`: what launch_ws_gemm launches with and compile_sm90 compiles."""
     return dict(BLOCK_M=config.block_m, SCALING=_scaling_code(granularity, b_rows), ACTIVATION=ACTIVATION_CODES[activation],
                 PROMOTE=is_promoted(granularity, fast_accum), OVERLAP=config.overlap_promotion, GROUP_M=config.group_m,
-                STAGES=config.num_stages, SCALE_BLOCK=BLOCK, DYNAMIC=config.dynamic_tiles)
+                STAGES=config.num_stages, SCALE_BLOCK=BLOCK, DYNAMIC=config.dynamic_tiles, OFFSETS=None)
 
 
 def _launch_options(config: Fp8GemmConfig) -> dict:
-    """num_warps: the default partition (consumer warpgroup 0); maxnreg: see MAX_REGISTERS."""
-    return dict(num_warps=4, maxnreg=MAX_REGISTERS[config.block_m // CONSUMER_ROWS.value])
+    """num_warps: the default partition (consumer warpgroup 0); maxnreg: see MAX_REGISTERS; num_ctas: a program's
+    CTAs (config.cluster_m)."""
+    return dict(num_warps=4, maxnreg=MAX_REGISTERS[config.block_m // CONSUMER_ROWS.value], num_ctas=config.cluster_m)
+
+
+def _compiled_with_offsets(compile_with, options: dict):
+    """A cluster's kernel and its SharedOffsets: compiled once to learn where Triton's allocator puts the buffers
+    its inline PTX addresses, then with those offsets, which must not move them and must be where Triton's own
+    lowering initialises the ring's barriers (else RuntimeError: the PTX would write to the wrong buffers)."""
+    kernel = compile_with(SharedOffsets(0, 0, 0))
+    offsets = SharedOffsets(**_cluster.allocation_offsets(kernel, ADDRESSED, options))
+    kernel = compile_with(offsets)
+    moved = SharedOffsets(**_cluster.allocation_offsets(kernel, ADDRESSED, options))
+    initialised = {offset for offsets_of_count in _cluster.barrier_inits(kernel).values() for offset in offsets_of_count}
+    if moved != offsets or not {offsets.ready, offsets.empty} <= initialised:
+        raise RuntimeError(f"the cluster kernel's buffers moved when their offsets went into its PTX ({offsets} -> "
+                           f"{moved}), or its barriers are not initialised there ({sorted(initialised)})")
+    return kernel, offsets
 
 
 def _weight_scale_box(config: Fp8GemmConfig, b_rows: int) -> int:
@@ -879,27 +993,31 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
     """The kernel launch_ws_gemm launches with `config`, compiled for sm_90a with no GPU (Triton's own ptxas
     assembles it): its PTX, cubin and SASS for checks of registers, spills and wgmma order on any machine with
     this Triton (tools/gemm_sass.py). The signature mirrors launch_ws_gemm's arguments; `split_tiles` compiles the
-    split-last-wave workspace in, as a launch that splits tiles does; `b_rows` 1: 1 x 128 weight scales."""
+    split-last-wave workspace in, as a launch that splits tiles does (never in a cluster, config.cluster_m 2, which
+    is compiled twice, as at its launch); `b_rows` 1: 1 x 128 weight scales."""
     import triton
-    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    bn, bk = config.block_n, config.block_k
+    bn, bk, ctas = config.block_n, config.block_k, config.cluster_m
     c_block = [CONSUMER_ROWS.value, min(bn, HALF_N)]
 
     def descriptor(dtype_name: str, block: list[int]) -> str:
         type_name = _SIGNATURE_DTYPES.get(dtype_name, {"bfloat16": "bf16", "float32": "fp32"}.get(dtype_name))
-        return f"tensordesc<{type_name}[{', '.join(map(str, block))}],{shared_layout(block, dtype_name)!r}>"
+        return f"tensordesc<{type_name}[{', '.join(map(str, block))}],{shared_layout(block, dtype_name, ctas)!r}>"
 
     signature = {"a_desc": descriptor(a_dtype, [CONSUMER_ROWS.value, bk]), "b_desc": descriptor(b_dtype, [bn, bk]),
                  "c_desc": descriptor("bfloat16", c_block), "scale_a_ptr": "*fp32", "scale_b_ptr": "*fp32"}
     constants = {}
+    if ctas == 2:
+        signature["b_half_desc"] = descriptor(b_dtype, [bn // 2, bk])
+    else:
+        constants["b_half_desc"] = None
     if granularity is Granularity.BLOCKWISE:
-        signature["sa_desc"] = f"tensordesc<fp32[{CONSUMER_ROWS.value}],{_SCALE_LAYOUT!r}>"
-        signature["sb_desc"] = f"tensordesc<fp32[{_weight_scale_box(config, b_rows)}],{_SCALE_LAYOUT!r}>"
+        signature["sa_desc"] = f"tensordesc<fp32[{CONSUMER_ROWS.value}],{_scale_layout(ctas)!r}>"
+        signature["sb_desc"] = f"tensordesc<fp32[{_weight_scale_box(config, b_rows)}],{_scale_layout(ctas)!r}>"
     else:
         constants.update(sa_desc=None, sb_desc=None)
-    if split_tiles:
+    if split_tiles and ctas == 1:
         signature["workspace_desc"] = descriptor("float32", c_block)
     else:
         constants["workspace_desc"] = None
@@ -908,8 +1026,14 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
                                 "split_tiles", "splits"), "i32")
     constants |= _kernel_constants(config, granularity, fast_accum, Activation.NONE, b_rows)
     signature |= {name: "constexpr" for name in constants}
-    source = GluonASTSource(_fp8_gemm_ws_kernel, signature, constants)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=_launch_options(config))
+    signature = {name: signature[name] for name in _fp8_gemm_ws_kernel.arg_names}
+    options = _launch_options(config)
+
+    def compile_with(offsets: SharedOffsets | None):
+        source = GluonASTSource(_fp8_gemm_ws_kernel, signature, constants | {"OFFSETS": offsets})
+        return triton.compile(source, target=_cluster.HOPPER, options=options)
+
+    return compile_with(None) if ctas == 1 else _compiled_with_offsets(compile_with, options)[0]
 
 
 def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig,
@@ -917,16 +1041,20 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
     """Launch on validated operands (fp8kernels.gemm checks them): a[M, K], b_t[N, K], out[M, N]."""
     M, K = a.shape
     N = b_t.shape[0]
-    bm, bn, bk = config.block_m, config.block_n, config.block_k
-    a_block = [CONSUMER_ROWS.value, bk]
-    a_desc = TensorDescriptor.from_tensor(a, a_block, shared_layout(a_block, str(a.dtype).removeprefix("torch.")))
-    b_desc = TensorDescriptor.from_tensor(b_t, [bn, bk], shared_layout([bn, bk], str(b_t.dtype).removeprefix("torch.")))
+    bm, bn, bk, ctas = config.block_m, config.block_n, config.block_k, config.cluster_m
+
+    def descriptor(tensor, block: list[int]):
+        return TensorDescriptor.from_tensor(tensor, block, shared_layout(block, str(tensor.dtype).removeprefix("torch."), ctas))
+
+    a_desc = descriptor(a, [CONSUMER_ROWS.value, bk])
+    b_desc = descriptor(b_t, [bn, bk])
+    b_half_desc = descriptor(b_t, [bn // 2, bk]) if ctas == 2 else None
     c_block = [CONSUMER_ROWS.value, min(bn, HALF_N)]
-    c_desc = TensorDescriptor.from_tensor(out, c_block, shared_layout(c_block, "bfloat16"))
+    c_desc = descriptor(out, c_block)
     sa_desc = sb_desc = None
     if granularity is Granularity.BLOCKWISE:
         scale_a, scale_b = tma_ready_scales(scale_a, scale_b, columnwise_b=b_rows == 1)
-        sa_desc, sb_desc = _scale_descriptors(scale_a, scale_b, _weight_scale_box(config, b_rows))
+        sa_desc, sb_desc = _scale_descriptors(scale_a, scale_b, _weight_scale_box(config, b_rows), ctas)
     programs, split_tiles, splits = persistent_grid(M, N, K, config)
     workspace_desc = None
     flags = out  # a stand-in the kernel does not touch when no tile is split
@@ -935,13 +1063,13 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
         # BLOCK_M x BLOCK_N floats each, written in half-tiles through the epilogue buffers.
         contributors = split_tiles * (splits - 1)
         workspace = torch.empty((contributors * bm, bn), dtype=torch.float32, device=a.device)
-        workspace_desc = TensorDescriptor.from_tensor(workspace, c_block, shared_layout(c_block, "float32"))
+        workspace_desc = descriptor(workspace, c_block)
         flags = stream_scratch("flags", a.device, contributors * (bm // CONSUMER_ROWS.value))
     counter = log = out  # stand-ins the kernel does not touch without dynamic tiles
     if config.dynamic_tiles:
         counter = stream_scratch("counter", a.device, 2)
         log = stream_scratch("log", a.device, programs * (config.num_stages + 1))
-    arguments = (a_desc, b_desc, c_desc, scale_a, scale_b, sa_desc, sb_desc, workspace_desc, flags, counter, log, M, N, K,
+    arguments = (b_half_desc, a_desc, b_desc, c_desc, scale_a, scale_b, sa_desc, sb_desc, workspace_desc, flags, counter, log, M, N, K,
                  *scale_strides(scale_a, scale_b), programs, split_tiles, splits)
     return _launch(a.device.index, programs, arguments, _kernel_constants(config, granularity, fast_accum, activation, b_rows),
                    _launch_options(config))
@@ -950,16 +1078,24 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
 # The compiled kernels launched so far, by what selects one (_launch_key). A launch through the JIT function binds
 # and specializes every argument and looks the kernel up by a string key: a third of a call's host time
 # (reports/h100-sxm/gemm-host-probe). After a key's first launch, the compiled kernel is launched directly.
-_COMPILED: dict[tuple, object] = {}
+# Each holds its constexprs (a cluster's SharedOffsets are known only once it is compiled).
+_COMPILED: dict[tuple, tuple[object, tuple]] = {}
 
 
 def _launch(device_index: int, programs: int, arguments: tuple, constants: dict, options: dict):
+    """`programs`: CTAs, or clusters of options["num_ctas"] CTAs."""
     key = _launch_key(device_index, arguments, constants, options)
-    kernel = _COMPILED.get(key)
-    if kernel is None:
-        kernel = _COMPILED[key] = _fp8_gemm_ws_kernel[(programs,)](*arguments, **constants, **options)
-    else:
-        kernel[(programs, 1, 1)](*arguments, *(constants[name] for name in _CONSTEXPR_NAMES))
+    if key not in _COMPILED:
+        if options["num_ctas"] == 1:
+            kernel = _fp8_gemm_ws_kernel.warmup(*arguments, **constants, **options, grid=(programs,))
+        else:
+            kernel, offsets = _compiled_with_offsets(
+                lambda offsets: _fp8_gemm_ws_kernel.warmup(*arguments, **(constants | {"OFFSETS": offsets}), **options,
+                                                           grid=(programs,)), options)
+            constants = constants | {"OFFSETS": offsets}
+        _COMPILED[key] = kernel, tuple(constants[name] for name in _CONSTEXPR_NAMES)
+    kernel, constexprs = _COMPILED[key]
+    kernel[(programs, 1, 1)](*arguments, *constexprs)
     return kernel
 
 

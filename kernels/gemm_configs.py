@@ -68,6 +68,11 @@ class DeviceProperties:
         return min(self.shared_memory_per_program - SHARED_MEMORY_HEADROOM, SHARED_MEMORY_BYTES)
 
 
+# Widest tile of a 2-CTA cluster (cluster_m 2): Triton 3.6 cannot slice a B tile whose layout spans the cluster into
+# the 256-wide tile's 128-column halves ("non-trivial block dimension not supported").
+CLUSTER_MAX_BLOCK_N = 128
+
+
 @dataclass(frozen=True)
 class Fp8GemmConfig:
     """Launch parameters of the persistent FP8 GEMM; `as_dict()` goes into a result row's options."""
@@ -108,6 +113,11 @@ class Fp8GemmConfig:
     # consumers'. It holds a sum and two products: 128 columns with two consumers (192 of their 232
     # registers), 64 with three (96 of 160).
     overlap_promotion: bool = False
+    # Gluon kernel only: 2 runs each program as a cluster of two CTAs on two row tiles of the same column tile,
+    # each TMA-loading half of that B tile into both CTAs' shared memory (multicast), so L2 serves each B tile
+    # once per pair (kernels/_cluster.py). num_sms // 2 clusters walk pairs of tiles; no split last wave or
+    # claimed tiles.
+    cluster_m: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -137,6 +147,10 @@ class Fp8GemmConfig:
                 "128), block_k 128, 8 warps, split_n 1, whole-tile stores (epilogue_subtile False) and no "
                 "warp_specialize"
             )
+        if self.cluster_m not in (1, 2) or (self.cluster_m == 2 and (
+                not self.gluon_ws or self.split_last_wave or self.dynamic_tiles or self.block_n > CLUSTER_MAX_BLOCK_N)):
+            raise ValueError(f"cluster_m must be 1 or 2; 2 is a mode of the Gluon kernel (gluon_ws) on tiles up to "
+                             f"{CLUSTER_MAX_BLOCK_N} wide, without split_last_wave or dynamic_tiles; got {self.cluster_m}")
         if self.overlap_promotion and self.block_n > (128 if self.block_m == 128 else 64):
             raise ValueError(f"overlap_promotion holds a sum and two products: block_n at most 128 with block_m 128, "
                              f"64 with {GLUON_THREE_CONSUMER_ROWS}; got {self.block_m}x{self.block_n}")
@@ -205,6 +219,7 @@ def config_label(options: dict) -> str:
     return (f"{o['block_m']}x{o['block_n']}x{o['block_k']} s{o['num_stages']} w{o['num_warps']} g{o['group_m']}"
             + (" n-halves" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
             + (" gluon-ws" if o.get("gluon_ws") else "") + (" overlapped" if o.get("overlap_promotion") else "")
+            + (" multicast" if o.get("cluster_m", 1) > 1 else "")
             + (f" last-wave {o['split_tiles']}x{o['splits']}" if o.get("split_tiles") else ""))
 
 
@@ -325,7 +340,10 @@ def _busiest_k_tiles(M: int, N: int, K: int, config: Fp8GemmConfig, split_tiles:
 
 def persistent_grid(M: int, N: int, K: int, config: Fp8GemmConfig) -> tuple[int, int, int]:
     """(programs, split tiles, pieces each): one program per SM, or per tile where there are fewer tiles
-    and none is split."""
+    and none is split; with cluster_m 2, one program (a cluster) per two SMs, or per pair of row tiles."""
+    if config.cluster_m > 1:  # programs are clusters, and their work pairs of row tiles
+        pairs = -(-(-(-M // config.block_m)) // config.cluster_m) * -(-N // config.block_n)
+        return min(max(config.num_sms // config.cluster_m, 1), pairs), 0, 1
     split_tiles, splits = last_wave_split(M, N, K, config)
     return (config.num_sms if split_tiles else min(config.num_sms, config.tiles(M, N))), split_tiles, splits
 

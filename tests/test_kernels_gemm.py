@@ -260,6 +260,12 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
         (dict(gluon_ws=True, block_m=192, block_n=128, num_stages=3, num_warps=8, epilogue_subtile=False,
               overlap_promotion=True),
          "two products"),
+        (dict(cluster_m=2), "cluster_m"),
+        (dict(gluon_ws=True, block_n=128, num_stages=3, num_warps=8, epilogue_subtile=False, cluster_m=3), "cluster_m"),
+        # Triton 3.6 cannot slice a cluster's B tile into the 256-wide tile's halves.
+        (dict(gluon_ws=True, block_n=256, num_stages=3, num_warps=8, epilogue_subtile=False, cluster_m=2), "128 wide"),
+        (dict(gluon_ws=True, block_n=128, num_stages=3, num_warps=8, epilogue_subtile=False, cluster_m=2,
+              split_last_wave=True), "cluster_m"),
     ],
 )
 def test_config_is_validated_once(fields, message):
@@ -585,6 +591,47 @@ def test_gpu_claimed_tiles_give_the_fixed_walks_result_bit_for_bit(case):
             for _ in range(3):
                 assert torch.equal(_run_poisoned(*operands, granularity, fast_accum, claimed), expected), where
             assert not stream_scratch("counter", expected.device, 2).any(), where
+
+
+def test_a_cluster_walks_pairs_of_row_tiles_on_half_the_sms():
+    """cluster_m 2: a program is a cluster of two CTAs on the two row tiles of a pair, one per two SMs, and at most
+    one per pair of row tiles (an odd count's last pair has one row tile past M)."""
+    from fp8kernels.gemm_configs import persistent_grid
+
+    tile = Fp8GemmConfig(block_m=192, block_n=128, block_k=128, group_m=8, num_stages=3, num_warps=8, num_sms=132,
+                         epilogue_subtile=False, gluon_ws=True, cluster_m=2)
+    assert persistent_grid(4096, 7168, 16384, tile) == (66, 0, 1)  # 22 row tiles: 11 pairs x 56 columns
+    assert persistent_grid(1000, 512, 1024, tile) == (12, 0, 1)  # 6 row tiles: 3 pairs x 4 columns
+    assert persistent_grid(200, 128, 1024, tile) == (1, 0, 1)  # 2 row tiles, 1 column
+    assert persistent_grid(100, 128, 1024, tile) == (1, 0, 1)  # 1 row tile: its pair's second CTA is past M
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_gpu_cluster_multicasting_b_gives_the_single_ctas_result_bit_for_bit(case):
+    """Each Gluon tile up to CLUSTER_MAX_BLOCK_N wide run as 2-CTA clusters multicasting B (cluster_m 2) against the
+    same tile one CTA a program: every tile's sum is the same instructions in the same order, so the outputs are
+    bit-identical. On odd row-tile counts (the last pair's second CTA past M, whose loads the first still needs), ragged
+    M and N, one cluster, few clusters, and many tiles per cluster; three launches in a row."""
+    from fp8kernels.gemm_configs import CLUSTER_MAX_BLOCK_N, gluon_tiles
+
+    granularity, fast_accum = case
+    limit = FAST_ACCUM_TOLERANCE if fast_accum else PROMOTED_TOLERANCE
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ragged = 0 if granularity is Granularity.BLOCKWISE else 16  # blockwise weights: whole 128 x 128 blocks
+    for tile, _ in gluon_tiles(granularity, fast_accum):
+        if tile.block_n > CLUSTER_MAX_BLOCK_N:
+            continue
+        for programs, (M, K, N) in ((sms, (5000, 4096, 2048 + ragged)), (6, (1040, 1152, 1280 + ragged)),
+                                    (sms, (100, 1024, 384)), (sms, (8192, 8192, 1280))):
+            single = dataclasses.replace(tile.with_sms(programs), split_last_wave=False, dynamic_tiles=False)
+            cluster = dataclasses.replace(single, cluster_m=2)
+            operands = _quantized(M, K, N, granularity, seed=M + programs)
+            expected = _run_poisoned(*operands, granularity, fast_accum, single)
+            where = f"{_case_id(case)} {tile.block_m}x{tile.block_n} on {programs} SMs, {M}x{N}x{K}"
+            assert _relative_error(*operands, expected) <= limit, where
+            for _ in range(3):
+                assert torch.equal(_run_poisoned(*operands, granularity, fast_accum, cluster), expected), where
 
 
 @pytest.mark.gpu

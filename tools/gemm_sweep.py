@@ -41,7 +41,8 @@ from fp8bench.harness.runner import measured_row
 from fp8bench.benchmarks.shapes import llama, parse_product, square, training
 from fp8bench.harness.timing import TimerChoice
 from fp8kernels.gemm import device_properties, fp8_gemm, gemm_config, gluon_runs_on, launch_kernel
-from fp8kernels.gemm_configs import Fp8GemmConfig, candidate_configs, choose_config, config_label, last_wave_split
+from fp8kernels.gemm_configs import (CLUSTER_MAX_BLOCK_N, Fp8GemmConfig, candidate_configs, choose_config, config_label,
+                                    last_wave_split)
 from fp8kernels.gemm_autotune import tuning_candidates
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -286,6 +287,8 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
             candidate: list[str] = typer.Option([], help="NAME=VALUE, repeatable: also time the pick of the heuristic "
                                                           "with this model constant changed (gemm_heuristic_grade.py "
                                                           "--set), side by side, where it differs"),
+            multicast: bool = typer.Option(False, help="also time each Gluon pick up to 128 wide as a cluster of two "
+                                                        "CTAs multicasting B (cluster_m 2, no split), side by side"),
             timer: str = TIMER) -> None:
     """The heuristic's config on every target shape, each regime against cuBLAS."""
     import torch
@@ -312,6 +315,9 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
                 candidate = gemm_config(s.M, s.N, s.K, g, f, cuda)
                 moved = candidate.options_for(s.M, s.N, s.K) != picked
             variants += [Variant(candidate, candidate_name, settings)] if moved else []
+        if multicast and config.gluon_ws and config.block_n <= CLUSTER_MAX_BLOCK_N:
+            variants.append(Variant(dataclasses.replace(config, split_last_wave=False, dynamic_tiles=False, cluster_m=2),
+                                    "multicast"))
         return variants
 
     precompile(sorted({(g, f, v.config) for s in shapes for g, f in regimes for v in configs(g, f, s)}, key=str))
@@ -333,6 +339,7 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
         cublas_tflops=("cublas_tflops", "median"), shapes=("ratio", "size"))
     _print_frame(summary.reset_index(), f"geometric mean of our/cuBLAS speed over {len(shapes)} shapes")
     for variant, title in (("unsplit", "the pick's twin that splits no tile: our time split / unsplit"),
+                           ("multicast", "the pick's twin as a 2-CTA cluster multicasting B: our time / the cluster's"),
                            (candidate_name, f"the heuristic with {candidate_name}: our time with its pick now / with this")):
         _print_variant_gains(per_shape, ours[ours.variant == variant], variant, title)
 

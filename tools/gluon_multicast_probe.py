@@ -50,17 +50,11 @@ PTX assumes.
 from __future__ import annotations
 
 import re
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import triton
 import typer
-from triton._C.libtriton import ir, nvidia, passes
-from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptx_version_from_options
-from triton.compiler.compiler import make_backend
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
@@ -70,11 +64,12 @@ from triton.tools.disasm import get_sass
 
 from fp8bench.config import TimingConfig
 from fp8bench.harness.timing import TimerChoice
+from fp8kernels._cluster import (BARRIER_BYTES, HOPPER, allocation_offsets, arrive_peer, asm, barrier_inits,
+                                 cluster_end, cluster_start, multicast_rows_ptx)
 from fp8kernels.gemm import GLUON_TRITON_RELEASES
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, help=__doc__.split("\n\n")[0])
 
-HOPPER = GPUTarget("cuda", 90, 32)
 CTAS = 2
 OPTIONS = {"num_warps": 4, "num_ctas": CTAS}
 CTA_ROWS = 64  # one warpgroup per CTA, one m64 wgmma
@@ -82,7 +77,6 @@ BLOCK_M = CTAS * CTA_ROWS  # rows of the cluster's tile
 BLOCK_N = 128
 BLOCK_K = 128
 STAGES = 4
-BARRIER_BYTES = gl.constexpr(8)
 # The PTX entries' names (the kernels' Python names): the inline PTX addresses each kernel's first
 # parameter as NAME_param_0.
 KERNEL_NAME = gl.constexpr("_multicast_gemm_kernel")
@@ -102,72 +96,6 @@ MULTICAST_PTX = (
 )
 
 
-@gluon.constexpr_function
-def _multicast_half_ptx(kernel: str, half_rows: int, half_bytes: int) -> str:
-    """The first thread of the warpgroup loads this CTA's half of the B tile (rows rank * half_rows on)
-    into both CTAs, at `global_smem + $1 + rank * half_bytes`, signalling the barrier at `global_smem + $2`
-    in both. $3: the tile's first row, $4: its first column (TMA coordinates run innermost first). The
-    tensor map is the kernel's first parameter, `kernel`_param_0."""
-    return f"""{{
-.reg .b32 %mc<6>;
-.reg .b16 %mcmask;
-.reg .b64 %mcmap;
-.reg .pred %mcp;
-mov.u32 %mc0, %tid.x;
-and.b32 %mc0, %mc0, 127;
-setp.eq.u32 %mcp, %mc0, 0;
-mov.u32 %mc1, %cluster_ctarank;
-mov.u32 %mc2, global_smem;
-mad.lo.u32 %mc3, %mc1, {half_bytes}, $1;
-add.u32 %mc3, %mc3, %mc2;
-add.u32 %mc4, %mc2, $2;
-mad.lo.u32 %mc5, %mc1, {half_rows}, $3;
-mov.u64 %mcmap, {kernel}_param_0;
-cvta.param.u64 %mcmap, %mcmap;
-mov.b16 %mcmask, 3;
-@%mcp cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%mc3], [%mcmap, {{$4, %mc5}}], [%mc4], %mcmask;
-mov.u32 $0, 0;
-}}"""
-
-
-# The first thread of the warpgroup arrives on the peer CTA's barrier at `global_smem + $1` (its own at
-# that offset, mapped into the peer's shared memory), releasing this CTA's reads of the slot to the peer's TMA.
-_ARRIVE_PEER_PTX = gl.constexpr("""{
-.reg .b32 %ap<3>;
-.reg .pred %app;
-mov.u32 %ap0, %tid.x;
-and.b32 %ap0, %ap0, 127;
-setp.eq.u32 %app, %ap0, 0;
-mov.u32 %ap1, global_smem;
-add.u32 %ap1, %ap1, $1;
-mov.u32 %ap2, %cluster_ctarank;
-xor.b32 %ap2, %ap2, 1;
-mapa.shared::cluster.u32 %ap1, %ap1, %ap2;
-@%app mbarrier.arrive.shared::cluster.b64 _, [%ap1];
-mov.u32 $0, 0;
-}""")
-
-# Every thread of both CTAs (barrier.cluster waits for all non-exited threads of the cluster, so under
-# warp_specialize every partition runs it and no warp may be left idle): this CTA's barrier
-# initialisations are visible cluster-wide, then wait for the peer (its barriers initialised / done with ours).
-_CLUSTER_SYNC_PTX = gl.constexpr("""{
-fence.mbarrier_init.release.cluster;
-barrier.cluster.arrive.release.aligned;
-barrier.cluster.wait.acquire.aligned;
-mov.u32 $0, 0;
-}""")
-
-
-@gluon.jit
-def _asm(code: gl.constexpr, constraints: gl.constexpr, args):
-    return gl.inline_asm_elementwise(code, constraints, args, dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _cluster_sync():
-    _asm(_CLUSTER_SYNC_PTX, "=r,r", [0])  # $1: unused (an asm needs an operand)
-
-
 @gluon.jit
 def _load_k_tile(b_half_desc, a_desc, b_desc, a_bufs, b_bufs, ready, empty, pid_m, pid_n, i, KERNEL: gl.constexpr,
                  MULTICAST: gl.constexpr, B_OFFSET: gl.constexpr, READY_OFFSET: gl.constexpr):
@@ -183,9 +111,9 @@ def _load_k_tile(b_half_desc, a_desc, b_desc, a_bufs, b_bufs, ready, empty, pid_
     mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes // 2 + b_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(a_desc, [pid_m * BM, i * BK], ready.index(slot), a_bufs.index(slot))
     if MULTICAST:
-        half_ptx: gl.constexpr = _multicast_half_ptx(KERNEL, b_half_desc.block_type.shape[0],
-                                                     b_half_desc.block_type.nbytes)
-        _asm(half_ptx, "=r,r,r,r,r", [B_OFFSET + slot * SLOT_BYTES, READY_OFFSET + slot * BARRIER_BYTES, pid_n * BN, i * BK])
+        half_ptx: gl.constexpr = multicast_rows_ptx(KERNEL, 0, b_half_desc.block_type.shape[0],
+                                                    b_half_desc.block_type.nbytes)
+        asm(half_ptx, "=r,r,r,r,r", [B_OFFSET + slot * SLOT_BYTES, READY_OFFSET + slot * BARRIER_BYTES, pid_n * BN, i * BK])
     else:
         tma.async_copy_global_to_shared(b_desc, [pid_n * BN, i * BK], ready.index(slot), b_bufs.index(slot))
 
@@ -200,7 +128,7 @@ def _consume_k_tile(a_bufs, b_bufs, ready, empty, acc, ki, MULTICAST: gl.constex
     acc = warpgroup_mma_wait(0, deps=(acc, ))
     mbarrier.arrive(empty.index(slot))
     if MULTICAST:
-        _asm(_ARRIVE_PEER_PTX, "=r,r", [EMPTY_OFFSET + slot * BARRIER_BYTES])
+        arrive_peer(EMPTY_OFFSET + slot * BARRIER_BYTES)
     return acc
 
 
@@ -241,7 +169,7 @@ def _multicast_gemm_kernel(b_half_desc, a_desc, b_desc, c_ptr, M, N, K, ACC_LAYO
     BK: gl.constexpr = a_desc.block_type.shape[1]
     a_bufs, b_bufs, ready, empty = _allocate(a_desc, b_desc, BARRIER_LAYOUT, MULTICAST, NUM_STAGES)
     if MULTICAST:
-        _cluster_sync()
+        cluster_start()
     pid_m = gl.program_id(0)  # with num_ctas=2 a program is a cluster
     pid_n = gl.program_id(1)
     k_tiles = gl.cdiv(K, BK)
@@ -258,7 +186,7 @@ def _multicast_gemm_kernel(b_half_desc, a_desc, b_desc, c_ptr, M, N, K, ACC_LAYO
         acc = _consume_k_tile(a_bufs, b_bufs, ready, empty, acc, ki, MULTICAST, EMPTY_OFFSET)
     _store_tile(acc, c_ptr, M, N, pid_m, pid_n)
     if MULTICAST:
-        _cluster_sync()
+        cluster_end()
 
 
 @gluon.jit
@@ -268,13 +196,13 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, c_ptr, M, N, K, ACC_LAYOUT: gl.co
     BN: gl.constexpr = b_bufs.type.shape[1]
     BK: gl.constexpr = a_bufs.type.shape[2]
     if MULTICAST:
-        _cluster_sync()
+        cluster_start()
     acc = gl.zeros([BM, BN], gl.float32, ACC_LAYOUT)
     for ki in range(gl.cdiv(K, BK)):
         acc = _consume_k_tile(a_bufs, b_bufs, ready, empty, acc, ki, MULTICAST, EMPTY_OFFSET)
     _store_tile(acc, c_ptr, M, N, gl.program_id(0), gl.program_id(1))
     if MULTICAST:
-        _cluster_sync()
+        cluster_end()
 
 
 @gluon.jit
@@ -282,12 +210,12 @@ def _ws_producer(b_half_desc, a_desc, b_desc, a_bufs, b_bufs, ready, empty, K, M
                  B_OFFSET: gl.constexpr, READY_OFFSET: gl.constexpr):
     BK: gl.constexpr = a_desc.block_type.shape[1]
     if MULTICAST:
-        _cluster_sync()
+        cluster_start()
     for i in range(gl.cdiv(K, BK)):
         _load_k_tile(b_half_desc, a_desc, b_desc, a_bufs, b_bufs, ready, empty, gl.program_id(0), gl.program_id(1), i,
                      WS_KERNEL_NAME, MULTICAST, B_OFFSET, READY_OFFSET)
     if MULTICAST:
-        _cluster_sync()
+        cluster_end()
 
 
 @gluon.jit
@@ -370,54 +298,18 @@ def _compile(variant: Variant, offsets: dict[str, int]):
     return triton.compile(source, target=HOPPER, options=OPTIONS)
 
 
-def allocation_offsets(kernel) -> dict[str, int]:
-    """The offsets from `global_smem` that Triton's shared-memory allocator gives the kernel's named
-    buffers: its TTGIR through the passes make_llir runs up to and including the allocation."""
-    backend = make_backend(HOPPER)
-    context = ir.context()
-    ir.load_dialects(context)
-    backend.load_dialects(context)
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "kernel.ttgir"
-        path.write_text(kernel.asm["ttgir"])
-        module = ir.parse_mlir_module(str(path), context)
-    manager = ir.pass_manager(context)
-    passes.ttgpuir.add_combine_tensor_select_and_if(manager)
-    passes.ttgpuir.add_allocate_warp_groups(manager)
-    passes.convert.add_scf_to_cf(manager)
-    passes.gluon.add_inliner(manager)
-    ptx_version = get_ptx_version_from_options(backend.parse_options(OPTIONS), HOPPER.arch)
-    nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(manager, HOPPER.arch, ptx_version)
-    manager.run(module, "allocation_offsets")
-    found = dict(re.findall(r"%(\w+) = ttg\.local_alloc \{allocation\.offset = (\d+) : i32\}", str(module)))
-    missing = [name for name in ADDRESSED if name not in found]
-    if missing:
-        raise RuntimeError(f"allocation offsets of {missing} not found in the allocated TTGIR")
-    return {name: int(found[name]) for name in ADDRESSED}
-
-
 def compile_probe(variant: Variant) -> Probe:
     """Compile the variant; a multicast one twice: once to learn the buffers' offsets, once with them."""
     placeholder = dict.fromkeys(ADDRESSED, 0)
     kernel = _compile(variant, placeholder)
     if not variant.multicast:
         return Probe(variant, kernel, placeholder)
-    offsets = allocation_offsets(kernel)
+    offsets = allocation_offsets(kernel, ADDRESSED, OPTIONS)
     kernel = _compile(variant, offsets)
-    again = allocation_offsets(kernel)
+    again = allocation_offsets(kernel, ADDRESSED, OPTIONS)
     if again != offsets:
         raise RuntimeError(f"the allocation moved when its offsets went into the PTX: {offsets} -> {again}")
     return Probe(variant, kernel, offsets)
-
-
-def barrier_inits(kernel) -> dict[int, list[int]]:
-    """Offsets from `global_smem` of the barriers Triton's own `mbarrier.init` lowering initialises, by
-    arrival count, read from the LLVM IR: an independent check of the offsets the inline PTX uses."""
-    found: dict[int, list[int]] = {}
-    pattern = r"mbarrier\.init\.shared::cta\.b64 \[\$1\], (\d+);.*?@global_smem, i32 (\d+)\)"
-    for count, offset in re.findall(pattern, kernel.asm["llir"]):
-        found.setdefault(int(count), []).append(int(offset))
-    return {count: sorted(offsets) for count, offsets in found.items()}
 
 
 def _problems(probe: Probe) -> list[str]:
