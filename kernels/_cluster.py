@@ -46,13 +46,15 @@ barrier.cluster.wait.acquire.aligned;
 mov.u32 $0, 0;
 }""")
 
-# The first thread of the warpgroup arrives on the peer CTA's barrier at `global_smem + $1` (its own at that
-# offset, mapped into the peer's shared memory).
-_ARRIVE_PEER_PTX = gl.constexpr("""{
+@gluon.constexpr_function
+def arrive_peer_ptx(threads: int) -> str:
+    """The first thread of each `threads` (the arriving warp's or warpgroup's) arrives on the peer CTA's barrier at
+    `global_smem + $1` (its own at that offset, mapped into the peer's shared memory)."""
+    return f"""{{
 .reg .b32 %ap<3>;
 .reg .pred %app;
 mov.u32 %ap0, %tid.x;
-and.b32 %ap0, %ap0, 127;
+and.b32 %ap0, %ap0, {threads - 1};
 setp.eq.u32 %app, %ap0, 0;
 mov.u32 %ap1, global_smem;
 add.u32 %ap1, %ap1, $1;
@@ -61,14 +63,14 @@ xor.b32 %ap2, %ap2, 1;
 mapa.shared::cluster.u32 %ap1, %ap1, %ap2;
 @%app mbarrier.arrive.shared::cluster.b64 _, [%ap1];
 mov.u32 $0, 0;
-}""")
+}}"""
 
 _CTA_RANK_PTX = gl.constexpr("mov.u32 $0, %cluster_ctarank;")
 
 
 @gluon.constexpr_function
-def multicast_rows_ptx(kernel: str, param: int, half_rows: int, half_bytes: int) -> str:
-    """The first thread of the warpgroup loads this CTA's half of a tile (rows rank * half_rows on) into both CTAs,
+def multicast_rows_ptx(kernel: str, param: int, half_rows: int, half_bytes: int, threads: int) -> str:
+    """The first thread of each `threads` (the issuing warp's or warpgroup's) loads this CTA's half of a tile (rows rank * half_rows on) into both CTAs,
     at `global_smem + $1 + rank * half_bytes`, signalling the barrier at `global_smem + $2` in both. $3: the tile's
     first row, $4: its first column (TMA coordinates run innermost first). The tensor map is the kernel's
     parameter `param`, whose box is the half tile."""
@@ -78,7 +80,7 @@ def multicast_rows_ptx(kernel: str, param: int, half_rows: int, half_bytes: int)
 .reg .b64 %mcmap;
 .reg .pred %mcp;
 mov.u32 %mc0, %tid.x;
-and.b32 %mc0, %mc0, 127;
+and.b32 %mc0, %mc0, {threads - 1};
 setp.eq.u32 %mcp, %mc0, 0;
 mov.u32 %mc1, %cluster_ctarank;
 mov.u32 %mc2, global_smem;
@@ -112,9 +114,10 @@ def cluster_end():
 
 
 @gluon.jit
-def arrive_peer(offset):
-    """Arrive on the peer CTA's mbarrier at `offset` from global_smem (one arrival per warpgroup)."""
-    asm(_ARRIVE_PEER_PTX, "=r,r", [offset])
+def arrive_peer(offset, THREADS: gl.constexpr):
+    """Arrive on the peer CTA's mbarrier at `offset` from global_smem, once per THREADS threads (a warp or warpgroup)."""
+    code: gl.constexpr = arrive_peer_ptx(THREADS)
+    asm(code, "=r,r", [offset])
 
 
 @gluon.jit

@@ -232,7 +232,7 @@ def _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_b
                                         a_bufs.index(slot * CONSUMERS + c))
     if gl.num_ctas() == 2:
         HALF_ROWS: gl.constexpr = BLOCK_N // 2
-        rows_ptx: gl.constexpr = multicast_rows_ptx(KERNEL_NAME, 0, HALF_ROWS, HALF_ROWS * BLOCK_K)
+        rows_ptx: gl.constexpr = multicast_rows_ptx(KERNEL_NAME, 0, HALF_ROWS, HALF_ROWS * BLOCK_K, 32)  # one warp
         _cluster.asm(rows_ptx, "=r,r,r,r,r", [_offset(OFFSETS, "b_bufs") + slot * b_desc.block_type.nbytes,
                                              _offset(OFFSETS, "ready") + slot * BARRIER_BYTES, pid_n * BLOCK_N,
                                              ki * BLOCK_K])
@@ -306,7 +306,7 @@ def _load_unit(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_buf
 def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, counter_ptr, log_ptr,
               M, N, K, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, GROUP_M: gl.constexpr,
               SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr, OFFSETS: gl.constexpr):
-    """One warp (a warpgroup in a cluster: see the kernel): TMA loads of every K-tile of this program's work, in the order the consumers take it
+    """One warp: TMA loads of every K-tile of this program's work, in the order the consumers take it
     (_consumer), each into the next free ring slot. With DYNAMIC, the units it claims go to the consumers
     through the program's STAGES + 1 slots of a log in global memory, each written before the
     unit's first K-tile is loaded: the `ready` barrier that K-tile completes orders the write before the
@@ -416,7 +416,7 @@ def _release_slot(empty, slot, OFFSETS: gl.constexpr):
     to the peer CTA's producer too, whose half of B is multicast into it."""
     mbarrier.arrive(empty.index(slot), count=1)
     if gl.num_ctas() == 2:
-        arrive_peer(_offset(OFFSETS, "empty") + slot * BARRIER_BYTES)
+        arrive_peer(_offset(OFFSETS, "empty") + slot * BARRIER_BYTES, WARPGROUP_THREADS)
 
 
 @gluon.jit
@@ -776,6 +776,16 @@ def _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc
 
 
 @gluon.jit
+def _filler(ready):
+    """The warps beside the producer's one that fill its warpgroup (setmaxnreg sets a warpgroup's registers, and the
+    launch rounds the warps up to whole warpgroups). They have no work; in a cluster they take part in its barriers,
+    which wait for every warp that has not exited, where Triton's idle warps would wait for the kernel's end."""
+    if gl.num_ctas() == 2:
+        cluster_start()
+        cluster_end()
+
+
+@gluon.jit
 def _fp8_gemm_ws_kernel(
     b_half_desc,  # a cluster's: B in half tiles, this CTA's multicast to both (first: _load_k_tile names it); else None
     a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, sa_desc, sb_desc, workspace_desc, flags_ptr, counter_ptr, log_ptr,
@@ -794,9 +804,6 @@ def _fp8_gemm_ws_kernel(
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     CONSUMERS: gl.constexpr = BLOCK_M // CONSUMER_ROWS
-    # In a cluster the producer is a whole warpgroup (one thread issues): barrier.cluster waits for every warp
-    # that has not exited, so none may sit idle.
-    PRODUCER_WARPS: gl.constexpr = 4 if gl.num_ctas() == 2 else 1
     # A in 64-row boxes, one per consumer warpgroup: a tile of three (192 rows) is not a power of two.
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES * CONSUMERS, CONSUMER_ROWS, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
@@ -845,9 +852,11 @@ def _fp8_gemm_ws_kernel(
                 (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, counter_ptr,
                              log_ptr, M, N, K, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
                              GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS)),
+                (_filler, (ready, )),
+                (_filler, (ready, )),
             ],
-            [4, 4, PRODUCER_WARPS],
-            [CONSUMER_REGISTERS_OF_THREE, CONSUMER_REGISTERS_OF_THREE, PRODUCER_REGISTERS_OF_THREE],
+            [4, 4, 1, 2, 1],
+            [CONSUMER_REGISTERS_OF_THREE, CONSUMER_REGISTERS_OF_THREE] + [PRODUCER_REGISTERS_OF_THREE] * 3,
         )
     else:
         gl.warp_specialize(
@@ -863,9 +872,11 @@ def _fp8_gemm_ws_kernel(
                 (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, counter_ptr,
                              log_ptr, M, N, K, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
                              GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS)),
+                (_filler, (ready, )),
+                (_filler, (ready, )),
             ],
-            [4, PRODUCER_WARPS],
-            [CONSUMER_REGISTERS_OF_TWO, PRODUCER_REGISTERS_OF_TWO],
+            [4, 1, 2, 1],
+            [CONSUMER_REGISTERS_OF_TWO] + [PRODUCER_REGISTERS_OF_TWO] * 3,
         )
 
 
@@ -877,8 +888,11 @@ def shared_layout(block_shape: list[int], dtype_name: str, ctas: int = 1) -> gl.
 # Layouts are immutable and few; made afresh, the three a launch needs took a fifth of its host time.
 @functools.lru_cache(maxsize=64)
 def _shared_layout(block_shape: tuple[int, ...], dtype_name: str, ctas: int) -> gl.NVMMASharedLayout:
-    return gl.NVMMASharedLayout.get_default_for(list(block_shape), _GL_DTYPES[dtype_name],
-                                                cga_layout=cta_copies(len(block_shape), ctas) or None)
+    layout = gl.NVMMASharedLayout.get_default_for(list(block_shape), _GL_DTYPES[dtype_name])
+    # The CTA bases added afterwards: given them, get_default_for (Triton 3.6) takes a broadcast basis for a split of
+    # every dimension and picks the swizzle of a quarter box (64 bytes for a 128-byte row), with which TMA splits each
+    # box in two and the multicast's one copy per half-tile delivers half its bytes.
+    return dataclasses.replace(layout, cga_layout=cta_copies(len(block_shape), ctas))
 
 
 def tma_ready_scales(scale_a, scale_b, columnwise_b: bool = False):

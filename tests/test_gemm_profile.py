@@ -18,16 +18,18 @@ from fp8bench.harness import env
 profile = load_tool("gemm_profile")
 
 
-def write_raw(path, kernel: str, duration_us: float, tensor_pct: float, barrier_stall: float) -> None:
-    """A raw page as `ncu --page raw --csv` exports it: names, units, one kernel's values (thousands with commas)."""
+def write_raw(path, kernel: str, duration_us: float, tensor_pct: float, barrier_stall: float, duration_unit: str = "us") -> None:
+    """A raw page as `ncu --page raw --csv` exports it: names, units, one kernel's values (thousands with commas), the
+    duration in `duration_unit` (ncu's choice by size)."""
+    duration = duration_us / {"us": 1.0, "ms": 1e3}[duration_unit]
     names = ["ID", "Kernel Name", "gpu__time_duration.sum", "sm__cycles_elapsed.avg.per_second",
              "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
              "launch__grid_size", "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
              "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"]
     with path.open("w", newline="") as f:
         out = csv.writer(f, quoting=csv.QUOTE_ALL)
-        out.writerows([names, ["", "", "us", "Ghz", "%", "", "", ""],
-                       ["0", kernel, f"{duration_us:,.3f}", "1.4", str(tensor_pct), "132", str(barrier_stall), "0.5"]])
+        out.writerows([names, ["", "", duration_unit, "Ghz", "%", "", "", ""],
+                       ["0", kernel, f"{duration:,.6f}", "1.4", str(tensor_pct), "132", str(barrier_stall), "0.5"]])
 
 
 def write_sass(path, instructions: list[tuple[str, int, int]]) -> None:
@@ -52,6 +54,24 @@ def test_counters_and_stalls_are_read_by_name(tmp_path):
     assert counters.values["tensor_pipe_pct"] == pytest.approx(79.5) and counters.values["grid"] == 132
     assert "l2_pct" not in counters.values  # a counter the export lacks is left out, not zero
     assert counters.stalls == {"barrier": pytest.approx(3.94), "wait": pytest.approx(0.5)}
+
+
+def test_durations_in_milliseconds_are_read_in_microseconds(tmp_path):
+    """ncu gives a kernel of 1.7 ms its duration in ms: the table, and the cycles from it, stay in us."""
+    write_raw(tmp_path / "ours.raw.csv", "_fp8_gemm_ws_kernel", 1733.952, 37.2, 5.46, duration_unit="ms")
+    counters = profile.read_counters(tmp_path / "ours.raw.csv")
+    assert counters.values["duration_us"] == pytest.approx(1733.952)
+    assert counters.values["sm_kilocycles"] == pytest.approx(1733.952 * 1.4)
+
+
+def test_a_duration_in_a_unit_ncu_does_not_use_exits_2_naming_the_file(tmp_path):
+    write_raw(tmp_path / "ours.raw.csv", "_fp8_gemm_ws_kernel", 800.0, 80.0, 1.0)
+    text = (tmp_path / "ours.raw.csv").read_text().replace('"us"', '"fortnight"')
+    (tmp_path / "ours.raw.csv").write_text(text)
+    write_raw(tmp_path / "cublas.raw.csv", "nvjet_sm90", 790.0, 81.0, 1.2)
+    result = CliRunner().invoke(profile.app, ["summarize", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "ours.raw.csv" in result.output and "fortnight" in result.output
 
 
 def test_hot_runs_group_equally_executed_instructions_and_drop_the_cold(tmp_path):

@@ -53,3 +53,29 @@ def test_every_gluon_candidate_assembles_without_spills_or_serialized_wgmmas():
     assert any(r.regime == "blockwise-1x128/fast_accum=off" for r in reports)
     overlapped = [r for r in reports if "overlapped" in r.config]
     assert overlapped and all(r.waits_in_flight > 0 for r in overlapped)
+
+
+@pytest.mark.skipif(not triton.__version__.startswith(GLUON_TRITON_RELEASES),
+                    reason=f"the Gluon kernel is written against Triton {GLUON_TRITON_RELEASES}, this is {triton.__version__}")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="Gluon kernels are not compiled under TRITON_INTERPRET, "
+                    "which a test run without a GPU sets")
+def test_a_cluster_of_two_ctas_multicasts_b_into_the_buffers_triton_allocated():
+    """cluster_m 2 compiles as a 2-CTA cluster whose B comes by one multicast load a CTA, each CTA holding its own copy of
+    every tile in the swizzle one CTA's tile takes (compile_sm90 checks the inline PTX's offsets against Triton's)."""
+    import dataclasses
+    import re
+
+    from triton.tools.disasm import get_sass
+
+    from fp8kernels._gemm_ws import compile_sm90, shared_layout
+    from fp8kernels.gemm_configs import gluon_tiles
+    from fp8kernels.scaling import Granularity
+
+    tile = next(t for t, _ in gluon_tiles(Granularity.BLOCKWISE, False) if t.block_m == 192)
+    kernel = compile_sm90(dataclasses.replace(tile.with_sms(132), split_last_wave=False, cluster_m=2),
+                          Granularity.BLOCKWISE, False)
+    assert re.search(r"\.reqnctapercluster 2\b", kernel.asm["ptx"])
+    sass = get_sass(kernel.asm["cubin"])
+    assert sass.count("UTMALDG.2D.MULTICAST") == 1 and "UCGABAR_WAIT" in sass
+    assert shared_layout([64, 128], "float8_e4m3fn", 2).swizzle_byte_width == 128
+    assert shared_layout([64, 128], "float8_e4m3fn", 2).cga_layout == [[0, 0]]

@@ -777,3 +777,17 @@ def test_gpu_a_compiled_kernel_is_launched_again_only_where_triton_would_take_it
     rel = _relative_error(*operands, out)
     assert rel <= limit, f"{_case_id(case)} M {M}: relative error {rel:.2e}"
     assert compiled == [1, 1, 2, 3, 3]
+
+
+def test_the_allocation_pass_reads_a_one_dimensional_layout_with_cta_bases():
+    """Triton 3.6 prints a 1-D NVMMA shared layout with CTA bases without its rank and parses one without a rank as 2-D:
+    the TTGIR the cluster's allocation pass parses gets the rank written out, and only there."""
+    from fp8kernels._cluster import _with_ranks
+
+    ttgir = ("#shared2 = #ttg.nvmma_shared<{swizzlingByteWidth = 0, transposed = false, elementBitWidth = 32, "
+             "CGALayout = [[0]]}>\n#shared = #ttg.nvmma_shared<{swizzlingByteWidth = 128, transposed = false, "
+             "elementBitWidth = 8, CGALayout = [[0, 0]]}>\n#shared1 = #ttg.nvmma_shared<{swizzlingByteWidth = 128, "
+             "transposed = false, elementBitWidth = 16}>")
+    lines = _with_ranks(ttgir).splitlines()
+    assert lines[0].startswith("#shared2 = #ttg.nvmma_shared<{rank = 1, swizzlingByteWidth = 0")
+    assert lines[1:] == ttgir.splitlines()[1:]

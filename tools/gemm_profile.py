@@ -90,6 +90,24 @@ def _number(text: str) -> float:
     return float(text.replace(",", "")) if text.strip() not in ("", "n/a") else float("nan")
 
 
+# ncu picks each value's unit by its size (a kernel of 1.7 ms has its duration in ms): the factors to the table's.
+UNIT_SCALES = {
+    "us": {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6},
+    "GHz": {"hz": 1e-9, "Khz": 1e-6, "Mhz": 1e-3, "Ghz": 1.0},
+    "KB": {"byte/block": 1e-3, "Kbyte/block": 1.0, "Mbyte/block": 1e3},
+}
+
+
+def _unit_scale(path: Path, counter: str, given: str, unit: str) -> float:
+    """The factor from the unit ncu gave a counter to the table's `unit` (1 for the units it does not scale)."""
+    scales = UNIT_SCALES.get(unit)
+    if scales is None:
+        return 1.0
+    if given not in scales:
+        raise ProfileError(f"{path}: {counter} in {given!r}, not one of {', '.join(scales)}")
+    return scales[given]
+
+
 def exported(folder: Path, name: str) -> Path | None:
     """An export of the folder, as `run` wrote it (NAME) or compressed for keeping (NAME.gz); None if neither is there."""
     return next((path for path in (folder / name, folder / f"{name}.gz") if path.is_file()), None)
@@ -109,7 +127,9 @@ def read_counters(path: Path) -> KernelCounters:
     if len(rows) < 3 or "Kernel Name" not in rows[0]:
         raise ProfileError(f"{path}: not ncu's raw counters (a header with 'Kernel Name', units, a kernel's row)")
     row = dict(zip(rows[0], rows[2]))
-    values = {column: _number(row[counter]) for column, counter, _ in COUNTERS if counter in row}
+    units = dict(zip(rows[0], rows[1]))
+    values = {column: _number(row[counter]) * _unit_scale(path, counter, units[counter], unit)
+              for column, counter, unit in COUNTERS if counter in row}
     if {"duration_us", "sm_clock_ghz"} <= values.keys():
         # ncu's locked clock differs a little from run to run (1.38-1.44 GHz on an H100): cycles compare across runs.
         values["sm_kilocycles"] = values["duration_us"] * values["sm_clock_ghz"]

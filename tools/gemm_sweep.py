@@ -341,7 +341,8 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
     for variant, title in (("unsplit", "the pick's twin that splits no tile: our time split / unsplit"),
                            ("multicast", "the pick's twin as a 2-CTA cluster multicasting B: our time / the cluster's"),
                            (candidate_name, f"the heuristic with {candidate_name}: our time with its pick now / with this")):
-        _print_variant_gains(per_shape, ours[ours.variant == variant], variant, title)
+        if variant:  # no --candidate: its name is the pick's own ""
+            _print_variant_gains(per_shape, ours[ours.variant == variant], variant, title)
 
 
 def compared_shapes(names: list[str]) -> list[GemmShape]:

@@ -112,7 +112,7 @@ def _load_k_tile(b_half_desc, a_desc, b_desc, a_bufs, b_bufs, ready, empty, pid_
     tma.async_copy_global_to_shared(a_desc, [pid_m * BM, i * BK], ready.index(slot), a_bufs.index(slot))
     if MULTICAST:
         half_ptx: gl.constexpr = multicast_rows_ptx(KERNEL, 0, b_half_desc.block_type.shape[0],
-                                                    b_half_desc.block_type.nbytes)
+                                                    b_half_desc.block_type.nbytes, 128)
         asm(half_ptx, "=r,r,r,r,r", [B_OFFSET + slot * SLOT_BYTES, READY_OFFSET + slot * BARRIER_BYTES, pid_n * BN, i * BK])
     else:
         tma.async_copy_global_to_shared(b_desc, [pid_n * BN, i * BK], ready.index(slot), b_bufs.index(slot))
@@ -128,7 +128,7 @@ def _consume_k_tile(a_bufs, b_bufs, ready, empty, acc, ki, MULTICAST: gl.constex
     acc = warpgroup_mma_wait(0, deps=(acc, ))
     mbarrier.arrive(empty.index(slot))
     if MULTICAST:
-        arrive_peer(EMPTY_OFFSET + slot * BARRIER_BYTES)
+        arrive_peer(EMPTY_OFFSET + slot * BARRIER_BYTES, 128)
     return acc
 
 
