@@ -54,6 +54,12 @@ program's producer claims the next from a counter as it comes free, and hands it
 Beside NCCL's kernels, which hold SMs, the programs that start late then take fewer units; in training the
 collectives lost what the GEMMs gained (reports/h100-sxm/gemm-claimed-tiles).
 
+A cluster of two CTAs (config.cluster_m 2, not in the presets): each CTA runs the kernel on one row tile of a pair that
+shares a column tile of B, and loads half of that B tile into both CTAs' ring slot by a TMA multicast (inline PTX:
+kernels/_cluster.py); its consumers hand each slot back to both CTAs' producers. Every layout carries a broadcast CTA
+basis (each CTA holds its own copies). Correct, and slower than one CTA: the handshake between the CTAs costs more
+than the halved B loads save (docs/kernels-design.md, reports/h100-sxm/gemm-multicast-cluster).
+
 Gluon does not run under TRITON_INTERPRET: on the CPU, fp8kernels.gemm runs
 kernels/_gemm_persistent.py, and this kernel is checked by the GPU tests.
 """
