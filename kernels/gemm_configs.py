@@ -114,9 +114,9 @@ class Fp8GemmConfig:
     # registers), 64 with three (96 of 160).
     overlap_promotion: bool = False
     # Gluon kernel only: 2 runs each program as a cluster of two CTAs on two row tiles of the same column tile,
-    # each TMA-loading half of that B tile into both CTAs' shared memory (multicast), so L2 serves each B tile
-    # once per pair (kernels/_cluster.py). num_sms // 2 clusters walk pairs of tiles; no split last wave or
-    # claimed tiles.
+    # each TMA-loading half of that B tile into both CTAs' shared memory (multicast, kernels/_cluster.py), meant
+    # to read each B tile from L2 once per pair. num_sms // 2 clusters walk pairs of tiles; no split last wave or
+    # claimed tiles. Not in the presets: it ran at 0.53-0.70 of one CTA's speed (reports/h100-sxm/gemm-multicast-cluster).
     cluster_m: int = 1
 
     def __post_init__(self) -> None:
