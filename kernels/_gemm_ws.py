@@ -984,10 +984,13 @@ def _launch_options(config: Fp8GemmConfig) -> dict:
     return dict(num_warps=4, maxnreg=MAX_REGISTERS[config.block_m // CONSUMER_ROWS.value], num_ctas=config.cluster_m)
 
 
-def _compiled_with_offsets(compile_with, options: dict):
-    """A cluster's kernel and its SharedOffsets: compiled once to learn where Triton's allocator puts the buffers
-    its inline PTX addresses, then with those offsets, which must not move them and must be where Triton's own
-    lowering initialises the ring's barriers (else RuntimeError: the PTX would write to the wrong buffers)."""
+def _compiled(compile_with, options: dict):
+    """(kernel, its OFFSETS constexpr) from `compile_with(offsets)`: one compile for a program of one CTA (None); a
+    cluster's compiled once to learn where Triton's allocator puts the buffers its inline PTX addresses, then with
+    those offsets, which must not move them and must be where Triton's own lowering initialises the ring's barriers
+    (else RuntimeError: the PTX would write to the wrong buffers)."""
+    if options["num_ctas"] == 1:
+        return compile_with(None), None
     kernel = compile_with(SharedOffsets(0, 0, 0))
     offsets = SharedOffsets(**_cluster.allocation_offsets(kernel, ADDRESSED, options))
     kernel = compile_with(offsets)
@@ -1053,7 +1056,7 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
         source = GluonASTSource(_fp8_gemm_ws_kernel, signature, constants | {"OFFSETS": offsets})
         return triton.compile(source, target=_cluster.HOPPER, options=options)
 
-    return compile_with(None) if ctas == 1 else _compiled_with_offsets(compile_with, options)[0]
+    return _compiled(compile_with, options)[0]
 
 
 def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig,
@@ -1106,13 +1109,10 @@ def _launch(device_index: int, programs: int, arguments: tuple, constants: dict,
     """`programs`: CTAs, or clusters of options["num_ctas"] CTAs."""
     key = _launch_key(device_index, arguments, constants, options)
     if key not in _COMPILED:
-        if options["num_ctas"] == 1:
-            kernel = _fp8_gemm_ws_kernel.warmup(*arguments, **constants, **options, grid=(programs,))
-        else:
-            kernel, offsets = _compiled_with_offsets(
-                lambda offsets: _fp8_gemm_ws_kernel.warmup(*arguments, **(constants | {"OFFSETS": offsets}), **options,
-                                                           grid=(programs,)), options)
-            constants = constants | {"OFFSETS": offsets}
+        kernel, offsets = _compiled(
+            lambda offsets: _fp8_gemm_ws_kernel.warmup(*arguments, **(constants | {"OFFSETS": offsets}), **options,
+                                                       grid=(programs,)), options)
+        constants = constants | {"OFFSETS": offsets}
         _COMPILED[key] = kernel, tuple(constants[name] for name in _CONSTEXPR_NAMES)
     kernel, constexprs = _COMPILED[key]
     kernel[(programs, 1, 1)](*arguments, *constexprs)

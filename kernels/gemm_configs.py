@@ -342,7 +342,8 @@ def persistent_grid(M: int, N: int, K: int, config: Fp8GemmConfig) -> tuple[int,
     """(programs, split tiles, pieces each): one program per SM, or per tile where there are fewer tiles
     and none is split; with cluster_m 2, one program (a cluster) per two SMs, or per pair of row tiles."""
     if config.cluster_m > 1:  # programs are clusters, and their work pairs of row tiles
-        pairs = -(-(-(-M // config.block_m)) // config.cluster_m) * -(-N // config.block_n)
+        row_tiles = -(-M // config.block_m)
+        pairs = -(-row_tiles // config.cluster_m) * -(-N // config.block_n)
         return min(max(config.num_sms // config.cluster_m, 1), pairs), 0, 1
     split_tiles, splits = last_wave_split(M, N, K, config)
     return (config.num_sms if split_tiles else min(config.num_sms, config.tiles(M, N))), split_tiles, splits
