@@ -46,16 +46,26 @@ barrier.cluster.wait.acquire.aligned;
 mov.u32 $0, 0;
 }""")
 
+
+@gluon.constexpr_function
+def _one_thread_ptx(threads: int, pred: str, scratch: str) -> str:
+    """PTX setting `pred` in one thread of each `threads`. A warp's is `elect.sync`: with a thread-index test
+    instead, ptxas kept the kernel's parameter base in a vector register, and every TMA issue of the warp-specialised
+    GEMM's producer became a loop over lanes (ELECT ... BRA.U.ANY: 187 instructions a K-tile against 93), which
+    made the producer the cluster's bottleneck (reports/h100-sxm/gemm-multicast-elect)."""
+    if threads == 32:
+        return f"elect.sync _|{pred}, -1;"
+    return f"mov.u32 {scratch}, %tid.x;\nand.b32 {scratch}, {scratch}, {threads - 1};\nsetp.eq.u32 {pred}, {scratch}, 0;"
+
+
 @gluon.constexpr_function
 def arrive_peer_ptx(threads: int) -> str:
-    """The first thread of each `threads` (the arriving warp's or warpgroup's) arrives on the peer CTA's barrier at
+    """One thread of each `threads` (the arriving warp or warpgroup) arrives on the peer CTA's barrier at
     `global_smem + $1` (its own at that offset, mapped into the peer's shared memory)."""
     return f"""{{
 .reg .b32 %ap<3>;
 .reg .pred %app;
-mov.u32 %ap0, %tid.x;
-and.b32 %ap0, %ap0, {threads - 1};
-setp.eq.u32 %app, %ap0, 0;
+{_one_thread_ptx(threads, "%app", "%ap0")}
 mov.u32 %ap1, global_smem;
 add.u32 %ap1, %ap1, $1;
 mov.u32 %ap2, %cluster_ctarank;
@@ -70,7 +80,7 @@ _CTA_RANK_PTX = gl.constexpr("mov.u32 $0, %cluster_ctarank;")
 
 @gluon.constexpr_function
 def multicast_rows_ptx(kernel: str, param: int, half_rows: int, half_bytes: int, threads: int) -> str:
-    """The first thread of each `threads` (the issuing warp's or warpgroup's) loads this CTA's half of a tile (rows rank * half_rows on) into both CTAs,
+    """One thread of each `threads` (the issuing warp or warpgroup) loads this CTA's half of a tile (rows rank * half_rows on) into both CTAs,
     at `global_smem + $1 + rank * half_bytes`, signalling the barrier at `global_smem + $2` in both. $3: the tile's
     first row, $4: its first column (TMA coordinates run innermost first). The tensor map is the kernel's
     parameter `param`, whose box is the half tile."""
@@ -79,9 +89,7 @@ def multicast_rows_ptx(kernel: str, param: int, half_rows: int, half_bytes: int,
 .reg .b16 %mcmask;
 .reg .b64 %mcmap;
 .reg .pred %mcp;
-mov.u32 %mc0, %tid.x;
-and.b32 %mc0, %mc0, {threads - 1};
-setp.eq.u32 %mcp, %mc0, 0;
+{_one_thread_ptx(threads, "%mcp", "%mc0")}
 mov.u32 %mc1, %cluster_ctarank;
 mov.u32 %mc2, global_smem;
 mad.lo.u32 %mc3, %mc1, {half_bytes}, $1;

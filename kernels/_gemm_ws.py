@@ -54,11 +54,12 @@ program's producer claims the next from a counter as it comes free, and hands it
 Beside NCCL's kernels, which hold SMs, the programs that start late then take fewer units; in training the
 collectives lost what the GEMMs gained (reports/h100-sxm/gemm-claimed-tiles).
 
-A cluster of two CTAs (config.cluster_m 2, not in the presets): each CTA runs the kernel on one row tile of a pair that
-shares a column tile of B, and loads half of that B tile into both CTAs' ring slot by a TMA multicast (inline PTX:
-kernels/_cluster.py); its consumers hand each slot back to both CTAs' producers. Every layout carries a broadcast CTA
-basis (each CTA holds its own copies). Correct, and slower than one CTA: the handshake between the CTAs costs more
-than the halved B loads save (docs/kernels-design.md, reports/h100-sxm/gemm-multicast-cluster).
+A cluster of two CTAs (config.cluster_m 2; the heuristic's pick for long, large blockwise products): each CTA runs
+the kernel on one row tile of a pair that shares a column tile of B, and loads half of that B tile into both CTAs' ring
+slot by a TMA multicast (inline PTX: kernels/_cluster.py); each consumer warp hands each slot back to the peer's
+producer too. Every layout carries a broadcast CTA basis (each CTA holds its own copies). The cluster's barrier waits
+spin in inline PTX and its inline PTX elects its one thread (see _SPIN_WAIT_PTX, PEER_ARRIVALS): without either it ran
+at 0.60-0.77 of cuBLAS where it now runs at 0.94 (docs/kernels-design.md, reports/h100-sxm/gemm-multicast-elect).
 
 Gluon does not run under TRITON_INTERPRET: on the CPU, fp8kernels.gemm runs
 kernels/_gemm_persistent.py, and this kernel is checked by the GPU tests.
@@ -94,6 +95,9 @@ _GL_DTYPES = {"float8_e4m3fn": gl.float8e4nv, "float8_e5m2": gl.float8e5, "bfloa
 # Rows of the tile each consumer warpgroup owns: one m64 wgmma.
 CONSUMER_ROWS = gl.constexpr(64)
 WARPGROUP_THREADS = gl.constexpr(128)
+# In a cluster each warp of a consumer warpgroup arrives on the peer's `empty` barrier itself (one thread by
+# elect.sync, which keeps the kernel's TMA issue uniform: kernels/_cluster.py), after its wait for the wgmma.
+PEER_ARRIVALS = gl.constexpr(WARPGROUP_THREADS.value // 32)
 # Widest product a consumer computes at once: a 256-wide tile is promoted in two 128-column halves.
 HALF_N = 128
 # Registers per thread after setmaxnreg, by the number of consumer warpgroups (block_m / 64). Two: the
@@ -212,7 +216,10 @@ def _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_b
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     slot = loaded % STAGES
     # mbarriers start in phase 0 with phase "-1" complete: the first pass over the ring does not wait.
-    mbarrier.wait(empty.index(slot), ((loaded // STAGES) & 1) ^ 1)
+    if gl.num_ctas() == 2:
+        _cluster.asm(_SPIN_WAIT_PTX, "=r,r,r", [_offset(OFFSETS, "empty") + slot * BARRIER_BYTES, ((loaded // STAGES) & 1) ^ 1])
+    else:
+        mbarrier.wait(empty.index(slot), ((loaded // STAGES) & 1) ^ 1)
     bar = ready.index(slot)
     if sa_desc is not None:
         mbarrier.expect(bar, CONSUMERS * (a_desc.block_type.nbytes + sa_desc.block_type.nbytes)
@@ -245,6 +252,22 @@ def _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_b
     else:
         tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, ki * BLOCK_K], bar, b_bufs.index(slot))
     return loaded + 1
+
+
+# A cluster's waits on its `empty` and `ready` barriers, at `global_smem + $1` for phase parity $2: a spin on
+# mbarrier.test_wait. With Triton's own wait (a try_wait loop) the cluster kernels spilled 12-52 bytes and ran at
+# 0.60 of cuBLAS (blockwise); with this spin, or the same try_wait loop written here, none spills and they ran at
+# 0.77 (reports/h100-sxm/gemm-multicast-elect).
+_SPIN_WAIT_PTX = gl.constexpr("""{
+.reg .pred %sw;
+.reg .b32 %swa;
+mov.u32 %swa, global_smem;
+add.u32 %swa, %swa, $1;
+spin_wait_${:uid}:
+mbarrier.test_wait.parity.shared::cta.b64 %sw, [%swa], $2;
+@!%sw bra spin_wait_${:uid};
+mov.u32 $0, 0;
+}""")
 
 
 # Claimed tiles (the module docstring): a claim is lane 0's atomic add on the counter in global memory,
@@ -422,16 +445,19 @@ def _release_slot(empty, slot, OFFSETS: gl.constexpr):
     to the peer CTA's producer too, whose half of B is multicast into it."""
     mbarrier.arrive(empty.index(slot), count=1)
     if gl.num_ctas() == 2:
-        arrive_peer(_offset(OFFSETS, "empty") + slot * BARRIER_BYTES, WARPGROUP_THREADS)
+        arrive_peer(_offset(OFFSETS, "empty") + slot * BARRIER_BYTES, 32)  # each warp: PEER_ARRIVALS
 
 
 @gluon.jit
-def _take_k_tile(a_bufs, b_bufs, ready, consumed, WARPGROUP: gl.constexpr):
+def _take_k_tile(a_bufs, b_bufs, ready, consumed, WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
     """Wait until this program's `consumed`-th K-tile has landed in its ring slot: (this warpgroup's A, B)."""
     STAGES: gl.constexpr = ready.type.shape[0]
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // STAGES
     slot = consumed % STAGES
-    mbarrier.wait(ready.index(slot), (consumed // STAGES) & 1)
+    if gl.num_ctas() == 2:
+        _cluster.asm(_SPIN_WAIT_PTX, "=r,r,r", [_offset(OFFSETS, "ready") + slot * BARRIER_BYTES, (consumed // STAGES) & 1])
+    else:
+        mbarrier.wait(ready.index(slot), (consumed // STAGES) & 1)
     return a_bufs.index(slot * CONSUMERS + WARPGROUP), b_bufs.index(slot)
 
 
@@ -442,7 +468,7 @@ def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_r
     or, without PROMOTE, accumulated by the tensor cores; then hand its ring slot back to the producer."""
     HALF_N: gl.constexpr = zero.shape[1]
     SPLIT: gl.constexpr = b_bufs.type.shape[1] // HALF_N
-    a, b = _take_k_tile(a_bufs, b_bufs, ready, consumed, WARPGROUP)
+    a, b = _take_k_tile(a_bufs, b_bufs, ready, consumed, WARPGROUP, OFFSETS)
     sa, sb = _k_tile_scales(sa_bufs, sb_bufs, consumed % ready.type.shape[0], zero, sb_place, SCALING, WARPGROUP)
     if not PROMOTE:
         acc, acc_right = _mma_accumulate(acc, acc_right, a, b, HALF_N, SPLIT)
@@ -456,10 +482,10 @@ def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_r
 
 
 @gluon.jit
-def _issue_product(a_bufs, b_bufs, ready, consumed, zero, WARPGROUP: gl.constexpr):
+def _issue_product(a_bufs, b_bufs, ready, consumed, zero, WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
     """Overlapped promotion: issue the wgmma of this program's `consumed`-th K-tile into a fresh accumulator
     and return it unwaited."""
-    a, b = _take_k_tile(a_bufs, b_bufs, ready, consumed, WARPGROUP)
+    a, b = _take_k_tile(a_bufs, b_bufs, ready, consumed, WARPGROUP, OFFSETS)
     return warpgroup_mma(a, b.permute((1, 0)), zero, use_acc=False, is_async=True)
 
 
@@ -492,19 +518,19 @@ def _sum_k_tiles_overlapped(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, cons
     round the loop while its wgmma runs would make the compiler copy the in-flight registers, and ptxas then
     serializes the wgmmas. Returns (sum, the K-tile number after the last)."""
     acc = zero
-    even = _issue_product(a_bufs, b_bufs, ready, consumed, zero, WARPGROUP)
+    even = _issue_product(a_bufs, b_bufs, ready, consumed, zero, WARPGROUP, OFFSETS)
     # Pairs (ki, ki + 1) after the first K-tile while both are in range; `even`, K-tile ki - 1, is in flight
     # at each pair's start.
     for ki in range(k_first + 1, k_end - 1, 2):
-        odd = _issue_product(a_bufs, b_bufs, ready, consumed + 1, zero, WARPGROUP)
+        odd = _issue_product(a_bufs, b_bufs, ready, consumed + 1, zero, WARPGROUP, OFFSETS)
         acc = _promote_issued(acc, even, sa_bufs, sb_bufs, empty, consumed, zero, weight_scales, ki - 1, stride_sb_k,
                               1, SCALING, WARPGROUP, OFFSETS)
-        even = _issue_product(a_bufs, b_bufs, ready, consumed + 2, zero, WARPGROUP)
+        even = _issue_product(a_bufs, b_bufs, ready, consumed + 2, zero, WARPGROUP, OFFSETS)
         acc = _promote_issued(acc, odd, sa_bufs, sb_bufs, empty, consumed + 1, zero, weight_scales, ki, stride_sb_k,
                               1, SCALING, WARPGROUP, OFFSETS)
         consumed += 2
     if (k_end - k_first) % 2 == 0:  # one K-tile left after the pairs
-        odd = _issue_product(a_bufs, b_bufs, ready, consumed + 1, zero, WARPGROUP)
+        odd = _issue_product(a_bufs, b_bufs, ready, consumed + 1, zero, WARPGROUP, OFFSETS)
         acc = _promote_issued(acc, even, sa_bufs, sb_bufs, empty, consumed, zero, weight_scales, k_end - 2,
                               stride_sb_k, 1, SCALING, WARPGROUP, OFFSETS)
         acc = _promote_issued(acc, odd, sa_bufs, sb_bufs, empty, consumed + 1, zero, weight_scales, k_end - 1,
@@ -837,7 +863,8 @@ def _fp8_gemm_ws_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], _barrier_layout(gl.num_ctas()))
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)  # the producer's expect; TMA's bytes complete the phase
-        mbarrier.init(empty.index(i), count=CONSUMERS * gl.num_ctas())  # one arrival per consumer warpgroup of the cluster
+        # An arrival per consumer warpgroup of this CTA, and in a cluster PEER_ARRIVALS per warpgroup of the peer's.
+        mbarrier.init(empty.index(i), count=CONSUMERS * (1 + PEER_ARRIVALS * (gl.num_ctas() - 1)))
 
     # Each partition's arguments written out: a tuple built in the kernel would turn its constexprs into values.
     if CONSUMERS == 3:

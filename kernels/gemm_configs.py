@@ -273,6 +273,14 @@ SLIM_SPEED = 0.85
 SLIM_MAX_ROWS = 1024
 SLIM_SPEED_MANY_ROWS = 0.55
 OVERLAP_MIN_WAVES = 8
+# Blockwise products the heuristic runs as 2-CTA clusters multicasting B (cluster_m 2): K of at least
+# CLUSTER_MIN_K and at least CLUSTER_MIN_MACS multiply-adds, where the tile is not split. On an H100 (quick
+# compare of the 27 target shapes, one run) the cluster beat the single CTA on exactly those products: LLaMa-3 70B's
+# w2 at M 8192 and 16384 (1.03, 1.09), w13 (1.01, 1.03), wo at M 16384 (1.01), 8B's w2 at M 16384 (1.02, 9.6e11
+# multiply-adds); it lost 4-16% on the smaller or shorter ones (8192^3, 5.5e11: 0.96; K 4096: 0.84-0.96), and
+# more where the single CTA splits its last wave (reports/h100-sxm/gemm-multicast-elect).
+CLUSTER_MIN_K = 8192
+CLUSTER_MIN_MACS = 8 * 10**11
 GLUON_TILES = {
     # The three-consumer tile runs fast accumulation too. Without it, the fast regime took 128 x 64 or 128 x 128
     # tiles on N 1040 and N 1376 at 4096 tokens, and ran 1.43x and 1.08x slower than the same products promoted in
@@ -432,12 +440,20 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
         config = max(fitting, key=lambda tile: tile_speed(*tile, M) * grid_efficiency(M, N, K, tile[0]) * tile_fill(M, N, tile[0]))[0]
         if config.overlap_promotion and config.tiles(M, N) < OVERLAP_MIN_WAVES * config.num_sms:
             config = dataclasses.replace(config, overlap_promotion=False)
+        if _clustered(M, N, K, granularity, b_scale_rows, config):
+            config = dataclasses.replace(config, cluster_m=2, split_last_wave=False)
         return config
     preset = BLOCKWISE if granularity is Granularity.BLOCKWISE else FAST_ACCUM if fast_accum else PROMOTED
     config = fit_shared_memory(preset.with_sms(device.multiprocessor_count), device)
     if config.shared_memory_bytes > device.shared_memory_budget:
         raise ValueError(f"no FP8 GEMM config fits {device.shared_memory_per_program} bytes of shared memory a program")
     return config
+
+
+def _clustered(M: int, N: int, K: int, granularity: Granularity, b_scale_rows: int, config: Fp8GemmConfig) -> bool:
+    """Whether the heuristic runs this Gluon pick as a 2-CTA cluster (see CLUSTER_MIN_K)."""
+    return (granularity is Granularity.BLOCKWISE and b_scale_rows == BLOCK and config.block_n <= CLUSTER_MAX_BLOCK_N
+            and K >= CLUSTER_MIN_K and M * N * K >= CLUSTER_MIN_MACS and last_wave_split(M, N, K, config) == (0, 1))
 
 
 def fit_shared_memory(config: Fp8GemmConfig, device: DeviceProperties) -> Fp8GemmConfig:

@@ -77,5 +77,9 @@ def test_a_cluster_of_two_ctas_multicasts_b_into_the_buffers_triton_allocated():
     assert re.search(r"\.reqnctapercluster 2\b", kernel.asm["ptx"])
     sass = get_sass(kernel.asm["cubin"])
     assert sass.count("UTMALDG.2D.MULTICAST") == 1 and "UCGABAR_WAIT" in sass
+    # The producer issues each TMA load once, not in a loop over lanes (the multicast and the peer's arrives elect
+    # their thread: kernels/_cluster.py), and each consumer warp arrives on the peer's barrier.
+    assert "BRA.U.ANY" not in sass
+    assert sass.count("SYNCS.ARRIVE.TRANS64.RED") == 3  # one remote arrive in each consumer warpgroup's loop
     assert shared_layout([64, 128], "float8_e4m3fn", 2).swizzle_byte_width == 128
     assert shared_layout([64, 128], "float8_e4m3fn", 2).cga_layout == [[0, 0]]

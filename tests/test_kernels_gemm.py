@@ -491,6 +491,26 @@ def test_the_heuristic_takes_three_consumer_tiles_for_blockwise():
     assert tile(25344, 1280, 8192, promoted) == (128, 256)
 
 
+def test_the_heuristic_runs_long_large_blockwise_products_as_clusters():
+    """cluster_m 2 where K >= CLUSTER_MIN_K and M N K >= CLUSTER_MIN_MACS and the pick splits no tile, blockwise only."""
+    def cluster(M, K, N, granularity=Granularity.BLOCKWISE, fast_accum=False, b_scale_rows=BLOCK):
+        config = choose_config(M, N, K, granularity, fast_accum, H100, gluon=True, b_scale_rows=b_scale_rows)
+        if config.cluster_m == 2:
+            assert not config.split_last_wave and config.block_n <= 128
+        return config.cluster_m
+
+    assert cluster(8192, 28672, 8192) == 2  # LLaMa-3 70B w2
+    assert cluster(16384, 8192, 57344) == 2  # 70B w13
+    assert cluster(16384, 14336, 4096) == 2  # 8B w2, 9.6e11 multiply-adds
+    assert cluster(8192, 8192, 8192) == 1  # 5.5e11
+    assert cluster(16384, 4096, 28672) == 1  # K 4096
+    assert cluster(16384, 8192, 10240) == 1  # the single CTA splits its last wave (16 tiles in 5 pieces)
+    assert cluster(8192, 28672, 8192, Granularity.TENSORWISE, True) == 1
+    assert cluster(8192, 28672, 8192, Granularity.AXISWISE, False) == 1
+    assert cluster(8192, 28672, 8192, b_scale_rows=1) == 1  # 1 x 128 weight scales
+    assert choose_config(8192, 8192, 28672, Granularity.BLOCKWISE, False, H100, gluon=False).cluster_m == 1
+
+
 def test_the_heuristic_takes_the_gluon_kernel_only_where_it_runs(monkeypatch):
     from fp8kernels import gemm
 

@@ -287,8 +287,10 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
             candidate: list[str] = typer.Option([], help="NAME=VALUE, repeatable: also time the pick of the heuristic "
                                                           "with this model constant changed (gemm_heuristic_grade.py "
                                                           "--set), side by side, where it differs"),
-            multicast: bool = typer.Option(False, help="also time each Gluon pick up to 128 wide as a cluster of two "
-                                                        "CTAs multicasting B (cluster_m 2, no split), side by side"),
+            multicast: bool = typer.Option(False, help="also time each Gluon pick up to 128 wide in its other form, "
+                                                        "side by side: as a cluster of two CTAs multicasting B "
+                                                        "(cluster_m 2, no split), or as one CTA where the pick is a "
+                                                        "cluster"),
             timer: str = TIMER) -> None:
     """The heuristic's config on every target shape, each regime against cuBLAS."""
     import torch
@@ -315,9 +317,10 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
                 candidate = gemm_config(s.M, s.N, s.K, g, f, cuda)
                 moved = candidate.options_for(s.M, s.N, s.K) != picked
             variants += [Variant(candidate, candidate_name, settings)] if moved else []
-        if multicast and config.gluon_ws and config.block_n <= CLUSTER_MAX_BLOCK_N:
-            variants.append(Variant(dataclasses.replace(config, split_last_wave=False, dynamic_tiles=False, cluster_m=2),
-                                    "multicast"))
+        if multicast and config.gluon_ws and config.block_n <= CLUSTER_MAX_BLOCK_N:  # the pick's other form
+            twin = (dataclasses.replace(config, cluster_m=1) if config.cluster_m == 2 else
+                    dataclasses.replace(config, split_last_wave=False, dynamic_tiles=False, cluster_m=2))
+            variants.append(Variant(twin, "multicast"))
         return variants
 
     precompile(sorted({(g, f, v.config) for s in shapes for g, f in regimes for v in configs(g, f, s)}, key=str))
@@ -339,7 +342,8 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
         cublas_tflops=("cublas_tflops", "median"), shapes=("ratio", "size"))
     _print_frame(summary.reset_index(), f"geometric mean of our/cuBLAS speed over {len(shapes)} shapes")
     for variant, title in (("unsplit", "the pick's twin that splits no tile: our time split / unsplit"),
-                           ("multicast", "the pick's twin as a 2-CTA cluster multicasting B: our time / the cluster's"),
+                           ("multicast", "the pick's twin as a 2-CTA cluster multicasting B, or as one CTA where the pick "
+                                          "is a cluster: our time / the twin's"),
                            (candidate_name, f"the heuristic with {candidate_name}: our time with its pick now / with this")):
         if variant:  # no --candidate: its name is the pick's own ""
             _print_variant_gains(per_shape, ours[ours.variant == variant], variant, title)
