@@ -58,7 +58,7 @@ A cluster of two CTAs (config.cluster_m 2; the heuristic's pick for long, large 
 the kernel on one row tile of a pair that shares a column tile of B, and loads half of that B tile into both CTAs' ring
 slot by a TMA multicast (inline PTX: kernels/_cluster.py); each consumer warp hands each slot back to the peer's
 producer too. Every layout carries a broadcast CTA basis (each CTA holds its own copies). The cluster's barrier waits
-spin in inline PTX and its inline PTX elects its one thread (see _SPIN_WAIT_PTX, PEER_ARRIVALS): without either it ran
+are inline PTX and its inline PTX elects its one thread (see _CLUSTER_WAIT_PTX, PEER_ARRIVALS): without either it ran
 at 0.60-0.77 of cuBLAS where it now runs at 0.94 (docs/kernels-design.md, reports/h100-sxm/gemm-multicast-elect).
 
 Gluon does not run under TRITON_INTERPRET: on the CPU, fp8kernels.gemm runs
@@ -217,7 +217,7 @@ def _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_b
     slot = loaded % STAGES
     # mbarriers start in phase 0 with phase "-1" complete: the first pass over the ring does not wait.
     if gl.num_ctas() == 2:
-        _cluster.asm(_SPIN_WAIT_PTX, "=r,r,r", [_offset(OFFSETS, "empty") + slot * BARRIER_BYTES, ((loaded // STAGES) & 1) ^ 1])
+        _cluster.asm(_CLUSTER_WAIT_PTX, "=r,r,r", [_offset(OFFSETS, "empty") + slot * BARRIER_BYTES, ((loaded // STAGES) & 1) ^ 1])
     else:
         mbarrier.wait(empty.index(slot), ((loaded // STAGES) & 1) ^ 1)
     bar = ready.index(slot)
@@ -254,18 +254,18 @@ def _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_b
     return loaded + 1
 
 
-# A cluster's waits on its `empty` and `ready` barriers, at `global_smem + $1` for phase parity $2: a spin on
-# mbarrier.test_wait. With Triton's own wait (a try_wait loop) the cluster kernels spilled 12-52 bytes and ran at
-# 0.60 of cuBLAS (blockwise); with this spin, or the same try_wait loop written here, none spills and they ran at
-# 0.77 (reports/h100-sxm/gemm-multicast-elect).
-_SPIN_WAIT_PTX = gl.constexpr("""{
+# A cluster's waits on its `empty` and `ready` barriers, at `global_smem + $1` for phase parity $2: a try_wait loop
+# in inline PTX. With Triton's own wait (the same loop) the cluster kernels spilled 12-52 bytes and ran at 0.60 of
+# cuBLAS (blockwise); written here none spills (0.77). A spin on test_wait ran 1-3% slower than this loop, and 9%
+# at M 4096, K 16384, N 7168 in 128-row tiles (reports/h100-sxm/gemm-multicast-elect).
+_CLUSTER_WAIT_PTX = gl.constexpr("""{
 .reg .pred %sw;
 .reg .b32 %swa;
 mov.u32 %swa, global_smem;
 add.u32 %swa, %swa, $1;
-spin_wait_${:uid}:
-mbarrier.test_wait.parity.shared::cta.b64 %sw, [%swa], $2;
-@!%sw bra spin_wait_${:uid};
+cluster_wait_${:uid}:
+mbarrier.try_wait.parity.shared::cta.b64 %sw, [%swa], $2;
+@!%sw bra cluster_wait_${:uid};
 mov.u32 $0, 0;
 }""")
 
@@ -455,7 +455,7 @@ def _take_k_tile(a_bufs, b_bufs, ready, consumed, WARPGROUP: gl.constexpr, OFFSE
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // STAGES
     slot = consumed % STAGES
     if gl.num_ctas() == 2:
-        _cluster.asm(_SPIN_WAIT_PTX, "=r,r,r", [_offset(OFFSETS, "ready") + slot * BARRIER_BYTES, (consumed // STAGES) & 1])
+        _cluster.asm(_CLUSTER_WAIT_PTX, "=r,r,r", [_offset(OFFSETS, "ready") + slot * BARRIER_BYTES, (consumed // STAGES) & 1])
     else:
         mbarrier.wait(ready.index(slot), (consumed // STAGES) & 1)
     return a_bufs.index(slot * CONSUMERS + WARPGROUP), b_bufs.index(slot)
@@ -605,17 +605,20 @@ def _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr,
         _store_rows(acc_right, c_desc, c_bufs.index(WARPGROUP * BUFFERS + 1), rows, off_m, off_n + HALF_N, M, N,
                     scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, ACTIVATION, SPLIT - 1)
 @gluon.jit
-def _partial_slot(program, CONSUMERS: gl.constexpr, WARPGROUP: gl.constexpr):
-    """Where `program`'s partial sum of this warpgroup's rows goes: its flag's index, and the workspace's
-    rows from slot * CONSUMER_ROWS."""
-    return program * CONSUMERS + WARPGROUP
+def _partial_slot(unit, CONSUMERS: gl.constexpr, WARPGROUP: gl.constexpr):
+    """Where the partial sum of this warpgroup's rows of split `unit` goes: its flag's index, and the workspace's
+    rows from slot * CONSUMER_ROWS. In a cluster a unit is a pair of tiles, and each CTA has a slot of its own."""
+    if gl.num_ctas() == 1:
+        return unit * CONSUMERS + WARPGROUP
+    else:
+        return (unit * gl.num_ctas() + cta_rank()) * CONSUMERS + WARPGROUP
 
 
 @gluon.jit
-def _partial_flags(flags_ptr, program, CONSUMERS: gl.constexpr, WARPGROUP: gl.constexpr):
-    """The flag of `program`'s partial sum of this warpgroup's rows, once for each thread of the warpgroup
+def _partial_flags(flags_ptr, unit, CONSUMERS: gl.constexpr, WARPGROUP: gl.constexpr):
+    """The flag of `unit`'s partial sum of this warpgroup's rows, once for each thread of the warpgroup
     (each signals, and waits, on its own: no barrier across the warpgroup)."""
-    return flags_ptr + _partial_slot(program, CONSUMERS, WARPGROUP) + gl.zeros([WARPGROUP_THREADS], gl.int32,
+    return flags_ptr + _partial_slot(unit, CONSUMERS, WARPGROUP) + gl.zeros([WARPGROUP_THREADS], gl.int32,
                                                                                _lanes_layout(4, gl.num_ctas()))
 
 
@@ -632,12 +635,12 @@ mov.b32 $0, 0;
 
 
 @gluon.jit
-def _publish_partial(acc, acc_right, workspace_desc, staging, flags_ptr, program, CONSUMERS: gl.constexpr,
+def _publish_partial(acc, acc_right, workspace_desc, staging, flags_ptr, unit, CONSUMERS: gl.constexpr,
                      SPLIT: gl.constexpr, WARPGROUP: gl.constexpr):
     """Write this warpgroup's partial sum of a tile another program finishes into the program's rows of
     the workspace (by TMA, through `staging`: this warpgroup's two epilogue buffers seen as one FP32 half-tile),
     then signal it on the warpgroup's flag."""
-    row = _partial_slot(program, CONSUMERS, WARPGROUP) * CONSUMER_ROWS
+    row = _partial_slot(unit, CONSUMERS, WARPGROUP) * CONSUMER_ROWS
     tma.store_wait(pendings=0)  # the epilogue's last stores from these buffers have left them
     staging.store(acc)
     fence_async_shared()
@@ -647,7 +650,7 @@ def _publish_partial(acc, acc_right, workspace_desc, staging, flags_ptr, program
         staging.store(acc_right)
         fence_async_shared()
         tma.async_copy_shared_to_global(workspace_desc, [row, acc.shape[1]], staging)
-    gl.inline_asm_elementwise(_RELEASE_PARTIAL_PTX, "=r,l", [_partial_flags(flags_ptr, program, CONSUMERS, WARPGROUP)],
+    gl.inline_asm_elementwise(_RELEASE_PARTIAL_PTX, "=r,l", [_partial_flags(flags_ptr, unit, CONSUMERS, WARPGROUP)],
                               dtype=gl.int32, is_pure=False, pack=1)
 
 
@@ -675,8 +678,8 @@ mov.b32 $0, %r0;
 def _add_partials(acc, acc_right, workspace_desc, staging, partial_bar, flags_ptr, tile_id, split_tiles, splits,
                   CONSUMERS: gl.constexpr, SPLIT: gl.constexpr, WARPGROUP: gl.constexpr):
     """Add into this program's sum of a split tile (its last piece) the partial sums of the tile's other
-    pieces, each loaded by TMA into `staging` once its flag says it is written: piece j was the work of
-    program tile_id + j * split_tiles."""
+    pieces, each loaded by TMA into `staging` once its flag says it is written: piece j was unit
+    tile_id + j * split_tiles (_work_unit)."""
     HALF_N: gl.constexpr = staging.type.shape[1]
     for piece in range(splits - 1):
         contributor = tile_id + piece * split_tiles
@@ -1043,8 +1046,8 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
     """The kernel launch_ws_gemm launches with `config`, compiled for sm_90a with no GPU (Triton's own ptxas
     assembles it): its PTX, cubin and SASS for checks of registers, spills and wgmma order on any machine with
     this Triton (tools/gemm_sass.py). The signature mirrors launch_ws_gemm's arguments; `split_tiles` compiles the
-    split-last-wave workspace in, as a launch that splits tiles does (never in a cluster, config.cluster_m 2, which
-    is compiled twice, as at its launch); `b_rows` 1: 1 x 128 weight scales."""
+    split-last-wave workspace in, as a launch that splits tiles does (a cluster, config.cluster_m 2, is compiled
+    twice, as at its launch); `b_rows` 1: 1 x 128 weight scales."""
     import triton
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1067,7 +1070,7 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
         signature["sb_desc"] = f"tensordesc<fp32[{_weight_scale_box(config, b_rows)}],{_scale_layout(ctas)!r}>"
     else:
         constants.update(sa_desc=None, sb_desc=None)
-    if split_tiles and ctas == 1:
+    if split_tiles:
         signature["workspace_desc"] = descriptor("float32", c_block)
     else:
         constants["workspace_desc"] = None
@@ -1111,7 +1114,7 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
     if split_tiles:
         # The partial sums of the pieces that do not end their tile (programs below split_tiles * (splits - 1)):
         # BLOCK_M x BLOCK_N floats each, written in half-tiles through the epilogue buffers.
-        contributors = split_tiles * (splits - 1)
+        contributors = split_tiles * (splits - 1) * ctas  # a cluster's unit: a tile for each CTA
         workspace = torch.empty((contributors * bm, bn), dtype=torch.float32, device=a.device)
         workspace_desc = descriptor(workspace, c_block)
         flags = stream_scratch("flags", a.device, contributors * (bm // CONSUMER_ROWS.value))

@@ -148,9 +148,9 @@ class Fp8GemmConfig:
                 "warp_specialize"
             )
         if self.cluster_m not in (1, 2) or (self.cluster_m == 2 and (
-                not self.gluon_ws or self.split_last_wave or self.dynamic_tiles or self.block_n > CLUSTER_MAX_BLOCK_N)):
+                not self.gluon_ws or self.dynamic_tiles or self.block_n > CLUSTER_MAX_BLOCK_N)):
             raise ValueError(f"cluster_m must be 1 or 2; 2 is a mode of the Gluon kernel (gluon_ws) on tiles up to "
-                             f"{CLUSTER_MAX_BLOCK_N} wide, without split_last_wave or dynamic_tiles; got {self.cluster_m}")
+                             f"{CLUSTER_MAX_BLOCK_N} wide, without dynamic_tiles; got {self.cluster_m}")
         if self.overlap_promotion and self.block_n > (128 if self.block_m == 128 else 64):
             raise ValueError(f"overlap_promotion holds a sum and two products: block_n at most 128 with block_m 128, "
                              f"64 with {GLUON_THREE_CONSUMER_ROWS}; got {self.block_m}x{self.block_n}")
@@ -197,6 +197,15 @@ class Fp8GemmConfig:
     def k_tiles(self, K: int) -> int:
         """K-tiles of each output tile's sum."""
         return -(-K // self.block_k)
+
+    def units(self, M: int, N: int) -> int:
+        """Units of work the persistent grid walks: tiles, or in a cluster pairs of row tiles on one column of B."""
+        return -(-(-(-M // self.block_m)) // self.cluster_m) * -(-N // self.block_n)
+
+    @property
+    def programs(self) -> int:
+        """Programs of a full persistent grid: one per SM, or per cluster_m SMs (a cluster)."""
+        return max(self.num_sms // self.cluster_m, 1)
 
     def as_dict(self) -> dict[str, int | bool]:
         return dataclasses.asdict(self)
@@ -319,13 +328,13 @@ SPLIT_ALONE_SPEED = 0.92
 
 @functools.lru_cache(maxsize=1024)
 def last_wave_split(M: int, N: int, K: int, config: Fp8GemmConfig) -> tuple[int, int]:
-    """(tiles, pieces): the persistent grid's last, part-filled wave's tiles (the first of the walk) and the
-    number of K pieces each is cut into, run side by side on programs that would idle, where that ends
-    the busiest program's work soonest; (0, 1) where no split pays. Cached: every launch asks."""
+    """(tiles, pieces): the persistent grid's last, part-filled wave's tiles (the first of the walk; in a cluster
+    its pairs of tiles) and the number of K pieces each is cut into, run side by side on programs that would idle,
+    where that ends the busiest program's work soonest; (0, 1) where no split pays. Cached: every launch asks."""
     if not config.split_last_wave:
         return 0, 1
-    programs = config.num_sms
-    leftover = config.tiles(M, N) % programs
+    programs = config.programs
+    leftover = config.units(M, N) % programs
     pieces = range(2, min(programs // leftover, config.k_tiles(K)) + 1) if leftover else range(0)
     # The fewest pieces among equally short ones.
     busiest, best = min(((_busiest_k_tiles(M, N, K, config, leftover, splits), splits) for splits in pieces),
@@ -340,21 +349,17 @@ def _busiest_k_tiles(M: int, N: int, K: int, config: Fp8GemmConfig, split_tiles:
     `splits` pieces, the last piece's K-tiles and handing over (a partial sum written, then the
     others' read by the last piece)."""
     k_tiles = config.k_tiles(K)
-    whole = -(-(config.tiles(M, N) - split_tiles) // config.num_sms) * k_tiles
+    whole = -(-(config.units(M, N) - split_tiles) // config.programs) * k_tiles
     if not split_tiles:
         return whole
     return whole + -(-k_tiles // splits) + PARTIAL_SUM_K_TILES * splits
 
 
 def persistent_grid(M: int, N: int, K: int, config: Fp8GemmConfig) -> tuple[int, int, int]:
-    """(programs, split tiles, pieces each): one program per SM, or per tile where there are fewer tiles
-    and none is split; with cluster_m 2, one program (a cluster) per two SMs, or per pair of row tiles."""
-    if config.cluster_m > 1:  # programs are clusters, and their work pairs of row tiles
-        row_tiles = -(-M // config.block_m)
-        pairs = -(-row_tiles // config.cluster_m) * -(-N // config.block_n)
-        return min(max(config.num_sms // config.cluster_m, 1), pairs), 0, 1
+    """(programs, split units, pieces each): one program per SM, or per tile where there are fewer tiles and
+    none is split; with cluster_m 2, one program (a cluster) per two SMs, or per pair of row tiles (config.units)."""
     split_tiles, splits = last_wave_split(M, N, K, config)
-    return (config.num_sms if split_tiles else min(config.num_sms, config.tiles(M, N))), split_tiles, splits
+    return (config.programs if split_tiles else min(config.programs, config.units(M, N))), split_tiles, splits
 
 
 def tile_fill(M: int, N: int, config: Fp8GemmConfig) -> float:
@@ -441,7 +446,7 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
         if config.overlap_promotion and config.tiles(M, N) < OVERLAP_MIN_WAVES * config.num_sms:
             config = dataclasses.replace(config, overlap_promotion=False)
         if _clustered(M, N, K, granularity, b_scale_rows, config):
-            config = dataclasses.replace(config, cluster_m=2, split_last_wave=False)
+            config = dataclasses.replace(config, cluster_m=2, split_last_wave=False)  # its splits ran slower
         return config
     preset = BLOCKWISE if granularity is Granularity.BLOCKWISE else FAST_ACCUM if fast_accum else PROMOTED
     config = fit_shared_memory(preset.with_sms(device.multiprocessor_count), device)

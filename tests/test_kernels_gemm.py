@@ -265,7 +265,7 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
         # Triton 3.6 cannot slice a cluster's B tile into the 256-wide tile's halves.
         (dict(gluon_ws=True, block_n=256, num_stages=3, num_warps=8, epilogue_subtile=False, cluster_m=2), "128 wide"),
         (dict(gluon_ws=True, block_n=128, num_stages=3, num_warps=8, epilogue_subtile=False, cluster_m=2,
-              split_last_wave=True), "cluster_m"),
+              dynamic_tiles=True), "cluster_m"),
     ],
 )
 def test_config_is_validated_once(fields, message):
@@ -496,7 +496,7 @@ def test_the_heuristic_runs_long_large_blockwise_products_as_clusters():
     def cluster(M, K, N, granularity=Granularity.BLOCKWISE, fast_accum=False, b_scale_rows=BLOCK):
         config = choose_config(M, N, K, granularity, fast_accum, H100, gluon=True, b_scale_rows=b_scale_rows)
         if config.cluster_m == 2:
-            assert not config.split_last_wave and config.block_n <= 128
+            assert config.block_n <= 128 and not config.split_last_wave and not config.dynamic_tiles
         return config.cluster_m
 
     assert cluster(8192, 28672, 8192) == 2  # LLaMa-3 70B w2
@@ -624,6 +624,11 @@ def test_a_cluster_walks_pairs_of_row_tiles_on_half_the_sms():
     assert persistent_grid(1000, 512, 1024, tile) == (12, 0, 1)  # 6 row tiles: 3 pairs x 4 columns
     assert persistent_grid(200, 128, 1024, tile) == (1, 0, 1)  # 2 row tiles, 1 column
     assert persistent_grid(100, 128, 1024, tile) == (1, 0, 1)  # 1 row tile: its pair's second CTA is past M
+    # Splitting the last wave counts pairs on clusters: 11 x 56 = 616 pairs, 9 waves of 66 and 22 pairs left, cut
+    # in 3 K pieces on the 66 clusters.
+    split = dataclasses.replace(tile, split_last_wave=True)
+    assert (split.units(4096, 7168), split.programs) == (616, 66)
+    assert persistent_grid(4096, 7168, 16384, split) == (66, 22, 3)
 
 
 @pytest.mark.gpu
@@ -632,13 +637,15 @@ def test_gpu_cluster_multicasting_b_gives_the_single_ctas_result_bit_for_bit(cas
     """Each Gluon tile up to CLUSTER_MAX_BLOCK_N wide run as 2-CTA clusters multicasting B (cluster_m 2) against the
     same tile one CTA a program: every tile's sum is the same instructions in the same order, so the outputs are
     bit-identical. On odd row-tile counts (the last pair's second CTA past M, whose loads the first still needs), ragged
-    M and N, one cluster, few clusters, and many tiles per cluster; three launches in a row."""
-    from fp8kernels.gemm_configs import CLUSTER_MAX_BLOCK_N, gluon_tiles
+    M and N, one cluster, few clusters, and many tiles per cluster; three launches in a row. Where the clusters split
+    their last wave's pairs along K (split_last_wave), the sum's order changes: checked against the reference."""
+    from fp8kernels.gemm_configs import CLUSTER_MAX_BLOCK_N, gluon_tiles, persistent_grid
 
     granularity, fast_accum = case
     limit = FAST_ACCUM_TOLERANCE if fast_accum else PROMOTED_TOLERANCE
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     ragged = 0 if granularity is Granularity.BLOCKWISE else 16  # blockwise weights: whole 128 x 128 blocks
+    split_runs = 0
     for tile, _ in gluon_tiles(granularity, fast_accum):
         if tile.block_n > CLUSTER_MAX_BLOCK_N:
             continue
@@ -652,6 +659,13 @@ def test_gpu_cluster_multicasting_b_gives_the_single_ctas_result_bit_for_bit(cas
             assert _relative_error(*operands, expected) <= limit, where
             for _ in range(3):
                 assert torch.equal(_run_poisoned(*operands, granularity, fast_accum, cluster), expected), where
+            split = dataclasses.replace(cluster, split_last_wave=True)
+            if persistent_grid(M, N, K, split)[1]:
+                split_runs += 1
+                for _ in range(3):
+                    out = _run_poisoned(*operands, granularity, fast_accum, split)
+                    assert _relative_error(*operands, out) <= limit, f"{where}, last wave split"
+    assert split_runs  # each regime has shapes whose last wave of pairs splits
 
 
 @pytest.mark.gpu

@@ -289,8 +289,7 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
                                                           "--set), side by side, where it differs"),
             multicast: bool = typer.Option(False, help="also time each Gluon pick up to 128 wide in its other form, "
                                                         "side by side: as a cluster of two CTAs multicasting B "
-                                                        "(cluster_m 2, no split), or as one CTA where the pick is a "
-                                                        "cluster"),
+                                                        "(cluster_m 2), or as one CTA where the pick is a cluster"),
             timer: str = TIMER) -> None:
     """The heuristic's config on every target shape, each regime against cuBLAS."""
     import torch
@@ -319,7 +318,7 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
             variants += [Variant(candidate, candidate_name, settings)] if moved else []
         if multicast and config.gluon_ws and config.block_n <= CLUSTER_MAX_BLOCK_N:  # the pick's other form
             twin = (dataclasses.replace(config, cluster_m=1) if config.cluster_m == 2 else
-                    dataclasses.replace(config, split_last_wave=False, dynamic_tiles=False, cluster_m=2))
+                    dataclasses.replace(config, dynamic_tiles=False, cluster_m=2))
             variants.append(Variant(twin, "multicast"))
         return variants
 
