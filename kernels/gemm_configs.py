@@ -114,9 +114,9 @@ class Fp8GemmConfig:
     # registers), 64 with three (96 of 160).
     overlap_promotion: bool = False
     # Gluon kernel only: 2 runs each program as a cluster of two CTAs on two row tiles of the same column tile,
-    # each TMA-loading half of that B tile into both CTAs' shared memory (multicast, kernels/_cluster.py), meant
-    # to read each B tile from L2 once per pair. num_sms // 2 clusters walk pairs of tiles; no split last wave or
-    # claimed tiles. Not in the presets: it ran at 0.53-0.70 of one CTA's speed (reports/h100-sxm/gemm-multicast-cluster).
+    # each TMA-loading half of that B tile into both CTAs' shared memory (multicast, kernels/_cluster.py), which
+    # reads each B tile from L2 once per pair. num_sms // 2 clusters walk pairs of tiles (units), and split the last
+    # wave's pairs; no claimed tiles. The heuristic's pick for long, large blockwise products (CLUSTER_MIN_K).
     cluster_m: int = 1
 
     def __post_init__(self) -> None:
@@ -200,7 +200,8 @@ class Fp8GemmConfig:
 
     def units(self, M: int, N: int) -> int:
         """Units of work the persistent grid walks: tiles, or in a cluster pairs of row tiles on one column of B."""
-        return -(-(-(-M // self.block_m)) // self.cluster_m) * -(-N // self.block_n)
+        row_tiles = -(-M // self.block_m)
+        return -(-row_tiles // self.cluster_m) * -(-N // self.block_n)
 
     @property
     def programs(self) -> int:
