@@ -216,10 +216,7 @@ def _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_b
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     slot = loaded % STAGES
     # mbarriers start in phase 0 with phase "-1" complete: the first pass over the ring does not wait.
-    if gl.num_ctas() == 2:
-        _cluster.asm(_CLUSTER_WAIT_PTX, "=r,r,r", [_offset(OFFSETS, "empty") + slot * BARRIER_BYTES, ((loaded // STAGES) & 1) ^ 1])
-    else:
-        mbarrier.wait(empty.index(slot), ((loaded // STAGES) & 1) ^ 1)
+    _wait_slot(empty, slot, ((loaded // STAGES) & 1) ^ 1, "empty", OFFSETS)
     bar = ready.index(slot)
     if sa_desc is not None:
         mbarrier.expect(bar, CONSUMERS * (a_desc.block_type.nbytes + sa_desc.block_type.nbytes)
@@ -268,6 +265,16 @@ mbarrier.try_wait.parity.shared::cta.b64 %sw, [%swa], $2;
 @!%sw bra cluster_wait_${:uid};
 mov.u32 $0, 0;
 }""")
+
+
+@gluon.jit
+def _wait_slot(barriers, slot, phase, NAME: gl.constexpr, OFFSETS: gl.constexpr):
+    """Wait for phase parity `phase` of ring barrier `slot` of `barriers` (the kernel's buffer NAME: "empty" or
+    "ready"); in a cluster by _CLUSTER_WAIT_PTX."""
+    if gl.num_ctas() == 2:
+        _cluster.asm(_CLUSTER_WAIT_PTX, "=r,r,r", [_offset(OFFSETS, NAME) + slot * BARRIER_BYTES, phase])
+    else:
+        mbarrier.wait(barriers.index(slot), phase)
 
 
 # Claimed tiles (the module docstring): a claim is lane 0's atomic add on the counter in global memory,
@@ -454,10 +461,7 @@ def _take_k_tile(a_bufs, b_bufs, ready, consumed, WARPGROUP: gl.constexpr, OFFSE
     STAGES: gl.constexpr = ready.type.shape[0]
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // STAGES
     slot = consumed % STAGES
-    if gl.num_ctas() == 2:
-        _cluster.asm(_CLUSTER_WAIT_PTX, "=r,r,r", [_offset(OFFSETS, "ready") + slot * BARRIER_BYTES, (consumed // STAGES) & 1])
-    else:
-        mbarrier.wait(ready.index(slot), (consumed // STAGES) & 1)
+    _wait_slot(ready, slot, (consumed // STAGES) & 1, "ready", OFFSETS)
     return a_bufs.index(slot * CONSUMERS + WARPGROUP), b_bufs.index(slot)
 
 
