@@ -171,6 +171,19 @@ def allocation_offsets(kernel, names: tuple[str, ...], options: dict) -> dict[st
     return {name: int(found[name]) for name in names}
 
 
+def compile_at_offsets(compile_with, names: tuple[str, ...], options: dict):
+    """(kernel, offsets) from `compile_with(offsets)`, where `offsets` gives each buffer in `names` its offset from
+    `global_smem` for the inline PTX: compiled once with zeros to learn where Triton's allocator puts the buffers,
+    then with those offsets, which must not move them (else RuntimeError: the PTX would address the wrong ones)."""
+    kernel = compile_with(dict.fromkeys(names, 0))
+    offsets = allocation_offsets(kernel, names, options)
+    kernel = compile_with(offsets)
+    moved = allocation_offsets(kernel, names, options)
+    if moved != offsets:
+        raise RuntimeError(f"the buffers moved when their offsets went into the PTX: {offsets} -> {moved}")
+    return kernel, offsets
+
+
 def _with_ranks(ttgir: str) -> str:
     """The TTGIR with `rank = 1` in each 1-D NVMMA shared layout with CTA bases: Triton 3.6 prints such a layout
     without its rank, and its parser takes a layout without one for 2-D ("'CGALayout' entry length does not match

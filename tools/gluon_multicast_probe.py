@@ -64,8 +64,8 @@ from triton.tools.disasm import get_sass
 
 from fp8bench.config import TimingConfig
 from fp8bench.harness.timing import TimerChoice
-from fp8kernels._cluster import (BARRIER_BYTES, HOPPER, allocation_offsets, arrive_peer, asm, barrier_inits,
-                                 cluster_end, cluster_start, multicast_rows_ptx)
+from fp8kernels._cluster import (BARRIER_BYTES, HOPPER, arrive_peer, asm, barrier_inits, cluster_end, cluster_start,
+                                 compile_at_offsets, multicast_rows_ptx)
 from fp8kernels.gemm import GLUON_TRITON_RELEASES
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, help=__doc__.split("\n\n")[0])
@@ -300,16 +300,10 @@ def _compile(variant: Variant, offsets: dict[str, int]):
 
 def compile_probe(variant: Variant) -> Probe:
     """Compile the variant; a multicast one twice: once to learn the buffers' offsets, once with them."""
-    placeholder = dict.fromkeys(ADDRESSED, 0)
-    kernel = _compile(variant, placeholder)
     if not variant.multicast:
-        return Probe(variant, kernel, placeholder)
-    offsets = allocation_offsets(kernel, ADDRESSED, OPTIONS)
-    kernel = _compile(variant, offsets)
-    again = allocation_offsets(kernel, ADDRESSED, OPTIONS)
-    if again != offsets:
-        raise RuntimeError(f"the allocation moved when its offsets went into the PTX: {offsets} -> {again}")
-    return Probe(variant, kernel, offsets)
+        placeholder = dict.fromkeys(ADDRESSED, 0)
+        return Probe(variant, _compile(variant, placeholder), placeholder)
+    return Probe(variant, *compile_at_offsets(lambda offsets: _compile(variant, offsets), ADDRESSED, OPTIONS))
 
 
 def _problems(probe: Probe) -> list[str]:
