@@ -29,6 +29,7 @@ import triton
 from fp8kernels.scaling import BLOCK, FP8_DIM_MULTIPLE, Activation, Granularity
 from fp8kernels.gemm_configs import (
     INTERPRETER_PROGRAMS,
+    H100_L2_CACHE_BYTES,
     SM90_SHARED_MEMORY_PER_PROGRAM,
     DeviceProperties,
     Fp8GemmConfig,
@@ -61,7 +62,8 @@ def device_properties(device: torch.device) -> DeviceProperties:
 def _cuda_device_properties(index: int) -> DeviceProperties:
     props = torch.cuda.get_device_properties(index)
     return DeviceProperties(props.multi_processor_count,
-                            getattr(props, "shared_memory_per_block_optin", SM90_SHARED_MEMORY_PER_PROGRAM))
+                            getattr(props, "shared_memory_per_block_optin", SM90_SHARED_MEMORY_PER_PROGRAM),
+                            getattr(props, "L2_cache_size", H100_L2_CACHE_BYTES))
 
 
 def gemm_config(M: int, N: int, K: int, granularity: Granularity | str, fast_accum: bool,

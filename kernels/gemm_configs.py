@@ -37,6 +37,7 @@ from fp8kernels.scaling import BLOCK, Granularity
 SM90_SHARED_MEMORY_PER_PROGRAM = 227 * 1024
 SHARED_MEMORY_HEADROOM = 4096
 SHARED_MEMORY_BYTES = SM90_SHARED_MEMORY_PER_PROGRAM - SHARED_MEMORY_HEADROOM
+H100_L2_CACHE_BYTES = 50 * 2**20  # an H200's too
 # Programs of the persistent grid under TRITON_INTERPRET=1, where there are no multiprocessors: a few, so
 # that every program walks several tiles and the tile scheduler is exercised.
 INTERPRETER_PROGRAMS = 3
@@ -53,6 +54,7 @@ class DeviceProperties:
 
     multiprocessor_count: int
     shared_memory_per_program: int  # bytes a program may opt into (sm_90: 227 KiB)
+    l2_cache_bytes: int = H100_L2_CACHE_BYTES
 
     def __post_init__(self) -> None:
         if self.multiprocessor_count < 1:
@@ -272,6 +274,19 @@ OVERLAPPED_NARROW_GLUON = dataclasses.replace(NARROW_GLUON, overlap_promotion=Tr
 BLOCKWISE_GLUON = dataclasses.replace(OVERLAPPED_NARROW_GLUON, group_m=8)
 TALL_BLOCKWISE_GLUON = dataclasses.replace(TALL_GLUON, group_m=8)
 SLIM_BLOCKWISE_GLUON = dataclasses.replace(SLIM_GLUON, group_m=8)
+# 128 x 128 with a fifth ring stage and no split: the room a split's FP32 partial sums would take in the epilogue's
+# buffers (shared_memory_bytes) holds the fifth stage instead. The deeper ring loads further ahead of the consumers,
+# which pays where the SMs run at full clock and wait on memory, on products too short for the power cap to slow
+# them (up to DEEP_NARROW_MAX_MACS multiply-adds). In the tuner's candidates the five stages never fitted beside the
+# split's room, so it had not been timed. Blockwise only: tensorwise and axiswise, where the wide tile's own ring
+# hides more, it lost on all six products where its grid filled better (0.88-0.99, the shortest, the 70B tp8 wqkv
+# shard at M 8192, included; reports/h100-sxm/gemm-deep-ring-row-walk, `weighed-*`). Blockwise on an
+# H100 (quick compare, one run, reports/h100-sxm/gemm-deep-ring-row-walk), against the previous picks: 4096^3
+# 1.08x (0.884 -> 0.954 of cuBLAS), M 4096, K 16384, N 1024 1.11x, M 4096, K 7168, N 4096 1.03x, the 70B tp8 wqkv
+# shard at M 8192 1.05x (with the row walk), MoE-like products at 512-2048 tokens (K 4096-14336) 1.01-1.04x; no
+# product slower by more than 0.2%. With the speed of the three-consumer tile it wins where its grid fills better.
+DEEP_NARROW_GLUON = dataclasses.replace(NARROW_GLUON, num_stages=5, split_last_wave=False)
+DEEP_NARROW_BLOCKWISE_GLUON = dataclasses.replace(DEEP_NARROW_GLUON, group_m=8)
 SLIM_SPEED = 0.85
 # ...but only where rows are few. On products of many row tiles, where the tensor cores set the pace, the 64-wide
 # wgmma reads its A tile twice as often per product as the 128-wide one: on an H100, DeepSeek-V3's and Mixtral's
@@ -291,6 +306,21 @@ OVERLAP_MIN_WAVES = 8
 # more where the single CTA splits its last wave (reports/h100-sxm/gemm-multicast-elect).
 CLUSTER_MIN_K = 8192
 CLUSTER_MIN_MACS = 8 * 10**11
+# The walk groups group_m row tiles so that a wave of programs reads few A and B panels from L2, each panel
+# feeding several tiles before it is evicted. Where all of B (N x K bytes) takes at most ROW_WALK_MAX_B_SHARE of
+# the L2 cache and A does not, B stays in L2 whatever the order while A streams from DRAM, and walking row by row
+# (group_m 1) reads each panel of A from DRAM once: every wave covers whole rows of tiles, each A panel read by
+# programs running side by side. In a grouped walk a wave ends part-way through a group, whose rows' A panels are
+# read again a wave later. On an H100 (quick compare, one run, reports/h100-sxm/gemm-deep-ring-row-walk) the
+# LLaMa-3 70B tensor-parallel wqkv shard (N 1280, K 8192: B 10.5 MB of the 50 MB L2) ran 1.0-4.0% faster so in
+# the four tensorwise and axiswise regimes, and N 1376 at M 4096 (K 4096 and 7008) 5.8-8.8%. Where both operands
+# fit (M 4096, K 1040, N 4096) the row walk ran 5% slower in every regime, hence "and A does not".
+ROW_WALK_MAX_B_SHARE = 0.25
+# The longest product the five-stage 128 x 128 tile is weighed for (see DEEP_NARROW_GLUON). Weighed for every
+# product (same report, `weighed-*`), blockwise, it gained on the three shortest that took it (6.9e10 to 1.2e11
+# multiply-adds: 1.04-1.08x) and lost on 14 of the 16 longer ones (0.81-0.98x, from 1.7e11 on; 1.4e11 and 1.9e12
+# gained 1.03x and 1.02x).
+DEEP_NARROW_MAX_MACS = 13 * 10**10
 GLUON_TILES = {
     # The three-consumer tile runs fast accumulation too. Without it, the fast regime took 128 x 64 or 128 x 128
     # tiles on N 1040 and N 1376 at 4096 tokens, and ran 1.43x and 1.08x slower than the same products promoted in
@@ -306,7 +336,8 @@ GLUON_TILES = {
     # 1.06x faster (geomean), 0.93x to 1.17x; the promoted 128 x 128's 0.93 was chosen from that run's times.
     "fast": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.95), (NARROW_GLUON, 0.9), (SLIM_GLUON, SLIM_SPEED)),
     "promoted": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.96), (OVERLAPPED_NARROW_GLUON, 0.93), (SLIM_GLUON, SLIM_SPEED)),
-    "blockwise": ((TALL_BLOCKWISE_GLUON, 1.0), (BLOCKWISE_GLUON, 0.96), (SLIM_BLOCKWISE_GLUON, SLIM_SPEED)),
+    "blockwise": ((TALL_BLOCKWISE_GLUON, 1.0), (BLOCKWISE_GLUON, 0.96), (DEEP_NARROW_BLOCKWISE_GLUON, 1.0),
+                  (SLIM_BLOCKWISE_GLUON, SLIM_SPEED)),
     # 1 x 128 weight scales (grad_weight's products): the two-consumer tiles (check_granularity). 128 x 128
     # overlapped (below OVERLAP_MIN_WAVES plain): over a LLaMa-3 8B step's grad_weight products and 4096^3 / 8192^3
     # on an H100, 0.967 of cuBLAS against 0.915 plain; 128 x 64 0.69-0.76 there, taken only where its grid fills
@@ -381,10 +412,17 @@ def grid_efficiency(M: int, N: int, K: int, config: Fp8GemmConfig, split: tuple[
     return alone * work / (config.num_sms * _busiest_k_tiles(M, N, K, config, split_tiles, splits))
 
 
-def tile_speed(tile: Fp8GemmConfig, speed: float, M: int) -> float:
-    """A Gluon tile's relative speed (GLUON_TILES) on a product of M rows: the 64-wide tile's falls to
-    SLIM_SPEED_MANY_ROWS above SLIM_MAX_ROWS rows."""
-    return min(speed, SLIM_SPEED_MANY_ROWS) if tile.block_n == 64 and M > SLIM_MAX_ROWS else speed
+def tile_speed(tile: Fp8GemmConfig, speed: float, M: int, N: int, K: int) -> float:
+    """A Gluon tile's relative speed (GLUON_TILES) on an M x N x K product: the 64-wide tile's falls to
+    SLIM_SPEED_MANY_ROWS above SLIM_MAX_ROWS rows; the five-stage 128 x 128 tile's is 0 above DEEP_NARROW_MAX_MACS
+    and from OVERLAP_MIN_WAVES waves of its tiles on, where the four-stage one overlaps its promotion (the 70B tp8
+    wqkv shard at M 16384, 9.7 waves: 0.95x the overlapped tile)."""
+    if tile.block_n == 64 and M > SLIM_MAX_ROWS:
+        return min(speed, SLIM_SPEED_MANY_ROWS)
+    deep = tile.block_n == 128 and tile.num_stages == DEEP_NARROW_GLUON.num_stages
+    if deep and (M * N * K > DEEP_NARROW_MAX_MACS or tile.tiles(M, N) >= OVERLAP_MIN_WAVES * tile.num_sms):
+        return 0.0
+    return speed
 
 
 def b_scale_rows(granularity: Granularity, scale_b_rows: int, N: int) -> int:
@@ -443,12 +481,13 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
                <= device.shared_memory_budget]
     if fitting:
         # max() keeps the first of equals: the faster tile where both fill their waves alike.
-        config = max(fitting, key=lambda tile: tile_speed(*tile, M) * grid_efficiency(M, N, K, tile[0]) * tile_fill(M, N, tile[0]))[0]
+        config = max(fitting, key=lambda tile: tile_speed(*tile, M, N, K) * grid_efficiency(M, N, K, tile[0])
+                     * tile_fill(M, N, tile[0]))[0]
         if config.overlap_promotion and config.tiles(M, N) < OVERLAP_MIN_WAVES * config.num_sms:
             config = dataclasses.replace(config, overlap_promotion=False)
         if _clustered(M, N, K, granularity, b_scale_rows, config):
             config = dataclasses.replace(config, cluster_m=2, split_last_wave=False)  # its splits ran slower
-        return config
+        return _walk(M, N, K, config, device)
     preset = BLOCKWISE if granularity is Granularity.BLOCKWISE else FAST_ACCUM if fast_accum else PROMOTED
     config = fit_shared_memory(preset.with_sms(device.multiprocessor_count), device)
     if config.shared_memory_bytes > device.shared_memory_budget:
@@ -460,6 +499,14 @@ def _clustered(M: int, N: int, K: int, granularity: Granularity, b_scale_rows: i
     """Whether the heuristic runs this Gluon pick as a 2-CTA cluster (see CLUSTER_MIN_K)."""
     return (granularity is Granularity.BLOCKWISE and b_scale_rows == BLOCK and config.block_n <= CLUSTER_MAX_BLOCK_N
             and K >= CLUSTER_MIN_K and M * N * K >= CLUSTER_MIN_MACS and last_wave_split(M, N, K, config) == (0, 1))
+
+
+def _walk(M: int, N: int, K: int, config: Fp8GemmConfig, device: DeviceProperties) -> Fp8GemmConfig:
+    """`config` walking its tiles row by row where all of B fits in ROW_WALK_MAX_B_SHARE of the L2 cache and A
+    does not."""
+    if config.group_m > 1 and N * K <= ROW_WALK_MAX_B_SHARE * device.l2_cache_bytes < M * K:
+        return dataclasses.replace(config, group_m=1)
+    return config
 
 
 def fit_shared_memory(config: Fp8GemmConfig, device: DeviceProperties) -> Fp8GemmConfig:
@@ -485,6 +532,8 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, device: Device
                                (GLUON_THREE_CONSUMER_ROWS, 128, (3, 4)), (128, 64, (4, 6)))
         for s in stages
     ]
+    # The five-stage 128 x 128 tile, whose ring takes the room of a split's partial sums (DEEP_NARROW_GLUON).
+    gluon.append(dict(gluon[0], num_stages=DEEP_NARROW_GLUON.num_stages, split_last_wave=False))
     if is_promoted(granularity, fast_accum):
         # Each Gluon tile also with its promotion overlapped, where its registers hold two products.
         gluon += [fields | dict(overlap_promotion=True) for fields in gluon]

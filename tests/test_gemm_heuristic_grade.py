@@ -84,8 +84,9 @@ def test_splits_set_the_models_gain_beside_the_measured_one(tmp_path):
 
     cache = TuneCache(tmp_path / "gemm-test.json")
     key = problem_key(4096, 1040, 4096, Granularity.TENSORWISE, True, 128, torch.float8_e4m3fn, torch.float8_e4m3fn)
-    whole = "192x128x128 s3 w8 g16 gluon-ws"
     pick = choose_config(4096, 1040, 4096, Granularity.TENSORWISE, True, H100, True, 128)
+    whole = config_label(pick.as_dict())
+    assert whole.startswith("192x128x128 s3 w8")
     cache.store(key, pick, {whole: 0.0378, whole + " last-wave 66x2": 0.0447, "128x256x128 s3 w8 g16 gluon-ws": 0.0437})
     (record,) = tool.split_pairs(cache.read(), 132)
     assert record["tile"] == whole and record["split"] == "66x2" and record["waves"] == pytest.approx(1.5)

@@ -117,10 +117,45 @@ def test_the_64_wide_tile_is_for_few_rows():
     on the skinny DeepSeek-V3 product (4096 rows, N 2112) it counts at SLIM_SPEED_MANY_ROWS and the three-consumer
     tile wins in both regimes, whole: the autotuner's fastest there (reports/h100-sxm/matmul-fast-tall)."""
     assert tile(128, 4096, 4096, FAST) == (128, 64)
-    assert gemm_configs.tile_speed(gemm_configs.SLIM_GLUON, gemm_configs.SLIM_SPEED, 4096) == gemm_configs.SLIM_SPEED_MANY_ROWS
-    assert gemm_configs.tile_speed(gemm_configs.NARROW_GLUON, 0.93, 4096) == 0.93
+    speed = gemm_configs.tile_speed
+    assert speed(gemm_configs.SLIM_GLUON, gemm_configs.SLIM_SPEED, 4096, 2112, 7168) == gemm_configs.SLIM_SPEED_MANY_ROWS
+    assert speed(gemm_configs.NARROW_GLUON, 0.93, 4096, 2112, 7168) == 0.93
     assert tile(4096, 2112, 7168, FAST) == tile(4096, 2112, 7168, (Granularity.TENSORWISE, False)) == (192, 128)
     assert gemm_configs.last_wave_split(4096, 2112, 7168, choose_config(4096, 2112, 7168, *FAST, H100, gluon=True)) == (0, 1)
+
+
+def test_short_blockwise_products_take_the_five_stage_tile_where_its_grid_fills_better():
+    """The five-stage 128 x 128 tile (no split, its ring in the split's room) up to DEEP_NARROW_MAX_MACS, blockwise:
+    4096^3 (7.8 waves of it, against 5.3 of the 192-row tile split in 3) and the 70B tp8 wqkv shard at M 8192; not
+    the longer M 4096, K 7168, N 7168 (2.1e11 multiply-adds), nor tensorwise."""
+    deep = gemm_configs.DEEP_NARROW_BLOCKWISE_GLUON.with_sms(132)
+    for M, N, K in [(4096, 4096, 4096), (8192, 1280, 8192), (4096, 4096, 7168)]:
+        config = choose_config(M, N, K, *BLOCKWISE, H100, gluon=True)
+        assert (config.block_m, config.block_n, config.num_stages, config.split_last_wave) == (128, 128, 5, False)
+        assert config.shared_memory_bytes <= H100.shared_memory_budget
+    assert gemm_configs.tile_speed(deep, 1.0, 4096, 4096, 4096) == 1.0
+    assert gemm_configs.tile_speed(deep, 1.0, 4096, 7168, 7168) == 0.0
+    assert gemm_configs.tile_speed(deep, 1.0, 16384, 1280, 4096) == 0.0  # 9.7 waves: the four-stage tile overlaps
+    assert choose_config(16384, 1280, 4096, *BLOCKWISE, H100, gluon=True).overlap_promotion
+    assert tile(4096, 7168, 7168, BLOCKWISE) == (GLUON_THREE_CONSUMER_ROWS, 128)
+    assert choose_config(4096, 4096, 4096, *FAST, H100, gluon=True).num_stages == 3  # 128 x 256
+    # On a GPU of less shared memory the tile fits fewer stages and is no longer the deep one.
+    assert choose_config(4096, 4096, 4096, *BLOCKWISE, SMALL_GPU, gluon=True).num_stages < 5
+
+
+@pytest.mark.parametrize("regime", REGIMES, ids=str)
+def test_the_walk_goes_row_by_row_where_b_stays_in_l2_and_a_does_not(regime):
+    """group_m 1 where N x K bytes fit ROW_WALK_MAX_B_SHARE of the L2 cache and M x K bytes do not: the 70B tp8
+    shards' wqkv (N 1280, K 8192) and wo at M 16384 (N 8192, K 1024); not where both fit (M 4096, K 1040, N 4096), nor
+    where B does not (8192^3), nor on a GPU whose L2 holds A too."""
+    def group_m(M, N, K, device=H100):
+        return choose_config(M, N, K, *regime, device, gluon=True).group_m
+
+    assert group_m(8192, 1280, 8192) == group_m(16384, 1280, 8192) == group_m(16384, 8192, 1024) == 1
+    assert group_m(4096, 4096, 1040) > 1
+    assert group_m(8192, 8192, 8192) > 1
+    large_l2 = DeviceProperties(132, 227 * 1024, l2_cache_bytes=1024 * 2**20)
+    assert group_m(8192, 1280, 8192, large_l2) > 1
 
 
 @pytest.mark.parametrize("regime", REGIMES, ids=str)
