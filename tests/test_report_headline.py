@@ -24,7 +24,7 @@ from fp8bench.report.html import BACKEND_COLOURS, colour_map
 from fp8bench.report.write import INDEX_HTML, page_names, write_reports
 
 ROOT = Path(__file__).resolve().parent.parent
-MATMUL_RUN = ROOT / "reports" / "h100-sxm" / "matmul-square-all-backends"
+MATMUL_RUN = ROOT / "reports" / "h100-sxm" / "matmul-square-deep-ring"
 ROOFLINE_RUN = ROOT / "reports" / "h100-sxm" / "roofline-8192"
 E2E_RUN = ROOT / "tests" / "data" / "e2e-h100-trial"
 E2E_H200_RUN = ROOT / "reports" / "h200" / "e2e-llama3-8b-L4-fsdp2"
