@@ -287,6 +287,7 @@ SLIM_BLOCKWISE_GLUON = dataclasses.replace(SLIM_GLUON, group_m=8)
 # product slower by more than 0.2%. With the speed of the three-consumer tile it wins where its grid fills better.
 DEEP_NARROW_GLUON = dataclasses.replace(NARROW_GLUON, num_stages=5, split_last_wave=False)
 DEEP_NARROW_BLOCKWISE_GLUON = dataclasses.replace(DEEP_NARROW_GLUON, group_m=8)
+DEEP_NARROW_TILES = (DEEP_NARROW_GLUON, DEEP_NARROW_BLOCKWISE_GLUON)
 SLIM_SPEED = 0.85
 # ...but only where rows are few. On products of many row tiles, where the tensor cores set the pace, the 64-wide
 # wgmma reads its A tile twice as often per product as the 128-wide one: on an H100, DeepSeek-V3's and Mixtral's
@@ -419,7 +420,7 @@ def tile_speed(tile: Fp8GemmConfig, speed: float, M: int, N: int, K: int) -> flo
     wqkv shard at M 16384, 9.7 waves: 0.95x the overlapped tile)."""
     if tile.block_n == 64 and M > SLIM_MAX_ROWS:
         return min(speed, SLIM_SPEED_MANY_ROWS)
-    deep = tile.block_n == 128 and tile.num_stages == DEEP_NARROW_GLUON.num_stages
+    deep = (tile.block_m, tile.block_n, tile.num_stages) == (128, 128, DEEP_NARROW_GLUON.num_stages)
     if deep and (M * N * K > DEEP_NARROW_MAX_MACS or tile.tiles(M, N) >= OVERLAP_MIN_WAVES * tile.num_sms):
         return 0.0
     return speed
@@ -476,9 +477,10 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
     tile wins where the wider one would leave the last wave mostly idle (few tiles: small M, skinny N) even
     with its tiles split along K, or where M or N is far from a multiple of it. A tile that overlaps its
     promotion does so only from OVERLAP_MIN_WAVES waves of tiles on."""
+    # The five-stage tile is there for its ring: where fewer stages fit, it is not a candidate.
     fitting = [(fitted, speed) for tile, speed in (gluon_tiles(granularity, fast_accum, b_scale_rows) if gluon else ())
                if (fitted := fit_shared_memory(tile.with_sms(device.multiprocessor_count), device)).shared_memory_bytes
-               <= device.shared_memory_budget]
+               <= device.shared_memory_budget and (tile not in DEEP_NARROW_TILES or fitted.num_stages == tile.num_stages)]
     if fitting:
         # max() keeps the first of equals: the faster tile where both fill their waves alike.
         config = max(fitting, key=lambda tile: tile_speed(*tile, M, N, K) * grid_efficiency(M, N, K, tile[0])
