@@ -312,10 +312,11 @@ CLUSTER_MIN_MACS = 8 * 10**11
 # the L2 cache and A does not, B stays in L2 whatever the order while A streams from DRAM, and walking row by row
 # (group_m 1) reads each panel of A from DRAM once: every wave covers whole rows of tiles, each A panel read by
 # programs running side by side. In a grouped walk a wave ends part-way through a group, whose rows' A panels are
-# read again a wave later. On an H100 (quick compare, one run, reports/h100-sxm/gemm-deep-ring-row-walk) the
-# LLaMa-3 70B tensor-parallel wqkv shard (N 1280, K 8192: B 10.5 MB of the 50 MB L2) ran 1.0-4.0% faster so in
-# the four tensorwise and axiswise regimes, and N 1376 at M 4096 (K 4096 and 7008) 5.8-8.8%. Where both operands
-# fit (M 4096, K 1040, N 4096) the row walk ran 5% slower in every regime, hence "and A does not".
+# read again a wave later. On an H100 (quick compares, two runs, reports/h100-sxm/gemm-deep-ring-row-walk) the
+# LLaMa-3 70B tensor-parallel wqkv shard (N 1280, K 8192: B 10.5 MB of the 50 MB L2) ran 1-5% faster so in the
+# four tensorwise and axiswise regimes at M 8192 and 16384 (blockwise, in the overlapped 128 x 128 tile at M 16384:
+# 0.98x and 1.005x), and N 1376 at M 4096 (K 4096 and 7008) 6-9%. Where both operands fit (M 4096, K 1040,
+# N 4096) the row walk ran 5% slower in every regime, hence "and A does not".
 ROW_WALK_MAX_B_SHARE = 0.25
 # The longest product the five-stage 128 x 128 tile is weighed for (see DEEP_NARROW_GLUON). Weighed for every
 # product (same report, `weighed-*`), blockwise, it gained on the three shortest that took it (6.9e10 to 1.2e11
