@@ -461,12 +461,24 @@ def choose_config(M: int, N: int, K: int, granularity: Granularity, fast_accum: 
     if not override:
         return config
     try:
-        fields = json.loads(override)
-        forced = dataclasses.replace(config, **fields)
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"{CONFIG_OVERRIDE_ENV}={override!r} is not a JSON object of Fp8GemmConfig fields: {err}") from None
+        forced = dataclasses.replace(config, **parse_config_fields(override))
+    except ValueError as err:
+        raise ValueError(f"{CONFIG_OVERRIDE_ENV}: {err}") from None
     forced.check_granularity(granularity, fast_accum, b_scale_rows)
     return forced
+
+
+def parse_config_fields(text: str) -> dict:
+    """Fp8GemmConfig fields from a JSON object (e.g. '{"num_stages": 5, "split_last_wave": false}'), to force onto a
+    config; ValueError saying what is wrong (values are checked when a config takes them)."""
+    try:
+        fields = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"{text!r} is not JSON: {err}") from None
+    known = {field.name for field in dataclasses.fields(Fp8GemmConfig)}
+    if not isinstance(fields, dict) or not set(fields) <= known:
+        raise ValueError(f"{text!r} is not a JSON object of Fp8GemmConfig fields ({', '.join(sorted(known))})")
+    return fields
 
 
 @functools.lru_cache(maxsize=1024)

@@ -788,6 +788,31 @@ def test_compare_refuses_a_malformed_candidate(tmp_path):
     assert "NO_SUCH=3" in done.stderr and "PARTIAL_SUM_K_TILES" in done.stderr
 
 
+def test_compare_refuses_malformed_fields(tmp_path):
+    """`gemm_sweep.py compare --fields` takes a JSON object of config fields; a field it does not have, or no JSON,
+    exits 2 naming the option and the text."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "tools" / "gemm_sweep.py"
+    for text, reason in [('{"num_stage": 5}', "num_stages"), ("num_stages=5", "not JSON")]:
+        done = subprocess.run([sys.executable, str(script), "compare", "--out", str(tmp_path), "--fields", text],
+                              capture_output=True, text=True, timeout=300)
+        stderr = " ".join(done.stderr.split())
+        assert done.returncode == 2 and "--fields" in stderr and reason in stderr, stderr
+
+
+def test_config_fields_parse_to_what_a_config_takes():
+    from fp8kernels.gemm_configs import NARROW_GLUON, parse_config_fields
+
+    fields = parse_config_fields('{"num_stages": 5, "split_last_wave": false}')
+    assert dataclasses.replace(NARROW_GLUON, **fields).num_stages == 5
+    for text in ("[1, 2]", '{"stages": 5}', "{"):
+        with pytest.raises(ValueError, match="JSON"):
+            parse_config_fields(text)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_gpu_a_compiled_kernel_is_launched_again_only_where_triton_would_take_it(case, monkeypatch):

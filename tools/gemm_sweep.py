@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import json
 import multiprocessing
 import os
 import sys
@@ -42,7 +43,7 @@ from fp8bench.benchmarks.shapes import llama, parse_product, square, training
 from fp8bench.harness.timing import TimerChoice
 from fp8kernels.gemm import device_properties, fp8_gemm, gemm_config, gluon_runs_on, launch_kernel
 from fp8kernels.gemm_configs import (CLUSTER_MAX_BLOCK_N, Fp8GemmConfig, candidate_configs, choose_config, config_label,
-                                    last_wave_split)
+                                    last_wave_split, parse_config_fields)
 from fp8kernels.gemm_autotune import tuning_candidates
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -145,9 +146,9 @@ def precompile(jobs: list[tuple[Granularity, bool, Fp8GemmConfig]]) -> set[tuple
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """A config of ours timed under a name (`variant` in the summary; "" for the config as given): in `compare`, the
-    heuristic's pick's twin that splits no tile, or the pick of the heuristic with model constants changed
-    (`settings`, gemm_heuristic_grade.py's --set), run with them in place, since the last wave's split is sized at
-    each launch."""
+    heuristic's pick's twin that splits no tile, its other multicast form, the pick with config fields forced on, or
+    the pick of the heuristic with model constants changed (`settings`, gemm_heuristic_grade.py's --set), run with
+    them in place, since the last wave's split is sized at each launch."""
     config: Fp8GemmConfig
     name: str = ""
     settings: tuple[tuple[str, float], ...] = ()
@@ -290,6 +291,10 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
             multicast: bool = typer.Option(False, help="also time each Gluon pick up to 128 wide in its other form, "
                                                         "side by side: as a cluster of two CTAs multicasting B "
                                                         "(cluster_m 2), or as one CTA where the pick is a cluster"),
+            fields: list[str] = typer.Option([], help="a JSON object of config fields, repeatable (e.g. '{\"num_stages\": "
+                                                      "5, \"split_last_wave\": false}'): also time each pick with them "
+                                                      "forced on, side by side, where that changes it and the regime "
+                                                      "takes it"),
             timer: str = TIMER) -> None:
     """The heuristic's config on every target shape, each regime against cuBLAS."""
     import torch
@@ -301,6 +306,11 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
         settings = tuple(parse_setting(text) for text in candidate)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--candidate") from None
+    try:
+        forced = {f"fields {json.dumps(parsed, separators=(',', ':'))}": parsed
+                  for parsed in (parse_config_fields(text) for text in fields)}
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--fields") from None
     candidate_name = ", ".join(candidate)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     cuda = torch.device("cuda")
@@ -320,6 +330,14 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
             twin = (dataclasses.replace(config, cluster_m=1) if config.cluster_m == 2 else
                     dataclasses.replace(config, dynamic_tiles=False, cluster_m=2))
             variants.append(Variant(twin, "multicast"))
+        for name, parsed in forced.items():
+            try:
+                twin = dataclasses.replace(config, **parsed)
+                twin.check_granularity(g, f)
+            except ValueError as err:  # e.g. a ring over the shared memory, or a tile the regime cannot take
+                console.print(f"[yellow]{s.name} {_regime_name(g, f)}: {name} not timed: {err}[/]")
+                continue
+            variants += [Variant(twin, name)] if twin != config else []
         return variants
 
     precompile(sorted({(g, f, v.config) for s in shapes for g, f in regimes for v in configs(g, f, s)}, key=str))
@@ -343,7 +361,8 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
     for variant, title in (("unsplit", "the pick's twin that splits no tile: our time split / unsplit"),
                            ("multicast", "the pick's twin as a 2-CTA cluster multicasting B, or as one CTA where the pick "
                                           "is a cluster: our time / the twin's"),
-                           (candidate_name, f"the heuristic with {candidate_name}: our time with its pick now / with this")):
+                           (candidate_name, f"the heuristic with {candidate_name}: our time with its pick now / with this"),
+                           *((name, f"the pick with {name} forced: our time / the twin's") for name in forced)):
         if variant:  # no --candidate: its name is the pick's own ""
             _print_variant_gains(per_shape, ours[ours.variant == variant], variant, title)
 
