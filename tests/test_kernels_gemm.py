@@ -803,6 +803,27 @@ def test_compare_refuses_malformed_fields(tmp_path):
         assert done.returncode == 2 and "--fields" in stderr and reason in stderr, stderr
 
 
+def test_compare_times_each_pick_with_forced_fields_where_they_change_it_and_fit():
+    """`compare --fields`: the pick's twin with the fields on, where it differs and the regime takes it (no GPU: the
+    picks of an H100's properties)."""
+    from fp8bench.benchmarks.shapes import parse_product
+    from tool_module import load_tool
+
+    gemm_sweep = load_tool("gemm_sweep", triton_kernels=True)
+
+    def pick(shape, granularity, fast_accum):
+        return choose_config(shape.M, shape.N, shape.K, granularity, fast_accum, H100, gluon=True)
+
+    forced = {"rows": {"group_m": 1}, "deep": {"num_stages": 5, "split_last_wave": False}}
+    square = parse_product("8192x8192x8192")
+    variants = gemm_sweep.pick_variants(square, Granularity.BLOCKWISE, False, pick, forced=forced)
+    assert [v.name for v in variants] == ["", "rows"]  # the 192-row tile's five stages exceed shared memory
+    assert variants[1].config == dataclasses.replace(variants[0].config, group_m=1)
+    short = parse_product("4096x4096x4096")  # its pick is the five-stage tile, with group_m 8
+    variants = gemm_sweep.pick_variants(short, Granularity.BLOCKWISE, False, pick, forced=forced)
+    assert [v.name for v in variants] == ["", "rows"]
+
+
 def test_config_fields_parse_to_what_a_config_takes():
     from fp8kernels.gemm_configs import NARROW_GLUON, parse_config_fields
 

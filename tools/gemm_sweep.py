@@ -23,6 +23,7 @@ import json
 import multiprocessing
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -316,29 +317,9 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
     cuda = torch.device("cuda")
 
     def configs(g: Granularity, f: bool, s: GemmShape) -> list[Variant]:
-        config = gemm_config(s.M, s.N, s.K, g, f, cuda)
-        variants = [Variant(config)]
-        if unsplit and last_wave_split(s.M, s.N, s.K, config)[0]:
-            variants.append(Variant(dataclasses.replace(config, split_last_wave=False), "unsplit"))
-        if settings:
-            picked = config.options_for(s.M, s.N, s.K)
-            with changed(list(settings)):  # its split too: sized by the constants
-                candidate = gemm_config(s.M, s.N, s.K, g, f, cuda)
-                moved = candidate.options_for(s.M, s.N, s.K) != picked
-            variants += [Variant(candidate, candidate_name, settings)] if moved else []
-        if multicast and config.gluon_ws and config.block_n <= CLUSTER_MAX_BLOCK_N:  # the pick's other form
-            twin = (dataclasses.replace(config, cluster_m=1) if config.cluster_m == 2 else
-                    dataclasses.replace(config, dynamic_tiles=False, cluster_m=2))
-            variants.append(Variant(twin, "multicast"))
-        for name, parsed in forced.items():
-            try:
-                twin = dataclasses.replace(config, **parsed)
-                twin.check_granularity(g, f)
-            except ValueError as err:  # e.g. a ring over the shared memory, or a tile the regime cannot take
-                console.print(f"[yellow]{s.name} {_regime_name(g, f)}: {name} not timed: {err}[/]")
-                continue
-            variants += [Variant(twin, name)] if twin != config else []
-        return variants
+        return pick_variants(s, g, f, lambda shape, granularity, fast_accum: gemm_config(
+            shape.M, shape.N, shape.K, granularity, fast_accum, cuda), unsplit=unsplit, settings=settings,
+                             candidate_name=candidate_name, multicast=multicast, forced=forced)
 
     precompile(sorted({(g, f, v.config) for s in shapes for g, f in regimes for v in configs(g, f, s)}, key=str))
     with _open_run(out, "compare") as writer:
@@ -365,6 +346,37 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
                            *((name, f"the pick with {name} forced: our time / the twin's") for name in forced)):
         if variant:  # no --candidate: its name is the pick's own ""
             _print_variant_gains(per_shape, ours[ours.variant == variant], variant, title)
+
+
+def pick_variants(s: GemmShape, g: Granularity, f: bool, pick: Callable[[GemmShape, Granularity, bool], Fp8GemmConfig],
+                  unsplit: bool = False, settings: tuple[tuple[str, float], ...] = (), candidate_name: str = "",
+                  multicast: bool = False, forced: dict[str, dict] | None = None) -> list[Variant]:
+    """What `compare` times of ours on one shape and regime: the heuristic's `pick` and, as asked, its twin that
+    splits no tile, the heuristic's pick with model constants changed (`settings`), its other multicast form, and
+    the pick with each of `forced`'s config fields on (name -> fields), each where it differs from the pick."""
+    config = pick(s, g, f)
+    variants = [Variant(config)]
+    if unsplit and last_wave_split(s.M, s.N, s.K, config)[0]:
+        variants.append(Variant(dataclasses.replace(config, split_last_wave=False), "unsplit"))
+    if settings:
+        picked = config.options_for(s.M, s.N, s.K)
+        with changed(list(settings)):  # its split too: sized by the constants
+            candidate = pick(s, g, f)
+            moved = candidate.options_for(s.M, s.N, s.K) != picked
+        variants += [Variant(candidate, candidate_name, settings)] if moved else []
+    if multicast and config.gluon_ws and config.block_n <= CLUSTER_MAX_BLOCK_N:  # the pick's other form
+        twin = (dataclasses.replace(config, cluster_m=1) if config.cluster_m == 2 else
+                dataclasses.replace(config, dynamic_tiles=False, cluster_m=2))
+        variants.append(Variant(twin, "multicast"))
+    for name, fields in (forced or {}).items():
+        try:
+            twin = dataclasses.replace(config, **fields)
+            twin.check_granularity(g, f)
+        except ValueError as err:  # e.g. a ring over the shared memory, or a tile the regime cannot take
+            console.print(f"[yellow]{s.name} {_regime_name(g, f)}: {name} not timed: {err}[/]")
+            continue
+        variants += [Variant(twin, name)] if twin != config else []
+    return variants
 
 
 def compared_shapes(names: list[str]) -> list[GemmShape]:
