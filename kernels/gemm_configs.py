@@ -421,7 +421,7 @@ def tile_speed(tile: Fp8GemmConfig, speed: float, M: int, N: int, K: int) -> flo
     wqkv shard at M 16384, 9.7 waves: 0.95x the overlapped tile)."""
     if tile.block_n == 64 and M > SLIM_MAX_ROWS:
         return min(speed, SLIM_SPEED_MANY_ROWS)
-    deep = (tile.block_m, tile.block_n, tile.num_stages) == (128, 128, DEEP_NARROW_GLUON.num_stages)
+    deep = tile.with_sms(1) in DEEP_NARROW_TILES  # as _heuristic_config keeps it: its preset's stages
     if deep and (M * N * K > DEEP_NARROW_MAX_MACS or tile.tiles(M, N) >= OVERLAP_MIN_WAVES * tile.num_sms):
         return 0.0
     return speed
