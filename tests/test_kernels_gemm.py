@@ -701,15 +701,20 @@ def test_config_override_forces_fields_and_rejects_bad_json(monkeypatch):
         choose_config(4096, 4096, 4096, Granularity.TENSORWISE, True, H100)
 
 
-def test_compare_refuses_shapes_it_does_not_know(tmp_path):
-    """`gemm_sweep.py compare --shape` (to split the 27 shapes over runs) names the unknown ones; no GPU needed."""
+def _compare_cli(out, *arguments: str):
+    """`python tools/gemm_sweep.py compare --out OUT ARGUMENTS` run to its end (without a GPU: its argument checks)."""
     import subprocess
     import sys
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "tools" / "gemm_sweep.py"
-    done = subprocess.run([sys.executable, str(script), "compare", "--out", str(tmp_path), "--shape", "8192x8192x8192",
-                           "--shape", "no-such-shape"], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, str(script), "compare", "--out", str(out), *arguments], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_compare_refuses_shapes_it_does_not_know(tmp_path):
+    """`gemm_sweep.py compare --shape` (to split the 27 shapes over runs) names the unknown ones; no GPU needed."""
+    done = _compare_cli(tmp_path, "--shape", "8192x8192x8192", "--shape", "no-such-shape")
     assert done.returncode == 2
     assert "no-such-shape" in done.stderr and "8192x8192x8192" not in done.stderr.split("not target shapes")[-1]
 
@@ -777,13 +782,7 @@ def test_gpu_gluon_blockwise_with_1x128_weight_scales(layout):
 
 def test_compare_refuses_a_malformed_candidate(tmp_path):
     """`gemm_sweep.py compare --candidate` takes gemm_heuristic_grade's NAME=VALUE; anything else exits 2 naming it."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "tools" / "gemm_sweep.py"
-    done = subprocess.run([sys.executable, str(script), "compare", "--out", str(tmp_path), "--candidate", "NO_SUCH=3"],
-                          capture_output=True, text=True, timeout=300)
+    done = _compare_cli(tmp_path, "--candidate", "NO_SUCH=3")
     assert done.returncode == 2
     assert "NO_SUCH=3" in done.stderr and "PARTIAL_SUM_K_TILES" in done.stderr
 
@@ -791,14 +790,8 @@ def test_compare_refuses_a_malformed_candidate(tmp_path):
 def test_compare_refuses_malformed_fields(tmp_path):
     """`gemm_sweep.py compare --fields` takes a JSON object of config fields; a field it does not have, or no JSON,
     exits 2 naming the option and the text."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "tools" / "gemm_sweep.py"
     for text, reason in [('{"num_stage": 5}', "num_stages"), ("num_stages=5", "not JSON")]:
-        done = subprocess.run([sys.executable, str(script), "compare", "--out", str(tmp_path), "--fields", text],
-                              capture_output=True, text=True, timeout=300)
+        done = _compare_cli(tmp_path, "--fields", text)
         stderr = " ".join(done.stderr.split())
         assert done.returncode == 2 and "--fields" in stderr and reason in stderr, stderr
 
