@@ -719,6 +719,16 @@ def test_compare_refuses_shapes_it_does_not_know(tmp_path):
     assert "no-such-shape" in done.stderr and "8192x8192x8192" not in done.stderr.split("not target shapes")[-1]
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="checks the message a host without a CUDA GPU gets")
+def test_compare_without_a_gpu_says_so_in_one_line_and_exits_1(tmp_path):
+    """Valid arguments on a host without a CUDA GPU: one line saying what is missing, exit 1, no traceback, no run."""
+    done = _compare_cli(tmp_path / "run", "--shape", "8192x8192x1280", "--fields", '{"num_stages": 5}')
+    output = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 1, output
+    assert "gemm_sweep.py compare times GEMMs on a CUDA GPU and none is visible here" in output
+    assert "Traceback" not in output and not (tmp_path / "run").exists()
+
+
 # grad_weight = grad_output.T @ input: both operands in 1 x 128 groups along K (the token dimension).
 def _quantized_1x128_both(M: int, K: int, N: int, seed: int, layout: str = "outer-major"):
     """a[M, K] and b_t[N, K] each cast in 1 x 128 groups, scales (M, K/128) and (N, K/128): outer-dimension-major

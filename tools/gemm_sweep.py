@@ -271,6 +271,16 @@ def _timer(choice: str) -> str:
     return choice
 
 
+def _require_gpu(command: str) -> None:
+    """Exit 1 with one line where no CUDA GPU is visible: every command here times kernels on one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        console.print(f"[red]gemm_sweep.py {command} times GEMMs on a CUDA GPU and none is visible here "
+                      f"(torch {torch.__version__}); run it on an H100 or H200 host.[/]", highlight=False)
+        raise typer.Exit(1)
+
+
 def _open_run(out: Path, command: str) -> RunWriter:
     """The run's writer; its metadata records the command line as given (`command` where there is none), under
     the name of the script run (this one, or gemm_awkward_probe.py, which opens its runs here)."""
@@ -313,6 +323,7 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--fields") from None
     candidate_name = ", ".join(candidate)
+    _require_gpu("compare")
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     cuda = torch.device("cuda")
 
@@ -426,6 +437,7 @@ def tune(out: Path = typer.Option(..., help="folder for results.csv and metadata
     import torch
 
     timer = _timer(timer)
+    _require_gpu("tune")
     device = device_properties(torch.device("cuda"))
     shapes = [s for s in target_shapes() if s.name in TUNING_SHAPE_NAMES]
     regimes = [(g, f) for g, f in TUNED_REGIMES
@@ -461,6 +473,7 @@ def gluon(out: Path = typer.Option(..., help="folder for results.csv, summary.cs
     import torch
 
     timer = _timer(timer)
+    _require_gpu("gluon")
     device = device_properties(torch.device("cuda"))
     shapes = [s for s in target_shapes() if s.name in GLUON_SHAPE_NAMES]
     candidates = {
@@ -488,6 +501,7 @@ def wgrad(out: Path = typer.Option(..., help="folder for results.csv, summary.cs
     import torch
 
     timer = _timer(timer)
+    _require_gpu("wgrad")
     cuda = torch.device("cuda")
     device = device_properties(cuda)
     shapes = [s for s in training() if ".grad_weight." in s.name] + [s for s in square() if s.M in (4096, 8192)]
