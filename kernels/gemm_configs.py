@@ -323,6 +323,17 @@ ROW_WALK_MAX_B_SHARE = 0.25
 # multiply-adds: 1.04-1.08x) and lost on 14 of the 16 longer ones (0.81-0.98x, from 1.7e11 on; 1.4e11 and 1.9e12
 # gained 1.03x and 1.02x).
 DEEP_NARROW_MAX_MACS = 13 * 10**10
+# The tensorwise and axiswise regimes' 192-row pick runs with DEEP_TALL_STAGES ring stages and no split on the
+# products the five-stage 128 x 128 tile is weighed for (up to DEEP_NARROW_MAX_MACS, fewer than OVERLAP_MIN_WAVES
+# waves): the room a split's partial sums would take holds the fourth stage, as in DEEP_NARROW_GLUON. With three, on
+# M 4096, N 1376 and K 7008 its consumers waited at the ring's barriers for most of their stall samples, and cuBLAS's
+# five-stage ring kept its tensor pipe busy 85% of the time against ours' 77% (Nsight Compute). On an H100 (quick
+# compare, one run, reports/h100-sxm/gemm-tensorwise-leads, `tall4-*`), each pick beside the same tile with four
+# stages unsplit, in all four regimes: N 1040 at M 4096 (split 66x2 before) 1.11-1.17x, N 1376 at K 4096 and 7008
+# 1.01-1.08x, DeepSeek-V3's N 2112 at M 4096 1.03-1.06x; at M 16384 (2.5e11 multiply-adds, power-capped) it lost
+# 3-5%. Blockwise keeps three stages: on 24 of its 27 192-row picks over the target shapes, mostly longer products,
+# four ran 0.81-0.99x (1.005x on one, 1.04-1.06x on LLaMa-3 70B tp8 wo, K 1024).
+DEEP_TALL_STAGES = 4
 GLUON_TILES = {
     # The three-consumer tile runs fast accumulation too. Without it, the fast regime took 128 x 64 or 128 x 128
     # tiles on N 1040 and N 1376 at 4096 tokens, and ran 1.43x and 1.08x slower than the same products promoted in
@@ -502,7 +513,7 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
             config = dataclasses.replace(config, overlap_promotion=False)
         if _clustered(M, N, K, granularity, b_scale_rows, config):
             config = dataclasses.replace(config, cluster_m=2, split_last_wave=False)  # its splits ran slower
-        return _walk(M, N, K, config, device)
+        return _walk(M, N, K, _deepened(M, N, K, granularity, config, device), device)
     preset = BLOCKWISE if granularity is Granularity.BLOCKWISE else FAST_ACCUM if fast_accum else PROMOTED
     config = fit_shared_memory(preset.with_sms(device.multiprocessor_count), device)
     if config.shared_memory_bytes > device.shared_memory_budget:
@@ -514,6 +525,17 @@ def _clustered(M: int, N: int, K: int, granularity: Granularity, b_scale_rows: i
     """Whether the heuristic runs this Gluon pick as a 2-CTA cluster (see CLUSTER_MIN_K)."""
     return (granularity is Granularity.BLOCKWISE and b_scale_rows == BLOCK and config.block_n <= CLUSTER_MAX_BLOCK_N
             and K >= CLUSTER_MIN_K and M * N * K >= CLUSTER_MIN_MACS and last_wave_split(M, N, K, config) == (0, 1))
+
+
+def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmConfig,
+              device: DeviceProperties) -> Fp8GemmConfig:
+    """A tensorwise or axiswise 192-row pick with DEEP_TALL_STAGES stages and no split, on a short product of few
+    waves where that ring fits (see DEEP_TALL_STAGES)."""
+    if (granularity is Granularity.BLOCKWISE or config.block_m != GLUON_THREE_CONSUMER_ROWS
+            or M * N * K > DEEP_NARROW_MAX_MACS or config.tiles(M, N) >= OVERLAP_MIN_WAVES * config.num_sms):
+        return config
+    deeper = dataclasses.replace(config, num_stages=DEEP_TALL_STAGES, split_last_wave=False)
+    return deeper if deeper.shared_memory_bytes <= device.shared_memory_budget else config
 
 
 def _walk(M: int, N: int, K: int, config: Fp8GemmConfig, device: DeviceProperties) -> Fp8GemmConfig:
@@ -547,8 +569,10 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, device: Device
                                (GLUON_THREE_CONSUMER_ROWS, 128, (3, 4)), (128, 64, (4, 6)))
         for s in stages
     ]
-    # The five-stage 128 x 128 tile, whose ring takes the room of a split's partial sums (DEEP_NARROW_GLUON).
-    gluon.append(dict(gluon[0], num_stages=DEEP_NARROW_GLUON.num_stages, split_last_wave=False))
+    # The five-stage 128 x 128 and the four-stage 192-row tiles, whose rings take the room of a split's partial sums
+    # (DEEP_NARROW_GLUON, DEEP_TALL_STAGES).
+    gluon += [dict(gluon[0], num_stages=DEEP_NARROW_GLUON.num_stages, split_last_wave=False),
+              dict(gluon[0], block_m=GLUON_THREE_CONSUMER_ROWS, num_stages=DEEP_TALL_STAGES, split_last_wave=False)]
     if is_promoted(granularity, fast_accum):
         # Each Gluon tile also with its promotion overlapped, where its registers hold two products.
         gluon += [fields | dict(overlap_promotion=True) for fields in gluon]

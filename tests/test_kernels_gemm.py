@@ -301,6 +301,9 @@ def test_heuristic_and_candidates_fit_their_regime(case):
     # The five-stage 128 x 128 ring fits only unsplit (the split's partial sums take its room): the tuner times it so.
     deep = [c for c in candidates if (c.block_m, c.block_n, c.num_stages) == (128, 128, 5)]
     assert deep and not any(c.split_last_wave for c in deep)
+    # So does the four-stage 192-row ring (DEEP_TALL_STAGES).
+    tall = [c for c in candidates if (c.block_m, c.num_stages) == (192, 4)]
+    assert tall and not any(c.split_last_wave for c in tall)
     assert gemm_config(256, 256, 256, granularity.value, fast_accum, torch.device("cpu")).num_sms >= 1
 
 

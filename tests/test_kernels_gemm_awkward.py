@@ -144,6 +144,23 @@ def test_short_blockwise_products_take_the_five_stage_tile_where_its_grid_fills_
         assert choose_config(M, N, K, *BLOCKWISE, SMALL_GPU, gluon=True).split_last_wave
 
 
+@pytest.mark.parametrize("regime", [r for r in REGIMES if r is not BLOCKWISE], ids=str)
+def test_short_products_run_the_192_row_tile_with_a_fourth_stage_unsplit(regime):
+    """Tensorwise and axiswise: the 192-row pick on products of up to DEEP_NARROW_MAX_MACS gets DEEP_TALL_STAGES
+    stages and no split (N 1040 split its last wave before); not on longer ones (M 16384, N 2112: split, three
+    stages), nor blockwise, nor where the ring does not fit."""
+    def ring(M, N, K, regime=regime, device=H100):
+        config = choose_config(M, N, K, *regime, device, gluon=True)
+        return config.block_m, config.num_stages, gemm_configs.last_wave_split(M, N, K, config)
+
+    unsplit = (0, 1)
+    for M, N, K in [(4096, 1040, 4096), (4096, 1376, 4096), (4096, 1376, 7008), (4096, 2112, 7168)]:
+        assert ring(M, N, K) == (GLUON_THREE_CONSUMER_ROWS, gemm_configs.DEEP_TALL_STAGES, unsplit), (M, N, K)
+    assert ring(16384, 2112, 7168) == (GLUON_THREE_CONSUMER_ROWS, 3, (10, 4))
+    assert ring(4096, 1040, 4096, BLOCKWISE)[1] != gemm_configs.DEEP_TALL_STAGES
+    assert ring(4096, 1376, 4096, device=SMALL_GPU)[1] < gemm_configs.DEEP_TALL_STAGES
+
+
 @pytest.mark.parametrize("regime", REGIMES, ids=str)
 def test_the_walk_goes_row_by_row_where_b_stays_in_l2_and_a_does_not(regime):
     """group_m 1 where N x K bytes fit ROW_WALK_MAX_B_SHARE of the L2 cache and M x K bytes do not: the 70B tp8
