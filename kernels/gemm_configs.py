@@ -331,9 +331,17 @@ DEEP_NARROW_MAX_MACS = 13 * 10**10
 # compare, one run, reports/h100-sxm/gemm-tensorwise-leads, `tall4-*`), each pick beside the same tile with four
 # stages unsplit, in all four regimes: N 1040 at M 4096 (split 66x2 before) 1.11-1.17x, N 1376 at K 4096 and 7008
 # 1.01-1.08x, DeepSeek-V3's N 2112 at M 4096 1.03-1.06x; at M 16384 (2.5e11 multiply-adds, power-capped) it lost
-# 3-5%. Blockwise keeps three stages: on 24 of its 27 192-row picks over the target shapes, mostly longer products,
-# four ran 0.81-0.99x (1.005x on one, 1.04-1.06x on LLaMa-3 70B tp8 wo, K 1024).
+# 3-5%. Blockwise keeps three stages but on short K (below): on 24 of its 27 192-row picks over the target shapes,
+# mostly longer products, four ran 0.81-0.99x (1.005x on one, 1.04-1.06x on LLaMa-3 70B tp8 wo, K 1024).
 DEEP_TALL_STAGES = 4
+# ...and blockwise, where its K is at most DEEP_TALL_BLOCKWISE_MAX_K, however long the product: a tile of a few
+# K-tiles spends much of its time filling the ring and storing, and the fourth stage loads the next tile's first
+# K-tiles further ahead. On an H100 (quick compare, one run, reports/h100-sxm/gemm-tensorwise-leads, `tall4-shortk-*`),
+# each new pick beside the three-stage one: all 12 products of K 512-1024 over the shape sets gained, 1.026-1.188x
+# (1.07x geomean; the 70B tp8 wo shard 1.03-1.06x, DeepSeek-V3's K 512 1.17-1.19x), 3.4e10-2.7e11 multiply-adds
+# alike. At K 2048 five products gained 1.015-1.064x and K 1536 lost 0.7%, with more products of K 1536-2048
+# untimed: the limit stays at the measured K.
+DEEP_TALL_BLOCKWISE_MAX_K = 1024
 GLUON_TILES = {
     # The three-consumer tile runs fast accumulation too. Without it, the fast regime took 128 x 64 or 128 x 128
     # tiles on N 1040 and N 1376 at 4096 tokens, and ran 1.43x and 1.08x slower than the same products promoted in
@@ -529,10 +537,13 @@ def _clustered(M: int, N: int, K: int, granularity: Granularity, b_scale_rows: i
 
 def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmConfig,
               device: DeviceProperties) -> Fp8GemmConfig:
-    """A tensorwise or axiswise 192-row pick with DEEP_TALL_STAGES stages and no split, on a short product of few
-    waves where that ring fits (see DEEP_TALL_STAGES)."""
-    if (granularity is Granularity.BLOCKWISE or config.block_m != GLUON_THREE_CONSUMER_ROWS
-            or M * N * K > DEEP_NARROW_MAX_MACS or config.tiles(M, N) >= OVERLAP_MIN_WAVES * config.num_sms):
+    """A 192-row pick with DEEP_TALL_STAGES stages and no split, where that ring fits: tensorwise or axiswise on a
+    short product of few waves, blockwise where K is short (see DEEP_TALL_STAGES)."""
+    if granularity is Granularity.BLOCKWISE:
+        deepens = K <= DEEP_TALL_BLOCKWISE_MAX_K
+    else:
+        deepens = M * N * K <= DEEP_NARROW_MAX_MACS and config.tiles(M, N) < OVERLAP_MIN_WAVES * config.num_sms
+    if not deepens or config.block_m != GLUON_THREE_CONSUMER_ROWS or config.cluster_m != 1:
         return config
     deeper = dataclasses.replace(config, num_stages=DEEP_TALL_STAGES, split_last_wave=False)
     return deeper if deeper.shared_memory_bytes <= device.shared_memory_budget else config

@@ -148,7 +148,7 @@ def test_short_blockwise_products_take_the_five_stage_tile_where_its_grid_fills_
 def test_short_products_run_the_192_row_tile_with_a_fourth_stage_unsplit(regime):
     """Tensorwise and axiswise: the 192-row pick on products of up to DEEP_NARROW_MAX_MACS gets DEEP_TALL_STAGES
     stages and no split (N 1040 split its last wave before); not on longer ones (M 16384, N 2112: split, three
-    stages), nor blockwise, nor where the ring does not fit."""
+    stages), nor blockwise at that K, nor where the ring does not fit."""
     def ring(M, N, K, regime=regime, device=H100):
         config = choose_config(M, N, K, *regime, device, gluon=True)
         return config.block_m, config.num_stages, gemm_configs.last_wave_split(M, N, K, config)
@@ -159,6 +159,17 @@ def test_short_products_run_the_192_row_tile_with_a_fourth_stage_unsplit(regime)
     assert ring(16384, 2112, 7168) == (GLUON_THREE_CONSUMER_ROWS, 3, (10, 4))
     assert ring(4096, 1040, 4096, BLOCKWISE)[1] != gemm_configs.DEEP_TALL_STAGES
     assert ring(4096, 1376, 4096, device=SMALL_GPU)[1] < gemm_configs.DEEP_TALL_STAGES
+
+
+def test_blockwise_runs_the_192_row_tile_with_a_fourth_stage_where_k_is_short():
+    """Blockwise: the 192-row pick of K up to DEEP_TALL_BLOCKWISE_MAX_K gets DEEP_TALL_STAGES stages, however long the
+    product (the 70B tp8 wo shard at M 8192 and 16384, DeepSeek-V3's K 512 at 16384 tokens); K 2048 keeps three."""
+    for M, N, K in [(8192, 8192, 1024), (16384, 8192, 1024), (16384, 32768, 512)]:
+        config = choose_config(M, N, K, *BLOCKWISE, H100, gluon=True)
+        assert (config.block_m, config.num_stages, config.split_last_wave) == (
+            GLUON_THREE_CONSUMER_ROWS, gemm_configs.DEEP_TALL_STAGES, False), (M, N, K)
+    longer = choose_config(8192, 8192, 2048, *BLOCKWISE, H100, gluon=True)
+    assert (longer.block_m, longer.num_stages) == (GLUON_THREE_CONSUMER_ROWS, 3)
 
 
 @pytest.mark.parametrize("regime", REGIMES, ids=str)
