@@ -722,6 +722,26 @@ def test_compare_refuses_shapes_it_does_not_know(tmp_path):
     assert "no-such-shape" in done.stderr and "8192x8192x8192" not in done.stderr.split("not target shapes")[-1]
 
 
+def test_compare_flags_comparisons_whose_kernels_ran_at_different_clocks():
+    """A ratio of ours to cuBLAS timed at 345 against 1980 MHz is listed (both clocks), one at 1965 against 1980 is
+    not; the comparison is per shape and regime."""
+    import pandas as pd
+
+    from tool_module import load_tool
+
+    gemm_sweep = load_tool("gemm_sweep", triton_kernels=True)
+    rows = [("a", "tensorwise/fast_accum=off", "cublas", "", None, 1980.0),
+            ("a", "tensorwise/fast_accum=off", "triton", "128x256", 0.914, 345.0),
+            ("a", "axiswise/fast_accum=off", "cublas", "", None, 345.0),
+            ("a", "axiswise/fast_accum=off", "triton", "128x256", 1.02, 330.0),
+            ("b", "tensorwise/fast_accum=off", "cublas", "", None, 1980.0),
+            ("b", "tensorwise/fast_accum=off", "triton", "192x128", 1.01, 1965.0)]
+    frame = pd.DataFrame(rows, columns=["shape", "regime", "backend", "config", "ratio", "sm_clock_mhz"])
+    flagged = gemm_sweep.clock_mismatches(frame)
+    assert flagged.to_dict("records") == [{"shape": "a", "regime": "tensorwise/fast_accum=off", "config": "128x256",
+                                           "ratio": 0.914, "sm_clock_mhz": 345.0, "sm_clock_mhz_cublas": 1980.0}]
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="checks the message a host without a CUDA GPU gets")
 def test_compare_without_a_gpu_says_so_in_one_line_and_exits_1(tmp_path):
     """Valid arguments on a host without a CUDA GPU: one line saying what is missing, exit 1, no traceback, no run."""

@@ -78,6 +78,9 @@ GROUP_M_VARIANTS = (4, 8, 16)  # row tiles walked together, tried on the best ca
 # Our output against cuBLAS's on the same quantized operands: both round to bf16 (~2e-3 apart) and
 # fast accumulation adds a little; a wrong kernel is far beyond this.
 AGREEMENT = 1e-2
+# A comparison whose two kernels ran at SM clocks this far apart (relative to the faster) measured the clocks as much as
+# the kernels: a short sample can land in a dip of the power cap's clock (one ran at 345 MHz beside cuBLAS's 1980).
+CLOCK_MISMATCH = 0.1
 # One timer for every case of a run. CUPTI's kernel durations by default: with event pairs, a call whose
 # host side outlasts the L2 flush before it (our Gluon launch: ~0.3 ms of Python and Triton launcher at
 # 4096^3, against cuBLAS's ~0.15) is timed with the GPU waiting for it (reports/h100-sxm/gemm-split-last-wave).
@@ -353,6 +356,11 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
         geomean_ratio=("ratio", gmean), min_ratio=("ratio", "min"), ours_tflops=("tflops", "median"),
         cublas_tflops=("cublas_tflops", "median"), shapes=("ratio", "size"))
     _print_frame(summary.reset_index(), f"geometric mean of our/cuBLAS speed over {len(shapes)} shapes")
+    mismatched = clock_mismatches(frame)
+    if len(mismatched):
+        console.print(f"[yellow]{len(mismatched)} comparisons ran ours and cuBLAS at SM clocks more than "
+                      f"{CLOCK_MISMATCH:.0%} apart; their ratios measure the clock too: time them again[/]")
+        _print_frame(mismatched, "comparisons at different SM clocks")
     for variant, title in (("unsplit", "the pick's twin that splits no tile: our time split / unsplit"),
                            ("multicast", "the pick's twin as a 2-CTA cluster multicasting B, or as one CTA where the pick "
                                           "is a cluster: our time / the twin's"),
@@ -360,6 +368,16 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
                            *((name, f"the pick with {name} forced: our time / the twin's") for name in forced)):
         if variant:  # no --candidate: its name is the pick's own ""
             _print_variant_gains(per_shape, ours[ours.variant == variant], variant, title)
+
+
+def clock_mismatches(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ours (a SideBySide frame) whose SM clock and that of cuBLAS beside them, in the same shape and
+    regime, differ by more than CLOCK_MISMATCH of the higher: shape, regime, config, ratio and both clocks."""
+    cublas = frame[frame.backend == "cublas"][["shape", "regime", "sm_clock_mhz"]]
+    ours = frame[frame.backend == "triton"].merge(cublas, on=["shape", "regime"], suffixes=("", "_cublas"))
+    clocks = ours[["sm_clock_mhz", "sm_clock_mhz_cublas"]]
+    apart = (clocks.max(axis=1) - clocks.min(axis=1)) > CLOCK_MISMATCH * clocks.max(axis=1)
+    return ours[apart][["shape", "regime", "config", "ratio", "sm_clock_mhz", "sm_clock_mhz_cublas"]].reset_index(drop=True)
 
 
 def pick_variants(s: GemmShape, g: Granularity, f: bool, pick: Callable[[GemmShape, Granularity, bool], Fp8GemmConfig],
