@@ -309,7 +309,9 @@ def test_heuristic_and_candidates_fit_their_regime(case):
 
 # ---- on the GPU: real sizes, and what fast accumulation costs in accuracy ----
 
-GPU_SHAPES = [(4096, 4096, 4096), (8192, 4096, 6144), (16384, 1024, 8192), (272, 8192, 1280)]
+# (M, K, N). The heuristic's four-stage 192-row picks among them: 3072^3 tensorwise and axiswise (DEEP_TALL_STAGES),
+# K 1024 blockwise (DEEP_TALL_BLOCKWISE_MAX_K).
+GPU_SHAPES = [(4096, 4096, 4096), (8192, 4096, 6144), (16384, 1024, 8192), (272, 8192, 1280), (3072, 3072, 3072)]
 
 
 @pytest.mark.gpu
