@@ -744,6 +744,39 @@ def test_compare_flags_comparisons_whose_kernels_ran_at_different_clocks():
                                            "ratio": 0.914, "sm_clock_mhz": 345.0, "sm_clock_mhz_cublas": 1980.0}]
 
 
+def test_compare_times_a_shapes_kernels_again_where_their_clocks_ran_apart():
+    """SideBySide: a regime whose kernels ran at SM clocks more than CLOCK_MISMATCH apart is timed again, all of
+    its kernels, CLOCK_RETRIES times at most; the rows recorded are the last timing's."""
+    from types import SimpleNamespace
+
+    from tool_module import load_tool
+
+    gemm_sweep = load_tool("gemm_sweep", triton_kernels=True)
+    out = torch.ones(4, 4)
+    shape = SimpleNamespace(name="4096x4096x1040")
+    pick = choose_config(4096, 1040, 4096, Granularity.TENSORWISE, True, H100, gluon=True)
+    options = pick.options_for(4096, 1040, 4096)
+
+    def timed(clocks):
+        bench = object.__new__(gemm_sweep.SideBySide)
+        bench.writer, bench.records = SimpleNamespace(rows=[], append=lambda row: bench.writer.rows.append(row)), []
+        readings = iter(clocks)
+
+        def measure(*args):
+            clock = next(readings)
+            return 0.03 if args[3] == "cublas" else 0.04, SimpleNamespace(values={"sm_clock_mhz": clock, "tflops": 1.0})
+
+        bench._measure = measure
+        bench._side_by_side(shape, Granularity.TENSORWISE, True, "tensorwise/fast_accum=on", lambda: out, {},
+                            [(lambda: out, options)], ours_first=False)
+        return [record["sm_clock_mhz"] for record in bench.records], len(bench.writer.rows)
+
+    assert timed([1980.0, 1965.0]) == ([1980.0, 1965.0], 2)  # within 10%: timed once
+    assert timed([1980.0, 345.0, 1972.0, 1980.0]) == ([1972.0, 1980.0], 2)  # apart, then timed again
+    assert gemm_sweep.CLOCK_RETRIES == 1
+    assert timed([1980.0, 345.0, 480.0, 1980.0]) == ([480.0, 1980.0], 2)  # apart twice: the last timing's rows
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="checks the message a host without a CUDA GPU gets")
 def test_compare_without_a_gpu_says_so_in_one_line_and_exits_1(tmp_path):
     """Valid arguments on a host without a CUDA GPU: one line saying what is missing, exit 1, no traceback, no run."""
