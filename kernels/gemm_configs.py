@@ -441,9 +441,20 @@ def tile_speed(tile: Fp8GemmConfig, speed: float, M: int, N: int, K: int) -> flo
     if tile.block_n == 64 and M > SLIM_MAX_ROWS:
         return min(speed, SLIM_SPEED_MANY_ROWS)
     deep = tile.with_sms(1) in DEEP_NARROW_TILES  # as _heuristic_config keeps it: its preset's stages
-    if deep and (M * N * K > DEEP_NARROW_MAX_MACS or tile.tiles(M, N) >= OVERLAP_MIN_WAVES * tile.num_sms):
+    if deep and not _short_product(M, N, K, tile):
         return 0.0
     return speed
+
+
+def _few_waves(M: int, N: int, tile: Fp8GemmConfig) -> bool:
+    """Whether `tile` makes fewer than OVERLAP_MIN_WAVES waves of tiles of an M x N output."""
+    return tile.tiles(M, N) < OVERLAP_MIN_WAVES * tile.num_sms
+
+
+def _short_product(M: int, N: int, K: int, tile: Fp8GemmConfig) -> bool:
+    """Whether a deeper ring pays for `tile` on an M x N x K product: up to DEEP_NARROW_MAX_MACS multiply-adds, in
+    fewer than OVERLAP_MIN_WAVES waves (DEEP_NARROW_GLUON, DEEP_TALL_STAGES)."""
+    return M * N * K <= DEEP_NARROW_MAX_MACS and _few_waves(M, N, tile)
 
 
 def b_scale_rows(granularity: Granularity, scale_b_rows: int, N: int) -> int:
@@ -517,7 +528,7 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
         # max() keeps the first of equals: the faster tile where both fill their waves alike.
         config = max(fitting, key=lambda tile: tile_speed(*tile, M, N, K) * grid_efficiency(M, N, K, tile[0])
                      * tile_fill(M, N, tile[0]))[0]
-        if config.overlap_promotion and config.tiles(M, N) < OVERLAP_MIN_WAVES * config.num_sms:
+        if config.overlap_promotion and _few_waves(M, N, config):
             config = dataclasses.replace(config, overlap_promotion=False)
         if _clustered(M, N, K, granularity, b_scale_rows, config):
             config = dataclasses.replace(config, cluster_m=2, split_last_wave=False)  # its splits ran slower
@@ -539,10 +550,7 @@ def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmC
               device: DeviceProperties) -> Fp8GemmConfig:
     """A 192-row pick with DEEP_TALL_STAGES stages and no split, where that ring fits: tensorwise or axiswise on a
     short product of few waves, blockwise where K is short (see DEEP_TALL_STAGES)."""
-    if granularity is Granularity.BLOCKWISE:
-        deepens = K <= DEEP_TALL_BLOCKWISE_MAX_K
-    else:
-        deepens = M * N * K <= DEEP_NARROW_MAX_MACS and config.tiles(M, N) < OVERLAP_MIN_WAVES * config.num_sms
+    deepens = K <= DEEP_TALL_BLOCKWISE_MAX_K if granularity is Granularity.BLOCKWISE else _short_product(M, N, K, config)
     if not deepens or config.block_m != GLUON_THREE_CONSUMER_ROWS or config.cluster_m != 1:
         return config
     deeper = dataclasses.replace(config, num_stages=DEEP_TALL_STAGES, split_last_wave=False)
