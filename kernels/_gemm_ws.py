@@ -411,11 +411,11 @@ def _scaled_product(product, sa, sb, SCALING: gl.constexpr):
 
 
 @gluon.jit
-def _mma_accumulate(acc, acc_right, a, b, HALF_N: gl.constexpr, SPLIT: gl.constexpr):
+def _mma_accumulate(acc, acc_right, a, b_left, b_right, SPLIT: gl.constexpr):
     """Fast accumulation: a @ b.T added by the tensor cores into the sums themselves (each half's), waited for."""
-    acc = warpgroup_mma(a, b.slice(0, HALF_N, dim=0).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(a, b_left.permute((1, 0)), acc, is_async=True)
     if SPLIT == 2:
-        acc_right = warpgroup_mma(a, b.slice(HALF_N, HALF_N, dim=0).permute((1, 0)), acc_right, is_async=True)
+        acc_right = warpgroup_mma(a, b_right.permute((1, 0)), acc_right, is_async=True)
         acc, acc_right = warpgroup_mma_wait(0, deps=(acc, acc_right))
     else:
         acc = warpgroup_mma_wait(0, deps=(acc, ))
@@ -455,14 +455,33 @@ def _release_slot(empty, slot, OFFSETS: gl.constexpr):
         arrive_peer(_offset(OFFSETS, "empty") + slot * BARRIER_BYTES, 32)  # each warp: PEER_ARRIVALS
 
 
+@gluon.constexpr_function
+def _b_tile_rows(b_shape, stages):
+    """BLOCK_N: the rows of B a ring slot holds, in one box or two (see the kernel), from the B ring's shape."""
+    return b_shape[0] // stages * b_shape[1]
+
+
 @gluon.jit
-def _take_k_tile(a_bufs, b_bufs, ready, consumed, WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
-    """Wait until this program's `consumed`-th K-tile has landed in its ring slot: (this warpgroup's A, B)."""
+def _take_k_tile(a_bufs, b_bufs, ready, consumed, HALF_N: gl.constexpr, WARPGROUP: gl.constexpr,
+                 OFFSETS: gl.constexpr):
+    """Wait until this program's `consumed`-th K-tile has landed in its ring slot: (this warpgroup's A, B's
+    first HALF_N rows, B's next HALF_N rows); a tile up to HALF_N wide: (A, B, B)."""
     STAGES: gl.constexpr = ready.type.shape[0]
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // STAGES
     slot = consumed % STAGES
     _wait_slot(ready, slot, (consumed // STAGES) & 1, "ready", OFFSETS)
-    return a_bufs.index(slot * CONSUMERS + WARPGROUP), b_bufs.index(slot)
+    a = a_bufs.index(slot * CONSUMERS + WARPGROUP)
+    if b_bufs.type.shape[0] > STAGES:  # a cluster's 256-wide tile: B in two boxes a slot (see the kernel)
+        b_left = b_bufs.index(slot * 2)
+        b_right = b_bufs.index(slot * 2 + 1)
+    elif b_bufs.type.shape[1] > HALF_N:
+        b = b_bufs.index(slot)
+        b_left = b.slice(0, HALF_N, dim=0)
+        b_right = b.slice(HALF_N, HALF_N, dim=0)
+    else:
+        b_left = b_bufs.index(slot)
+        b_right = b_left
+    return a, b_left, b_right
 
 
 @gluon.jit
@@ -471,16 +490,16 @@ def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_r
     """Add this program's `consumed`-th K-tile into the sum (a 256-wide tile: both halves' sums), promoted
     or, without PROMOTE, accumulated by the tensor cores; then hand its ring slot back to the producer."""
     HALF_N: gl.constexpr = zero.shape[1]
-    SPLIT: gl.constexpr = b_bufs.type.shape[1] // HALF_N
-    a, b = _take_k_tile(a_bufs, b_bufs, ready, consumed, WARPGROUP, OFFSETS)
+    SPLIT: gl.constexpr = _b_tile_rows(b_bufs.type.shape, ready.type.shape[0]) // HALF_N
+    a, b_left, b_right = _take_k_tile(a_bufs, b_bufs, ready, consumed, HALF_N, WARPGROUP, OFFSETS)
     sa, sb = _k_tile_scales(sa_bufs, sb_bufs, consumed % ready.type.shape[0], zero, sb_place, SCALING, WARPGROUP)
     if not PROMOTE:
-        acc, acc_right = _mma_accumulate(acc, acc_right, a, b, HALF_N, SPLIT)
+        acc, acc_right = _mma_accumulate(acc, acc_right, a, b_left, b_right, SPLIT)
     elif SPLIT == 2:
-        acc = _mma_promote(acc, a, b.slice(0, HALF_N, dim=0), zero, sa, sb, SCALING)
-        acc_right = _mma_promote(acc_right, a, b.slice(HALF_N, HALF_N, dim=0), zero, sa, sb, SCALING)
+        acc = _mma_promote(acc, a, b_left, zero, sa, sb, SCALING)
+        acc_right = _mma_promote(acc_right, a, b_right, zero, sa, sb, SCALING)
     else:
-        acc = _mma_promote(acc, a, b, zero, sa, sb, SCALING)
+        acc = _mma_promote(acc, a, b_left, zero, sa, sb, SCALING)
     _release_slot(empty, consumed % empty.type.shape[0], OFFSETS)
     return acc, acc_right
 
@@ -489,7 +508,7 @@ def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_r
 def _issue_product(a_bufs, b_bufs, ready, consumed, zero, WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
     """Overlapped promotion: issue the wgmma of this program's `consumed`-th K-tile into a fresh accumulator
     and return it unwaited."""
-    a, b = _take_k_tile(a_bufs, b_bufs, ready, consumed, WARPGROUP, OFFSETS)
+    a, b, _ = _take_k_tile(a_bufs, b_bufs, ready, consumed, zero.shape[1], WARPGROUP, OFFSETS)
     return warpgroup_mma(a, b.permute((1, 0)), zero, use_acc=False, is_async=True)
 
 
@@ -574,7 +593,7 @@ def _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero,
                  SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
     """This warpgroup's rows of a tile summed over its K-tiles [k_first, k_end), taken from the ring from
     the program's `consumed`-th K-tile on: (sum, the right half's sum of a 256-wide tile, consumed)."""
-    SPLIT: gl.constexpr = b_bufs.type.shape[1] // zero.shape[1]
+    SPLIT: gl.constexpr = _b_tile_rows(b_bufs.type.shape, ready.type.shape[0]) // zero.shape[1]
     acc_right = 0.0  # an unused constant unless the tile is split (Triton needs a value)
     # Blockwise: where each K-tile's weight scale lies in the window the producer loaded (the same offsets
     # it computes); unused otherwise.
@@ -723,7 +742,7 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // STAGES
     BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
-    BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
+    BLOCK_N: gl.constexpr = _b_tile_rows(b_bufs.type.shape, empty.type.shape[0])
     ROWS: gl.constexpr = c_bufs.type.shape[1]
     HALF_N: gl.constexpr = c_bufs.type.shape[2]
     # Split tiles: this warpgroup's two epilogue buffers hold an FP32 half-tile of its partial sums.
@@ -787,7 +806,7 @@ def _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc
     STAGES: gl.constexpr = empty.type.shape[0]
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // STAGES
     BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
-    BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
+    BLOCK_N: gl.constexpr = _b_tile_rows(b_bufs.type.shape, empty.type.shape[0])
     ROWS: gl.constexpr = c_bufs.type.shape[1]
     HALF_N: gl.constexpr = c_bufs.type.shape[2]
     SPLIT: gl.constexpr = BLOCK_N // HALF_N
@@ -845,7 +864,13 @@ def _fp8_gemm_ws_kernel(
     CONSUMERS: gl.constexpr = BLOCK_M // CONSUMER_ROWS
     # A in 64-row boxes, one per consumer warpgroup: a tile of three (192 rows) is not a power of two.
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES * CONSUMERS, CONSUMER_ROWS, BLOCK_K], a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+    # B in one box a slot; in a cluster's 256-wide tile, two of 128 rows (each CTA's multicast half), which the
+    # consumers take whole: Triton 3.6 cannot slice a buffer whose layout spans the cluster ("non-trivial block
+    # dimension not supported").
+    if gl.num_ctas() == 2 and BLOCK_N > c_desc.block_type.shape[1]:
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES * 2, BLOCK_N // 2, BLOCK_K], b_desc.layout)
+    else:
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     # One staging buffer per consumer and 128-column half, so no store waits for another's; two per
     # consumer where tiles are split (workspace_desc given), where they also hold its FP32 partial sums.
     buffers: gl.constexpr = 2 if workspace_desc is not None else BLOCK_N // c_desc.block_type.shape[1]

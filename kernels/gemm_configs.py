@@ -70,11 +70,6 @@ class DeviceProperties:
         return min(self.shared_memory_per_program - SHARED_MEMORY_HEADROOM, SHARED_MEMORY_BYTES)
 
 
-# Widest tile of a 2-CTA cluster (cluster_m 2): Triton 3.6 cannot slice a B tile whose layout spans the cluster into
-# the 256-wide tile's 128-column halves ("non-trivial block dimension not supported").
-CLUSTER_MAX_BLOCK_N = 128
-
-
 @dataclass(frozen=True)
 class Fp8GemmConfig:
     """Launch parameters of the persistent FP8 GEMM; `as_dict()` goes into a result row's options."""
@@ -118,7 +113,8 @@ class Fp8GemmConfig:
     # Gluon kernel only: 2 runs each program as a cluster of two CTAs on two row tiles of the same column tile,
     # each TMA-loading half of that B tile into both CTAs' shared memory (multicast, kernels/_cluster.py), which
     # reads each B tile from L2 once per pair. num_sms // 2 clusters walk pairs of tiles (units), and split the last
-    # wave's pairs; no claimed tiles. The heuristic's pick for long, large blockwise products (CLUSTER_MIN_K).
+    # wave's pairs; no claimed tiles. The heuristic's pick for long, large blockwise products (CLUSTER_MIN_K) and, with
+    # fast accumulation, for rows of A and B off the L2 sector (SECTOR_BYTES).
     cluster_m: int = 1
 
     def __post_init__(self) -> None:
@@ -149,10 +145,9 @@ class Fp8GemmConfig:
                 "128), block_k 128, 8 warps, split_n 1, whole-tile stores (epilogue_subtile False) and no "
                 "warp_specialize"
             )
-        if self.cluster_m not in (1, 2) or (self.cluster_m == 2 and (
-                not self.gluon_ws or self.dynamic_tiles or self.block_n > CLUSTER_MAX_BLOCK_N)):
-            raise ValueError(f"cluster_m must be 1 or 2; 2 is a mode of the Gluon kernel (gluon_ws) on tiles up to "
-                             f"{CLUSTER_MAX_BLOCK_N} wide, without dynamic_tiles; got {self.cluster_m}")
+        if self.cluster_m not in (1, 2) or (self.cluster_m == 2 and (not self.gluon_ws or self.dynamic_tiles)):
+            raise ValueError(f"cluster_m must be 1 or 2; 2 is a mode of the Gluon kernel (gluon_ws), without "
+                             f"dynamic_tiles; got {self.cluster_m}")
         if self.overlap_promotion and self.block_n > (128 if self.block_m == 128 else 64):
             raise ValueError(f"overlap_promotion holds a sum and two products: block_n at most 128 with block_m 128, "
                              f"64 with {GLUON_THREE_CONSUMER_ROWS}; got {self.block_m}x{self.block_n}")
@@ -307,6 +302,18 @@ OVERLAP_MIN_WAVES = 8
 # more where the single CTA splits its last wave (reports/h100-sxm/gemm-multicast-elect).
 CLUSTER_MIN_K = 8192
 CLUSTER_MIN_MACS = 8 * 10**11
+# Tensorwise and axiswise with fast accumulation: where a row of A and of B^T (K bytes) is not a multiple of
+# SECTOR_BYTES, the 128 x 256 and 192 x 128 picks run as 2-CTA clusters multicasting B, without a split. Our kernel
+# and cuBLAS's promoted one ran about 1.2x slower at K 2000 than at K 1984 or 2016 (M 4096, N 4096), cuBLAS's with
+# fast accumulation 1.03x. On an H200 (quick compare, one run, reports/h200/gemm-misaligned-k-multicast) the cluster
+# ran 1.11-1.20x faster than the pick at K 1040, 2000 and 7024 (M 4096, N 4096) and K 2000 at N 7008, in both
+# regimes, and 0.96-1.00x where K is a multiple of 32 (K 1056-7008 at M 4096; 0.87-1.05x over the 27 target
+# shapes); on an H100 the four-stage 192-row cluster ran 1.17-1.22x faster than the same tile alone at K 1040 and
+# 2000 (reports/h100-sxm/gemm-tensorwise-leads, `awkward-variants`). Why, we infer and have not profiled: a 128-byte
+# TMA row read 16 bytes off a sector spans five sectors, not four, and multicasting halves each CTA's reads of B.
+# The promoted 128 x 256 cluster spills (1 KB), and tiles of fewer rows or columns were not timed so.
+SECTOR_BYTES = 32
+MISALIGNED_CLUSTER_MIN_AREA = GLUON_THREE_CONSUMER_ROWS * 128
 # The walk groups group_m row tiles so that a wave of programs reads few A and B panels from L2, each panel
 # feeding several tiles before it is evicted. Where all of B (N x K bytes) takes at most ROW_WALK_MAX_B_SHARE of
 # the L2 cache and A does not, B stays in L2 whatever the order while A streams from DRAM, and walking row by row
@@ -336,12 +343,13 @@ DEEP_NARROW_MAX_MACS = 13 * 10**10
 DEEP_TALL_STAGES = 4
 # ...and blockwise, where its K is at most DEEP_TALL_BLOCKWISE_MAX_K, however long the product: a tile of a few
 # K-tiles spends much of its time filling the ring and storing, and the fourth stage loads the next tile's first
-# K-tiles further ahead. On an H100 (quick compare, one run, reports/h100-sxm/gemm-tensorwise-leads, `tall4-shortk-*`),
-# each new pick beside the three-stage one: all 12 products of K 512-1024 over the shape sets gained, 1.026-1.188x
-# (1.07x geomean; the 70B tp8 wo shard 1.03-1.06x, DeepSeek-V3's K 512 1.17-1.19x), 3.4e10-2.7e11 multiply-adds
-# alike. At K 2048 five products gained 1.015-1.064x and K 1536 lost 0.7%, with more products of K 1536-2048
-# untimed: the limit stays at the measured K.
-DEEP_TALL_BLOCKWISE_MAX_K = 1024
+# K-tiles further ahead. Each new pick beside the three-stage one (quick compares, one run each): on an H100
+# (reports/h100-sxm/gemm-tensorwise-leads, `tall4-shortk-*`) all 12 products of K 512-1024 over the shape sets gained,
+# 1.026-1.188x (1.07x geomean; the 70B tp8 wo shard 1.03-1.06x, DeepSeek-V3's K 512 1.17-1.19x), 3.4e10-2.7e11
+# multiply-adds alike, and five of K 2048 with four stages forced 1.015-1.064x; on an H200 (reports/h200/
+# gemm-blockwise-shortk-k2048) the 13 products of K 1536-2048 whose pick is the 192-row tile, 12 of them 1.004-1.105x
+# (1.026x geomean) and DeepSeek-V3's M 4096, K 1536, N 24576 0.991x (0.993x on the H100).
+DEEP_TALL_BLOCKWISE_MAX_K = 2048
 GLUON_TILES = {
     # The three-consumer tile runs fast accumulation too. Without it, the fast regime took 128 x 64 or 128 x 128
     # tiles on N 1040 and N 1376 at 4096 tokens, and ran 1.43x and 1.08x slower than the same products promoted in
@@ -532,7 +540,10 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
             config = dataclasses.replace(config, overlap_promotion=False)
         if _clustered(M, N, K, granularity, b_scale_rows, config):
             config = dataclasses.replace(config, cluster_m=2, split_last_wave=False)  # its splits ran slower
-        return _walk(M, N, K, _deepened(M, N, K, granularity, config, device), device)
+        config = _walk(M, N, K, _deepened(M, N, K, granularity, config, device), device)
+        if _misaligned_rows(K, granularity, fast_accum, config):
+            config = dataclasses.replace(config, cluster_m=2, split_last_wave=False)
+        return config
     preset = BLOCKWISE if granularity is Granularity.BLOCKWISE else FAST_ACCUM if fast_accum else PROMOTED
     config = fit_shared_memory(preset.with_sms(device.multiprocessor_count), device)
     if config.shared_memory_bytes > device.shared_memory_budget:
@@ -542,8 +553,14 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
 
 def _clustered(M: int, N: int, K: int, granularity: Granularity, b_scale_rows: int, config: Fp8GemmConfig) -> bool:
     """Whether the heuristic runs this Gluon pick as a 2-CTA cluster (see CLUSTER_MIN_K)."""
-    return (granularity is Granularity.BLOCKWISE and b_scale_rows == BLOCK and config.block_n <= CLUSTER_MAX_BLOCK_N
-            and K >= CLUSTER_MIN_K and M * N * K >= CLUSTER_MIN_MACS and last_wave_split(M, N, K, config) == (0, 1))
+    return (granularity is Granularity.BLOCKWISE and b_scale_rows == BLOCK and K >= CLUSTER_MIN_K and M * N * K >= CLUSTER_MIN_MACS and last_wave_split(M, N, K, config) == (0, 1))
+
+
+def _misaligned_rows(K: int, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig) -> bool:
+    """Whether the heuristic runs this Gluon pick as a 2-CTA cluster for its rows off the sector (see SECTOR_BYTES);
+    FP8 operands: a row of K elements is K bytes."""
+    return (granularity is not Granularity.BLOCKWISE and fast_accum and K % SECTOR_BYTES != 0
+            and config.block_m * config.block_n >= MISALIGNED_CLUSTER_MIN_AREA and config.cluster_m == 1)
 
 
 def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmConfig,

@@ -59,9 +59,12 @@ def test_every_gluon_candidate_assembles_without_spills_or_serialized_wgmmas():
                     reason=f"the Gluon kernel is written against Triton {GLUON_TRITON_RELEASES}, this is {triton.__version__}")
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="Gluon kernels are not compiled under TRITON_INTERPRET, "
                     "which a test run without a GPU sets")
-def test_a_cluster_of_two_ctas_multicasts_b_into_the_buffers_triton_allocated():
+@pytest.mark.parametrize("regime, block_m, block_n", [("blockwise/fast_accum=off", 192, 128),
+                                                      ("tensorwise/fast_accum=on", 128, 256)])
+def test_a_cluster_of_two_ctas_multicasts_b_into_the_buffers_triton_allocated(regime, block_m, block_n):
     """cluster_m 2 compiles as a 2-CTA cluster whose B comes by one multicast load a CTA, each CTA holding its own copy of
-    every tile in the swizzle one CTA's tile takes (compile_sm90 checks the inline PTX's offsets against Triton's)."""
+    every tile in the swizzle one CTA's tile takes (compile_sm90 checks the inline PTX's offsets against Triton's); the
+    256-wide tile too, its B in two 128-row boxes a slot."""
     import dataclasses
     import re
 
@@ -69,17 +72,17 @@ def test_a_cluster_of_two_ctas_multicasts_b_into_the_buffers_triton_allocated():
 
     from fp8kernels._gemm_ws import compile_sm90, shared_layout
     from fp8kernels.gemm_configs import gluon_tiles
-    from fp8kernels.scaling import Granularity
 
-    tile = next(t for t, _ in gluon_tiles(Granularity.BLOCKWISE, False) if t.block_m == 192)
+    granularity, fast_accum = sass_tool.parse_regime(regime)
+    tile = next(t for t, _ in gluon_tiles(granularity, fast_accum) if (t.block_m, t.block_n) == (block_m, block_n))
     kernel = compile_sm90(dataclasses.replace(tile.with_sms(132), split_last_wave=False, cluster_m=2),
-                          Granularity.BLOCKWISE, False)
+                          granularity, fast_accum)
     assert re.search(r"\.reqnctapercluster 2\b", kernel.asm["ptx"])
     sass = get_sass(kernel.asm["cubin"])
     assert sass.count("UTMALDG.2D.MULTICAST") == 1 and "UCGABAR_WAIT" in sass
     # The producer issues each TMA load once, not in a loop over lanes (the multicast and the peer's arrives elect
     # their thread: kernels/_cluster.py), and each consumer warp arrives on the peer's barrier.
     assert "BRA.U.ANY" not in sass
-    assert sass.count("SYNCS.ARRIVE.TRANS64.RED") == 3  # one remote arrive in each consumer warpgroup's loop
+    assert sass.count("SYNCS.ARRIVE.TRANS64.RED") == block_m // 64  # one remote arrive in each consumer warpgroup's loop
     assert shared_layout([64, 128], "float8_e4m3fn", 2).swizzle_byte_width == 128
     assert shared_layout([64, 128], "float8_e4m3fn", 2).cga_layout == [[0, 0]]

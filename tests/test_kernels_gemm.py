@@ -262,8 +262,6 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
          "two products"),
         (dict(cluster_m=2), "cluster_m"),
         (dict(gluon_ws=True, block_n=128, num_stages=3, num_warps=8, epilogue_subtile=False, cluster_m=3), "cluster_m"),
-        # Triton 3.6 cannot slice a cluster's B tile into the 256-wide tile's halves.
-        (dict(gluon_ws=True, block_n=256, num_stages=3, num_warps=8, epilogue_subtile=False, cluster_m=2), "128 wide"),
         (dict(gluon_ws=True, block_n=128, num_stages=3, num_warps=8, epilogue_subtile=False, cluster_m=2,
               dynamic_tiles=True), "cluster_m"),
     ],
@@ -519,6 +517,29 @@ def test_the_heuristic_runs_long_large_blockwise_products_as_clusters():
     assert choose_config(8192, 8192, 28672, Granularity.BLOCKWISE, False, H100, gluon=False).cluster_m == 1
 
 
+def test_the_heuristic_multicasts_fast_accumulation_rows_off_the_l2_sector():
+    """Tensorwise and axiswise with fast accumulation: cluster_m 2, unsplit, where K is not a multiple of SECTOR_BYTES
+    and the pick is at least a 192 x 128 tile; never promoted, blockwise, on K a multiple of 32 or on smaller tiles."""
+    from fp8kernels.gemm_configs import SECTOR_BYTES
+
+    def pick(M, K, N, granularity=Granularity.TENSORWISE, fast_accum=True):
+        return choose_config(M, N, K, granularity, fast_accum, H100, gluon=True)
+
+    for granularity in (Granularity.TENSORWISE, Granularity.AXISWISE):
+        for K in (2000, 1040, 7024):
+            config = pick(4096, K, 4096, granularity)
+            assert K % SECTOR_BYTES and (config.block_m, config.block_n, config.cluster_m) == (128, 256, 2)
+            assert not config.split_last_wave and not config.dynamic_tiles
+            assert pick(4096, K, 4096, granularity, fast_accum=False).cluster_m == 1
+        for K in (1984, 2016, 1056, 7008, 4096):
+            assert pick(4096, K, 4096, granularity).cluster_m == 1
+    # A 192-row pick keeps its four stages (the form timed as a cluster).
+    tall = pick(4096, 2000, 1040)
+    assert (tall.block_m, tall.num_stages, tall.cluster_m) == (192, 4, 2)
+    assert pick(128, 1040, 4096).cluster_m == 1  # few rows: a smaller tile, not timed as a cluster
+    assert choose_config(4096, 4096, 2000, Granularity.TENSORWISE, True, H100, gluon=False).cluster_m == 1
+
+
 def test_the_heuristic_takes_the_gluon_kernel_only_where_it_runs(monkeypatch):
     from fp8kernels import gemm
 
@@ -642,12 +663,12 @@ def test_a_cluster_walks_pairs_of_row_tiles_on_half_the_sms():
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_gpu_cluster_multicasting_b_gives_the_single_ctas_result_bit_for_bit(case):
-    """Each Gluon tile up to CLUSTER_MAX_BLOCK_N wide run as 2-CTA clusters multicasting B (cluster_m 2) against the
+    """Each Gluon tile run as 2-CTA clusters multicasting B (cluster_m 2) against the
     same tile one CTA a program: every tile's sum is the same instructions in the same order, so the outputs are
     bit-identical. On odd row-tile counts (the last pair's second CTA past M, whose loads the first still needs), ragged
     M and N, one cluster, few clusters, and many tiles per cluster; three launches in a row. Where the clusters split
     their last wave's pairs along K (split_last_wave), the sum's order changes: checked against the reference."""
-    from fp8kernels.gemm_configs import CLUSTER_MAX_BLOCK_N, gluon_tiles, persistent_grid
+    from fp8kernels.gemm_configs import gluon_tiles, persistent_grid
 
     granularity, fast_accum = case
     limit = FAST_ACCUM_TOLERANCE if fast_accum else PROMOTED_TOLERANCE
@@ -655,8 +676,6 @@ def test_gpu_cluster_multicasting_b_gives_the_single_ctas_result_bit_for_bit(cas
     ragged = 0 if granularity is Granularity.BLOCKWISE else 16  # blockwise weights: whole 128 x 128 blocks
     split_runs = 0
     for tile, _ in gluon_tiles(granularity, fast_accum):
-        if tile.block_n > CLUSTER_MAX_BLOCK_N:
-            continue
         for programs, (M, K, N) in ((sms, (5000, 4096, 2048 + ragged)), (6, (1040, 1152, 1280 + ragged)),
                                     (sms, (100, 1024, 384)), (sms, (8192, 8192, 1280))):
             single = dataclasses.replace(tile.with_sms(programs), split_last_wave=False, dynamic_tiles=False)

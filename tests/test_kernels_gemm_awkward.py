@@ -163,12 +163,14 @@ def test_short_products_run_the_192_row_tile_with_a_fourth_stage_unsplit(regime)
 
 def test_blockwise_runs_the_192_row_tile_with_a_fourth_stage_where_k_is_short():
     """Blockwise: the 192-row pick of K up to DEEP_TALL_BLOCKWISE_MAX_K gets DEEP_TALL_STAGES stages, however long the
-    product (the 70B tp8 wo shard at M 8192 and 16384, DeepSeek-V3's K 512 at 16384 tokens); K 2048 keeps three."""
-    for M, N, K in [(8192, 8192, 1024), (16384, 8192, 1024), (16384, 32768, 512)]:
+    product (the 70B tp8 wo shard at M 8192 and 16384, DeepSeek-V3's K 512 at 16384 tokens, K 1536-2048 products);
+    K 3584 (the tp8 w2 shard) keeps three."""
+    for M, N, K in [(8192, 8192, 1024), (16384, 8192, 1024), (16384, 32768, 512), (8192, 8192, 2048),
+                    (16384, 24576, 1536)]:
         config = choose_config(M, N, K, *BLOCKWISE, H100, gluon=True)
         assert (config.block_m, config.num_stages, config.split_last_wave) == (
             GLUON_THREE_CONSUMER_ROWS, gemm_configs.DEEP_TALL_STAGES, False), (M, N, K)
-    longer = choose_config(8192, 8192, 2048, *BLOCKWISE, H100, gluon=True)
+    longer = choose_config(16384, 8192, 3584, *BLOCKWISE, H100, gluon=True)
     assert (longer.block_m, longer.num_stages) == (GLUON_THREE_CONSUMER_ROWS, 3)
 
 

@@ -43,7 +43,7 @@ from fp8bench.harness.runner import measured_row
 from fp8bench.benchmarks.shapes import llama, parse_product, square, training
 from fp8bench.harness.timing import TimerChoice
 from fp8kernels.gemm import device_properties, fp8_gemm, gemm_config, gluon_runs_on, launch_kernel
-from fp8kernels.gemm_configs import (CLUSTER_MAX_BLOCK_N, Fp8GemmConfig, candidate_configs, choose_config, config_label,
+from fp8kernels.gemm_configs import (Fp8GemmConfig, candidate_configs, choose_config, config_label,
                                     last_wave_split, parse_config_fields)
 from fp8kernels.gemm_autotune import tuning_candidates
 
@@ -310,7 +310,7 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
             candidate: list[str] = typer.Option([], help="NAME=VALUE, repeatable: also time the pick of the heuristic "
                                                           "with this model constant changed (gemm_heuristic_grade.py "
                                                           "--set), side by side, where it differs"),
-            multicast: bool = typer.Option(False, help="also time each Gluon pick up to 128 wide in its other form, "
+            multicast: bool = typer.Option(False, help="also time each Gluon pick in its other form, "
                                                         "side by side: as a cluster of two CTAs multicasting B "
                                                         "(cluster_m 2), or as one CTA where the pick is a cluster"),
             fields: list[str] = typer.Option([], help="a JSON object of config fields, repeatable (e.g. '{\"num_stages\": "
@@ -409,7 +409,7 @@ def pick_variants(s: GemmShape, g: Granularity, f: bool, pick: Callable[[GemmSha
             candidate = pick(s, g, f)
             moved = candidate.options_for(s.M, s.N, s.K) != picked
         variants += [Variant(candidate, candidate_name, settings)] if moved else []
-    if multicast and config.gluon_ws and config.block_n <= CLUSTER_MAX_BLOCK_N:  # the pick's other form
+    if multicast and config.gluon_ws:  # the pick's other form
         twin = (dataclasses.replace(config, cluster_m=1) if config.cluster_m == 2 else
                 dataclasses.replace(config, dynamic_tiles=False, cluster_m=2))
         variants.append(Variant(twin, "multicast"))
