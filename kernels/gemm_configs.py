@@ -303,15 +303,16 @@ OVERLAP_MIN_WAVES = 8
 CLUSTER_MIN_K = 8192
 CLUSTER_MIN_MACS = 8 * 10**11
 # Tensorwise and axiswise with fast accumulation: where a row of A and of B^T (K bytes) is not a multiple of
-# SECTOR_BYTES, the 128 x 256 and 192 x 128 picks run as 2-CTA clusters multicasting B, without a split. Our kernel
-# and cuBLAS's promoted one ran about 1.2x slower at K 2000 than at K 1984 or 2016 (M 4096, N 4096), cuBLAS's with
-# fast accumulation 1.03x. On an H200 (quick compare, one run, reports/h200/gemm-misaligned-k-multicast) the cluster
-# ran 1.11-1.20x faster than the pick at K 1040, 2000 and 7024 (M 4096, N 4096) and K 2000 at N 7008, in both
-# regimes, and 0.96-1.00x where K is a multiple of 32 (K 1056-7008 at M 4096; 0.87-1.05x over the 27 target
-# shapes); on an H100 the four-stage 192-row cluster ran 1.17-1.22x faster than the same tile alone at K 1040 and
-# 2000 (reports/h100-sxm/gemm-tensorwise-leads, `awkward-variants`). Why, we infer and have not profiled: a 128-byte
-# TMA row read 16 bytes off a sector spans five sectors, not four, and multicasting halves each CTA's reads of B.
-# The promoted 128 x 256 cluster spills (1 KB), and tiles of fewer rows or columns were not timed so.
+# SECTOR_BYTES, the 128 x 256 and 192 x 128 picks run as 2-CTA clusters multicasting B, without a split. On an H200
+# (quick compares, reports/h200/gemm-misaligned-k-multicast), at K 1040, 2000 and 7024 against K 1056, 2016 and 7008
+# (as many K-tiles; M 4096, N 4096) our kernel took 1.15-1.23x as long with fast accumulation, cuBLAS's 1.02-1.03x
+# (promoted: 1.13-1.19x and 1.05-1.12x). The cluster ran 1.11-1.20x faster than the pick at K 1040, 2000 and 7024
+# and K 2000 at N 7008, in both regimes, and 0.96-1.00x where K is a multiple of 32 (K 1056-7008 at M 4096;
+# 0.87-1.05x over the 27 target shapes). On an H100 the four-stage 192-row cluster ran 1.17-1.22x faster than the
+# same tile alone at K 1040 and 2000 (reports/h100-sxm/gemm-tensorwise-leads, `awkward-variants`). Why, we infer and
+# have not profiled: a 128-byte TMA row read 16 bytes off a sector spans five sectors, not four, and multicasting
+# halves each CTA's reads of B. The promoted 128 x 256 cluster spills (1 KB), and smaller tiles were not timed so.
+# `tools/gemm_sweep.py compare --candidate SECTOR_BYTES=16` times the one-CTA picks beside the clusters.
 SECTOR_BYTES = 32
 MISALIGNED_CLUSTER_MIN_AREA = GLUON_THREE_CONSUMER_ROWS * 128
 # The walk groups group_m row tiles so that a wave of programs reads few A and B panels from L2, each panel
