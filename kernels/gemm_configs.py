@@ -312,7 +312,9 @@ CLUSTER_MIN_MACS = 8 * 10**11
 # same tile alone at K 1040 and 2000 (reports/h100-sxm/gemm-tensorwise-leads, `awkward-variants`). Why, we infer and
 # have not profiled: a 128-byte TMA row read 16 bytes off a sector spans five sectors, not four, and multicasting
 # halves each CTA's reads of B. The promoted 128 x 256 cluster spills (1 KB), and smaller tiles were not timed so.
-# `tools/gemm_sweep.py compare --candidate SECTOR_BYTES=16` times the one-CTA picks beside the clusters.
+# Over fp8bench's shape sets (229 products) the rule changes 6 picks, all timed above: K 1040 and 2000 at N 4096 and
+# K 2000 at N 7008 (M 4096), tensorwise and axiswise. `tools/gemm_sweep.py compare --candidate SECTOR_BYTES=16`
+# times the one-CTA picks beside the clusters.
 SECTOR_BYTES = 32
 MISALIGNED_CLUSTER_MIN_AREA = GLUON_THREE_CONSUMER_ROWS * 128
 # The walk groups group_m row tiles so that a wave of programs reads few A and B panels from L2, each panel
@@ -349,7 +351,8 @@ DEEP_TALL_STAGES = 4
 # 1.026-1.188x (1.07x geomean; the 70B tp8 wo shard 1.03-1.06x, DeepSeek-V3's K 512 1.17-1.19x), 3.4e10-2.7e11
 # multiply-adds alike, and five of K 2048 with four stages forced 1.015-1.064x; on an H200 (reports/h200/
 # gemm-blockwise-shortk-k2048) the 13 products of K 1536-2048 whose pick is the 192-row tile, 12 of them 1.004-1.105x
-# (1.026x geomean) and DeepSeek-V3's M 4096, K 1536, N 24576 0.991x (0.993x on the H100).
+# (1.026x geomean) and DeepSeek-V3's M 4096, K 1536, N 24576 0.991x (0.993x on the H100). Over fp8bench's shape sets
+# the limit of 2048 changes 14 blockwise picks: those 13 and 1536^3, not timed.
 DEEP_TALL_BLOCKWISE_MAX_K = 2048
 GLUON_TILES = {
     # The three-consumer tile runs fast accumulation too. Without it, the fast regime took 128 x 64 or 128 x 128
