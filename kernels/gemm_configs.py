@@ -542,11 +542,9 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
                      * tile_fill(M, N, tile[0]))[0]
         if config.overlap_promotion and _few_waves(M, N, config):
             config = dataclasses.replace(config, overlap_promotion=False)
-        if _clustered(M, N, K, granularity, b_scale_rows, config):
-            config = dataclasses.replace(config, cluster_m=2, split_last_wave=False)  # its splits ran slower
         config = _walk(M, N, K, _deepened(M, N, K, granularity, config, device), device)
-        if _misaligned_rows(K, granularity, fast_accum, config):
-            config = dataclasses.replace(config, cluster_m=2, split_last_wave=False)
+        if _clustered(M, N, K, granularity, fast_accum, b_scale_rows, config):
+            config = dataclasses.replace(config, cluster_m=2, split_last_wave=False)  # its splits ran slower
         return config
     preset = BLOCKWISE if granularity is Granularity.BLOCKWISE else FAST_ACCUM if fast_accum else PROMOTED
     config = fit_shared_memory(preset.with_sms(device.multiprocessor_count), device)
@@ -555,16 +553,17 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
     return config
 
 
-def _clustered(M: int, N: int, K: int, granularity: Granularity, b_scale_rows: int, config: Fp8GemmConfig) -> bool:
-    """Whether the heuristic runs this Gluon pick as a 2-CTA cluster (see CLUSTER_MIN_K)."""
-    return (granularity is Granularity.BLOCKWISE and b_scale_rows == BLOCK and K >= CLUSTER_MIN_K and M * N * K >= CLUSTER_MIN_MACS and last_wave_split(M, N, K, config) == (0, 1))
-
-
-def _misaligned_rows(K: int, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig) -> bool:
-    """Whether the heuristic runs this Gluon pick as a 2-CTA cluster for its rows off the sector (see SECTOR_BYTES);
-    FP8 operands: a row of K elements is K bytes."""
-    return (granularity is not Granularity.BLOCKWISE and fast_accum and K % SECTOR_BYTES != 0
-            and config.block_m * config.block_n >= MISALIGNED_CLUSTER_MIN_AREA and config.cluster_m == 1)
+def _clustered(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, b_scale_rows: int,
+               config: Fp8GemmConfig) -> bool:
+    """Whether the heuristic runs this Gluon pick as a 2-CTA cluster: a long, large blockwise product that splits no
+    tile (see CLUSTER_MIN_K), or with fast accumulation a tile of rows off the L2 sector (see SECTOR_BYTES; FP8
+    operands: a row of K elements is K bytes). Asked of the pick as _deepened and _walk leave it: a four-stage 192-row
+    pick clusters with its four stages, the form timed so; no blockwise product is both short enough in K for the
+    fourth stage and long enough for a cluster (DEEP_TALL_BLOCKWISE_MAX_K < CLUSTER_MIN_K)."""
+    if granularity is Granularity.BLOCKWISE:
+        return (b_scale_rows == BLOCK and K >= CLUSTER_MIN_K and M * N * K >= CLUSTER_MIN_MACS
+                and last_wave_split(M, N, K, config) == (0, 1))
+    return fast_accum and K % SECTOR_BYTES != 0 and config.block_m * config.block_n >= MISALIGNED_CLUSTER_MIN_AREA
 
 
 def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmConfig,
@@ -572,7 +571,7 @@ def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmC
     """A 192-row pick with DEEP_TALL_STAGES stages and no split, where that ring fits: tensorwise or axiswise on a
     short product of few waves, blockwise where K is short (see DEEP_TALL_STAGES)."""
     deepens = K <= DEEP_TALL_BLOCKWISE_MAX_K if granularity is Granularity.BLOCKWISE else _short_product(M, N, K, config)
-    if not deepens or config.block_m != GLUON_THREE_CONSUMER_ROWS or config.cluster_m != 1:
+    if not deepens or config.block_m != GLUON_THREE_CONSUMER_ROWS:
         return config
     deeper = dataclasses.replace(config, num_stages=DEEP_TALL_STAGES, split_last_wave=False)
     return deeper if deeper.shared_memory_bytes <= device.shared_memory_budget else config
