@@ -904,6 +904,68 @@ def test_compare_times_each_pick_with_forced_fields_where_they_change_it_and_fit
     assert [v.name for v in variants] == ["", "rows"]
 
 
+def _kernel_copy(tmp_path):
+    """A copy of kernels/ whose persistent kernel's launcher counts its calls, loaded beside the installed
+    fp8kernels (tools/kernel_tree.py)."""
+    import shutil
+    from pathlib import Path
+
+    from tool_module import load_tool
+
+    copy = tmp_path / "kernels"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "kernels", copy,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "_gemm_persistent.py", "a") as launcher:
+        launcher.write("\n\nCALLS = []\n_launch = launch_fp8_gemm\n\n\n"
+                       "def launch_fp8_gemm(*args, **kwargs):\n    CALLS.append(args[4].shape)\n"
+                       "    return _launch(*args, **kwargs)\n")
+    return load_tool("kernel_tree").KernelTree(copy)
+
+
+def test_a_copy_of_the_kernels_runs_its_own_modules_beside_the_installed_ones(tmp_path):
+    """`compare --baseline-kernels`: the copy's fp8_gemm runs the copy's kernel modules, even those fp8kernels
+    imports inside its functions, gives the installed kernels' result bit for bit, and leaves sys.modules as it was."""
+    import sys
+
+    import fp8kernels._gemm_persistent as installed_launcher
+    import fp8kernels.gemm as installed_gemm
+
+    tree = _kernel_copy(tmp_path)
+    qa, qb_t, sa, sb = _quantized(48, 256, 80, Granularity.AXISWISE, seed=5)
+    config = dataclasses.replace(gemm_config(48, 80, 256, Granularity.AXISWISE, False, qa.device), split_last_wave=False)
+    copied = tree.config(config)
+    assert type(copied) is not type(config) and dataclasses.asdict(copied) == dataclasses.asdict(config)
+    out = tree.fp8_gemm(qa, qb_t, sa, sb, granularity=Granularity.AXISWISE, config=copied)
+    assert tree.gemm is not installed_gemm and sys.modules["fp8kernels.gemm"] is installed_gemm
+    assert sys.modules["fp8kernels._gemm_persistent"] is installed_launcher
+    assert not hasattr(installed_launcher, "CALLS")
+    assert tree._modules["fp8kernels._gemm_persistent"].CALLS == [(48, 80)]
+    assert torch.equal(out, fp8_gemm(qa, qb_t, sa, sb, granularity=Granularity.AXISWISE, config=config))
+
+
+def test_compare_times_each_pick_on_the_baseline_kernels_too(tmp_path):
+    from fp8bench.benchmarks.shapes import parse_product
+    from tool_module import load_tool
+
+    gemm_sweep = load_tool("gemm_sweep", triton_kernels=True)
+    tree = _kernel_copy(tmp_path)
+
+    def pick(shape, granularity, fast_accum):
+        return choose_config(shape.M, shape.N, shape.K, granularity, fast_accum, H100, gluon=True)
+
+    variants = gemm_sweep.pick_variants(parse_product("8192x8192x8192"), Granularity.TENSORWISE, True, pick,
+                                        baseline=tree)
+    assert [(v.name, v.tree) for v in variants] == [("", None), ("baseline", tree)]
+    assert variants[1].config == variants[0].config
+
+
+def test_compare_refuses_a_baseline_folder_without_the_kernels(tmp_path):
+    done = _compare_cli(tmp_path / "out", "--baseline-kernels", str(tmp_path))
+    stderr = " ".join(done.stderr.split())
+    assert done.returncode == 2 and "--baseline-kernels" in stderr and "no __init__.py" in stderr, stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_config_fields_parse_to_what_a_config_takes():
     from fp8kernels.gemm_configs import NARROW_GLUON, parse_config_fields
 

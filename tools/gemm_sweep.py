@@ -1,6 +1,7 @@
 """Our FP8 GEMM (fp8kernels.gemm) against cuBLAS (torch._scaled_mm), side by side on one GPU.
 
     python tools/gemm_sweep.py compare --out DIR   # the heuristic's configs on the target shapes
+    python tools/gemm_sweep.py compare --out DIR --baseline-kernels /tmp/kernels-before   # a kernel change's A/B
     python tools/gemm_sweep.py tune --out DIR      # every candidate config on a few tuning shapes
     python tools/gemm_sweep.py gluon --out DIR     # the Gluon kernel's configs against the Triton preset
     python tools/gemm_sweep.py wgrad --out DIR     # grad_weight's blockwise products (1 x 128 x 1 x 128)
@@ -49,6 +50,7 @@ from fp8kernels.gemm_autotune import tuning_candidates
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gemm_heuristic_grade import changed, parse_setting  # noqa: E402  (a sibling script, not a package)
+from kernel_tree import KernelTree  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 console = Console(width=200)
@@ -154,10 +156,12 @@ class Variant:
     """A config of ours timed under a name (`variant` in the summary; "" for the config as given): in `compare`, the
     heuristic's pick's twin that splits no tile, its other multicast form, the pick with config fields forced on, or
     the pick of the heuristic with model constants changed (`settings`, gemm_heuristic_grade.py's --set), run with
-    them in place, since the last wave's split is sized at each launch."""
+    them in place, since the last wave's split is sized at each launch, or the pick run by another copy of the
+    kernels (`tree`, --baseline-kernels)."""
     config: Fp8GemmConfig
     name: str = ""
     settings: tuple[tuple[str, float], ...] = ()
+    tree: KernelTree | None = None
 
     def constants(self):
         return changed(list(self.settings)) if self.settings else contextlib.nullcontext()
@@ -195,9 +199,15 @@ class SideBySide:
     def _ours(shape: GemmShape, quantized, granularity: Granularity, fast_accum: bool, variant: Variant):
         """(run, options) of our kernel on `variant`'s config; the options name a named variant."""
 
-        def run():
-            with variant.constants():
-                return fp8_gemm(*quantized, granularity=granularity, fast_accum=fast_accum, config=variant.config)
+        if variant.tree is None:
+            def run():
+                with variant.constants():
+                    return fp8_gemm(*quantized, granularity=granularity, fast_accum=fast_accum, config=variant.config)
+        else:
+            config = variant.tree.config(variant.config)
+
+            def run():
+                return variant.tree.fp8_gemm(*quantized, granularity=granularity, fast_accum=fast_accum, config=config)
 
         with variant.constants():
             options = variant.config.options_for(shape.M, shape.N, shape.K)
@@ -317,6 +327,9 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
                                                       "5, \"split_last_wave\": false}'): also time each pick with them "
                                                       "forced on, side by side, where that changes it and the regime "
                                                       "takes it"),
+            baseline_kernels: Path | None = typer.Option(None, help="another checkout's kernels/ (or a copy of it): also "
+                                                                     "time each pick with those kernels, side by side "
+                                                                     "on the same operands (variant `baseline`)"),
             timer: str = TIMER) -> None:
     """The heuristic's config on every target shape, each regime against cuBLAS."""
     import torch
@@ -334,6 +347,10 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--fields") from None
     candidate_name = ", ".join(candidate)
+    try:
+        baseline = KernelTree(baseline_kernels) if baseline_kernels else None
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--baseline-kernels") from None
     _require_gpu("compare")
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     cuda = torch.device("cuda")
@@ -343,7 +360,8 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
 
     # Once per shape and regime, for the compiles and the timing alike.
     variants = {(s.name, g, f): pick_variants(s, g, f, pick, unsplit=unsplit, settings=settings,
-                                              candidate_name=candidate_name, multicast=multicast, forced=forced)
+                                              candidate_name=candidate_name, multicast=multicast, forced=forced,
+                                              baseline=baseline)
                 for s in shapes for g, f in regimes}
     precompile(sorted({(g, f, v.config) for (_, g, f), timed in variants.items() for v in timed}, key=str))
     with _open_run(out, "compare") as writer:
@@ -374,7 +392,9 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
                            ("multicast", "the pick's twin as a 2-CTA cluster multicasting B, or as one CTA where the pick "
                                           "is a cluster: our time / the twin's"),
                            (candidate_name, f"the heuristic with {candidate_name}: our time with its pick now / with this"),
-                           *((name, f"the pick with {name} forced: our time / the twin's") for name in forced)):
+                           *((name, f"the pick with {name} forced: our time / the twin's") for name in forced),
+                           ("baseline" if baseline else "", f"the pick on the kernels of {baseline_kernels}: our time "
+                                                            f"with this checkout's kernels / with those")):
         if variant:  # no --candidate: its name is the pick's own ""
             _print_variant_gains(per_shape, ours[ours.variant == variant], variant, title)
 
@@ -395,10 +415,12 @@ def clock_mismatches(frame: pd.DataFrame) -> pd.DataFrame:
 
 def pick_variants(s: GemmShape, g: Granularity, f: bool, pick: Callable[[GemmShape, Granularity, bool], Fp8GemmConfig],
                   unsplit: bool = False, settings: tuple[tuple[str, float], ...] = (), candidate_name: str = "",
-                  multicast: bool = False, forced: dict[str, dict] | None = None) -> list[Variant]:
+                  multicast: bool = False, forced: dict[str, dict] | None = None,
+                  baseline: KernelTree | None = None) -> list[Variant]:
     """What `compare` times of ours on one shape and regime: the heuristic's `pick` and, as asked, its twin that
     splits no tile, the heuristic's pick with model constants changed (`settings`), its other multicast form, and
-    the pick with each of `forced`'s config fields on (name -> fields), each where it differs from the pick."""
+    the pick with each of `forced`'s config fields on (name -> fields), each where it differs from the pick; and
+    the pick on the `baseline` copy of the kernels."""
     config = pick(s, g, f)
     variants = [Variant(config)]
     if unsplit and last_wave_split(s.M, s.N, s.K, config)[0]:
@@ -421,6 +443,8 @@ def pick_variants(s: GemmShape, g: Granularity, f: bool, pick: Callable[[GemmSha
             console.print(f"[yellow]{s.name} {_regime_name(g, f)}: {name} not timed: {err}[/]")
             continue
         variants += [Variant(twin, name)] if twin != config else []
+    if baseline is not None:
+        variants.append(Variant(config, "baseline", tree=baseline))
     return variants
 
 
