@@ -758,6 +758,9 @@ def e2e(
     one_gpu_baseline: bool = typer.Option(
         False, "--one-gpu-baseline", help="with --nproc-per-node N: first the same cases on one GPU, in the same run, for the report's scaling efficiency"
     ),
+    baseline_gpus: int = typer.Option(
+        0, min=0, help="with --nproc-per-node N: first the same cases on the first K of its GPUs (0 < K < N), in the same run, for the report's scaling efficiency from K GPUs to N (--one-gpu-baseline is K = 1)"
+    ),
     reshard_after_forward: str = typer.Option(
         "default", help="FSDP2, per block: default (each block frees its gathered weights after its forward, the last one after its backward) | never (every block keeps them until its backward: no all-gather in the backward, the unsharded weights' memory)"
     ),
@@ -787,6 +790,11 @@ def e2e(
     world_size = int(os.environ.get("WORLD_SIZE", "1")) if distributed else nproc_per_node
     if one_gpu_baseline and nproc_per_node < 2:
         raise typer.BadParameter("--one-gpu-baseline measures a run on several GPUs against one: give --nproc-per-node 2 or more")
+    if baseline_gpus and not baseline_gpus < nproc_per_node:
+        raise typer.BadParameter(f"--baseline-gpus {baseline_gpus} measures a run on --nproc-per-node GPUs against fewer: "
+                                 f"give --nproc-per-node more than {baseline_gpus}")
+    if one_gpu_baseline and baseline_gpus > 1:
+        raise typer.BadParameter("--one-gpu-baseline is --baseline-gpus 1: give one of the two")
     try:
         if model == CUSTOM:
             dims = (dim, ffn_dim, heads, kv_heads, vocab)

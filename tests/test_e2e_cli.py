@@ -27,6 +27,8 @@ runner = CliRunner()
         (["--layers", "0"], "layers"),
         (["--nproc-per-node", "0"], "nproc-per-node"),
         (["--one-gpu-baseline"], "--one-gpu-baseline measures a run on several GPUs against one: give --nproc-per-node 2 or more"),
+        (["--nproc-per-node", "2", "--baseline-gpus", "2"], "--baseline-gpus 2 measures a run on --nproc-per-node GPUs against fewer: give --nproc-per-node more than 2"),
+        (["--nproc-per-node", "4", "--baseline-gpus", "2", "--one-gpu-baseline"], "--one-gpu-baseline is --baseline-gpus 1: give one of the two"),
     ],
 )
 def test_cli_rejects_bad_options_with_exit_2(args, message):
@@ -144,6 +146,20 @@ def test_one_gpu_baseline_runs_the_cases_on_the_first_gpu_then_resumes_the_run_o
         assert args[:3] == ["e2e", "--out", str(tmp_path / "run")] and _option(args, "--layers") == "2"
         assert _option(args, "--nproc-per-node") == nproc and ("--resume" in args) is resumed
         assert "--one-gpu-baseline" not in args
+
+
+def test_a_baseline_of_k_gpus_runs_the_cases_on_the_first_k_then_resumes_the_run_on_all(monkeypatch, tmp_path):
+    result, started = _launched(monkeypatch, tmp_path, ["--nproc-per-node", "4", "--baseline-gpus", "2"], [0, 0], visible="3,5,6,7")
+    assert result.exit_code == 0, result.output
+    (baseline, baseline_env), (several, several_env) = started
+    assert baseline[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    assert baseline_env["CUDA_VISIBLE_DEVICES"] == "3,5" and several_env["CUDA_VISIBLE_DEVICES"] == "3,5,6,7"
+    assert several[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]
+    for args, nproc, resumed in ((_e2e_args(baseline), "2", False), (_e2e_args(several), "4", True)):
+        assert _option(args, "--nproc-per-node") == nproc and ("--resume" in args) is resumed
+        assert _option(args, "--baseline-gpus") == "0"
+    result, started = _launched(monkeypatch, tmp_path, ["--nproc-per-node", "4", "--baseline-gpus", "3"], [0, 0])
+    assert result.exit_code == 0 and started[0][1]["CUDA_VISIBLE_DEVICES"] == "0,1,2"
 
 
 def test_a_failed_one_gpu_baseline_stops_before_the_run_on_several_gpus(monkeypatch, tmp_path):

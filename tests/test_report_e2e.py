@@ -198,6 +198,28 @@ def _two_gpu_rows(run_dir: Path) -> pd.DataFrame:
     return load_results(run_dir)
 
 
+def test_a_run_against_a_baseline_on_several_gpus_scales_from_its_fewest(tmp_path):
+    """--baseline-gpus 2 with --nproc-per-node 4: the 4-GPU rows against the 2-GPU ones; the 2-GPU rows, the
+    baseline, have no efficiency of their own."""
+    run_dir = copy_fixture(tmp_path / "run")
+    _two_gpu_rows(run_dir)
+    results = pd.read_csv(run_dir / "results.csv", dtype=str, keep_default_na=False)
+    results = results[results["world_size"] == "2"]
+    four = results.copy()
+    four["world_size"] = "4"
+    four["tokens_per_s"] = (four["tokens_per_s"].astype(float) * 0.9).map(str)
+    four["median_ms"] = (four["median_ms"].astype(float) / 0.9).map(str)
+    pd.concat([results, four]).to_csv(run_dir / "results.csv", index=False)
+    rows = page_rows(load_results(run_dir), Granularity.TENSORWISE)
+    scaling, growth = report_e2e.scaling_table(rows, GPU)
+    shown = table_cells(parse_html(scaling.to_html()))
+    assert {r["scaling efficiency"] for r in shown if r["on 2 GPUs"]} == {"90.0%"}
+    assert sum(1 for r in shown if not r["on 2 GPUs"] and not r["scaling efficiency"]) == (rows["world_size"] == "2").sum()
+    assert "same step's on 2 GPUs (the run's fewest)" in scaling.note
+    grown = table_cells(parse_html(growth.to_html()))
+    assert len(grown) == (rows["world_size"] == "4").sum() > 0 and all("step on 2 GPUs, ms" in cells for cells in grown)
+
+
 def test_runs_on_several_gpus_show_all_gather_bytes_and_scaling_efficiency(tmp_path):
     run_dir = copy_fixture(tmp_path / "run")
     rows = page_rows(_two_gpu_rows(run_dir), Granularity.TENSORWISE)

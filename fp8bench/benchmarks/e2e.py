@@ -925,19 +925,22 @@ def torchrun_command(options: Mapping[str, Any], run_dir) -> list[str]:
 
 def launches(options: Mapping[str, Any], run_dir, environ: Mapping[str, str]) -> list[tuple[list[str], dict[str, str]]]:
     """The processes, (command, environment) in order, that `fp8bench e2e` with these parsed options on
-    several GPUs starts: one torchrun launch; with --one-gpu-baseline, first the same cases on the first GPU
-    this process sees, then the torchrun launch resuming that run, which keeps the one-GPU rows
-    (E2EConfig.kept_on_resume): one run folder, whose report holds the scaling efficiency."""
+    several GPUs starts: one torchrun launch; with a baseline (--baseline-gpus K, --one-gpu-baseline: K = 1), first
+    the same cases on the first K GPUs this process sees, then the torchrun launch resuming that run, which keeps
+    the baseline's rows (E2EConfig.kept_on_resume): one run folder, whose report holds the scaling efficiency."""
     import sys
 
-    if not options.get("one_gpu_baseline"):
+    baseline = options.get("baseline_gpus") or (1 if options.get("one_gpu_baseline") else 0)
+    if not baseline:
         return [(torchrun_command(options, run_dir), dict(environ))]
-    single = {**options, "nproc_per_node": 1, "one_gpu_baseline": False}
-    first_gpu = environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
-    return [
-        ([sys.executable, "-m", "fp8bench.cli", *e2e_arguments(single, run_dir)], {**environ, "CUDA_VISIBLE_DEVICES": first_gpu}),
-        (torchrun_command({**options, "one_gpu_baseline": False, "resume": True}, run_dir), dict(environ)),
-    ]
+    rest = {**options, "one_gpu_baseline": False, "baseline_gpus": 0}
+    visible = environ.get("CUDA_VISIBLE_DEVICES") or ",".join(str(i) for i in range(options["nproc_per_node"]))
+    first = {**environ, "CUDA_VISIBLE_DEVICES": ",".join(visible.split(",")[:baseline])}
+    if baseline == 1:
+        command = [sys.executable, "-m", "fp8bench.cli", *e2e_arguments({**rest, "nproc_per_node": 1}, run_dir)]
+    else:
+        command = torchrun_command({**rest, "nproc_per_node": baseline}, run_dir)
+    return [(command, first), (torchrun_command({**rest, "resume": True}, run_dir), dict(environ))]
 
 
 TRACES = "traces"  # the run folder's folder of step traces (--trace)

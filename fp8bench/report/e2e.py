@@ -344,43 +344,47 @@ def _identity(rows: pd.DataFrame) -> dict[str, object]:
 
 
 def scaling_table(rows: pd.DataFrame, gpu: GpuSpec | None) -> list[Section]:
-    """Rows on several GPUs: bytes all-gathered per step, and per-GPU throughput against the same step on
-    one GPU at the same per-GPU batch where the run holds it; then, for those, where the step grows, per
-    kernel class."""
+    """Rows on several GPUs: bytes all-gathered per step, and per-GPU throughput against the same step on the
+    run's fewest GPUs (one, or the K of --baseline-gpus) at the same per-GPU batch where the run holds it; then,
+    for those, where the step grows, per kernel class."""
     ok = _plotted(rows)
     world_size = pd.to_numeric(ok["world_size"], errors="coerce")  # empty in a row written without it
     several = ok[world_size > 1]
     if several.empty:
         return []
+    fewest = world_size.min() if world_size.min() < world_size.max() else 1  # a run on N GPUs alone: against one
     keys = ["case", "compile", "activation_checkpointing", "lm_head", "backend", "recipe"]
     measures = ["tokens_per_s", "median_ms", *CLASS_COLUMNS, *OVERLAP_COLUMNS]
-    one_gpu = ok[world_size == 1].drop_duplicates(keys, keep="last")[[*keys, *measures]]
-    merged = several.merge(one_gpu, on=keys, how="left", suffixes=("", "_1gpu"))
+    baseline = ok[world_size == fewest].drop_duplicates(keys, keep="last")[[*keys, *measures]]
+    merged = several.merge(baseline, on=keys, how="left", suffixes=("", "_base"))
+    # The baseline's own rows (with --baseline-gpus K, on several GPUs too) have nothing to be measured against.
+    merged.loc[pd.to_numeric(merged["world_size"], errors="coerce") == fewest, [f"{m}_base" for m in measures]] = None
+    on_fewest = gpus(int(fewest))
     table = pd.DataFrame({
         **_identity(merged), "all-gathered per step per GPU, GB": merged["allgather_gb"].map(lambda v: _fmt(v, ".3f")),
         "tokens/s per GPU": merged["tokens_per_s"].map(lambda v: _fmt(v, ",.0f")),
-        "on 1 GPU": merged["tokens_per_s_1gpu"].map(lambda v: _fmt(v, ",.0f")),
-        "scaling efficiency": (100 * merged["tokens_per_s"] / merged["tokens_per_s_1gpu"]).map(lambda v: _fmt(v, ".1f", "%")),
+        f"on {on_fewest}": merged["tokens_per_s_base"].map(lambda v: _fmt(v, ",.0f")),
+        "scaling efficiency": (100 * merged["tokens_per_s"] / merged["tokens_per_s_base"]).map(lambda v: _fmt(v, ".1f", "%")),
     })  # fmt: skip
     note = (
         "FSDP2: bytes all-gathered per step on each GPU, from the parameters' sizes and all-gather dtypes (FP8 "
-        "for tensorwise weights of ours and torchao). Scaling efficiency: tokens/s per GPU on N GPUs over the "
-        "same step's on one GPU at the same per-GPU batch, where the run holds both."
+        f"for tensorwise weights of ours and torchao). Scaling efficiency: tokens/s per GPU on N GPUs over the "
+        f"same step's on {on_fewest} (the run's fewest) at the same per-GPU batch, where the run holds both."
     )
     sections = [Section("e2e-scaling", "Several GPUs: all-gather and scaling", rows_table(table, _TEXT), note)]
-    compared = merged[merged["median_ms_1gpu"].notna()]
+    compared = merged[merged["median_ms_base"].notna()]
     if compared.empty:
         return sections
     growth = pd.DataFrame({
-        **_identity(compared), "step on 1 GPU, ms": compared["median_ms_1gpu"].map(lambda v: _fmt(v, ".1f")),
+        **_identity(compared), f"step on {on_fewest}, ms": compared["median_ms_base"].map(lambda v: _fmt(v, ".1f")),
         "step, ms": compared["median_ms"].map(lambda v: _fmt(v, ".1f")),
-        "step grows, ms": (compared["median_ms"] - compared["median_ms_1gpu"]).map(lambda v: _fmt(v, "+.1f")),
-        **{f"{label}, ms": (compared[column] - compared[f"{column}_1gpu"]).map(lambda v: _fmt(v, "+.1f"))
+        "step grows, ms": (compared["median_ms"] - compared["median_ms_base"]).map(lambda v: _fmt(v, "+.1f")),
+        **{f"{label}, ms": (compared[column] - compared[f"{column}_base"]).map(lambda v: _fmt(v, "+.1f"))
            for column, label in (CLASS_COLUMNS | OVERLAP_COLUMNS).items()},
     })  # fmt: skip
     growth_note = (
-        "The median step on N GPUs against the same step on one, and each kernel class's time per step (one "
-        "profiled step each) on N GPUs less on one: where the step grows (a class's kernels slowed beside the "
+        f"The median step on N GPUs against the same step on {on_fewest}, and each kernel class's time per step "
+        f"(one profiled step each) on N GPUs less on {on_fewest}: where the step grows (a class's kernels slowed beside the "
         "collectives, FSDP2's copies, the collectives themselves) and where it shrinks (the optimizer steps each "
         "rank's shard). Communication runs beside the compute, so the classes' growth need not add up to the "
         "step's. The compute stream's idle time (the step's span less the time it has a kernel running) and, of "
