@@ -915,31 +915,34 @@ def _kernel_copy(tmp_path):
     copy = tmp_path / "kernels"
     shutil.copytree(Path(__file__).resolve().parents[1] / "kernels", copy,
                     ignore=shutil.ignore_patterns("__pycache__"))
-    with open(copy / "_gemm_persistent.py", "a") as launcher:
-        launcher.write("\n\nCALLS = []\n_launch = launch_fp8_gemm\n\n\n"
-                       "def launch_fp8_gemm(*args, **kwargs):\n    CALLS.append(args[4].shape)\n"
-                       "    return _launch(*args, **kwargs)\n")
+    for module, launch in (("_gemm_persistent", "launch_fp8_gemm"), ("_gemm_ws", "launch_ws_gemm")):
+        with open(copy / f"{module}.py", "a") as launcher:
+            launcher.write(f"\n\nCALLS = []\n_launch = {launch}\n\n\n"
+                           f"def {launch}(*args, **kwargs):\n    CALLS.append(args[4].shape)\n"
+                           f"    return _launch(*args, **kwargs)\n")
     return load_tool("kernel_tree").KernelTree(copy)
 
 
 def test_a_copy_of_the_kernels_runs_its_own_modules_beside_the_installed_ones(tmp_path):
     """`compare --baseline-kernels`: the copy's fp8_gemm runs the copy's kernel modules, even those fp8kernels
-    imports inside its functions, gives the installed kernels' result bit for bit, and leaves sys.modules as it was."""
+    imports inside its functions (the Gluon kernel's on a GPU, the persistent kernel's here), gives the installed
+    kernels' result bit for bit, and leaves sys.modules as it was."""
+    import importlib
     import sys
 
-    import fp8kernels._gemm_persistent as installed_launcher
     import fp8kernels.gemm as installed_gemm
 
     tree = _kernel_copy(tmp_path)
     qa, qb_t, sa, sb = _quantized(48, 256, 80, Granularity.AXISWISE, seed=5)
     config = dataclasses.replace(gemm_config(48, 80, 256, Granularity.AXISWISE, False, qa.device), split_last_wave=False)
+    launcher = "fp8kernels._gemm_ws" if config.gluon_ws else "fp8kernels._gemm_persistent"
+    installed_launcher = importlib.import_module(launcher)
     copied = tree.config(config)
     assert type(copied) is not type(config) and dataclasses.asdict(copied) == dataclasses.asdict(config)
     out = tree.fp8_gemm(qa, qb_t, sa, sb, granularity=Granularity.AXISWISE, config=copied)
     assert tree.gemm is not installed_gemm and sys.modules["fp8kernels.gemm"] is installed_gemm
-    assert sys.modules["fp8kernels._gemm_persistent"] is installed_launcher
-    assert not hasattr(installed_launcher, "CALLS")
-    assert tree._modules["fp8kernels._gemm_persistent"].CALLS == [(48, 80)]
+    assert sys.modules[launcher] is installed_launcher and not hasattr(installed_launcher, "CALLS")
+    assert tree._modules[launcher].CALLS == [(48, 80)]
     assert torch.equal(out, fp8_gemm(qa, qb_t, sa, sb, granularity=Granularity.AXISWISE, config=config))
 
 
