@@ -86,3 +86,16 @@ def test_a_cluster_of_two_ctas_multicasts_b_into_the_buffers_triton_allocated(re
     assert sass.count("SYNCS.ARRIVE.TRANS64.RED") == block_m // 64  # one remote arrive in each consumer warpgroup's loop
     assert shared_layout([64, 128], "float8_e4m3fn", 2).swizzle_byte_width == 128
     assert shared_layout([64, 128], "float8_e4m3fn", 2).cga_layout == [[0, 0]]
+
+
+@pytest.mark.skipif(not triton.__version__.startswith(GLUON_TRITON_RELEASES),
+                    reason=f"the Gluon kernel is written against Triton {GLUON_TRITON_RELEASES}, this is {triton.__version__}")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="Gluon kernels are not compiled under TRITON_INTERPRET, "
+                    "which a test run without a GPU sets")
+def test_a_tile_wider_than_a_power_of_two_compiles_as_parts_in_buffers_of_their_own():
+    """tools/gluon_composite_probe.py: 192 rows of B in one shared buffer stop at the layout's power-of-two assertion;
+    128 + 64 and 128 + 32 rows, each part in its own buffer, compile to a wgmma of each width per 32 of K."""
+    probe = load_tool("gluon_composite_probe")
+    assert "shape must be a postive power of 2" in probe.form_report("one-buffer-192")
+    assert probe.form_report("parts-128-64") == "parts-128-64: compiles; wgmmas {'n128': 4, 'n64': 4, 'n32': 0}; TMA loads 4"
+    assert probe.form_report("parts-128-32") == "parts-128-32: compiles; wgmmas {'n128': 4, 'n64': 0, 'n32': 4}; TMA loads 6"
