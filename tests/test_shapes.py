@@ -82,13 +82,18 @@ def test_small_m_is_below_a_wave_of_row_tiles():
 
 
 def test_awkward_suite_entries_run_what_they_say(tmp_path):
-    awkward, moe_tuned, split_waves = load_suite(REPO / "suites" / "awkward.toml").entries
+    awkward, unaligned, moe_tuned, split_waves = load_suite(REPO / "suites" / "awkward.toml").entries
     argv = awkward.argv(Path(tmp_path))
     assert argv[:3] == ["matmul", "--shape-gen", "awkward"]
     joined = " ".join(argv)
     for option in ("--granularity all", "--fast-accum both", "--backend bf16", "--backend cublas", "--backend triton"):
         assert option in joined
     assert "triton-tuned" not in joined
+    kept = unaligned.argv(Path(tmp_path))
+    assert kept[:3] == ["matmul", "--shape-gen", "awkward"]
+    names = [kept[i + 1] for i, arg in enumerate(kept) if arg == "--shape-name"]
+    assert names == ["unaligned", "skinny"]
+    assert {s.name.split(".")[0] for s in shapes.generate("awkward", name_parts=names)} == {"unaligned", "skinny"}
     tuned = moe_tuned.argv(Path(tmp_path))
     assert tuned[:3] == ["matmul", "--shape-gen", "moe"]
     assert tuned[tuned.index("--backend", tuned.index("triton")) + 1] == "triton-tuned"
