@@ -905,8 +905,8 @@ def test_compare_times_each_pick_with_forced_fields_where_they_change_it_and_fit
 
 
 def _kernel_copy(tmp_path):
-    """A copy of kernels/ whose persistent kernel's launcher counts its calls, loaded beside the installed
-    fp8kernels (tools/kernel_tree.py)."""
+    """A copy of kernels/ whose two launchers (the persistent kernel's and the Gluon kernel's) count their calls,
+    loaded beside the installed fp8kernels (tools/kernel_tree.py)."""
     import shutil
     from pathlib import Path
 
