@@ -200,27 +200,30 @@ def _work_unit(unit, split_tiles, splits, k_tiles):
 
 
 @gluon.jit
-def _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, loaded, pid_m,
-                 pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK: gl.constexpr, OFFSETS: gl.constexpr):
+def _load_k_tile(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready,
+                 empty, loaded, pid_m, pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK: gl.constexpr,
+                 OFFSETS: gl.constexpr):
     """Load K-tile `ki` of tile (pid_m, pid_n) into the ring slot of the program's `loaded`-th K-tile, once
     the consumers have handed it back. With blockwise scales by TMA (sa_desc not None) the slot also gets
     the K-tile's activation scales of the tile's BLOCK_M rows and its weight block's scale (or, with 1 x 128
     weight scales, its BLOCK_N columns' scales: a box of BLOCK_N floats, where a block scale's box is
     WEIGHT_SCALE_BOX), through 1-D descriptors over the scales' storage (see _scale_descriptors), under the same
     `ready` barrier. In a cluster of two CTAs (on the same column of B), B comes half from each: this CTA's
-    half, multicast into both CTAs' slot, signals both CTAs' `ready` (the expected bytes count all of B)."""
+    half, multicast into both CTAs' slot, signals both CTAs' `ready` (the expected bytes count all of B). A composite
+    tile's B comes in two boxes, its first HALF_N rows and its right part's (b_right_desc)."""
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // empty.type.shape[0]
     STAGES: gl.constexpr = empty.type.shape[0]
     BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = _tile_columns(b_desc.block_type.shape[0], b_right_desc)
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     slot = loaded % STAGES
+    b_bytes: gl.constexpr = b_desc.block_type.nbytes + (0 if b_right_desc is None else b_right_desc.block_type.nbytes)
     # mbarriers start in phase 0 with phase "-1" complete: the first pass over the ring does not wait.
     _wait_slot(empty, slot, ((loaded // STAGES) & 1) ^ 1, "empty", OFFSETS)
     bar = ready.index(slot)
     if sa_desc is not None:
         mbarrier.expect(bar, CONSUMERS * (a_desc.block_type.nbytes + sa_desc.block_type.nbytes)
-                        + b_desc.block_type.nbytes + sb_desc.block_type.nbytes)
+                        + b_bytes + sb_desc.block_type.nbytes)
         # Element (m, k) of the M-major activation scales is at m + k * stride_sa_k (a multiple of
         # SCALE_WINDOW, as is BLOCK_M: an aligned start): the box reads the tile's rows of K-tile ki.
         # Past M it runs into the padding or the next K-tile's scales (or past the end, where TMA
@@ -236,7 +239,7 @@ def _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_b
             tma.async_copy_global_to_shared(sb_desc, [weight_scale - weight_scale % SCALE_WINDOW], bar,
                                             sb_bufs.index(slot))
     else:
-        mbarrier.expect(bar, CONSUMERS * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+        mbarrier.expect(bar, CONSUMERS * a_desc.block_type.nbytes + b_bytes)
     for c in gl.static_range(CONSUMERS):
         tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M + c * CONSUMER_ROWS, ki * BLOCK_K], bar,
                                         a_bufs.index(slot * CONSUMERS + c))
@@ -248,6 +251,9 @@ def _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_b
                                              ki * BLOCK_K])
     else:
         tma.async_copy_global_to_shared(b_desc, [pid_n * BLOCK_N, ki * BLOCK_K], bar, b_bufs.index(slot))
+    if b_right_desc is not None:
+        tma.async_copy_global_to_shared(b_right_desc, [pid_n * BLOCK_N + b_desc.block_type.shape[0], ki * BLOCK_K], bar,
+                                        b_right_bufs.index(slot))
     return loaded + 1
 
 
@@ -326,22 +332,23 @@ def _finish_claims(counter_ptr, num_programs):
 
 
 @gluon.jit
-def _load_unit(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, loaded, unit,
-               num_pid_m, num_pid_n, k_tiles, split_tiles, splits, stride_sa_k, stride_sb_n, stride_sb_k,
-               GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr, OFFSETS: gl.constexpr):
+def _load_unit(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready,
+               empty, loaded, unit, num_pid_m, num_pid_n, k_tiles, split_tiles, splits, stride_sa_k, stride_sb_n,
+               stride_sb_k, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr, OFFSETS: gl.constexpr):
     """The TMA loads of every K-tile of `unit`, from the program's `loaded`-th on; returns the next."""
     tile_id, k_first, k_end, _ = _work_unit(unit, split_tiles, splits, k_tiles)
     pid_m, pid_n = _cta_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
     for ki in range(k_first, k_end):
-        loaded = _load_k_tile(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty,
-                              loaded, pid_m, pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK, OFFSETS)
+        loaded = _load_k_tile(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs,
+                              sb_bufs, ready, empty, loaded, pid_m, pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k,
+                              SCALE_BLOCK, OFFSETS)
     return loaded
 
 
 @gluon.jit
-def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, counter_ptr, log_ptr,
-              M, N, K, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, GROUP_M: gl.constexpr,
-              SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr, OFFSETS: gl.constexpr):
+def _producer(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready,
+              empty, counter_ptr, log_ptr, M, N, K, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles,
+              splits, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr, OFFSETS: gl.constexpr):
     """One warp: TMA loads of every K-tile of this program's work, in the order the consumers take it
     (_consumer), each into the next free ring slot. With DYNAMIC, the units it claims go to the consumers
     through the program's STAGES + 1 slots of a log in global memory, each written before the
@@ -352,7 +359,7 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // empty.type.shape[0]
     STAGES: gl.constexpr = empty.type.shape[0]
     BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = _tile_columns(b_desc.block_type.shape[0], b_right_desc)
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
@@ -374,9 +381,9 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs
             gl.store(log + walked % (STAGES + 1), unit)
         else:
             following = unit + num_programs
-        loaded = _load_unit(a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, loaded,
-                            unit, num_pid_m, num_pid_n, k_tiles, split_tiles, splits, stride_sa_k, stride_sb_n,
-                            stride_sb_k, GROUP_M, SCALE_BLOCK, OFFSETS)
+        loaded = _load_unit(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs,
+                            sb_bufs, ready, empty, loaded, unit, num_pid_m, num_pid_n, k_tiles, split_tiles, splits,
+                            stride_sa_k, stride_sb_n, stride_sb_k, GROUP_M, SCALE_BLOCK, OFFSETS)
         unit = following
         walked += 1
     if gl.num_ctas() == 2:
@@ -457,21 +464,46 @@ def _release_slot(empty, slot, OFFSETS: gl.constexpr):
 
 @gluon.constexpr_function
 def _b_tile_rows(b_shape, stages):
-    """BLOCK_N: the rows of B a ring slot holds, in one box or two (see the kernel), from the B ring's shape."""
+    """The rows of B a ring slot of b_bufs holds, in one box or two (see the kernel), from the B ring's shape."""
     return b_shape[0] // stages * b_shape[1]
 
 
+@gluon.constexpr_function
+def _right_rows(right):
+    """The columns of a composite tile's right part, from its B box's descriptor or its ring (shared buffers); 0 for
+    None (no composite tile)."""
+    if right is None:
+        return 0
+    return right.block_type.shape[0] if hasattr(right, "block_type") else right.type.shape[1]
+
+
+@gluon.constexpr_function
+def _tile_columns(rows, right):
+    """BLOCK_N: `rows` of B in b_desc's box or b_bufs' slot, and a composite tile's right part (_right_rows)."""
+    return rows + _right_rows(right)
+
+
+@gluon.constexpr_function
+def _parts(b_bufs, b_right_bufs, ready, half_n):
+    """SPLIT: the column parts a consumer sums apart, each with its own accumulator: 2 for a 256-wide tile (two
+    HALF_N halves) and a composite one (HALF_N and its right part), else 1."""
+    return -(-_tile_columns(_b_tile_rows(b_bufs.type.shape, ready.type.shape[0]), b_right_bufs) // half_n)
+
+
 @gluon.jit
-def _take_k_tile(a_bufs, b_bufs, ready, consumed, HALF_N: gl.constexpr, WARPGROUP: gl.constexpr,
+def _take_k_tile(a_bufs, b_bufs, b_right_bufs, ready, consumed, HALF_N: gl.constexpr, WARPGROUP: gl.constexpr,
                  OFFSETS: gl.constexpr):
     """Wait until this program's `consumed`-th K-tile has landed in its ring slot: (this warpgroup's A, B's
-    first HALF_N rows, B's next HALF_N rows); a tile up to HALF_N wide: (A, B, B)."""
+    first HALF_N rows, B's next HALF_N rows, or a composite tile's right part); a tile up to HALF_N wide: (A, B, B)."""
     STAGES: gl.constexpr = ready.type.shape[0]
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // STAGES
     slot = consumed % STAGES
     _wait_slot(ready, slot, (consumed // STAGES) & 1, "ready", OFFSETS)
     a = a_bufs.index(slot * CONSUMERS + WARPGROUP)
-    if b_bufs.type.shape[0] > STAGES:  # a cluster's 256-wide tile: B in two boxes a slot (see the kernel)
+    if b_right_bufs is not None:
+        b_left = b_bufs.index(slot)
+        b_right = b_right_bufs.index(slot)
+    elif b_bufs.type.shape[0] > STAGES:  # a cluster's 256-wide tile: B in two boxes a slot (see the kernel)
         b_left = b_bufs.index(slot * 2)
         b_right = b_bufs.index(slot * 2 + 1)
     elif b_bufs.type.shape[1] > HALF_N:
@@ -485,19 +517,19 @@ def _take_k_tile(a_bufs, b_bufs, ready, consumed, HALF_N: gl.constexpr, WARPGROU
 
 
 @gluon.jit
-def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right, zero, sb_place,
+def _k_tile(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right, zero, sb_place,
             SCALING: gl.constexpr, PROMOTE: gl.constexpr, WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
-    """Add this program's `consumed`-th K-tile into the sum (a 256-wide tile: both halves' sums), promoted
-    or, without PROMOTE, accumulated by the tensor cores; then hand its ring slot back to the producer."""
+    """Add this program's `consumed`-th K-tile into the sum (a 256-wide or composite tile: both parts' sums),
+    promoted or, without PROMOTE, accumulated by the tensor cores; then hand its ring slot back to the producer."""
     HALF_N: gl.constexpr = zero.shape[1]
-    SPLIT: gl.constexpr = _b_tile_rows(b_bufs.type.shape, ready.type.shape[0]) // HALF_N
-    a, b_left, b_right = _take_k_tile(a_bufs, b_bufs, ready, consumed, HALF_N, WARPGROUP, OFFSETS)
+    SPLIT: gl.constexpr = _parts(b_bufs, b_right_bufs, ready, HALF_N)
+    a, b_left, b_right = _take_k_tile(a_bufs, b_bufs, b_right_bufs, ready, consumed, HALF_N, WARPGROUP, OFFSETS)
     sa, sb = _k_tile_scales(sa_bufs, sb_bufs, consumed % ready.type.shape[0], zero, sb_place, SCALING, WARPGROUP)
     if not PROMOTE:
         acc, acc_right = _mma_accumulate(acc, acc_right, a, b_left, b_right, SPLIT)
     elif SPLIT == 2:
         acc = _mma_promote(acc, a, b_left, zero, sa, sb, SCALING)
-        acc_right = _mma_promote(acc_right, a, b_right, zero, sa, sb, SCALING)
+        acc_right = _mma_promote(acc_right, a, b_right, gl.zeros_like(acc_right), sa, sb, SCALING)
     else:
         acc = _mma_promote(acc, a, b_left, zero, sa, sb, SCALING)
     _release_slot(empty, consumed % empty.type.shape[0], OFFSETS)
@@ -508,7 +540,7 @@ def _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_r
 def _issue_product(a_bufs, b_bufs, ready, consumed, zero, WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
     """Overlapped promotion: issue the wgmma of this program's `consumed`-th K-tile into a fresh accumulator
     and return it unwaited."""
-    a, b, _ = _take_k_tile(a_bufs, b_bufs, ready, consumed, zero.shape[1], WARPGROUP, OFFSETS)
+    a, b, _ = _take_k_tile(a_bufs, b_bufs, None, ready, consumed, zero.shape[1], WARPGROUP, OFFSETS)
     return warpgroup_mma(a, b.permute((1, 0)), zero, use_acc=False, is_async=True)
 
 
@@ -567,7 +599,7 @@ def _sum_k_tiles_overlapped(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, cons
 
 
 @gluon.jit
-def _store_rows(acc, c_desc, c_buf, rows, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n,
+def _store_rows(acc, c_desc, c_buf, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n,
                 SCALING: gl.constexpr, ACTIVATION: gl.constexpr, OTHER_STORES: gl.constexpr):
     """Scale (tensorwise, axiswise), apply the activation (ACTIVATION_CODES) and store one consumer's 64 x
     128 block through its own shared buffer; OTHER_STORES of this warpgroup's stores, issued since this
@@ -575,6 +607,7 @@ def _store_rows(acc, c_desc, c_buf, rows, off_m, off_n, M, N, scale_a_ptr, scale
     if SCALING == 0:
         acc = acc * (gl.load(scale_a_ptr) * gl.load(scale_b_ptr))
     elif SCALING == 1:
+        rows = off_m + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
         cols = off_n + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
         row_scale = gl.load(scale_a_ptr + rows * stride_sa_m, mask=rows < M, other=0.0)
         col_scale = gl.load(scale_b_ptr + cols * stride_sb_n, mask=cols < N, other=0.0)
@@ -588,12 +621,12 @@ def _store_rows(acc, c_desc, c_buf, rows, off_m, off_n, M, N, scale_a_ptr, scale
 
 
 @gluon.jit
-def _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, off_n, k_first, k_end, stride_sb_n,
-                 stride_sb_k, SCALING: gl.constexpr, PROMOTE: gl.constexpr, OVERLAP: gl.constexpr,
+def _sum_k_tiles(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, off_n, k_first, k_end,
+                 stride_sb_n, stride_sb_k, SCALING: gl.constexpr, PROMOTE: gl.constexpr, OVERLAP: gl.constexpr,
                  SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
     """This warpgroup's rows of a tile summed over its K-tiles [k_first, k_end), taken from the ring from
-    the program's `consumed`-th K-tile on: (sum, the right half's sum of a 256-wide tile, consumed)."""
-    SPLIT: gl.constexpr = _b_tile_rows(b_bufs.type.shape, ready.type.shape[0]) // zero.shape[1]
+    the program's `consumed`-th K-tile on: (sum, the right part's sum of a 256-wide or composite tile, consumed)."""
+    SPLIT: gl.constexpr = _parts(b_bufs, b_right_bufs, ready, zero.shape[1])
     acc_right = 0.0  # an unused constant unless the tile is split (Triton needs a value)
     # Blockwise: where each K-tile's weight scale lies in the window the producer loaded (the same offsets
     # it computes); unused otherwise.
@@ -604,28 +637,35 @@ def _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero,
                                                 OFFSETS)
     else:
         acc = zero
-        if SPLIT == 2:
+        if b_right_bufs is not None:  # a composite tile's right part: a narrower accumulator, its own wgmma's
+            RIGHT_N: gl.constexpr = _right_rows(b_right_bufs)
+            acc_right = gl.zeros([zero.shape[0], RIGHT_N], gl.float32,
+                                 _mma_layout(RIGHT_N, a_bufs.dtype.primitive_bitwidth, gl.num_ctas()))
+        elif SPLIT == 2:
             acc_right = zero
         for ki in range(k_first, k_end):
             sb_place = (weight_scales + ki * stride_sb_k) % SCALE_WINDOW
-            acc, acc_right = _k_tile(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc, acc_right, zero,
-                                     sb_place, SCALING, PROMOTE, WARPGROUP, OFFSETS)
+            acc, acc_right = _k_tile(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc,
+                                     acc_right, zero, sb_place, SCALING, PROMOTE, WARPGROUP, OFFSETS)
             consumed += 1
     return acc, acc_right, consumed
 
 
 @gluon.jit
-def _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
-                stride_sb_n, SCALING: gl.constexpr, ACTIVATION: gl.constexpr, CONSUMERS: gl.constexpr,
-                SPLIT: gl.constexpr, WARPGROUP: gl.constexpr):
-    """Scale and store this warpgroup's rows of a tile (a 256-wide one, SPLIT 2, as its two halves)."""
+def _store_tile(acc, acc_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_m, off_n, M, N, scale_a_ptr,
+                scale_b_ptr, stride_sa_m, stride_sb_n, SCALING: gl.constexpr, ACTIVATION: gl.constexpr,
+                CONSUMERS: gl.constexpr, SPLIT: gl.constexpr, WARPGROUP: gl.constexpr):
+    """Scale and store this warpgroup's rows of a tile (a 256-wide one, SPLIT 2, as its two halves; a composite one
+    as its HALF_N columns and its right part, through a buffer and box of the right part's width)."""
     HALF_N: gl.constexpr = c_bufs.type.shape[2]
     BUFFERS: gl.constexpr = c_bufs.type.shape[0] // CONSUMERS
-    rows = off_m + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
-    _store_rows(acc, c_desc, c_bufs.index(WARPGROUP * BUFFERS), rows, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr,
+    _store_rows(acc, c_desc, c_bufs.index(WARPGROUP * BUFFERS), off_m, off_n, M, N, scale_a_ptr, scale_b_ptr,
                 stride_sa_m, stride_sb_n, SCALING, ACTIVATION, SPLIT - 1)
-    if SPLIT == 2:
-        _store_rows(acc_right, c_desc, c_bufs.index(WARPGROUP * BUFFERS + 1), rows, off_m, off_n + HALF_N, M, N,
+    if c_right_desc is not None:
+        _store_rows(acc_right, c_right_desc, c_right_bufs.index(WARPGROUP), off_m, off_n + HALF_N, M, N,
+                    scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, ACTIVATION, SPLIT - 1)
+    elif SPLIT == 2:
+        _store_rows(acc_right, c_desc, c_bufs.index(WARPGROUP * BUFFERS + 1), off_m, off_n + HALF_N, M, N,
                     scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, ACTIVATION, SPLIT - 1)
 @gluon.jit
 def _partial_slot(unit, CONSUMERS: gl.constexpr, WARPGROUP: gl.constexpr):
@@ -721,11 +761,11 @@ def _add_partials(acc, acc_right, workspace_desc, staging, partial_bar, flags_pt
 
 
 @gluon.jit
-def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr, workspace_desc,
-              partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs,
-              split_tiles, splits, SCALING: gl.constexpr, ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr,
-              OVERLAP: gl.constexpr, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr,
-              OFFSETS: gl.constexpr, WARPGROUP: gl.constexpr):
+def _consumer(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs, c_right_desc,
+              scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m,
+              stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, SCALING: gl.constexpr,
+              ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr, OVERLAP: gl.constexpr, GROUP_M: gl.constexpr,
+              SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr, OFFSETS: gl.constexpr, WARPGROUP: gl.constexpr):
     """One warpgroup: rows [WARPGROUP * 64, WARPGROUP * 64 + 64) of every tile of this program's work. A
     256-wide tile is computed as two 128-column halves, each with a sum of its own, their products one at
     a time: two sums and one product (192 registers) fit where two whole-width sets (256) would not.
@@ -742,7 +782,7 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // STAGES
     BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
-    BLOCK_N: gl.constexpr = _b_tile_rows(b_bufs.type.shape, empty.type.shape[0])
+    BLOCK_N: gl.constexpr = _tile_columns(_b_tile_rows(b_bufs.type.shape, STAGES), b_right_bufs)
     ROWS: gl.constexpr = c_bufs.type.shape[1]
     HALF_N: gl.constexpr = c_bufs.type.shape[2]
     # Split tiles: this warpgroup's two epilogue buffers hold an FP32 half-tile of its partial sums.
@@ -766,11 +806,11 @@ def _consumer(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, sc
         cluster_start()
     unit = _next_unit(ready, consumed, log, walked, program, num_programs, units, DYNAMIC)
     while unit >= 0:
-        consumed = _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr,
-                                 scale_b_ptr, workspace_desc, staging, partial_bars, flags_ptr, M, N, stride_sa_m,
-                                 stride_sb_n, stride_sb_k, split_tiles, splits, unit, consumed, zero, num_pid_m,
-                                 num_pid_n, k_tiles, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK,
-                                 WARPGROUP, OFFSETS)
+        consumed = _consume_unit(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc,
+                                 c_right_bufs, c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, staging,
+                                 partial_bars, flags_ptr, M, N, stride_sa_m, stride_sb_n, stride_sb_k, split_tiles,
+                                 splits, unit, consumed, zero, num_pid_m, num_pid_n, k_tiles, SCALING, ACTIVATION,
+                                 PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, WARPGROUP, OFFSETS)
         walked += 1
         unit = _next_unit(ready, consumed, log, walked, program, num_programs, units, DYNAMIC)
     tma.store_wait(pendings=0)
@@ -795,28 +835,29 @@ def _next_unit(ready, consumed, log, walked, program, num_programs, units, DYNAM
 
 
 @gluon.jit
-def _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                  workspace_desc, staging, partial_bars, flags_ptr, M, N, stride_sa_m, stride_sb_n, stride_sb_k,
-                  split_tiles, splits, unit, consumed, zero, num_pid_m, num_pid_n, k_tiles, SCALING: gl.constexpr,
-                  ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr, OVERLAP: gl.constexpr, GROUP_M: gl.constexpr,
-                  SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
+def _consume_unit(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs,
+                  c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, staging, partial_bars, flags_ptr, M, N,
+                  stride_sa_m, stride_sb_n, stride_sb_k, split_tiles, splits, unit, consumed, zero, num_pid_m,
+                  num_pid_n, k_tiles, SCALING: gl.constexpr, ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr,
+                  OVERLAP: gl.constexpr, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr,
+                  OFFSETS: gl.constexpr):
     """This warpgroup's rows of `unit`: its K-tiles summed from the program's `consumed`-th on, then stored,
     or left as a partial sum for the tile's last piece, or (the last piece) added to the others' and stored.
     Returns the next K-tile's number."""
     STAGES: gl.constexpr = empty.type.shape[0]
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // STAGES
     BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
-    BLOCK_N: gl.constexpr = _b_tile_rows(b_bufs.type.shape, empty.type.shape[0])
+    BLOCK_N: gl.constexpr = _tile_columns(_b_tile_rows(b_bufs.type.shape, STAGES), b_right_bufs)
     ROWS: gl.constexpr = c_bufs.type.shape[1]
     HALF_N: gl.constexpr = c_bufs.type.shape[2]
-    SPLIT: gl.constexpr = BLOCK_N // HALF_N
+    SPLIT: gl.constexpr = _parts(b_bufs, b_right_bufs, empty, HALF_N)
     tile_id, k_first, k_end, piece = _work_unit(unit, split_tiles, splits, k_tiles)
     pid_m, pid_n = _cta_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
     off_m = pid_m * BLOCK_M + WARPGROUP * ROWS
     off_n = pid_n * BLOCK_N
-    acc, acc_right, consumed = _sum_k_tiles(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, off_n,
-                                            k_first, k_end, stride_sb_n, stride_sb_k, SCALING, PROMOTE, OVERLAP,
-                                            SCALE_BLOCK, WARPGROUP, OFFSETS)
+    acc, acc_right, consumed = _sum_k_tiles(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, consumed,
+                                            zero, off_n, k_first, k_end, stride_sb_n, stride_sb_k, SCALING, PROMOTE,
+                                            OVERLAP, SCALE_BLOCK, WARPGROUP, OFFSETS)
     if workspace_desc is not None:  # splitting compiled in (else split_tiles is 0: every piece is -1)
         if piece >= 0 and piece < splits - 1:
             _publish_partial(acc, acc_right, workspace_desc, staging, flags_ptr, unit, CONSUMERS, SPLIT, WARPGROUP)
@@ -825,11 +866,11 @@ def _consume_unit(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc
                 acc, acc_right = _add_partials(acc, acc_right, workspace_desc, staging,
                                                partial_bars.index(WARPGROUP), flags_ptr, tile_id, split_tiles,
                                                splits, CONSUMERS, SPLIT, WARPGROUP)
-            _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
-                        stride_sb_n, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
+            _store_tile(acc, acc_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_m, off_n, M, N, scale_a_ptr,
+                        scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
     else:
-        _store_tile(acc, acc_right, c_desc, c_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
-                    stride_sb_n, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
+        _store_tile(acc, acc_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_m, off_n, M, N, scale_a_ptr,
+                    scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
     return consumed
 
 
@@ -846,7 +887,11 @@ def _filler(ready):
 @gluon.jit
 def _fp8_gemm_ws_kernel(
     b_half_desc,  # a cluster's: B in half tiles, this CTA's multicast to both (first: _load_k_tile names it); else None
-    a_desc, b_desc, c_desc, scale_a_ptr, scale_b_ptr, sa_desc, sb_desc, workspace_desc, flags_ptr, counter_ptr, log_ptr,
+    a_desc, b_desc,
+    b_right_desc,  # a composite tile's: B's rows of the tile's right part (BLOCK_N - HALF_N of them); else None
+    c_desc,
+    c_right_desc,  # a composite tile's: the box its right part is stored in (64 x its width); else None
+    scale_a_ptr, scale_b_ptr, sa_desc, sb_desc, workspace_desc, flags_ptr, counter_ptr, log_ptr,
     M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
     BLOCK_M: gl.constexpr,  # 64 rows per consumer warpgroup: 128 or 192
     SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (_gemm_persistent.SCALING_CODES), BLOCKWISE_1X128_WEIGHTS
@@ -859,7 +904,7 @@ def _fp8_gemm_ws_kernel(
     DYNAMIC: gl.constexpr,  # the programs claim their units from counter_ptr (config.dynamic_tiles)
     OFFSETS: gl.constexpr,  # a cluster's (launched with num_ctas 2): SharedOffsets; else None
 ):
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]  # a composite tile's: its first HALF_N columns
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     CONSUMERS: gl.constexpr = BLOCK_M // CONSUMER_ROWS
     # A in 64-row boxes, one per consumer warpgroup: a tile of three (192 rows) is not a power of two.
@@ -871,6 +916,17 @@ def _fp8_gemm_ws_kernel(
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES * 2, BLOCK_N // 2, BLOCK_K], b_desc.layout)
     else:
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+    # A composite tile (HALF_N columns and a narrower right part, e.g. 128 + 64): the right part's B rows, and its
+    # store buffers, of their own, since Triton 3.6 takes shared buffers of power-of-two shapes only
+    # (tools/gluon_composite_probe.py). Without one, constexpr Nones.
+    if b_right_desc is not None:
+        b_right_bufs = gl.allocate_shared_memory(b_right_desc.dtype, [STAGES] + b_right_desc.block_type.shape,
+                                                 b_right_desc.layout)
+        c_right_bufs = gl.allocate_shared_memory(c_right_desc.dtype, [CONSUMERS] + c_right_desc.block_type.shape,
+                                                 c_right_desc.layout)
+    else:
+        b_right_bufs: gl.constexpr = None
+        c_right_bufs: gl.constexpr = None
     # One staging buffer per consumer and 128-column half, so no store waits for another's; two per
     # consumer where tiles are split (workspace_desc given), where they also hold its FP32 partial sums.
     buffers: gl.constexpr = 2 if workspace_desc is not None else BLOCK_N // c_desc.block_type.shape[1]
@@ -902,21 +958,21 @@ def _fp8_gemm_ws_kernel(
     if CONSUMERS == 3:
         gl.warp_specialize(
             [
-                (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
-                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M,
-                             SCALE_BLOCK, DYNAMIC, OFFSETS, 0)),
-                (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
-                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M,
-                             SCALE_BLOCK, DYNAMIC, OFFSETS, 1)),
-                (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
-                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M,
-                             SCALE_BLOCK, DYNAMIC, OFFSETS, 2)),
-                (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, counter_ptr,
-                             log_ptr, M, N, K, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
-                             GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS)),
+                (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs,
+                             c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr,
+                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
+                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 0)),
+                (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs,
+                             c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr,
+                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
+                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 1)),
+                (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs,
+                             c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr,
+                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
+                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 2)),
+                (_producer, (a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs,
+                             sb_bufs, ready, empty, counter_ptr, log_ptr, M, N, K, stride_sa_k, stride_sb_n,
+                             stride_sb_k, num_programs, split_tiles, splits, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS)),
                 (_filler, (ready, )),
                 (_filler, (ready, )),
             ],
@@ -926,17 +982,17 @@ def _fp8_gemm_ws_kernel(
     else:
         gl.warp_specialize(
             [
-                (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
-                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M,
-                             SCALE_BLOCK, DYNAMIC, OFFSETS, 0)),
-                (_consumer, (a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, scale_a_ptr, scale_b_ptr,
-                             workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m, stride_sa_k, stride_sb_n,
-                             stride_sb_k, num_programs, split_tiles, splits, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M,
-                             SCALE_BLOCK, DYNAMIC, OFFSETS, 1)),
-                (_producer, (a_desc, b_desc, a_bufs, b_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready, empty, counter_ptr,
-                             log_ptr, M, N, K, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
-                             GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS)),
+                (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs,
+                             c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr,
+                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
+                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 0)),
+                (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs,
+                             c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr,
+                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
+                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 1)),
+                (_producer, (a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs,
+                             sb_bufs, ready, empty, counter_ptr, log_ptr, M, N, K, stride_sa_k, stride_sb_n,
+                             stride_sb_k, num_programs, split_tiles, splits, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS)),
                 (_filler, (ready, )),
                 (_filler, (ready, )),
             ],
@@ -1058,6 +1114,16 @@ def _compiled(compile_with, options: dict):
     return kernel, offsets
 
 
+def _boxes(config: Fp8GemmConfig) -> tuple[list[int], list[int], list[int] | None, list[int] | None]:
+    """The TMA boxes of B and of the output (a consumer's rows, up to HALF_N columns), and a composite tile's boxes
+    of its right part (config.right_columns; else None)."""
+    right, bk = config.right_columns, config.block_k
+    c_block = [CONSUMER_ROWS.value, min(config.block_n - right, HALF_N)]
+    if not right:
+        return [config.block_n, bk], c_block, None, None
+    return [config.block_n - right, bk], c_block, [right, bk], [CONSUMER_ROWS.value, right]
+
+
 def _weight_scale_box(config: Fp8GemmConfig, b_rows: int) -> int:
     """Floats of a weight-scale TMA box: a block scale's window, or with 1 x 128 weight scales the tile's columns."""
     return config.block_n if b_rows == 1 else WEIGHT_SCALE_BOX
@@ -1072,21 +1138,26 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
     """The kernel launch_ws_gemm launches with `config`, compiled for sm_90a with no GPU (Triton's own ptxas
     assembles it): its PTX, cubin and SASS for checks of registers, spills and wgmma order on any machine with
     this Triton (tools/gemm_sass.py). The signature mirrors launch_ws_gemm's arguments; `split_tiles` compiles the
-    split-last-wave workspace in, as a launch that splits tiles does (a cluster, config.cluster_m 2, is compiled
-    twice, as at its launch); `b_rows` 1: 1 x 128 weight scales."""
+    split-last-wave workspace in, as a launch that splits tiles does, where the config splits (config.split_last_wave;
+    a cluster, config.cluster_m 2, is compiled twice, as at its launch); `b_rows` 1: 1 x 128 weight scales."""
     import triton
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    bn, bk, ctas = config.block_n, config.block_k, config.cluster_m
-    c_block = [CONSUMER_ROWS.value, min(bn, HALF_N)]
+    bn, bk, ctas, right = config.block_n, config.block_k, config.cluster_m, config.right_columns
+    b_block, c_block, b_right_block, c_right_block = _boxes(config)
 
     def descriptor(dtype_name: str, block: list[int]) -> str:
         type_name = _SIGNATURE_DTYPES.get(dtype_name, {"bfloat16": "bf16", "float32": "fp32"}.get(dtype_name))
         return f"tensordesc<{type_name}[{', '.join(map(str, block))}],{shared_layout(block, dtype_name, ctas)!r}>"
 
-    signature = {"a_desc": descriptor(a_dtype, [CONSUMER_ROWS.value, bk]), "b_desc": descriptor(b_dtype, [bn, bk]),
+    signature = {"a_desc": descriptor(a_dtype, [CONSUMER_ROWS.value, bk]), "b_desc": descriptor(b_dtype, b_block),
                  "c_desc": descriptor("bfloat16", c_block), "scale_a_ptr": "*fp32", "scale_b_ptr": "*fp32"}
     constants = {}
+    if right:
+        signature |= {"b_right_desc": descriptor(b_dtype, b_right_block),
+                      "c_right_desc": descriptor("bfloat16", c_right_block)}
+    else:
+        constants.update(b_right_desc=None, c_right_desc=None)
     if ctas == 2:
         signature["b_half_desc"] = descriptor(b_dtype, [bn // 2, bk])
     else:
@@ -1096,7 +1167,7 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
         signature["sb_desc"] = f"tensordesc<fp32[{_weight_scale_box(config, b_rows)}],{_scale_layout(ctas)!r}>"
     else:
         constants.update(sa_desc=None, sb_desc=None)
-    if split_tiles:
+    if split_tiles and config.split_last_wave:
         signature["workspace_desc"] = descriptor("float32", c_block)
     else:
         constants["workspace_desc"] = None
@@ -1121,15 +1192,19 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
     M, K = a.shape
     N = b_t.shape[0]
     bm, bn, bk, ctas = config.block_m, config.block_n, config.block_k, config.cluster_m
+    b_block, c_block, b_right_block, c_right_block = _boxes(config)
 
-    def descriptor(tensor, block: list[int]):
+    def descriptor(tensor, block: list[int] | None):
+        if block is None:
+            return None
         return TensorDescriptor.from_tensor(tensor, block, shared_layout(block, str(tensor.dtype).removeprefix("torch."), ctas))
 
     a_desc = descriptor(a, [CONSUMER_ROWS.value, bk])
-    b_desc = descriptor(b_t, [bn, bk])
+    b_desc = descriptor(b_t, b_block)
     b_half_desc = descriptor(b_t, [bn // 2, bk]) if ctas == 2 else None
-    c_block = [CONSUMER_ROWS.value, min(bn, HALF_N)]
     c_desc = descriptor(out, c_block)
+    b_right_desc = descriptor(b_t, b_right_block)
+    c_right_desc = descriptor(out, c_right_block)
     sa_desc = sb_desc = None
     if granularity is Granularity.BLOCKWISE:
         scale_a, scale_b = tma_ready_scales(scale_a, scale_b, columnwise_b=b_rows == 1)
@@ -1148,8 +1223,9 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
     if config.dynamic_tiles:
         counter = stream_scratch("counter", a.device, 2)
         log = stream_scratch("log", a.device, programs * (config.num_stages + 1))
-    arguments = (b_half_desc, a_desc, b_desc, c_desc, scale_a, scale_b, sa_desc, sb_desc, workspace_desc, flags, counter, log, M, N, K,
-                 *scale_strides(scale_a, scale_b), programs, split_tiles, splits)
+    arguments = (b_half_desc, a_desc, b_desc, b_right_desc, c_desc, c_right_desc, scale_a, scale_b, sa_desc, sb_desc,
+                 workspace_desc, flags, counter, log, M, N, K, *scale_strides(scale_a, scale_b), programs, split_tiles,
+                 splits)
     return _launch(a.device.index, programs, arguments, _kernel_constants(config, granularity, fast_accum, activation, b_rows),
                    _launch_options(config))
 

@@ -46,6 +46,11 @@ _POWERS_OF_TWO = frozenset(2**i for i in range(4, 9))  # 16 .. 256
 # The Gluon kernel's tile of three 64-row consumer warpgroups (kernels/_gemm_ws.py): at 160 registers each
 # they hold a 64 x 128 sum and product, no wider.
 GLUON_THREE_CONSUMER_ROWS = 192
+# The Gluon kernel's composite tiles: 128 columns and a right part of 32 or 64 (block_n 160, 192), each part with its
+# own accumulator, wgmma, B box and store box (kernels/_gemm_ws.py). They fill a grid's waves where power-of-two
+# widths leave the last part-empty (M 4096, N 1040: 22 x 6 = 132 tiles of 192 x 192, one wave of 132 SMs).
+GLUON_COMPOSITE_HALF = 128
+GLUON_COMPOSITE_BLOCK_N = (160, 192)
 
 
 @dataclass(frozen=True)
@@ -120,7 +125,8 @@ class Fp8GemmConfig:
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
             value = getattr(self, name)
-            if value not in _POWERS_OF_TWO and not (name == "block_m" and self.gluon_ws and value == GLUON_THREE_CONSUMER_ROWS):
+            gluon_only = {"block_m": (GLUON_THREE_CONSUMER_ROWS, ), "block_n": GLUON_COMPOSITE_BLOCK_N}.get(name, ())
+            if value not in _POWERS_OF_TWO and not (self.gluon_ws and value in gluon_only):
                 raise ValueError(f"{name} must be a power of two from 16 to 256, got {value!r}")
         if self.block_m < 64:
             raise ValueError(f"block_m must be at least 64 (one warpgroup's MMA), got {self.block_m}")
@@ -137,14 +143,17 @@ class Fp8GemmConfig:
                 raise ValueError(f"{mode} is a mode of the warp-specialized Gluon kernel (gluon_ws)")
         if self.gluon_ws and (
             self.block_m not in (128, GLUON_THREE_CONSUMER_ROWS) or (self.block_k, self.num_warps) != (BLOCK, 8)
-            or self.block_n not in (64, 128, 256) or self.split_n != 1 or self.warp_specialize or self.epilogue_subtile
-            or (self.block_m == GLUON_THREE_CONSUMER_ROWS and self.block_n > 128)
+            or self.block_n not in (64, 128, 256, *GLUON_COMPOSITE_BLOCK_N) or self.split_n != 1 or self.warp_specialize
+            or self.epilogue_subtile or (self.block_m == GLUON_THREE_CONSUMER_ROWS and self.block_n == 256)
         ):
             raise ValueError(
-                "the warp-specialized Gluon kernel takes block_m 128 (block_n 64, 128 or 256) or 192 (block_n 64 or "
-                "128), block_k 128, 8 warps, split_n 1, whole-tile stores (epilogue_subtile False) and no "
-                "warp_specialize"
+                "the warp-specialized Gluon kernel takes block_m 128 (block_n 64, 128, 160, 192 or 256) or 192 "
+                "(block_n 64, 128, 160 or 192), block_k 128, 8 warps, split_n 1, whole-tile stores (epilogue_subtile "
+                "False) and no warp_specialize"
             )
+        if self.right_columns and (self.split_last_wave or self.cluster_m != 1):
+            raise ValueError(f"a composite tile (block_n {self.block_n}) neither splits its last wave nor runs as a "
+                             f"cluster")
         if self.cluster_m not in (1, 2) or (self.cluster_m == 2 and (not self.gluon_ws or self.dynamic_tiles)):
             raise ValueError(f"cluster_m must be 1 or 2; 2 is a mode of the Gluon kernel (gluon_ws), without "
                              f"dynamic_tiles; got {self.cluster_m}")
@@ -156,6 +165,11 @@ class Fp8GemmConfig:
                 f"{self.num_stages} stages of {self.block_m}x{self.block_n}x{self.block_k} need "
                 f"{self.shared_memory_bytes} bytes of shared memory; sm_90 gives a program {SHARED_MEMORY_BYTES}"
             )
+
+    @property
+    def right_columns(self) -> int:
+        """A composite tile's right part (block_n less GLUON_COMPOSITE_HALF); 0 for other tiles."""
+        return self.block_n - GLUON_COMPOSITE_HALF if self.gluon_ws and self.block_n in GLUON_COMPOSITE_BLOCK_N else 0
 
     @property
     def shared_memory_bytes(self) -> int:
@@ -181,6 +195,9 @@ class Fp8GemmConfig:
             )
         if self.overlap_promotion and not is_promoted(granularity, fast_accum):
             raise ValueError("overlap_promotion overlaps the FP32 promotion, which fast accumulation does not do")
+        if self.right_columns and self.block_m == GLUON_THREE_CONSUMER_ROWS and is_promoted(granularity, fast_accum):
+            raise ValueError(f"a {self.block_m} x {self.block_n} tile's consumers hold its sums with fast accumulation "
+                             f"only: promoted, a fresh product beside them would not fit their 160 registers")
         if b_scale_rows == 1 and self.gluon_ws and self.block_m != 128:
             raise ValueError("1 x 128 weight scales put a column of scales in each consumer's registers beside the sum "
                              "and the products: the Gluon kernel takes them on 128-row tiles")
@@ -354,6 +371,15 @@ DEEP_TALL_STAGES = 4
 # (1.026x geomean) and DeepSeek-V3's M 4096, K 1536, N 24576 0.991x (0.993x on the H100). Over fp8bench's shape sets
 # the limit of 2048 changes 14 blockwise picks: those 13 and 1536^3, not timed.
 DEEP_TALL_BLOCKWISE_MAX_K = 2048
+# The composite 192 x 192 tile (GLUON_COMPOSITE_BLOCK_N; three stages fit beside its store buffers, and it runs fast
+# accumulation only) fills waves where 128-wide columns leave the last one part-empty: M 4096, K 4096, N 1040 makes one
+# wave of 132 tiles (the four-stage 192 x 128 tile: 198 tiles, 1.5 waves). On an H200 (quick compare, one run,
+# reports/h200/gemm-composite-tile) it ran that product 1.23x faster than the pick, tensorwise and axiswise; at the
+# skinny DeepSeek-V3 product (N 2112) 1.01-1.02x; elsewhere 0.70-1.00x (N 1376: 0.70, where it makes 1.33 waves). Its
+# speed here, 0.93, lies between what the model needs to take N 1040 (0.88) and to take any of the others (0.95 and
+# up, the skinny product included).
+COMPOSITE_TALL_GLUON = dataclasses.replace(TALL_GLUON, block_n=192, split_last_wave=False)
+COMPOSITE_TALL_SPEED = 0.93
 GLUON_TILES = {
     # The three-consumer tile runs fast accumulation too. Without it, the fast regime took 128 x 64 or 128 x 128
     # tiles on N 1040 and N 1376 at 4096 tokens, and ran 1.43x and 1.08x slower than the same products promoted in
@@ -367,7 +393,8 @@ GLUON_TILES = {
     # 192 x 128 (the skinny DeepSeek-V3 product, N 2112), below the big shapes' ratio. 20 of the 1131 picks over
     # the shape sets change, all timed against the previous ones in one run (reports/h100-sxm/matmul-heuristic-refit):
     # 1.06x faster (geomean), 0.93x to 1.17x; the promoted 128 x 128's 0.93 was chosen from that run's times.
-    "fast": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.95), (NARROW_GLUON, 0.9), (SLIM_GLUON, SLIM_SPEED)),
+    "fast": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.95), (NARROW_GLUON, 0.9), (SLIM_GLUON, SLIM_SPEED),
+             (COMPOSITE_TALL_GLUON, COMPOSITE_TALL_SPEED)),
     "promoted": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.96), (OVERLAPPED_NARROW_GLUON, 0.93), (SLIM_GLUON, SLIM_SPEED)),
     "blockwise": ((TALL_BLOCKWISE_GLUON, 1.0), (BLOCKWISE_GLUON, 0.96), (DEEP_NARROW_BLOCKWISE_GLUON, 1.0),
                   (SLIM_BLOCKWISE_GLUON, SLIM_SPEED)),
@@ -563,7 +590,8 @@ def _clustered(M: int, N: int, K: int, granularity: Granularity, fast_accum: boo
     if granularity is Granularity.BLOCKWISE:
         return (b_scale_rows == BLOCK and K >= CLUSTER_MIN_K and M * N * K >= CLUSTER_MIN_MACS
                 and last_wave_split(M, N, K, config) == (0, 1))
-    return fast_accum and K % SECTOR_BYTES != 0 and config.block_m * config.block_n >= MISALIGNED_CLUSTER_MIN_AREA
+    return (fast_accum and K % SECTOR_BYTES != 0 and config.block_m * config.block_n >= MISALIGNED_CLUSTER_MIN_AREA
+            and not config.right_columns)  # a composite tile runs as one CTA
 
 
 def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmConfig,
@@ -571,7 +599,7 @@ def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmC
     """A 192-row pick with DEEP_TALL_STAGES stages and no split, where that ring fits: tensorwise or axiswise on a
     short product of few waves, blockwise where K is short (see DEEP_TALL_STAGES)."""
     deepens = K <= DEEP_TALL_BLOCKWISE_MAX_K if granularity is Granularity.BLOCKWISE else _short_product(M, N, K, config)
-    if not deepens or config.block_m != GLUON_THREE_CONSUMER_ROWS:
+    if not deepens or config.block_m != GLUON_THREE_CONSUMER_ROWS or config.right_columns:  # a composite's 4th: no room
         return config
     deeper = dataclasses.replace(config, num_stages=DEEP_TALL_STAGES, split_last_wave=False)
     return deeper if deeper.shared_memory_bytes <= device.shared_memory_budget else config
@@ -609,9 +637,13 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, device: Device
         for s in stages
     ]
     # The five-stage 128 x 128 and the four-stage 192-row tiles, whose rings take the room of a split's partial sums
-    # (DEEP_NARROW_GLUON, DEEP_TALL_STAGES).
+    # (DEEP_NARROW_GLUON, DEEP_TALL_STAGES); the composite 192 x 192 tile, which does not split and runs fast
+    # accumulation only (COMPOSITE_TALL_GLUON). 128 x 192 is not a candidate: in the run that timed 192 x 192 it ran
+    # 0.84-1.04x the pick, 0.90x at N 1040 (promoted), where 192 x 192 does not fit.
     gluon += [dict(gluon[0], num_stages=DEEP_NARROW_GLUON.num_stages, split_last_wave=False),
-              dict(gluon[0], block_m=GLUON_THREE_CONSUMER_ROWS, num_stages=DEEP_TALL_STAGES, split_last_wave=False)]
+              dict(gluon[0], block_m=GLUON_THREE_CONSUMER_ROWS, num_stages=DEEP_TALL_STAGES, split_last_wave=False),
+              dict(gluon[0], block_m=GLUON_THREE_CONSUMER_ROWS, block_n=COMPOSITE_TALL_GLUON.block_n,
+                   num_stages=COMPOSITE_TALL_GLUON.num_stages, split_last_wave=False)]
     if is_promoted(granularity, fast_accum):
         # Each Gluon tile also with its promotion overlapped, where its registers hold two products.
         gluon += [fields | dict(overlap_promotion=True) for fields in gluon]

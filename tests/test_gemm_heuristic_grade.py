@@ -86,14 +86,16 @@ def test_splits_set_the_models_gain_beside_the_measured_one(tmp_path):
 
     cache = TuneCache(tmp_path / "gemm-test.json")
     key = problem_key(4096, 1040, 4096, Granularity.TENSORWISE, True, 128, torch.float8_e4m3fn, torch.float8_e4m3fn)
-    # The 192-row tile with three stages, whose last wave splits; the heuristic runs it with four, unsplit
-    # (DEEP_TALL_STAGES), timed beside them.
-    heuristic = choose_config(4096, 1040, 4096, Granularity.TENSORWISE, True, H100, True, 128)
+    # The 192-row tile with three stages, whose last wave splits, and with four, unsplit (DEEP_TALL_STAGES), timed
+    # beside them as the tuner's pick.
+    heuristic = dataclasses.replace(gemm_configs.TALL_GLUON.with_sms(132), num_stages=4, split_last_wave=False, group_m=1)
     pick = dataclasses.replace(heuristic, num_stages=3, split_last_wave=True)
     whole = config_label(pick.as_dict())
     assert whole.startswith("192x128x128 s3 w8")
+    composite = choose_config(4096, 1040, 4096, Granularity.TENSORWISE, True, H100, True, 128)  # the heuristic's pick
     cache.store(key, heuristic, {whole: 0.0378, whole + " last-wave 66x2": 0.0447,
-                                 "128x256x128 s3 w8 g16 gluon-ws": 0.0437, config_label(heuristic.as_dict()): 0.0335})
+                                 "128x256x128 s3 w8 g16 gluon-ws": 0.0437, config_label(heuristic.as_dict()): 0.0335,
+                                 config_label(composite.as_dict()): 0.0272})
     (record,) = tool.split_pairs(cache.read(), 132)
     assert record["tile"] == whole and record["split"] == "66x2" and record["waves"] == pytest.approx(1.5)
     assert record["model_gain"] == pytest.approx(64 / (32 + 16 + 2 * gemm_configs.PARTIAL_SUM_K_TILES))

@@ -26,7 +26,7 @@ from fp8bench.config import BLOCK, Activation, FastAccum, GemmShape, Granularity
 from fp8kernels import reference as ref  # noqa: E402
 from fp8kernels.gemm import fp8_gemm, gemm_config  # noqa: E402
 from fp8kernels.gemm_configs import (  # noqa: E402
-    DeviceProperties, Fp8GemmConfig, candidate_configs, choose_config, is_promoted,
+    SHARED_MEMORY_BYTES, DeviceProperties, Fp8GemmConfig, candidate_configs, choose_config, config_label, is_promoted,
 )
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -452,6 +452,55 @@ def test_splitting_is_a_mode_of_the_gluon_kernel_and_needs_room_for_a_partial_ha
     assert dataclasses.replace(unsplit, num_stages=5).num_stages == 5
 
 
+def test_a_composite_tile_is_128_columns_and_a_right_part_of_its_own():
+    from fp8kernels._gemm_ws import _boxes
+    from fp8kernels.gemm_configs import FAST_ACCUM, NARROW_GLUON, TALL_GLUON
+
+    narrow = dataclasses.replace(NARROW_GLUON, block_n=192, split_last_wave=False)
+    tall = dataclasses.replace(TALL_GLUON, block_n=192, split_last_wave=False)
+    assert narrow.right_columns == 64 and dataclasses.replace(narrow, block_n=160).right_columns == 32
+    assert NARROW_GLUON.right_columns == 0
+    # B in a 128-row box and one of the right part's rows; the output in a consumer's 64 rows of each part.
+    assert _boxes(narrow) == ([128, 128], [64, 128], [64, 128], [64, 64])
+    assert _boxes(NARROW_GLUON) == ([128, 128], [64, 128], None, None)
+    # Three stages of 192 x 192 fit beside its 72 KiB of store buffers, four do not.
+    assert tall.num_stages == 3 and tall.shared_memory_bytes <= SHARED_MEMORY_BYTES
+    with pytest.raises(ValueError, match="shared memory"):
+        dataclasses.replace(tall, num_stages=4)
+    with pytest.raises(ValueError, match="must be a power of two"):
+        dataclasses.replace(FAST_ACCUM, block_n=192)  # the Triton kernel's tiles stay powers of two
+    with pytest.raises(ValueError, match="neither splits its last wave nor runs as a cluster"):
+        dataclasses.replace(narrow, split_last_wave=True)
+    with pytest.raises(ValueError, match="neither splits its last wave nor runs as a cluster"):
+        dataclasses.replace(narrow, cluster_m=2)
+    tall.check_granularity(Granularity.TENSORWISE, True)
+    narrow.check_granularity(Granularity.AXISWISE, False)
+    with pytest.raises(ValueError, match="fast accumulation only"):
+        tall.check_granularity(Granularity.TENSORWISE, False)
+    with pytest.raises(ValueError, match="block_n at most 128"):
+        narrow.check_granularity(Granularity.BLOCKWISE, False)
+    # The candidates: 192 x 192, three stages, with fast accumulation.
+    composite = {case: {config_label(c.as_dict()) for c in candidate_configs(*case, H100) if c.right_columns}
+                 for case in CASES}
+    assert composite[(Granularity.TENSORWISE, True)] == composite[(Granularity.AXISWISE, True)] == {
+        "192x192x128 s3 w8 g16 gluon-ws"}
+    assert all(not labels for (_, fast), labels in composite.items() if not fast)
+
+
+def test_the_heuristic_takes_the_composite_tile_where_it_makes_one_wave():
+    """M 4096, N 1040: 22 x 6 = 132 tiles of 192 x 192, one wave, where 192 x 128 makes 1.5 (fast accumulation only;
+    promoted, its sums and a product would not fit). N 1376 in 192 x 192 makes 1.33 waves: the pick stays."""
+    def tile(M, N, K, granularity, fast):
+        config = choose_config(M, N, K, granularity, fast, H100, gluon=True)
+        return config.block_m, config.block_n, config.num_stages, config.split_last_wave, config.cluster_m
+
+    for granularity in (Granularity.TENSORWISE, Granularity.AXISWISE):
+        assert tile(4096, 1040, 4096, granularity, True) == (192, 192, 3, False, 1)
+        assert tile(4096, 1040, 4096, granularity, False)[:2] == (192, 128)
+        assert tile(4096, 1376, 4096, granularity, True)[:2] == (192, 128)
+    assert tile(4096, 1040, 4112, Granularity.TENSORWISE, True)[:2] == (192, 192)  # off the L2 sector: no cluster
+
+
 def test_a_result_row_records_the_split_of_its_shape():
     from fp8kernels.gemm_configs import WIDE_GLUON
 
@@ -534,7 +583,7 @@ def test_the_heuristic_multicasts_fast_accumulation_rows_off_the_l2_sector():
         for K in (1984, 2016, 1056, 7008, 4096):
             assert pick(4096, K, 4096, granularity).cluster_m == 1
     # A 192-row pick keeps its four stages (the form timed as a cluster).
-    tall = pick(4096, 2000, 1040)
+    tall = pick(4096, 2000, 1376)
     assert (tall.block_m, tall.num_stages, tall.cluster_m) == (192, 4, 2)
     assert pick(128, 1040, 4096).cluster_m == 1  # few rows: a smaller tile, not timed as a cluster
     assert choose_config(4096, 4096, 2000, Granularity.TENSORWISE, True, H100, gluon=False).cluster_m == 1

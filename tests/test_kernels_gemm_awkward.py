@@ -106,8 +106,10 @@ def test_small_m_never_takes_the_192_row_tile(regime):
 def test_n_off_the_tile_takes_the_tile_that_wastes_less():
     # N 1040 at 128 x 256: 5 column tiles of which the last holds 16 columns (0.81 of the work lands);
     # 128 x 128 wastes 0.10, 128 x 64 0.06, 192 x 128 0.10 in 198 tiles, whose last 66 split in two fill the SMs:
-    # 192 x 128 wins, in both regimes (with fast accumulation 128 x 64 ran 1.43x slower than it promoted).
-    assert tile(4096, 1040, 4096, FAST) == tile(4096, 1040, 4096, (Granularity.TENSORWISE, False)) == (192, 128)
+    # 192 x 128 wins promoted (with fast accumulation 128 x 64 ran 1.43x slower than it promoted); with fast
+    # accumulation the composite 192 x 192 (0.10 too) fills one wave of 132 tiles and wins.
+    assert tile(4096, 1040, 4096, (Granularity.TENSORWISE, False)) == (192, 128)
+    assert tile(4096, 1040, 4096, FAST) == (192, 192)
     # N 2000 loses 2% in either tile: the wide tile's speed decides.
     assert tile(4096, 2000, 4096, FAST) == (128, 256)
 
@@ -147,14 +149,16 @@ def test_short_blockwise_products_take_the_five_stage_tile_where_its_grid_fills_
 @pytest.mark.parametrize("regime", [r for r in REGIMES if r is not BLOCKWISE], ids=str)
 def test_short_products_run_the_192_row_tile_with_a_fourth_stage_unsplit(regime):
     """Tensorwise and axiswise: the 192-row pick on products of up to DEEP_NARROW_MAX_MACS gets DEEP_TALL_STAGES
-    stages and no split (N 1040 split its last wave before); not on longer ones (M 16384, N 2112: split, three
-    stages), nor blockwise at that K, nor where the ring does not fit."""
+    stages and no split (N 1040 split its last wave before; it now takes the composite 192 x 192 tile with fast
+    accumulation); not on longer ones (M 16384, N 2112: split, three stages), nor blockwise at that K, nor where the
+    ring does not fit."""
     def ring(M, N, K, regime=regime, device=H100):
         config = choose_config(M, N, K, *regime, device, gluon=True)
         return config.block_m, config.num_stages, gemm_configs.last_wave_split(M, N, K, config)
 
     unsplit = (0, 1)
-    for M, N, K in [(4096, 1040, 4096), (4096, 1376, 4096), (4096, 1376, 7008), (4096, 2112, 7168)]:
+    n1040 = [] if regime[1] else [(4096, 1040, 4096)]
+    for M, N, K in n1040 + [(4096, 1376, 4096), (4096, 1376, 7008), (4096, 2112, 7168)]:
         assert ring(M, N, K) == (GLUON_THREE_CONSUMER_ROWS, gemm_configs.DEEP_TALL_STAGES, unsplit), (M, N, K)
     assert ring(16384, 2112, 7168) == (GLUON_THREE_CONSUMER_ROWS, 3, (10, 4))
     assert ring(4096, 1040, 4096, BLOCKWISE)[1] != gemm_configs.DEEP_TALL_STAGES
