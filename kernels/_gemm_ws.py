@@ -49,6 +49,12 @@ buffers (register-addressed stores of 64 x 256 floats had ptxas keep 128 address
 every thread of the warpgroup signals and waits on a per-warpgroup flag itself, so no barrier spans more
 than the warpgroup here either.
 
+A composite tile (config.right_columns: block_n 160 or 192) is HALF_N columns and a right part of 32 or 64, each
+with its own B box and ring buffers, accumulator, wgmma and store box: Triton 3.6 takes shared buffers of power-of-two
+shapes only, so a 192-row B buffer cannot be sliced 128 + 64 (tools/gluon_composite_probe.py). It fills waves where
+power-of-two widths leave the last one part-empty (M 4096, N 1040: one wave of 132 192 x 192 tiles, 1.23x the 192 x 128
+pick's 1.5 waves on an H200, reports/h200/gemm-composite-tile); it neither splits its last wave nor runs as a cluster.
+
 Claimed tiles (config.dynamic_tiles, off in the presets): instead of every num_programs-th unit of work, each
 program's producer claims the next from a counter as it comes free, and hands it to its consumers (see _producer).
 Beside NCCL's kernels, which hold SMs, the programs that start late then take fewer units; in training the

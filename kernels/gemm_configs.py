@@ -377,7 +377,8 @@ DEEP_TALL_BLOCKWISE_MAX_K = 2048
 # reports/h200/gemm-composite-tile) it ran that product 1.23x faster than the pick, tensorwise and axiswise; at the
 # skinny DeepSeek-V3 product (N 2112) 1.01-1.02x; elsewhere 0.70-1.00x (N 1376: 0.70, where it makes 1.33 waves). Its
 # speed here, 0.93, lies between what the model needs to take N 1040 (0.88) and to take any of the others (0.95 and
-# up, the skinny product included).
+# up, the skinny product included). Where K is off the L2 sector (SECTOR_BYTES) it is not weighed: it runs as one CTA,
+# and at N 1040 and K 1040, 2000 and 7024 ran 0.77-0.83x the 192 x 128 tile clustered (same folder, `off-sector`).
 COMPOSITE_TALL_GLUON = dataclasses.replace(TALL_GLUON, block_n=192, split_last_wave=False)
 COMPOSITE_TALL_SPEED = 0.93
 GLUON_TILES = {
@@ -476,7 +477,10 @@ def tile_speed(tile: Fp8GemmConfig, speed: float, M: int, N: int, K: int) -> flo
     """A Gluon tile's relative speed (GLUON_TILES) on an M x N x K product: the 64-wide tile's falls to
     SLIM_SPEED_MANY_ROWS above SLIM_MAX_ROWS rows; the five-stage 128 x 128 tile's is 0 above DEEP_NARROW_MAX_MACS
     and from OVERLAP_MIN_WAVES waves of its tiles on, where the four-stage one overlaps its promotion (the 70B tp8
-    wqkv shard at M 16384, 9.7 waves: 0.95x the overlapped tile)."""
+    wqkv shard at M 16384, 9.7 waves: 0.95x the overlapped tile); a composite tile's is 0 where K is off the L2 sector
+    (see COMPOSITE_TALL_GLUON: it cannot run as the cluster such rows get)."""
+    if tile.right_columns and K % SECTOR_BYTES:
+        return 0.0
     if tile.block_n == 64 and M > SLIM_MAX_ROWS:
         return min(speed, SLIM_SPEED_MANY_ROWS)
     deep = tile.with_sms(1) in DEEP_NARROW_TILES  # as _heuristic_config keeps it: its preset's stages

@@ -489,7 +489,8 @@ def test_a_composite_tile_is_128_columns_and_a_right_part_of_its_own():
 
 def test_the_heuristic_takes_the_composite_tile_where_it_makes_one_wave():
     """M 4096, N 1040: 22 x 6 = 132 tiles of 192 x 192, one wave, where 192 x 128 makes 1.5 (fast accumulation only;
-    promoted, its sums and a product would not fit). N 1376 in 192 x 192 makes 1.33 waves: the pick stays."""
+    promoted, its sums and a product would not fit). N 1376 in 192 x 192 makes 1.33 waves: the pick stays; so does
+    the clustered pick where K is off the L2 sector."""
     def tile(M, N, K, granularity, fast):
         config = choose_config(M, N, K, granularity, fast, H100, gluon=True)
         return config.block_m, config.block_n, config.num_stages, config.split_last_wave, config.cluster_m
@@ -498,7 +499,9 @@ def test_the_heuristic_takes_the_composite_tile_where_it_makes_one_wave():
         assert tile(4096, 1040, 4096, granularity, True) == (192, 192, 3, False, 1)
         assert tile(4096, 1040, 4096, granularity, False)[:2] == (192, 128)
         assert tile(4096, 1376, 4096, granularity, True)[:2] == (192, 128)
-    assert tile(4096, 1040, 4112, Granularity.TENSORWISE, True)[:2] == (192, 192)  # off the L2 sector: no cluster
+    # K off the L2 sector: the 192 x 128 tile as a cluster (the composite tile runs as one CTA).
+    for K in (1040, 2000, 7024):
+        assert tile(4096, 1040, K, Granularity.TENSORWISE, True) == (192, 128, 4, False, 2)
 
 
 def test_a_result_row_records_the_split_of_its_shape():
