@@ -643,7 +643,7 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, device: Device
     # The five-stage 128 x 128 and the four-stage 192-row tiles, whose rings take the room of a split's partial sums
     # (DEEP_NARROW_GLUON, DEEP_TALL_STAGES); the composite 192 x 192 tile, which does not split and runs fast
     # accumulation only (COMPOSITE_TALL_GLUON). 128 x 192 is not a candidate: in the run that timed 192 x 192 it ran
-    # 0.84-1.04x the pick, 0.90x at N 1040 (promoted), where 192 x 192 does not fit.
+    # 0.77-1.04x the pick, 0.90x at N 1040 (promoted), where 192 x 192 does not fit.
     gluon += [dict(gluon[0], num_stages=DEEP_NARROW_GLUON.num_stages, split_last_wave=False),
               dict(gluon[0], block_m=GLUON_THREE_CONSUMER_ROWS, num_stages=DEEP_TALL_STAGES, split_last_wave=False),
               dict(gluon[0], block_m=GLUON_THREE_CONSUMER_ROWS, block_n=COMPOSITE_TALL_GLUON.block_n,
