@@ -15,6 +15,12 @@ from fp8kernels.gemm import GLUON_TRITON_RELEASES
 from tool_module import load_tool
 
 sass_tool = load_tool("gemm_sass", triton_kernels=True)
+# The compiling tests run where Triton is the release the Gluon kernel is written against (the GPU host's), outside the
+# interpreter, which a test run without a GPU sets.
+gluon_compiles = pytest.mark.skipif(
+    not triton.__version__.startswith(GLUON_TRITON_RELEASES) or os.environ.get("TRITON_INTERPRET") == "1",
+    reason=f"the Gluon kernel is written against Triton {GLUON_TRITON_RELEASES} (this is {triton.__version__}) and is "
+           f"not compiled under TRITON_INTERPRET")
 
 # ptxas -v of the overlapped blockwise tile before its promotion was pinned (reports/h100-sxm/gemm-overlapped-promotion).
 SPILLED_AND_SERIALIZED = """ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non wgmma instructions defining accumulator registers of a wgmma between start and end of the pipeline stage in the function '_fp8_gemm_ws_kernel'
@@ -42,10 +48,7 @@ def test_a_report_reads_spills_serialization_and_waits_in_flight():
     assert good.clean and (good.registers, good.spilled_bytes, good.wgmmas) == (128, 0, 0)
 
 
-@pytest.mark.skipif(not triton.__version__.startswith(GLUON_TRITON_RELEASES),
-                    reason=f"the Gluon kernel is written against Triton {GLUON_TRITON_RELEASES}, this is {triton.__version__}")
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="Gluon kernels are not compiled under TRITON_INTERPRET, "
-                    "which a test run without a GPU sets")
+@gluon_compiles
 def test_every_gluon_candidate_assembles_without_spills_or_serialized_wgmmas():
     reports = [sass_tool.compile_report(c, g, f, rows) for g, f, rows, c in sass_tool.gluon_candidates(sass_tool.REGIMES)]
     assert len(reports) > 20
@@ -55,10 +58,7 @@ def test_every_gluon_candidate_assembles_without_spills_or_serialized_wgmmas():
     assert overlapped and all(r.waits_in_flight > 0 for r in overlapped)
 
 
-@pytest.mark.skipif(not triton.__version__.startswith(GLUON_TRITON_RELEASES),
-                    reason=f"the Gluon kernel is written against Triton {GLUON_TRITON_RELEASES}, this is {triton.__version__}")
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="Gluon kernels are not compiled under TRITON_INTERPRET, "
-                    "which a test run without a GPU sets")
+@gluon_compiles
 @pytest.mark.parametrize("regime, block_m, block_n", [("blockwise/fast_accum=off", 192, 128),
                                                       ("tensorwise/fast_accum=on", 128, 256)])
 def test_a_cluster_of_two_ctas_multicasts_b_into_the_buffers_triton_allocated(regime, block_m, block_n):
@@ -88,10 +88,7 @@ def test_a_cluster_of_two_ctas_multicasts_b_into_the_buffers_triton_allocated(re
     assert shared_layout([64, 128], "float8_e4m3fn", 2).cga_layout == [[0, 0]]
 
 
-@pytest.mark.skipif(not triton.__version__.startswith(GLUON_TRITON_RELEASES),
-                    reason=f"the Gluon kernel is written against Triton {GLUON_TRITON_RELEASES}, this is {triton.__version__}")
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="Gluon kernels are not compiled under TRITON_INTERPRET, "
-                    "which a test run without a GPU sets")
+@gluon_compiles
 def test_a_tile_wider_than_a_power_of_two_compiles_as_parts_in_buffers_of_their_own():
     """tools/gluon_composite_probe.py: 192 rows of B in one shared buffer stop at the layout's power-of-two assertion;
     128 + 64 and 128 + 32 rows, each part in its own buffer, compile to a wgmma of each width per 32 of K."""
@@ -99,3 +96,19 @@ def test_a_tile_wider_than_a_power_of_two_compiles_as_parts_in_buffers_of_their_
     assert "shape must be a postive power of 2" in probe.form_report("one-buffer-192")
     assert probe.form_report("parts-128-64") == "parts-128-64: compiles; wgmmas {'n128': 4, 'n64': 4, 'n32': 0}; TMA loads 4"
     assert probe.form_report("parts-128-32") == "parts-128-32: compiles; wgmmas {'n128': 4, 'n64': 0, 'n32': 4}; TMA loads 6"
+
+
+@gluon_compiles
+def test_a_composite_tile_runs_its_right_part_as_a_wgmma_and_a_store_of_its_own():
+    """The composite 192 x 192 tile compiles to an m64n128k32 and an m64n64k32 wgmma per 32 of K (its two parts, each
+    into its own accumulator) and stores each part through a TMA box of its width."""
+    import re
+
+    from fp8kernels._gemm_ws import compile_sm90
+    from fp8kernels.gemm_configs import COMPOSITE_TALL_GLUON
+    from fp8kernels.scaling import Granularity
+
+    ptx = compile_sm90(COMPOSITE_TALL_GLUON.with_sms(132), Granularity.TENSORWISE, True).asm["ptx"]
+    shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k32)", ptx)
+    assert sorted(set(shapes)) == ["m64n128k32", "m64n64k32"] and shapes.count("m64n128k32") == shapes.count("m64n64k32")
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta", ptx)) >= 2  # a store per part
