@@ -17,10 +17,11 @@ from tool_module import load_tool
 sass_tool = load_tool("gemm_sass", triton_kernels=True)
 # The compiling tests run where Triton is the release the Gluon kernel is written against (the GPU host's), outside the
 # interpreter, which a test run without a GPU sets.
+_OTHER_RELEASE = not triton.__version__.startswith(GLUON_TRITON_RELEASES)
 gluon_compiles = pytest.mark.skipif(
-    not triton.__version__.startswith(GLUON_TRITON_RELEASES) or os.environ.get("TRITON_INTERPRET") == "1",
-    reason=f"the Gluon kernel is written against Triton {GLUON_TRITON_RELEASES} (this is {triton.__version__}) and is "
-           f"not compiled under TRITON_INTERPRET")
+    _OTHER_RELEASE or os.environ.get("TRITON_INTERPRET") == "1",
+    reason=f"the Gluon kernel is written against Triton {GLUON_TRITON_RELEASES}, this is {triton.__version__}"
+    if _OTHER_RELEASE else "Gluon kernels are not compiled under TRITON_INTERPRET, which a test run without a GPU sets")
 
 # ptxas -v of the overlapped blockwise tile before its promotion was pinned (reports/h100-sxm/gemm-overlapped-promotion).
 SPILLED_AND_SERIALIZED = """ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non wgmma instructions defining accumulator registers of a wgmma between start and end of the pipeline stage in the function '_fp8_gemm_ws_kernel'
