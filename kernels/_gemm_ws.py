@@ -426,14 +426,22 @@ def _scaled_product(product, sa, sb, SCALING: gl.constexpr):
 
 
 @gluon.jit
-def _mma_accumulate(acc, acc_right, a, b_left, b_right, SPLIT: gl.constexpr):
-    """Fast accumulation: a @ b.T added by the tensor cores into the sums themselves (each half's), waited for."""
+def _mma_accumulate(acc, acc_right, a, b_left, b_right, SPLIT: gl.constexpr, PENDING: gl.constexpr = 0):
+    """Fast accumulation: a @ b.T added by the tensor cores into the sums themselves (each part's), waited for but
+    for the last PENDING K-tiles' wgmmas (each K-tile issues SPLIT)."""
     acc = warpgroup_mma(a, b_left.permute((1, 0)), acc, is_async=True)
     if SPLIT == 2:
         acc_right = warpgroup_mma(a, b_right.permute((1, 0)), acc_right, is_async=True)
-        acc, acc_right = warpgroup_mma_wait(0, deps=(acc, acc_right))
+    return _wait_sums(acc, acc_right, SPLIT, PENDING)
+
+
+@gluon.jit
+def _wait_sums(acc, acc_right, SPLIT: gl.constexpr, PENDING: gl.constexpr):
+    """Wait for the sums' wgmmas but for the last PENDING K-tiles' (SPLIT a K-tile)."""
+    if SPLIT == 2:
+        acc, acc_right = warpgroup_mma_wait(PENDING * SPLIT, deps=(acc, acc_right))
     else:
-        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        acc = warpgroup_mma_wait(PENDING, deps=(acc, ))
     return acc, acc_right
 
 
@@ -620,19 +628,11 @@ def _accumulate_k_tiles_overlapped(a_bufs, b_bufs, b_right_bufs, ready, empty, c
     for ki in range(k_first, k_end):
         a, b_left, b_right = _take_k_tile(a_bufs, b_bufs, b_right_bufs, ready, consumed, zero.shape[1], WARPGROUP,
                                           OFFSETS)
-        acc = warpgroup_mma(a, b_left.permute((1, 0)), acc, is_async=True)
-        if SPLIT == 2:
-            acc_right = warpgroup_mma(a, b_right.permute((1, 0)), acc_right, is_async=True)
-            acc, acc_right = warpgroup_mma_wait(2, deps=(acc, acc_right))  # this K-tile's two groups may run on
-        else:
-            acc = warpgroup_mma_wait(1, deps=(acc, ))
+        acc, acc_right = _mma_accumulate(acc, acc_right, a, b_left, b_right, SPLIT, 1)  # this K-tile's run on
         if ki > k_first:
             _release_slot(empty, (consumed - 1) % STAGES, OFFSETS)
         consumed += 1
-    if SPLIT == 2:
-        acc, acc_right = warpgroup_mma_wait(0, deps=(acc, acc_right))
-    else:
-        acc = warpgroup_mma_wait(0, deps=(acc, ))
+    acc, acc_right = _wait_sums(acc, acc_right, SPLIT, 0)
     if k_end > k_first:
         _release_slot(empty, (consumed - 1) % STAGES, OFFSETS)
     return acc, acc_right, consumed
