@@ -1197,7 +1197,7 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
     import triton
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    bn, bk, ctas, right = config.block_n, config.block_k, config.cluster_m, config.right_columns
+    bn, bk, ctas = config.block_n, config.block_k, config.cluster_m
     b_block, c_block, b_right_block, c_right_block = _boxes(config)
 
     def descriptor(dtype_name: str, block: list[int]) -> str:
@@ -1207,7 +1207,7 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
     signature = {"a_desc": descriptor(a_dtype, [CONSUMER_ROWS.value, bk]), "b_desc": descriptor(b_dtype, b_block),
                  "c_desc": descriptor("bfloat16", c_block), "scale_a_ptr": "*fp32", "scale_b_ptr": "*fp32"}
     constants = {}
-    if right:
+    if b_right_block is not None:
         signature |= {"b_right_desc": descriptor(b_dtype, b_right_block),
                       "c_right_desc": descriptor("bfloat16", c_right_block)}
     else:

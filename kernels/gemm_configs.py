@@ -598,12 +598,12 @@ def _clustered(M: int, N: int, K: int, granularity: Granularity, fast_accum: boo
     tile (see CLUSTER_MIN_K), or with fast accumulation a tile of rows off the L2 sector (see SECTOR_BYTES; FP8
     operands: a row of K elements is K bytes). Asked of the pick as _deepened and _walk leave it: a four-stage 192-row
     pick clusters with its four stages, the form timed so; no blockwise product is both short enough in K for the
-    fourth stage and long enough for a cluster (DEEP_TALL_BLOCKWISE_MAX_K < CLUSTER_MIN_K)."""
+    fourth stage and long enough for a cluster (DEEP_TALL_BLOCKWISE_MAX_K < CLUSTER_MIN_K), and no composite pick has
+    rows off the sector (tile_speed)."""
     if granularity is Granularity.BLOCKWISE:
         return (b_scale_rows == BLOCK and K >= CLUSTER_MIN_K and M * N * K >= CLUSTER_MIN_MACS
                 and last_wave_split(M, N, K, config) == (0, 1))
-    return (fast_accum and K % SECTOR_BYTES != 0 and config.block_m * config.block_n >= MISALIGNED_CLUSTER_MIN_AREA
-            and not config.right_columns)  # a composite tile runs as one CTA
+    return fast_accum and K % SECTOR_BYTES != 0 and config.block_m * config.block_n >= MISALIGNED_CLUSTER_MIN_AREA
 
 
 def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmConfig,
