@@ -21,9 +21,7 @@ the MMA. Here, as in DeepGEMM, the partitions share one persistent walk over BLO
 With config.overlap_promotion a consumer also issues the next K-tile's wgmma before it waits for the last and
 promotes it (_sum_k_tiles_overlapped), so its own FP32 adds run beside its next MMA: a sum and two products, 192
 registers, which only the two-consumer tiles up to 128 wide hold. It holds a second ring slot meanwhile, which costs
-the producer its lead on products of few tiles (gemm_configs.OVERLAP_MIN_WAVES). With config.overlap_accumulation (fast
-accumulation) a consumer issues each K-tile's wgmma into its sums before it waits for the previous K-tile's, so one stays
-queued on the tensor cores while it waits for the next ring slot (_accumulate_k_tiles_overlapped).
+the producer its lead on products of few tiles (gemm_configs.OVERLAP_MIN_WAVES).
 
 Two 64 x 128 FP32 sets (sum and product) are 128 registers a thread, inside the 232 two consumers get
 (setmaxnreg; the producer keeps 40) and the 160 of three; a 128 x 256 tile is promoted in two 128-column
@@ -426,22 +424,14 @@ def _scaled_product(product, sa, sb, SCALING: gl.constexpr):
 
 
 @gluon.jit
-def _mma_accumulate(acc, acc_right, a, b_left, b_right, SPLIT: gl.constexpr, PENDING: gl.constexpr = 0):
-    """Fast accumulation: a @ b.T added by the tensor cores into the sums themselves (each part's), waited for but
-    for the last PENDING K-tiles' wgmmas (each K-tile issues SPLIT)."""
+def _mma_accumulate(acc, acc_right, a, b_left, b_right, SPLIT: gl.constexpr):
+    """Fast accumulation: a @ b.T added by the tensor cores into the sums themselves (each half's), waited for."""
     acc = warpgroup_mma(a, b_left.permute((1, 0)), acc, is_async=True)
     if SPLIT == 2:
         acc_right = warpgroup_mma(a, b_right.permute((1, 0)), acc_right, is_async=True)
-    return _wait_sums(acc, acc_right, SPLIT, PENDING)
-
-
-@gluon.jit
-def _wait_sums(acc, acc_right, SPLIT: gl.constexpr, PENDING: gl.constexpr):
-    """Wait for the sums' wgmmas but for the last PENDING K-tiles' (SPLIT a K-tile)."""
-    if SPLIT == 2:
-        acc, acc_right = warpgroup_mma_wait(PENDING * SPLIT, deps=(acc, acc_right))
+        acc, acc_right = warpgroup_mma_wait(0, deps=(acc, acc_right))
     else:
-        acc = warpgroup_mma_wait(PENDING, deps=(acc, ))
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
     return acc, acc_right
 
 
@@ -615,45 +605,6 @@ def _sum_k_tiles_overlapped(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, cons
 
 
 @gluon.jit
-def _accumulate_k_tiles_overlapped(a_bufs, b_bufs, b_right_bufs, ready, empty, consumed, zero, k_first, k_end,
-                                   WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
-    """Fast accumulation over K-tiles [k_first, k_end) with each K-tile's wgmmas issued into the sums before the
-    previous K-tile's are waited for (config.overlap_accumulation): one K-tile's stay queued on the tensor cores while
-    the warpgroup waits for the next ring slot, and each slot is handed back once the wgmmas after it are issued. The
-    same wgmmas in the same order as _mma_accumulate's. Returns (sum, the right part's sum, consumed)."""
-    STAGES: gl.constexpr = ready.type.shape[0]
-    SPLIT: gl.constexpr = _parts(b_bufs, b_right_bufs, ready, zero.shape[1])
-    acc = zero
-    acc_right = _right_zero(zero, a_bufs, b_bufs, b_right_bufs, ready)
-    for ki in range(k_first, k_end):
-        a, b_left, b_right = _take_k_tile(a_bufs, b_bufs, b_right_bufs, ready, consumed, zero.shape[1], WARPGROUP,
-                                          OFFSETS)
-        acc, acc_right = _mma_accumulate(acc, acc_right, a, b_left, b_right, SPLIT, 1)  # this K-tile's run on
-        if ki > k_first:
-            _release_slot(empty, (consumed - 1) % STAGES, OFFSETS)
-        consumed += 1
-    acc, acc_right = _wait_sums(acc, acc_right, SPLIT, 0)
-    if k_end > k_first:
-        _release_slot(empty, (consumed - 1) % STAGES, OFFSETS)
-    return acc, acc_right, consumed
-
-
-@gluon.jit
-def _right_zero(zero, a_bufs, b_bufs, b_right_bufs, ready):
-    """The right part's starting sum: a composite tile's, narrower (its own wgmma's layout); a 256-wide tile's, as wide
-    as the left half's; an unused constant for other tiles (Triton needs a value)."""
-    if b_right_bufs is not None:
-        RIGHT_N: gl.constexpr = _right_rows(b_right_bufs)
-        acc_right = gl.zeros([zero.shape[0], RIGHT_N], gl.float32,
-                             _mma_layout(RIGHT_N, a_bufs.dtype.primitive_bitwidth, gl.num_ctas()))
-    elif _parts(b_bufs, b_right_bufs, ready, zero.shape[1]) == 2:
-        acc_right = zero
-    else:
-        acc_right = 0.0
-    return acc_right
-
-
-@gluon.jit
 def _store_rows(acc, c_desc, c_buf, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n,
                 SCALING: gl.constexpr, ACTIVATION: gl.constexpr, OTHER_STORES: gl.constexpr):
     """Scale (tensorwise, axiswise), apply the activation (ACTIVATION_CODES) and store one consumer's 64 x
@@ -681,20 +632,23 @@ def _sum_k_tiles(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c
                  SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
     """This warpgroup's rows of a tile summed over its K-tiles [k_first, k_end), taken from the ring from
     the program's `consumed`-th K-tile on: (sum, the right part's sum of a 256-wide or composite tile, consumed)."""
+    SPLIT: gl.constexpr = _parts(b_bufs, b_right_bufs, ready, zero.shape[1])
     acc_right = 0.0  # an unused constant unless the tile is split (Triton needs a value)
     # Blockwise: where each K-tile's weight scale lies in the window the producer loaded (the same offsets
     # it computes); unused otherwise.
     weight_scales = (off_n // SCALE_BLOCK) * stride_sb_n
-    if OVERLAP and not PROMOTE:
-        acc, acc_right, consumed = _accumulate_k_tiles_overlapped(a_bufs, b_bufs, b_right_bufs, ready, empty, consumed,
-                                                                  zero, k_first, k_end, WARPGROUP, OFFSETS)
-    elif OVERLAP:
+    if OVERLAP:
         acc, consumed = _sum_k_tiles_overlapped(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero,
                                                 weight_scales, k_first, k_end, stride_sb_k, SCALING, WARPGROUP,
                                                 OFFSETS)
     else:
         acc = zero
-        acc_right = _right_zero(zero, a_bufs, b_bufs, b_right_bufs, ready)
+        if b_right_bufs is not None:  # a composite tile's right part: a narrower accumulator, its own wgmma's
+            RIGHT_N: gl.constexpr = _right_rows(b_right_bufs)
+            acc_right = gl.zeros([zero.shape[0], RIGHT_N], gl.float32,
+                                 _mma_layout(RIGHT_N, a_bufs.dtype.primitive_bitwidth, gl.num_ctas()))
+        elif SPLIT == 2:
+            acc_right = zero
         for ki in range(k_first, k_end):
             sb_place = (weight_scales + ki * stride_sb_k) % SCALE_WINDOW
             acc, acc_right = _k_tile(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc,
@@ -949,8 +903,7 @@ def _fp8_gemm_ws_kernel(
     SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (_gemm_persistent.SCALING_CODES), BLOCKWISE_1X128_WEIGHTS
     ACTIVATION: gl.constexpr,  # 0 none, 1 sigmoid (_gemm_persistent.ACTIVATION_CODES)
     PROMOTE: gl.constexpr,  # False: fast accumulation, the products summed by the tensor cores (not blockwise)
-    OVERLAP: gl.constexpr,  # each K-tile's wgmma issued before the last is promoted (config.overlap_promotion) or, with
-                            # fast accumulation, waited for (config.overlap_accumulation)
+    OVERLAP: gl.constexpr,  # promoted: each K-tile's wgmma issued before the last is promoted (config.overlap_promotion)
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     SCALE_BLOCK: gl.constexpr,
@@ -1142,8 +1095,7 @@ def _kernel_constants(config: Fp8GemmConfig, granularity: Granularity, fast_accu
                       b_rows: int) -> dict:
     """The kernel's constexpr arguments for `config`: what launch_ws_gemm launches with and compile_sm90 compiles."""
     return dict(BLOCK_M=config.block_m, SCALING=_scaling_code(granularity, b_rows), ACTIVATION=ACTIVATION_CODES[activation],
-                PROMOTE=is_promoted(granularity, fast_accum),
-                OVERLAP=config.overlap_promotion or config.overlap_accumulation, GROUP_M=config.group_m,
+                PROMOTE=is_promoted(granularity, fast_accum), OVERLAP=config.overlap_promotion, GROUP_M=config.group_m,
                 STAGES=config.num_stages, SCALE_BLOCK=BLOCK, DYNAMIC=config.dynamic_tiles, OFFSETS=None)
 
 

@@ -115,10 +115,6 @@ class Fp8GemmConfig:
     # consumers'. It holds a sum and two products: 128 columns with two consumers (192 of their 232
     # registers), 64 with three (96 of 160).
     overlap_promotion: bool = False
-    # Gluon kernel, fast accumulation only: each consumer issues a K-tile's wgmma (into the same accumulator) before it
-    # waits for the previous K-tile's, leaving one running while it waits for the next ring slot, and hands each slot
-    # back once the wgmma after it is issued. The same wgmmas in the same order as without: the sums are bit-identical.
-    overlap_accumulation: bool = False
     # Gluon kernel only: 2 runs each program as a cluster of two CTAs on two row tiles of the same column tile,
     # each TMA-loading half of that B tile into both CTAs' shared memory (multicast, kernels/_cluster.py), which
     # reads each B tile from L2 once per pair. num_sms // 2 clusters walk pairs of tiles (units), and split the last
@@ -142,7 +138,7 @@ class Fp8GemmConfig:
             raise ValueError(f"split_n must be 1 or 2, and 2 stores column halves (epilogue_subtile), got {self.split_n}")
         if self.num_warps not in (4, 8, 16):
             raise ValueError(f"num_warps must be 4, 8 or 16, got {self.num_warps}")
-        for mode in ("split_last_wave", "dynamic_tiles", "overlap_promotion", "overlap_accumulation"):
+        for mode in ("split_last_wave", "dynamic_tiles", "overlap_promotion"):
             if getattr(self, mode) and not self.gluon_ws:
                 raise ValueError(f"{mode} is a mode of the warp-specialized Gluon kernel (gluon_ws)")
         if self.gluon_ws and (
@@ -199,9 +195,6 @@ class Fp8GemmConfig:
             )
         if self.overlap_promotion and not is_promoted(granularity, fast_accum):
             raise ValueError("overlap_promotion overlaps the FP32 promotion, which fast accumulation does not do")
-        if self.overlap_accumulation and is_promoted(granularity, fast_accum):
-            raise ValueError("overlap_accumulation overlaps fast accumulation's wgmmas; a promoted regime overlaps its "
-                             "promotion (overlap_promotion)")
         if self.right_columns and self.block_m == GLUON_THREE_CONSUMER_ROWS and is_promoted(granularity, fast_accum):
             raise ValueError(f"a {self.block_m} x {self.block_n} tile's consumers hold its sums with fast accumulation "
                              f"only: promoted, a fresh product beside them would not fit their 160 registers")
@@ -250,7 +243,6 @@ def config_label(options: dict) -> str:
     return (f"{o['block_m']}x{o['block_n']}x{o['block_k']} s{o['num_stages']} w{o['num_warps']} g{o['group_m']}"
             + (" n-halves" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
             + (" gluon-ws" if o.get("gluon_ws") else "") + (" overlapped" if o.get("overlap_promotion") else "")
-            + (" overlapped-mma" if o.get("overlap_accumulation") else "")
             + (" multicast" if o.get("cluster_m", 1) > 1 else "")
             + (f" last-wave {o['split_tiles']}x{o['splits']}" if o.get("split_tiles") else ""))
 
@@ -659,9 +651,6 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, device: Device
     if is_promoted(granularity, fast_accum):
         # Each Gluon tile also with its promotion overlapped, where its registers hold two products.
         gluon += [fields | dict(overlap_promotion=True) for fields in gluon]
-    else:
-        # With fast accumulation, each Gluon tile also with its wgmmas overlapped (overlap_accumulation).
-        gluon += [fields | dict(overlap_accumulation=True) for fields in gluon]
     out = [preset]
     for fields in gluon:
         try:

@@ -480,11 +480,11 @@ def test_a_composite_tile_is_128_columns_and_a_right_part_of_its_own():
         tall.check_granularity(Granularity.TENSORWISE, False)
     with pytest.raises(ValueError, match="block_n at most 128"):
         narrow.check_granularity(Granularity.BLOCKWISE, False)
-    # The candidates: 192 x 192, three stages, with fast accumulation (its wgmmas overlapped or not).
+    # The candidates: 192 x 192, three stages, with fast accumulation.
     composite = {case: {config_label(c.as_dict()) for c in candidate_configs(*case, H100) if c.right_columns}
                  for case in CASES}
     assert composite[(Granularity.TENSORWISE, True)] == composite[(Granularity.AXISWISE, True)] == {
-        "192x192x128 s3 w8 g16 gluon-ws", "192x192x128 s3 w8 g16 gluon-ws overlapped-mma"}
+        "192x192x128 s3 w8 g16 gluon-ws"}
     assert all(not labels for (_, fast), labels in composite.items() if not fast)
 
 
@@ -503,23 +503,6 @@ def test_the_heuristic_takes_the_composite_tile_where_it_makes_one_wave():
     # K off the L2 sector: the 192 x 128 tile as a cluster (the composite tile runs as one CTA).
     for K in (1040, 2000, 7024):
         assert tile(4096, 1040, K, Granularity.TENSORWISE, True) == (192, 128, 4, False, 2)
-
-
-def test_overlapped_accumulation_is_a_fast_accumulation_mode_of_the_gluon_kernel():
-    from fp8kernels.gemm_configs import FAST_ACCUM, WIDE_GLUON
-
-    with pytest.raises(ValueError, match="overlap_accumulation is a mode of the warp-specialized Gluon kernel"):
-        dataclasses.replace(FAST_ACCUM, overlap_accumulation=True)
-    overlapped = dataclasses.replace(WIDE_GLUON, overlap_accumulation=True)
-    overlapped.check_granularity(Granularity.AXISWISE, True)
-    with pytest.raises(ValueError, match="a promoted regime overlaps its promotion"):
-        overlapped.check_granularity(Granularity.TENSORWISE, False)
-    assert config_label(overlapped.as_dict()).endswith(" overlapped-mma")
-    # Every fast-accumulation candidate comes both ways; no promoted one overlaps its accumulation.
-    fast = candidate_configs(Granularity.TENSORWISE, True, H100)
-    plain = {dataclasses.replace(c, overlap_accumulation=False) for c in fast if c.gluon_ws and c.overlap_accumulation}
-    assert plain == {c for c in fast if c.gluon_ws and not c.overlap_accumulation}
-    assert not any(c.overlap_accumulation for case in CASES if not case[1] for c in candidate_configs(*case, H100))
 
 
 def test_a_result_row_records_the_split_of_its_shape():
@@ -731,27 +714,6 @@ def test_a_cluster_walks_pairs_of_row_tiles_on_half_the_sms():
     split = dataclasses.replace(tile, split_last_wave=True)
     assert (split.units(4096, 7168), split.programs) == (616, 66)
     assert persistent_grid(4096, 7168, 16384, split) == (66, 22, 3)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", [case for case in CASES if case[1]], ids=_case_id)
-def test_gpu_overlapped_accumulation_gives_the_plain_result_bit_for_bit(case):
-    """With fast accumulation, each Gluon tile (and the 128 x 256 cluster) with its wgmmas overlapped
-    (overlap_accumulation) against the same tile without: the same wgmmas in the same order, so bit-identical outputs,
-    on the awkward shapes (one row, ragged edges, sums of one and two K-tiles)."""
-    from fp8kernels.gemm_configs import WIDE_GLUON, gluon_tiles
-
-    granularity, fast_accum = case
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tiles = [tile for tile, _ in gluon_tiles(granularity, fast_accum)]
-    for tile in tiles + [dataclasses.replace(WIDE_GLUON, split_last_wave=False, cluster_m=2)]:
-        plain = dataclasses.replace(tile.with_sms(sms), overlap_accumulation=False)
-        overlapped = dataclasses.replace(plain, overlap_accumulation=True)
-        for shape in GLUON_SHAPES:
-            operands = _quantized(*shape, granularity, seed=sum(shape))
-            expected = _run_poisoned(*operands, granularity, fast_accum, plain)
-            out = _run_poisoned(*operands, granularity, fast_accum, overlapped)
-            assert torch.equal(out, expected), f"{_case_id(case)} {tile.block_m}x{tile.block_n} c{tile.cluster_m} {shape}"
 
 
 @pytest.mark.gpu
