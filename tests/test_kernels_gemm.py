@@ -356,8 +356,7 @@ GLUON_BLOCKWISE_SHAPES = [(1, 1152, 384), (17, 1152, 384), (5000, 1280, 1024), (
 def _gluon_case_id(case_config) -> str:
     case, config = case_config
     return (f"{_case_id(case)}-m{config.block_m}-n{config.block_n}-stages{config.num_stages}"
-            + ("-overlapped" if config.overlap_promotion else "")
-            + ("-overlapped-mma" if config.overlap_accumulation else ""))
+            + ("-overlapped" if config.overlap_promotion else ""))
 
 
 def test_the_gluon_kernel_is_a_candidate_everywhere_but_not_under_the_interpreter():
