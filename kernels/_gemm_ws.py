@@ -412,6 +412,21 @@ def _mma_promote(acc, a, b, zero, sa, sb, SCALING: gl.constexpr):
 
 
 @gluon.jit
+def _mma_promote_parts(acc, acc_right, a, b_left, b_right, zero, sa, sb, SCALING: gl.constexpr):
+    """A composite tile's K-tile promoted: both parts' wgmmas issued into fresh products, the left part's product
+    added into its sum while the right part's wgmma runs. Two consumers hold both sums and both products (128 x 192:
+    4 x 48 of their 232 registers); a 128 x 256 tile's would not fit, so its halves are promoted in turn."""
+    product = warpgroup_mma(a, b_left.permute((1, 0)), zero, use_acc=False, is_async=True)
+    product_right = warpgroup_mma(a, b_right.permute((1, 0)), gl.zeros_like(acc_right), use_acc=False, is_async=True)
+    product = warpgroup_mma_wait(1, deps=(product, ))
+    acc = acc + _scaled_product(product, sa, sb, SCALING)
+    # Pinned before the right part's wait: LLVM would otherwise sink the adds after it, out of the wgmma's shadow.
+    acc = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=gl.float32, is_pure=False, pack=1)
+    product_right = warpgroup_mma_wait(0, deps=(product_right, ))
+    return acc, acc_right + _scaled_product(product_right, sa, sb, SCALING)
+
+
+@gluon.jit
 def _scaled_product(product, sa, sb, SCALING: gl.constexpr):
     """A K-tile's product as it is promoted: blockwise, times its rows' scales and its weight block's scale (or,
     BLOCKWISE_1X128_WEIGHTS, its columns' scales); the other granularities scale the finished sum instead."""
@@ -533,6 +548,8 @@ def _k_tile(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, consum
     sa, sb = _k_tile_scales(sa_bufs, sb_bufs, consumed % ready.type.shape[0], zero, sb_place, SCALING, WARPGROUP)
     if not PROMOTE:
         acc, acc_right = _mma_accumulate(acc, acc_right, a, b_left, b_right, SPLIT)
+    elif b_right_bufs is not None:
+        acc, acc_right = _mma_promote_parts(acc, acc_right, a, b_left, b_right, zero, sa, sb, SCALING)
     elif SPLIT == 2:
         acc = _mma_promote(acc, a, b_left, zero, sa, sb, SCALING)
         acc_right = _mma_promote(acc_right, a, b_right, gl.zeros_like(acc_right), sa, sb, SCALING)
