@@ -381,6 +381,11 @@ DEEP_TALL_BLOCKWISE_MAX_K = 2048
 # and at N 1040 and K 1040, 2000 and 7024 ran 0.77-0.83x the 192 x 128 tile clustered (same folder, `off-sector`).
 COMPOSITE_TALL_GLUON = dataclasses.replace(TALL_GLUON, block_n=192, split_last_wave=False)
 COMPOSITE_TALL_SPEED = 0.93
+# The composite 128 x 192 tile promoted (four stages): each consumer adds the left part's product while the right
+# part's wgmma runs (kernels/_gemm_ws.py, _mma_promote_parts). On an H200 (quick compare, one run,
+# reports/h200/gemm-promoted-composite) it ran the 27 target shapes at 0.91-1.07x the pick, geomean 0.977
+# tensorwise and 1.005 axiswise: an autotuner candidate, not a pick.
+COMPOSITE_PROMOTED_GLUON = dataclasses.replace(WIDE_GLUON, block_n=192, num_stages=4, split_last_wave=False)
 GLUON_TILES = {
     # The three-consumer tile runs fast accumulation too. Without it, the fast regime took 128 x 64 or 128 x 128
     # tiles on N 1040 and N 1376 at 4096 tokens, and ran 1.43x and 1.08x slower than the same products promoted in
@@ -642,8 +647,7 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, device: Device
     ]
     # The five-stage 128 x 128 and the four-stage 192-row tiles, whose rings take the room of a split's partial sums
     # (DEEP_NARROW_GLUON, DEEP_TALL_STAGES); the composite 192 x 192 tile, which does not split and runs fast
-    # accumulation only (COMPOSITE_TALL_GLUON). 128 x 192 is not a candidate: in the run that timed 192 x 192 it ran
-    # 0.77-1.04x the pick, 0.90x at N 1040 (promoted), where 192 x 192 does not fit.
+    # accumulation only (COMPOSITE_TALL_GLUON); promoted, the composite 128 x 192 (COMPOSITE_PROMOTED_GLUON).
     gluon += [dict(gluon[0], num_stages=DEEP_NARROW_GLUON.num_stages, split_last_wave=False),
               dict(gluon[0], block_m=GLUON_THREE_CONSUMER_ROWS, num_stages=DEEP_TALL_STAGES, split_last_wave=False),
               dict(gluon[0], block_m=GLUON_THREE_CONSUMER_ROWS, block_n=COMPOSITE_TALL_GLUON.block_n,
@@ -651,6 +655,8 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, device: Device
     if is_promoted(granularity, fast_accum):
         # Each Gluon tile also with its promotion overlapped, where its registers hold two products.
         gluon += [fields | dict(overlap_promotion=True) for fields in gluon]
+        gluon.append(dict(gluon[0], block_n=COMPOSITE_PROMOTED_GLUON.block_n,
+                          num_stages=COMPOSITE_PROMOTED_GLUON.num_stages, split_last_wave=False))
     out = [preset]
     for fields in gluon:
         try:

@@ -479,12 +479,14 @@ def test_a_composite_tile_is_128_columns_and_a_right_part_of_its_own():
         tall.check_granularity(Granularity.TENSORWISE, False)
     with pytest.raises(ValueError, match="block_n at most 128"):
         narrow.check_granularity(Granularity.BLOCKWISE, False)
-    # The candidates: 192 x 192, three stages, with fast accumulation.
+    # The candidates: 192 x 192, three stages, with fast accumulation; promoted, 128 x 192 with four; none blockwise.
     composite = {case: {config_label(c.as_dict()) for c in candidate_configs(*case, H100) if c.right_columns}
                  for case in CASES}
     assert composite[(Granularity.TENSORWISE, True)] == composite[(Granularity.AXISWISE, True)] == {
         "192x192x128 s3 w8 g16 gluon-ws"}
-    assert all(not labels for (_, fast), labels in composite.items() if not fast)
+    assert composite[(Granularity.TENSORWISE, False)] == composite[(Granularity.AXISWISE, False)] == {
+        "128x192x128 s4 w8 g16 gluon-ws"}
+    assert not composite[(Granularity.BLOCKWISE, False)]
 
 
 def test_the_heuristic_takes_the_composite_tile_where_it_makes_one_wave():
