@@ -382,10 +382,13 @@ DEEP_TALL_BLOCKWISE_MAX_K = 2048
 COMPOSITE_TALL_GLUON = dataclasses.replace(TALL_GLUON, block_n=192, split_last_wave=False)
 COMPOSITE_TALL_SPEED = 0.93
 # The composite 128 x 192 tile promoted (four stages): each consumer adds the left part's product while the right
-# part's wgmma runs (kernels/_gemm_ws.py, _mma_promote_parts). On an H200 (quick compare, one run,
-# reports/h200/gemm-promoted-composite) it ran the 27 target shapes at 0.91-1.07x the pick, geomean 0.977
-# tensorwise and 1.005 axiswise: an autotuner candidate, not a pick.
+# part's wgmma runs (kernels/_gemm_ws.py, _mma_promote_parts). On an H200 (reports/h200/gemm-promoted-composite) it
+# ran the 27 target shapes at 0.91-1.07x the pick (quick compare), geomean 0.977 tensorwise and 1.005 axiswise, and
+# five of them at 0.91-1.04x with full timing. Divided by the two tiles' grid_efficiency x tile_fill, those times give
+# it a speed of 0.995-1.002 of 128 x 256's tensorwise and 1.023-1.025 axiswise (the 4096^3 product's 0.91x is its
+# 5.3 waves against 3.9). Its speed here is the lower one less 0.01: it is taken where its waves fill better.
 COMPOSITE_PROMOTED_GLUON = dataclasses.replace(WIDE_GLUON, block_n=192, num_stages=4, split_last_wave=False)
+COMPOSITE_PROMOTED_SPEED = 0.99
 GLUON_TILES = {
     # The three-consumer tile runs fast accumulation too. Without it, the fast regime took 128 x 64 or 128 x 128
     # tiles on N 1040 and N 1376 at 4096 tokens, and ran 1.43x and 1.08x slower than the same products promoted in
@@ -401,7 +404,8 @@ GLUON_TILES = {
     # 1.06x faster (geomean), 0.93x to 1.17x; the promoted 128 x 128's 0.93 was chosen from that run's times.
     "fast": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.95), (NARROW_GLUON, 0.9), (SLIM_GLUON, SLIM_SPEED),
              (COMPOSITE_TALL_GLUON, COMPOSITE_TALL_SPEED)),
-    "promoted": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.96), (OVERLAPPED_NARROW_GLUON, 0.93), (SLIM_GLUON, SLIM_SPEED)),
+    "promoted": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.96), (OVERLAPPED_NARROW_GLUON, 0.93), (SLIM_GLUON, SLIM_SPEED),
+                 (COMPOSITE_PROMOTED_GLUON, COMPOSITE_PROMOTED_SPEED)),
     "blockwise": ((TALL_BLOCKWISE_GLUON, 1.0), (BLOCKWISE_GLUON, 0.96), (DEEP_NARROW_BLOCKWISE_GLUON, 1.0),
                   (SLIM_BLOCKWISE_GLUON, SLIM_SPEED)),
     # 1 x 128 weight scales (grad_weight's products): the two-consumer tiles (check_granularity). 128 x 128

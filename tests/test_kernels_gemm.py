@@ -292,7 +292,7 @@ def test_heuristic_and_candidates_fit_their_regime(case):
         assert config.num_sms == 132
         assert json.loads(json.dumps(config.as_dict())) == config.as_dict()
     candidates = candidate_configs(granularity, fast_accum, H100)
-    assert candidates[0] == choose_config(8192, 8192, 8192, granularity, fast_accum, H100, gluon=True)
+    assert candidates[0] == choose_config(16384, 16384, 16384, granularity, fast_accum, H100, gluon=True)
     assert len(set(candidates)) == len(candidates) > 1
     for config in candidates:
         config.check_granularity(granularity, fast_accum)
@@ -522,8 +522,10 @@ def test_the_heuristic_weighs_each_tile_by_how_well_it_fills_the_grid(monkeypatc
     for case in CASES:
         if case[0] is Granularity.BLOCKWISE:
             continue
-        for M, N in [(8192, 1280), (8192, 8192), (16384, 1280), (8192, 57344)]:
+        for M, N in [(8192, 1280), (16384, 1280), (8192, 57344)]:
             assert choose_config(M, N, 8192, *case, H100, gluon=True).block_n == 256
+        # 8192^2 in 128 x 256 tiles: 2048, 15.5 waves; promoted, the composite 128 x 192 makes 2752, 20.8 waves.
+        assert choose_config(8192, 8192, 8192, *case, H100, gluon=True).block_n == (256 if case[1] else 192)
     unsplit = {regime: tuple((dataclasses.replace(config, split_last_wave=False), speed) for config, speed in tiles)
                for regime, tiles in gemm_configs.GLUON_TILES.items()}
     monkeypatch.setattr(gemm_configs, "GLUON_TILES", unsplit)
@@ -547,7 +549,8 @@ def test_the_heuristic_takes_three_consumer_tiles_for_blockwise():
     blockwise, promoted = (Granularity.BLOCKWISE, False), (Granularity.TENSORWISE, False)
     assert tile(8192, 8192, 8192, blockwise) == (TALL, 128)  # 1.04x the 128 x 128 tile's speed
     assert tile(4096, 7168, 7168, blockwise) == (TALL, 128)  # 9.3 waves, the last one's 44 tiles in 3 pieces
-    assert tile(8192, 8192, 8192, promoted) == (128, 256)
+    assert tile(8192, 8192, 8192, promoted) == (128, 192)  # the composite tile fills its waves better
+    assert tile(16384, 16384, 16384, promoted) == (128, 256)
     assert tile(25344, 1280, 8192, promoted) == (128, 256)
 
 
