@@ -386,7 +386,10 @@ COMPOSITE_TALL_SPEED = 0.93
 # ran the 27 target shapes at 0.91-1.07x the pick (quick compare), geomean 0.977 tensorwise and 1.005 axiswise, and
 # five of them at 0.91-1.04x with full timing. Divided by the two tiles' grid_efficiency x tile_fill, those times give
 # it a speed of 0.995-1.002 of 128 x 256's tensorwise and 1.023-1.025 axiswise (the 4096^3 product's 0.91x is its
-# 5.3 waves against 3.9). Its speed here is the lower one less 0.01: it is taken where its waves fill better.
+# 5.3 waves against 3.9). Its speed here is the lower one less 0.01: it is taken where its waves fill better. Where the
+# runner-up is a 192-row tile that runs with four stages (_deepened), the heuristic takes that tile: the model weighs
+# it at three stages' speed, and on the 5 products where the composite displaced it (M 4096 with N 1376 or 2112,
+# 1536^3, 3072^3) the composite ran 0.92-1.00x it on 9 of 10 picks (`changed-picks/` of the same folder).
 COMPOSITE_PROMOTED_GLUON = dataclasses.replace(WIDE_GLUON, block_n=192, num_stages=4, split_last_wave=False)
 COMPOSITE_PROMOTED_SPEED = 0.99
 GLUON_TILES = {
@@ -577,9 +580,13 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
                if (fitted := fit_shared_memory(tile.with_sms(device.multiprocessor_count), device)).shared_memory_bytes
                <= device.shared_memory_budget and (tile not in DEEP_NARROW_TILES or fitted.num_stages == tile.num_stages)]
     if fitting:
-        # max() keeps the first of equals: the faster tile where both fill their waves alike.
-        config = max(fitting, key=lambda tile: tile_speed(*tile, M, N, K) * grid_efficiency(M, N, K, tile[0])
-                     * tile_fill(M, N, tile[0]))[0]
+        # Sorted fastest first, stable: the faster tile where both fill their waves alike.
+        ranked = [tile for tile, _ in sorted(fitting, reverse=True, key=lambda tile: tile_speed(*tile, M, N, K)
+                                             * grid_efficiency(M, N, K, tile[0]) * tile_fill(M, N, tile[0]))]
+        config = ranked[0]
+        if config == COMPOSITE_PROMOTED_GLUON.with_sms(config.num_sms) and len(ranked) > 1 and (
+                _deepened(M, N, K, granularity, ranked[1], device) != ranked[1]):
+            config = ranked[1]  # the four-stage 192-row tile the model does not weigh (see COMPOSITE_PROMOTED_SPEED)
         if config.overlap_promotion and _few_waves(M, N, config):
             config = dataclasses.replace(config, overlap_promotion=False)
         config = _walk(M, N, K, _deepened(M, N, K, granularity, config, device), device)

@@ -539,6 +539,23 @@ def test_the_heuristic_weighs_each_tile_by_how_well_it_fills_the_grid(monkeypatc
     assert choose_config(8192, 1280, 8192, Granularity.TENSORWISE, True, H100, gluon=False).block_n == 256
 
 
+def test_the_heuristic_takes_the_promoted_composite_tile_where_its_waves_fill_better():
+    """128 x 192, promoted tensorwise and axiswise: where it fills its waves better than the other tiles, but not
+    where the runner-up is a 192-row tile that runs with four stages (the model weighs that one at three)."""
+    def tile(M, K, N, granularity=Granularity.TENSORWISE, fast_accum=False):
+        config = choose_config(M, N, K, granularity, fast_accum, H100, gluon=True)
+        return config.block_m, config.block_n, config.num_stages
+
+    for granularity in (Granularity.TENSORWISE, Granularity.AXISWISE):
+        assert tile(8192, 8192, 8192, granularity) == (128, 192, 4)  # 20.8 waves against 128 x 256's 15.5
+        assert tile(512, 4096, 6144, granularity) == (128, 192, 4)  # 4 x 32 tiles, one wave; 128 x 128: 4 x 48
+        assert tile(16384, 16384, 16384, granularity) == (128, 256, 3)
+        assert tile(4096, 7008, 1376, granularity) == (192, 128, 4)  # the four-stage 192-row runner-up
+        assert tile(3072, 3072, 3072, granularity) == (192, 128, 4)
+    assert tile(8192, 8192, 8192, fast_accum=True)[:2] == (128, 256)
+    assert tile(8192, 8192, 8192, Granularity.BLOCKWISE)[1] == 128
+
+
 def test_the_heuristic_takes_three_consumer_tiles_for_blockwise():
     from fp8kernels.gemm_configs import GLUON_THREE_CONSUMER_ROWS as TALL
 
