@@ -113,3 +113,21 @@ def test_a_composite_tile_runs_its_right_part_as_a_wgmma_and_a_store_of_its_own(
     shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k32)", ptx)
     assert sorted(set(shapes)) == ["m64n128k32", "m64n64k32"] and shapes.count("m64n128k32") == shapes.count("m64n64k32")
     assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta", ptx)) >= 2  # a store per part
+
+
+@gluon_compiles
+def test_a_promoted_composite_tile_adds_its_left_part_while_its_right_part_runs():
+    """Promoted, the composite 128 x 192 tile waits for its left part's wgmmas alone (one group left in flight, the
+    right part's), adds their product into the sum, then waits for the right part: the left part's 64 adds a thread lie
+    between the two waits."""
+    import re
+
+    from triton.tools.disasm import get_sass
+
+    from fp8kernels._gemm_ws import compile_sm90
+    from fp8kernels.gemm_configs import COMPOSITE_PROMOTED_GLUON
+    from fp8kernels.scaling import Granularity
+
+    sass = get_sass(compile_sm90(COMPOSITE_PROMOTED_GLUON.with_sms(132), Granularity.TENSORWISE, False).asm["cubin"])
+    between = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x1\s*;(.*?)WARPGROUP\.DEPBAR\.LE gsb0, 0x0\s*;", sass, re.S)
+    assert between and all(len(re.findall(r"\bFADD\b", code)) >= 64 for code in between)
