@@ -420,10 +420,15 @@ def _mma_promote_parts(acc, acc_right, a, b_left, b_right, zero, sa, sb, SCALING
     product_right = warpgroup_mma(a, b_right.permute((1, 0)), gl.zeros_like(acc_right), use_acc=False, is_async=True)
     product = warpgroup_mma_wait(1, deps=(product, ))
     acc = acc + _scaled_product(product, sa, sb, SCALING)
-    # Pinned before the right part's wait: LLVM would otherwise sink the adds after it, out of the wgmma's shadow.
-    acc = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=gl.float32, is_pure=False, pack=1)
+    acc = _pinned(acc)  # before the right part's wait: LLVM would otherwise sink the adds after it, out of its shadow
     product_right = warpgroup_mma_wait(0, deps=(product_right, ))
     return acc, acc_right + _scaled_product(product_right, sa, sb, SCALING)
+
+
+@gluon.jit
+def _pinned(values):
+    """`values` through a mov with side effects: the instructions that compute them stay before what follows."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [values], dtype=gl.float32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -582,7 +587,7 @@ def _promote_issued(acc, product, sa_bufs, sb_bufs, empty, consumed, zero, weigh
     acc = acc + _scaled_product(product, sa, sb, SCALING)
     # Pinned here: LLVM would otherwise sink the adds past the next wgmma's issue (they are only needed at the
     # next promotion), keeping three products live, which spills and makes ptxas serialize the wgmmas.
-    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc], dtype=gl.float32, is_pure=False, pack=1)
+    return _pinned(acc)
 
 
 @gluon.jit

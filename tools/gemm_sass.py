@@ -1,7 +1,8 @@
 """What ptxas made of the warp-specialised Gluon GEMM (kernels/_gemm_ws.py), per candidate config and regime, with no
 GPU: each config is compiled for sm_90a (fp8kernels._gemm_ws.compile_sm90, Triton's own ptxas) and its PTX assembled
-again with `ptxas -v` for the registers, the spilled bytes and ptxas's notes. C7515 says it serialized the wgmmas
-(each waited for before the next issues), which a consumer whose promotion or sums overlap its next wgmma must
+again with `ptxas -v` for the registers, the spilled bytes and ptxas's notes. C7514 and C7515 say it serialized the
+wgmmas (each waited for before the next issues: other instructions read, or define, a wgmma's accumulator registers
+while it may run), which a consumer whose promotion or sums overlap its next wgmma must
 avoid. From the SASS: the QGMMA instructions and the wgmma waits that leave one group or more in flight.
 
     python tools/gemm_sass.py                       # every Gluon candidate of every regime (and of blockwise
@@ -36,7 +37,8 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, help=__d
 console = Console(width=200)
 # The candidates' grid and shared memory are an H100's (an H200's too); the SASS does not depend on the SM count.
 HOPPER = DeviceProperties(multiprocessor_count=132, shared_memory_per_program=227 * 1024)
-SERIALIZED_NOTE = "C7515"
+# ptxas's notes C7514 (accumulator registers read by other instructions) and C7515 (defined by them) both say this.
+SERIALIZED_NOTE = "wgmma.mma_async instructions are serialized"
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class SassReport:
     config: str
     registers: int  # the launch's per-thread count; setmaxnreg gives the consumers more
     spilled_bytes: int  # spill stores + spill loads
-    serialized: bool  # ptxas note C7515
+    serialized: bool  # ptxas note C7514 or C7515
     wgmmas: int  # QGMMA instructions in the SASS
     waits_in_flight: int  # wgmma waits that leave at least one group running (WARPGROUP.DEPBAR.LE gsb0, 0x1 or more)
 
