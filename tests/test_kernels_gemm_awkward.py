@@ -151,7 +151,7 @@ def test_short_products_run_the_192_row_tile_with_a_fourth_stage_unsplit(regime)
     """Tensorwise and axiswise: the 192-row pick on products of up to DEEP_NARROW_MAX_MACS gets DEEP_TALL_STAGES
     stages and no split (N 1040 split its last wave before; it now takes the composite 192 x 192 tile with fast
     accumulation); not on longer ones (M 16384, N 2112: split, three stages), nor blockwise at that K, nor where the
-    ring does not fit."""
+    ring does not fit; promoted, M 16384, N 2112 takes the composite 128 x 192 tile)."""
     def ring(M, N, K, regime=regime, device=H100):
         config = choose_config(M, N, K, *regime, device, gluon=True)
         return config.block_m, config.num_stages, gemm_configs.last_wave_split(M, N, K, config)
@@ -160,7 +160,7 @@ def test_short_products_run_the_192_row_tile_with_a_fourth_stage_unsplit(regime)
     n1040 = [] if regime[1] else [(4096, 1040, 4096)]
     for M, N, K in n1040 + [(4096, 1376, 4096), (4096, 1376, 7008), (4096, 2112, 7168)]:
         assert ring(M, N, K) == (GLUON_THREE_CONSUMER_ROWS, gemm_configs.DEEP_TALL_STAGES, unsplit), (M, N, K)
-    assert ring(16384, 2112, 7168) == (GLUON_THREE_CONSUMER_ROWS, 3, (10, 4))
+    assert ring(16384, 2112, 7168) == ((GLUON_THREE_CONSUMER_ROWS, 3, (10, 4)) if regime[1] else (128, 4, unsplit))
     assert ring(4096, 1040, 4096, BLOCKWISE)[1] != gemm_configs.DEEP_TALL_STAGES
     assert ring(4096, 1376, 4096, device=SMALL_GPU)[1] < gemm_configs.DEEP_TALL_STAGES
 
@@ -195,10 +195,13 @@ def test_the_walk_goes_row_by_row_where_b_stays_in_l2_and_a_does_not(regime):
 
 @pytest.mark.parametrize("regime", REGIMES, ids=str)
 def test_the_tuned_shapes_keep_their_tiles(regime):
-    """Square and LLaMa products of many tiles keep the tiles the sweeps chose."""
+    """Square and LLaMa products of many tiles keep the tiles the sweeps chose; promoted, 8192^3 takes the composite
+    128 x 192 tile, whose waves fill better (COMPOSITE_PROMOTED_GLUON)."""
     expected = (GLUON_THREE_CONSUMER_ROWS, 128) if regime is BLOCKWISE else (128, 256)
-    for M, N, K in [(8192, 8192, 8192), (16384, 16384, 16384), (8192, 28672, 4096), (16384, 4096, 14336)]:
+    for M, N, K in [(16384, 16384, 16384), (8192, 28672, 4096), (16384, 4096, 14336)]:
         assert tile(M, N, K, regime) == expected
+    promoted_composite = regime[0] is not Granularity.BLOCKWISE and not regime[1]
+    assert tile(8192, 8192, 8192, regime) == ((128, 192) if promoted_composite else expected)
 
 
 @pytest.mark.parametrize("gluon", [True, False])
