@@ -584,7 +584,7 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
         ranked = [tile for tile, _ in sorted(fitting, reverse=True, key=lambda tile: tile_speed(*tile, M, N, K)
                                              * grid_efficiency(M, N, K, tile[0]) * tile_fill(M, N, tile[0]))]
         config = ranked[0]
-        if config == COMPOSITE_PROMOTED_GLUON.with_sms(config.num_sms) and len(ranked) > 1 and (
+        if config.right_columns and is_promoted(granularity, fast_accum) and len(ranked) > 1 and (
                 _deepened(M, N, K, granularity, ranked[1], device) != ranked[1]):
             config = ranked[1]  # the four-stage 192-row tile the model does not weigh (see COMPOSITE_PROMOTED_SPEED)
         if config.overlap_promotion and _few_waves(M, N, config):
