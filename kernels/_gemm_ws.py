@@ -444,18 +444,11 @@ def _scaled_product(product, sa, sb, SCALING: gl.constexpr):
 
 
 @gluon.jit
-def _mma_issue(acc, acc_right, a, b_left, b_right, SPLIT: gl.constexpr):
-    """Fast accumulation: issue a @ b.T into the sums themselves (each half's), not waited for."""
+def _mma_accumulate(acc, acc_right, a, b_left, b_right, SPLIT: gl.constexpr):
+    """Fast accumulation: a @ b.T added by the tensor cores into the sums themselves (each half's), waited for."""
     acc = warpgroup_mma(a, b_left.permute((1, 0)), acc, is_async=True)
     if SPLIT == 2:
         acc_right = warpgroup_mma(a, b_right.permute((1, 0)), acc_right, is_async=True)
-    return acc, acc_right
-
-
-@gluon.jit
-def _mma_done(acc, acc_right, SPLIT: gl.constexpr):
-    """Wait for the wgmma _mma_issue issued."""
-    if SPLIT == 2:
         acc, acc_right = warpgroup_mma_wait(0, deps=(acc, acc_right))
     else:
         acc = warpgroup_mma_wait(0, deps=(acc, ))
@@ -559,8 +552,7 @@ def _k_tile(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, consum
     a, b_left, b_right = _take_k_tile(a_bufs, b_bufs, b_right_bufs, ready, consumed, HALF_N, WARPGROUP, OFFSETS)
     sa, sb = _k_tile_scales(sa_bufs, sb_bufs, consumed % ready.type.shape[0], zero, sb_place, SCALING, WARPGROUP)
     if not PROMOTE:
-        acc, acc_right = _mma_issue(acc, acc_right, a, b_left, b_right, SPLIT)
-        acc, acc_right = _mma_done(acc, acc_right, SPLIT)
+        acc, acc_right = _mma_accumulate(acc, acc_right, a, b_left, b_right, SPLIT)
     elif b_right_bufs is not None:
         acc, acc_right = _mma_promote_parts(acc, acc_right, a, b_left, b_right, zero, sa, sb, SCALING)
     elif SPLIT == 2:
@@ -635,10 +627,11 @@ def _sum_k_tiles_overlapped(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, cons
 
 
 @gluon.jit
-def _output_values(acc, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n, dtype: gl.constexpr,
-                   SCALING: gl.constexpr, ACTIVATION: gl.constexpr):
-    """One consumer's sums of a 64 x 128 block (or a composite tile's right part) scaled (tensorwise, axiswise),
-    through the activation (ACTIVATION_CODES), in the output's dtype."""
+def _store_rows(acc, c_desc, c_buf, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n,
+                SCALING: gl.constexpr, ACTIVATION: gl.constexpr, OTHER_STORES: gl.constexpr):
+    """Scale (tensorwise, axiswise), apply the activation (ACTIVATION_CODES) and store one consumer's 64 x
+    128 block through its own shared buffer; OTHER_STORES of this warpgroup's stores, issued since this
+    buffer's last one, may stay in flight."""
     if SCALING == 0:
         acc = acc * (gl.load(scale_a_ptr) * gl.load(scale_b_ptr))
     elif SCALING == 1:
@@ -649,28 +642,18 @@ def _output_values(acc, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_
         acc = acc * row_scale[:, None] * col_scale[None, :]
     if ACTIVATION == 1:
         acc = tl.sigmoid(acc)  # Triton's own, as in the Triton kernel's epilogue
-    return acc.to(dtype)
-
-
-@gluon.jit
-def _store_values(values, c_desc, c_buf, off_m, off_n, OTHER_STORES: gl.constexpr):
-    """Store one consumer's block of output values through its own shared buffer; OTHER_STORES of this
-    warpgroup's stores, issued since this buffer's last one, may stay in flight."""
     tma.store_wait(pendings=OTHER_STORES)  # this buffer's previous store has left it (stores finish in order)
-    c_buf.store(values)
+    c_buf.store(acc.to(c_desc.dtype))
     fence_async_shared()
     tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_buf)
 
 
 @gluon.jit
 def _sum_k_tiles(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero, off_n, k_first, k_end,
-                 stride_sb_n, stride_sb_k, pending, pending_right, pending_m, pending_n, c_desc, c_bufs, c_right_desc,
-                 c_right_bufs, SCALING: gl.constexpr, PROMOTE: gl.constexpr, OVERLAP: gl.constexpr,
-                 SCALE_BLOCK: gl.constexpr, UNDER_MMA: gl.constexpr, WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
+                 stride_sb_n, stride_sb_k, SCALING: gl.constexpr, PROMOTE: gl.constexpr, OVERLAP: gl.constexpr,
+                 SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
     """This warpgroup's rows of a tile summed over its K-tiles [k_first, k_end), taken from the ring from
-    the program's `consumed`-th K-tile on: (sum, the right part's sum of a 256-wide or composite tile, consumed).
-    With UNDER_MMA (_stores_under_mma) the previous tile's values (`pending`, at pending_m, pending_n; none where
-    pending_m < 0) are stored while the first K-tile's wgmma runs."""
+    the program's `consumed`-th K-tile on: (sum, the right part's sum of a 256-wide or composite tile, consumed)."""
     SPLIT: gl.constexpr = _parts(b_bufs, b_right_bufs, ready, zero.shape[1])
     acc_right = 0.0  # an unused constant unless the tile is split (Triton needs a value)
     # Blockwise: where each K-tile's weight scale lies in the window the producer loaded (the same offsets
@@ -688,18 +671,6 @@ def _sum_k_tiles(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c
                                  _mma_layout(RIGHT_N, a_bufs.dtype.primitive_bitwidth, gl.num_ctas()))
         elif SPLIT == 2:
             acc_right = zero
-        if UNDER_MMA:
-            a, b_left, b_right = _take_k_tile(a_bufs, b_bufs, b_right_bufs, ready, consumed, zero.shape[1], WARPGROUP,
-                                              OFFSETS)
-            acc, acc_right = _mma_issue(acc, acc_right, a, b_left, b_right, SPLIT)
-            if pending_m >= 0:
-                CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // ready.type.shape[0]
-                _store_tile(pending, pending_right, c_desc, c_bufs, c_right_desc, c_right_bufs, pending_m, pending_n,
-                            CONSUMERS, SPLIT, WARPGROUP)
-            acc, acc_right = _mma_done(acc, acc_right, SPLIT)
-            _release_slot(empty, consumed % empty.type.shape[0], OFFSETS)
-            consumed += 1
-            k_first += 1
         for ki in range(k_first, k_end):
             sb_place = (weight_scales + ki * stride_sb_k) % SCALE_WINDOW
             acc, acc_right = _k_tile(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, consumed, acc,
@@ -709,62 +680,21 @@ def _sum_k_tiles(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c
 
 
 @gluon.jit
-def _tile_values(acc, acc_right, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n,
-                 dtype: gl.constexpr, SCALING: gl.constexpr, ACTIVATION: gl.constexpr, SPLIT: gl.constexpr):
-    """This warpgroup's rows of a tile as output values (_output_values): its HALF_N columns', and a 256-wide or
-    composite tile's right part's (SPLIT 2; else acc_right as it is)."""
-    values = _output_values(acc, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n, dtype,
-                            SCALING, ACTIVATION)
-    if SPLIT == 2:
-        values_right = _output_values(acc_right, off_m, off_n + acc.shape[1], M, N, scale_a_ptr, scale_b_ptr,
-                                      stride_sa_m, stride_sb_n, dtype, SCALING, ACTIVATION)
-    else:
-        values_right = acc_right
-    return values, values_right
-
-
-@gluon.jit
-def _store_tile(values, values_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_m, off_n, CONSUMERS: gl.constexpr,
-                SPLIT: gl.constexpr, WARPGROUP: gl.constexpr):
-    """Store this warpgroup's rows of a tile (_tile_values; a 256-wide one, SPLIT 2, as its two halves; a composite
-    one as its HALF_N columns and its right part, through a buffer and box of the right part's width)."""
+def _store_tile(acc, acc_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_m, off_n, M, N, scale_a_ptr,
+                scale_b_ptr, stride_sa_m, stride_sb_n, SCALING: gl.constexpr, ACTIVATION: gl.constexpr,
+                CONSUMERS: gl.constexpr, SPLIT: gl.constexpr, WARPGROUP: gl.constexpr):
+    """Scale and store this warpgroup's rows of a tile (a 256-wide one, SPLIT 2, as its two halves; a composite one
+    as its HALF_N columns and its right part, through a buffer and box of the right part's width)."""
     HALF_N: gl.constexpr = c_bufs.type.shape[2]
     BUFFERS: gl.constexpr = c_bufs.type.shape[0] // CONSUMERS
-    _store_values(values, c_desc, c_bufs.index(WARPGROUP * BUFFERS), off_m, off_n, SPLIT - 1)
+    _store_rows(acc, c_desc, c_bufs.index(WARPGROUP * BUFFERS), off_m, off_n, M, N, scale_a_ptr, scale_b_ptr,
+                stride_sa_m, stride_sb_n, SCALING, ACTIVATION, SPLIT - 1)
     if c_right_desc is not None:
-        _store_values(values_right, c_right_desc, c_right_bufs.index(WARPGROUP), off_m, off_n + HALF_N, SPLIT - 1)
+        _store_rows(acc_right, c_right_desc, c_right_bufs.index(WARPGROUP), off_m, off_n + HALF_N, M, N,
+                    scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, ACTIVATION, SPLIT - 1)
     elif SPLIT == 2:
-        _store_values(values_right, c_desc, c_bufs.index(WARPGROUP * BUFFERS + 1), off_m, off_n + HALF_N, SPLIT - 1)
-
-
-@gluon.constexpr_function
-def _stores_under_mma(overlap_store, promote, workspace_desc):
-    """Whether a tile's stores wait for the next tile's first wgmma to be issued (config.overlap_store): with fast
-    accumulation (a 64 x 256 block's bf16 values, 64 registers, beside the next tile's sums: 192 of the 232 two
-    consumers get) and no split tiles (whose pieces go through the store buffers)."""
-    return bool(overlap_store) and not promote and workspace_desc is None
-
-
-@gluon.jit
-def _no_pending_values(zero, b_right_bufs, dtype: gl.constexpr, SPLIT: gl.constexpr, UNDER_MMA: gl.constexpr):
-    """Stand-ins for the output values a consumer carries from one tile to the next (_stores_under_mma), of their
-    types, before its first tile: zeros never stored; without UNDER_MMA, scalars."""
-    if UNDER_MMA:
-        values = gl.zeros_like(zero, dtype=dtype)
-        if b_right_bufs is not None:
-            RIGHT_N: gl.constexpr = _right_rows(b_right_bufs)
-            values_right = gl.zeros([zero.shape[0], RIGHT_N], dtype,
-                                    _mma_layout(RIGHT_N, b_right_bufs.dtype.primitive_bitwidth, gl.num_ctas()))
-        elif SPLIT == 2:
-            values_right = values
-        else:
-            values_right = 0.0
-    else:
-        values = 0.0
-        values_right = 0.0
-    return values, values_right
-
-
+        _store_rows(acc_right, c_desc, c_bufs.index(WARPGROUP * BUFFERS + 1), off_m, off_n + HALF_N, M, N,
+                    scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, ACTIVATION, SPLIT - 1)
 @gluon.jit
 def _partial_slot(unit, CONSUMERS: gl.constexpr, WARPGROUP: gl.constexpr):
     """Where the partial sum of this warpgroup's rows of split `unit` goes: its flag's index, and the workspace's
@@ -863,8 +793,7 @@ def _consumer(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bu
               scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m,
               stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, SCALING: gl.constexpr,
               ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr, OVERLAP: gl.constexpr, GROUP_M: gl.constexpr,
-              SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr, OVERLAP_STORE: gl.constexpr, OFFSETS: gl.constexpr,
-              WARPGROUP: gl.constexpr):
+              SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr, OFFSETS: gl.constexpr, WARPGROUP: gl.constexpr):
     """One warpgroup: rows [WARPGROUP * 64, WARPGROUP * 64 + 64) of every tile of this program's work. A
     256-wide tile is computed as two 128-column halves, each with a sum of its own, their products one at
     a time: two sums and one product (192 registers) fit where two whole-width sets (256) would not.
@@ -903,25 +832,15 @@ def _consumer(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bu
     walked = 0
     if gl.num_ctas() == 2:
         cluster_start()
-    UNDER_MMA: gl.constexpr = _stores_under_mma(OVERLAP_STORE, PROMOTE, workspace_desc)
-    SPLIT: gl.constexpr = _parts(b_bufs, b_right_bufs, ready, HALF_N)
-    pending, pending_right = _no_pending_values(zero, b_right_bufs, c_desc.dtype, SPLIT, UNDER_MMA)
-    pending_m = -1
-    pending_n = 0
     unit = _next_unit(ready, consumed, log, walked, program, num_programs, units, DYNAMIC)
     while unit >= 0:
-        consumed, pending, pending_right, pending_m, pending_n = _consume_unit(
-            a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs, c_right_desc,
-            scale_a_ptr, scale_b_ptr, workspace_desc, staging, partial_bars, flags_ptr, M, N, stride_sa_m, stride_sb_n,
-            stride_sb_k, split_tiles, splits, unit, consumed, zero, num_pid_m, num_pid_n, k_tiles, pending,
-            pending_right, pending_m, pending_n, SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, UNDER_MMA,
-            WARPGROUP, OFFSETS)
+        consumed = _consume_unit(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc,
+                                 c_right_bufs, c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, staging,
+                                 partial_bars, flags_ptr, M, N, stride_sa_m, stride_sb_n, stride_sb_k, split_tiles,
+                                 splits, unit, consumed, zero, num_pid_m, num_pid_n, k_tiles, SCALING, ACTIVATION,
+                                 PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, WARPGROUP, OFFSETS)
         walked += 1
         unit = _next_unit(ready, consumed, log, walked, program, num_programs, units, DYNAMIC)
-    if UNDER_MMA:
-        if pending_m >= 0:  # the last tile's values
-            _store_tile(pending, pending_right, c_desc, c_bufs, c_right_desc, c_right_bufs, pending_m, pending_n,
-                        CONSUMERS, SPLIT, WARPGROUP)
     tma.store_wait(pendings=0)
     if gl.num_ctas() == 2:
         cluster_end()
@@ -947,14 +866,12 @@ def _next_unit(ready, consumed, log, walked, program, num_programs, units, DYNAM
 def _consume_unit(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs,
                   c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, staging, partial_bars, flags_ptr, M, N,
                   stride_sa_m, stride_sb_n, stride_sb_k, split_tiles, splits, unit, consumed, zero, num_pid_m,
-                  num_pid_n, k_tiles, pending, pending_right, pending_m, pending_n, SCALING: gl.constexpr,
-                  ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr, OVERLAP: gl.constexpr, GROUP_M: gl.constexpr,
-                  SCALE_BLOCK: gl.constexpr, UNDER_MMA: gl.constexpr, WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
+                  num_pid_n, k_tiles, SCALING: gl.constexpr, ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr,
+                  OVERLAP: gl.constexpr, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr,
+                  OFFSETS: gl.constexpr):
     """This warpgroup's rows of `unit`: its K-tiles summed from the program's `consumed`-th on, then stored,
     or left as a partial sum for the tile's last piece, or (the last piece) added to the others' and stored.
-    With UNDER_MMA its values are not stored here but returned, and the previous tile's `pending` ones are stored
-    under its first K-tile's wgmma (_sum_k_tiles). Returns the next K-tile's number and the values pending (with
-    their pending_m, pending_n; without UNDER_MMA those given)."""
+    Returns the next K-tile's number."""
     STAGES: gl.constexpr = empty.type.shape[0]
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // STAGES
     BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
@@ -967,15 +884,9 @@ def _consume_unit(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, 
     off_m = pid_m * BLOCK_M + WARPGROUP * ROWS
     off_n = pid_n * BLOCK_N
     acc, acc_right, consumed = _sum_k_tiles(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, consumed,
-                                            zero, off_n, k_first, k_end, stride_sb_n, stride_sb_k, pending, pending_right,
-                                            pending_m, pending_n, c_desc, c_bufs, c_right_desc, c_right_bufs, SCALING,
-                                            PROMOTE, OVERLAP, SCALE_BLOCK, UNDER_MMA, WARPGROUP, OFFSETS)
-    if UNDER_MMA:  # stored under the next tile's first wgmma, or after the last tile
-        pending, pending_right = _tile_values(acc, acc_right, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
-                                              stride_sb_n, c_desc.dtype, SCALING, ACTIVATION, SPLIT)
-        pending_m = off_m
-        pending_n = off_n
-    elif workspace_desc is not None:  # splitting compiled in (else split_tiles is 0: every piece is -1)
+                                            zero, off_n, k_first, k_end, stride_sb_n, stride_sb_k, SCALING, PROMOTE,
+                                            OVERLAP, SCALE_BLOCK, WARPGROUP, OFFSETS)
+    if workspace_desc is not None:  # splitting compiled in (else split_tiles is 0: every piece is -1)
         if piece >= 0 and piece < splits - 1:
             _publish_partial(acc, acc_right, workspace_desc, staging, flags_ptr, unit, CONSUMERS, SPLIT, WARPGROUP)
         else:
@@ -983,23 +894,12 @@ def _consume_unit(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, 
                 acc, acc_right = _add_partials(acc, acc_right, workspace_desc, staging,
                                                partial_bars.index(WARPGROUP), flags_ptr, tile_id, split_tiles,
                                                splits, CONSUMERS, SPLIT, WARPGROUP)
-            _store_acc(acc, acc_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_m, off_n, M, N, scale_a_ptr,
-                       scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
+            _store_tile(acc, acc_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_m, off_n, M, N, scale_a_ptr,
+                        scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
     else:
-        _store_acc(acc, acc_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_m, off_n, M, N, scale_a_ptr,
-                   scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
-    return consumed, pending, pending_right, pending_m, pending_n
-
-
-@gluon.jit
-def _store_acc(acc, acc_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr,
-               stride_sa_m, stride_sb_n, SCALING: gl.constexpr, ACTIVATION: gl.constexpr, CONSUMERS: gl.constexpr,
-               SPLIT: gl.constexpr, WARPGROUP: gl.constexpr):
-    """Store this warpgroup's sums of a tile now (_tile_values, _store_tile)."""
-    values, values_right = _tile_values(acc, acc_right, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m,
-                                        stride_sb_n, c_desc.dtype, SCALING, ACTIVATION, SPLIT)
-    _store_tile(values, values_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_m, off_n, CONSUMERS, SPLIT,
-                WARPGROUP)
+        _store_tile(acc, acc_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_m, off_n, M, N, scale_a_ptr,
+                    scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
+    return consumed
 
 
 @gluon.jit
@@ -1030,7 +930,6 @@ def _fp8_gemm_ws_kernel(
     STAGES: gl.constexpr,
     SCALE_BLOCK: gl.constexpr,
     DYNAMIC: gl.constexpr,  # the programs claim their units from counter_ptr (config.dynamic_tiles)
-    OVERLAP_STORE: gl.constexpr,  # fast accumulation: a tile's stores under the next one's first wgmma (config.overlap_store)
     OFFSETS: gl.constexpr,  # a cluster's (launched with num_ctas 2): SharedOffsets; else None
 ):
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]  # a composite tile's: its first HALF_N columns
@@ -1090,15 +989,15 @@ def _fp8_gemm_ws_kernel(
                 (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs,
                              c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr,
                              M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
-                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OVERLAP_STORE, OFFSETS, 0)),
+                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 0)),
                 (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs,
                              c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr,
                              M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
-                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OVERLAP_STORE, OFFSETS, 1)),
+                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 1)),
                 (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs,
                              c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr,
                              M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
-                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OVERLAP_STORE, OFFSETS, 2)),
+                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 2)),
                 (_producer, (a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs,
                              sb_bufs, ready, empty, counter_ptr, log_ptr, M, N, K, stride_sa_k, stride_sb_n,
                              stride_sb_k, num_programs, split_tiles, splits, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS)),
@@ -1114,11 +1013,11 @@ def _fp8_gemm_ws_kernel(
                 (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs,
                              c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr,
                              M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
-                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OVERLAP_STORE, OFFSETS, 0)),
+                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 0)),
                 (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs,
                              c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr,
                              M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
-                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OVERLAP_STORE, OFFSETS, 1)),
+                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 1)),
                 (_producer, (a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs,
                              sb_bufs, ready, empty, counter_ptr, log_ptr, M, N, K, stride_sa_k, stride_sb_n,
                              stride_sb_k, num_programs, split_tiles, splits, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS)),
@@ -1219,8 +1118,7 @@ def _kernel_constants(config: Fp8GemmConfig, granularity: Granularity, fast_accu
     """The kernel's constexpr arguments for `config`: what launch_ws_gemm launches with and compile_sm90 compiles."""
     return dict(BLOCK_M=config.block_m, SCALING=_scaling_code(granularity, b_rows), ACTIVATION=ACTIVATION_CODES[activation],
                 PROMOTE=is_promoted(granularity, fast_accum), OVERLAP=config.overlap_promotion, GROUP_M=config.group_m,
-                STAGES=config.num_stages, SCALE_BLOCK=BLOCK, DYNAMIC=config.dynamic_tiles,
-                OVERLAP_STORE=config.overlap_store, OFFSETS=None)
+                STAGES=config.num_stages, SCALE_BLOCK=BLOCK, DYNAMIC=config.dynamic_tiles, OFFSETS=None)
 
 
 def _launch_options(config: Fp8GemmConfig) -> dict:

@@ -115,11 +115,6 @@ class Fp8GemmConfig:
     # consumers'. It holds a sum and two products: 128 columns with two consumers (192 of their 232
     # registers), 64 with three (96 of 160).
     overlap_promotion: bool = False
-    # Gluon kernel, fast accumulation only: each consumer issues a tile's first wgmma before it stores the previous
-    # tile's values (scaled and converted when that tile ended), so its stores run beside the tensor cores rather than
-    # between two tiles' MMAs. The values wait in registers (a 64 x 256 block in bf16: 64 beside the 128 of the sums);
-    # not where tiles are split (see kernels/_gemm_ws.py, _stores_under_mma).
-    overlap_store: bool = False
     # Gluon kernel only: 2 runs each program as a cluster of two CTAs on two row tiles of the same column tile,
     # each TMA-loading half of that B tile into both CTAs' shared memory (multicast, kernels/_cluster.py), which
     # reads each B tile from L2 once per pair. num_sms // 2 clusters walk pairs of tiles (units), and split the last
@@ -143,7 +138,7 @@ class Fp8GemmConfig:
             raise ValueError(f"split_n must be 1 or 2, and 2 stores column halves (epilogue_subtile), got {self.split_n}")
         if self.num_warps not in (4, 8, 16):
             raise ValueError(f"num_warps must be 4, 8 or 16, got {self.num_warps}")
-        for mode in ("split_last_wave", "dynamic_tiles", "overlap_promotion", "overlap_store"):
+        for mode in ("split_last_wave", "dynamic_tiles", "overlap_promotion"):
             if getattr(self, mode) and not self.gluon_ws:
                 raise ValueError(f"{mode} is a mode of the warp-specialized Gluon kernel (gluon_ws)")
         if self.gluon_ws and (
@@ -200,9 +195,6 @@ class Fp8GemmConfig:
             )
         if self.overlap_promotion and not is_promoted(granularity, fast_accum):
             raise ValueError("overlap_promotion overlaps the FP32 promotion, which fast accumulation does not do")
-        if self.overlap_store and is_promoted(granularity, fast_accum):
-            raise ValueError("overlap_store holds a tile's values beside the next tile's sums, which only fast "
-                             "accumulation has the registers for")
         if self.right_columns and self.block_m == GLUON_THREE_CONSUMER_ROWS and is_promoted(granularity, fast_accum):
             raise ValueError(f"a {self.block_m} x {self.block_n} tile's consumers hold its sums with fast accumulation "
                              f"only: promoted, a fresh product beside them would not fit their 160 registers")
@@ -251,7 +243,6 @@ def config_label(options: dict) -> str:
     return (f"{o['block_m']}x{o['block_n']}x{o['block_k']} s{o['num_stages']} w{o['num_warps']} g{o['group_m']}"
             + (" n-halves" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
             + (" gluon-ws" if o.get("gluon_ws") else "") + (" overlapped" if o.get("overlap_promotion") else "")
-            + (" store-under-mma" if o.get("overlap_store") else "")
             + (" multicast" if o.get("cluster_m", 1) > 1 else "")
             + (f" last-wave {o['split_tiles']}x{o['splits']}" if o.get("split_tiles") else ""))
 

@@ -254,7 +254,6 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
          "warp-specialized Gluon"),
         (dict(gluon_ws=True, block_m=192, block_n=128, epilogue_subtile=False, num_warps=8, num_stages=5), "shared memory"),
         (dict(overlap_promotion=True), "warp-specialized Gluon kernel"),
-        (dict(overlap_store=True), "warp-specialized Gluon kernel"),
         # A sum and two products: 3 x 64 of a consumer's 232 registers at 128 columns, of 160 at 64 with three.
         (dict(gluon_ws=True, block_n=256, num_stages=3, num_warps=8, epilogue_subtile=False, overlap_promotion=True),
          "two products"),
@@ -282,17 +281,6 @@ def test_overlapped_promotion_is_a_promoted_regime_candidate_only():
     for case in CASES:
         tiles = {(c.block_m, c.block_n) for c in candidate_configs(*case, H100) if c.overlap_promotion}
         assert tiles == ({(128, 128), (128, 64)} if is_promoted(*case) else set()), case
-
-
-def test_stores_under_the_next_tiles_mma_are_fast_accumulation_only():
-    from fp8kernels.gemm_configs import NARROW_GLUON
-
-    under = dataclasses.replace(NARROW_GLUON, overlap_store=True)
-    under.check_granularity(Granularity.AXISWISE, fast_accum=True)
-    for granularity, fast_accum in ((Granularity.TENSORWISE, False), (Granularity.BLOCKWISE, False)):
-        with pytest.raises(ValueError, match="only fast accumulation"):
-            under.check_granularity(granularity, fast_accum)
-    assert config_label(under.as_dict()).endswith("gluon-ws store-under-mma")
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
@@ -729,31 +717,6 @@ def test_gpu_claimed_tiles_give_the_fixed_walks_result_bit_for_bit(case):
             for _ in range(3):
                 assert torch.equal(_run_poisoned(*operands, granularity, fast_accum, claimed), expected), where
             assert not stream_scratch("counter", expected.device, 2).any(), where
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("granularity", [Granularity.TENSORWISE, Granularity.AXISWISE], ids=lambda g: g.value)
-def test_gpu_stores_under_the_next_tiles_mma_give_the_same_output_bit_for_bit(granularity):
-    """overlap_store with fast accumulation: each Gluon tile of the regime (one CTA, and as a cluster but the composite
-    tile), against the same tile storing each tile when it ends: the same values bit for bit, with and without the
-    sigmoid, on several tiles a program (ragged M and N, a partial last K-tile), one tile on a few programs, and a
-    split last wave (whose launch stores each tile when it ends)."""
-    from fp8kernels.gemm_configs import gluon_tiles, persistent_grid
-
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for tile, _ in gluon_tiles(granularity, True):
-        for programs, (M, K, N) in ((sms, (5000, 4112, 2064)), (5, (1040, 1152, 1280)), (sms, (100, 1024, 384)),
-                                    (sms, (8192, 8192, 1280))):
-            operands = _quantized(M, K, N, granularity, seed=M + programs)
-            for cluster_m in (1, ) if tile.right_columns else (1, 2):
-                single = dataclasses.replace(tile.with_sms(programs), cluster_m=cluster_m,
-                                             split_last_wave=tile.split_last_wave and cluster_m == 1)
-                under = dataclasses.replace(single, overlap_store=True)
-                where = (f"{granularity.value} {config_label(under.as_dict())} on {programs} programs, {M}x{N}x{K}, "
-                         f"split {persistent_grid(M, N, K, under)[1:]}")
-                for activation in (Activation.NONE, Activation.SIGMOID):
-                    expected = _run_poisoned(*operands, granularity, True, single, activation)
-                    assert torch.equal(_run_poisoned(*operands, granularity, True, under, activation), expected), where
 
 
 def test_a_cluster_walks_pairs_of_row_tiles_on_half_the_sms():
