@@ -429,7 +429,7 @@ def pick_variants(s: GemmShape, g: Granularity, f: bool, pick: Callable[[GemmSha
             candidate = pick(s, g, f)
             moved = candidate.options_for(s.M, s.N, s.K) != picked
         variants += [Variant(candidate, candidate_name, settings)] if moved else []
-    if multicast and config.gluon_ws:  # the pick's other form
+    if multicast and config.gluon_ws and not config.right_columns:  # the pick's other form (a composite has none)
         twin = (dataclasses.replace(config, cluster_m=1) if config.cluster_m == 2 else
                 dataclasses.replace(config, dynamic_tiles=False, cluster_m=2))
         variants.append(Variant(twin, "multicast"))
