@@ -119,7 +119,7 @@ class Fp8GemmConfig:
     # each TMA-loading half of that B tile into both CTAs' shared memory (multicast, kernels/_cluster.py), which
     # reads each B tile from L2 once per pair. num_sms // 2 clusters walk pairs of tiles (units), and split the last
     # wave's pairs; no claimed tiles. The heuristic's pick for long, large blockwise products (CLUSTER_MIN_K) and, with
-    # fast accumulation, for rows of A and B off the L2 sector (SECTOR_BYTES).
+    # tensorwise and axiswise, for rows of A and B off the L2 sector (SECTOR_BYTES).
     cluster_m: int = 1
 
     def __post_init__(self) -> None:
@@ -319,7 +319,7 @@ OVERLAP_MIN_WAVES = 8
 # more where the single CTA splits its last wave (reports/h100-sxm/gemm-multicast-elect).
 CLUSTER_MIN_K = 8192
 CLUSTER_MIN_MACS = 8 * 10**11
-# Tensorwise and axiswise with fast accumulation: where a row of A and of B^T (K bytes) is not a multiple of
+# Tensorwise and axiswise, fast accumulation or promoted: where a row of A and of B^T (K bytes) is not a multiple of
 # SECTOR_BYTES, the 128 x 256 and 192 x 128 picks run as 2-CTA clusters multicasting B, without a split. On an H200
 # (quick compares, reports/h200/gemm-misaligned-k-multicast), at K 1040, 2000 and 7024 against K 1056, 2016 and 7008
 # (as many K-tiles; M 4096, N 4096) our kernel took 1.15-1.23x as long with fast accumulation, cuBLAS's 1.02-1.03x
@@ -328,10 +328,13 @@ CLUSTER_MIN_MACS = 8 * 10**11
 # 0.87-1.05x over the 27 target shapes). On an H100 the four-stage 192-row cluster ran 1.17-1.22x faster than the
 # same tile alone at K 1040 and 2000 (reports/h100-sxm/gemm-tensorwise-leads, `awkward-variants`). Why, we infer and
 # have not profiled: a 128-byte TMA row read 16 bytes off a sector spans five sectors, not four, and multicasting
-# halves each CTA's reads of B. The promoted 128 x 256 cluster spills (1 KB), and smaller tiles were not timed so.
-# Over fp8bench's shape sets (229 products) the rule changes 6 picks, all timed above: K 1040 and 2000 at N 4096 and
-# K 2000 at N 7008 (M 4096), tensorwise and axiswise. `tools/gemm_sweep.py compare --candidate SECTOR_BYTES=16`
-# times the one-CTA picks beside the clusters.
+# halves each CTA's reads of B. Promoted, the 128 x 256 cluster (no spills since the composite tile's kernel changes)
+# ran 1.06-1.14x the one-CTA pick on the same three products, tensorwise (to 0.99-1.11 of cuBLAS) and axiswise, and
+# the four-stage 192 x 128 pick as a cluster 0.95-0.99x where K is aligned (N 1040 promoted, N 1376 and 2112; quick
+# compare, reports/h200/gemm-unaligned-tiles-and-clusters). Smaller tiles were not timed so. Over fp8bench's shape sets (229 products) the
+# rule changes 12 picks, all timed above: K 1040 and 2000 at N 4096 and K 2000 at N 7008 (M 4096), tensorwise and
+# axiswise, with fast accumulation and promoted. `tools/gemm_sweep.py compare --candidate SECTOR_BYTES=16` times
+# the one-CTA picks beside the clusters.
 SECTOR_BYTES = 32
 MISALIGNED_CLUSTER_MIN_AREA = GLUON_THREE_CONSUMER_ROWS * 128
 # The walk groups group_m row tiles so that a wave of programs reads few A and B panels from L2, each panel
@@ -590,7 +593,7 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
         if config.overlap_promotion and _few_waves(M, N, config):
             config = dataclasses.replace(config, overlap_promotion=False)
         config = _walk(M, N, K, _deepened(M, N, K, granularity, config, device), device)
-        if _clustered(M, N, K, granularity, fast_accum, b_scale_rows, config):
+        if _clustered(M, N, K, granularity, b_scale_rows, config):
             config = dataclasses.replace(config, cluster_m=2, split_last_wave=False)  # its splits ran slower
         return config
     preset = BLOCKWISE if granularity is Granularity.BLOCKWISE else FAST_ACCUM if fast_accum else PROMOTED
@@ -600,10 +603,10 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
     return config
 
 
-def _clustered(M: int, N: int, K: int, granularity: Granularity, fast_accum: bool, b_scale_rows: int,
+def _clustered(M: int, N: int, K: int, granularity: Granularity, b_scale_rows: int,
                config: Fp8GemmConfig) -> bool:
     """Whether the heuristic runs this Gluon pick as a 2-CTA cluster: a long, large blockwise product that splits no
-    tile (see CLUSTER_MIN_K), or with fast accumulation a tile of rows off the L2 sector (see SECTOR_BYTES; FP8
+    tile (see CLUSTER_MIN_K), or tensorwise and axiswise a tile of rows off the L2 sector (see SECTOR_BYTES; FP8
     operands: a row of K elements is K bytes). Asked of the pick as _deepened and _walk leave it: a four-stage 192-row
     pick clusters with its four stages, the form timed so; no blockwise product is both short enough in K for the
     fourth stage and long enough for a cluster (DEEP_TALL_BLOCKWISE_MAX_K < CLUSTER_MIN_K), and no composite pick has
@@ -611,7 +614,7 @@ def _clustered(M: int, N: int, K: int, granularity: Granularity, fast_accum: boo
     if granularity is Granularity.BLOCKWISE:
         return (b_scale_rows == BLOCK and K >= CLUSTER_MIN_K and M * N * K >= CLUSTER_MIN_MACS
                 and last_wave_split(M, N, K, config) == (0, 1))
-    return fast_accum and K % SECTOR_BYTES != 0 and config.block_m * config.block_n >= MISALIGNED_CLUSTER_MIN_AREA
+    return K % SECTOR_BYTES != 0 and config.block_m * config.block_n >= MISALIGNED_CLUSTER_MIN_AREA
 
 
 def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmConfig,

@@ -591,22 +591,22 @@ def test_the_heuristic_runs_long_large_blockwise_products_as_clusters():
     assert choose_config(8192, 8192, 28672, Granularity.BLOCKWISE, False, H100, gluon=False).cluster_m == 1
 
 
-def test_the_heuristic_multicasts_fast_accumulation_rows_off_the_l2_sector():
-    """Tensorwise and axiswise with fast accumulation: cluster_m 2, unsplit, where K is not a multiple of SECTOR_BYTES
-    and the pick is at least a 192 x 128 tile; never promoted, blockwise, on K a multiple of 32 or on smaller tiles."""
+def test_the_heuristic_multicasts_rows_off_the_l2_sector():
+    """Tensorwise and axiswise, with fast accumulation and promoted: cluster_m 2, unsplit, where K is not a multiple of
+    SECTOR_BYTES and the pick is at least a 192 x 128 tile; never on K a multiple of 32 or on smaller tiles."""
     from fp8kernels.gemm_configs import SECTOR_BYTES
 
     def pick(M, K, N, granularity=Granularity.TENSORWISE, fast_accum=True):
         return choose_config(M, N, K, granularity, fast_accum, H100, gluon=True)
 
     for granularity in (Granularity.TENSORWISE, Granularity.AXISWISE):
-        for K in (2000, 1040, 7024):
-            config = pick(4096, K, 4096, granularity)
-            assert K % SECTOR_BYTES and (config.block_m, config.block_n, config.cluster_m) == (128, 256, 2)
-            assert not config.split_last_wave and not config.dynamic_tiles
-            assert pick(4096, K, 4096, granularity, fast_accum=False).cluster_m == 1
-        for K in (1984, 2016, 1056, 7008, 4096):
-            assert pick(4096, K, 4096, granularity).cluster_m == 1
+        for fast_accum in (True, False):
+            for K in (2000, 1040, 7024):
+                config = pick(4096, K, 4096, granularity, fast_accum)
+                assert K % SECTOR_BYTES and (config.block_m, config.block_n, config.cluster_m) == (128, 256, 2)
+                assert not config.split_last_wave and not config.dynamic_tiles
+            for K in (1984, 2016, 1056, 7008, 4096):
+                assert pick(4096, K, 4096, granularity, fast_accum).cluster_m == 1
     # A 192-row pick keeps its four stages (the form timed as a cluster).
     tall = pick(4096, 2000, 1376)
     assert (tall.block_m, tall.num_stages, tall.cluster_m) == (192, 4, 2)
