@@ -103,3 +103,18 @@ def test_compare_takes_target_shapes_by_name_and_products_of_ones_own():
     assert gemm_sweep.parse_regime("blockwise/fast_accum=off") == (gemm_sweep.Granularity.BLOCKWISE, False)
     with pytest.raises(typer.BadParameter, match="unknown regime 'blockwise/fast_accum=on'"):
         gemm_sweep.parse_regime("blockwise/fast_accum=on")
+
+
+def test_the_summary_is_rewritten_whole_after_each_comparison(tmp_path):
+    """compare's summary.csv, rewritten atomically after each comparison: a run stopped by a time limit keeps the
+    comparisons it finished, and no partial file is left beside it."""
+    import gemm_sweep
+
+    path = tmp_path / "summary.csv"
+    rows = [dict(shape="a", regime="tensorwise/fast_accum=on", backend="cublas", ms=1.0)]
+    gemm_sweep.write_summary(pd.DataFrame(rows), path)
+    rows.append(dict(shape="a", regime="tensorwise/fast_accum=on", backend="triton", ms=0.9))
+    gemm_sweep.write_summary(pd.DataFrame(rows), path)
+    written = pd.read_csv(path)
+    assert list(written.backend) == ["cublas", "triton"] and written.ms.tolist() == [1.0, 0.9]
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.csv"]

@@ -170,10 +170,11 @@ class Variant:
 class SideBySide:
     """Measures cuBLAS and our kernel on one shape's operands and records both rows."""
 
-    def __init__(self, writer: RunWriter, timing: TimingConfig, timer: str):
+    def __init__(self, writer: RunWriter, timing: TimingConfig, timer: str, summary: Path | None = None):
+        """`summary`: where the side-by-side rows (frame()) go, rewritten after each comparison."""
         import torch
 
-        self.writer, self.timing = writer, timing
+        self.writer, self.timing, self.summary = writer, timing, summary
         self.timers = TimerChoice(timer)
         self.gpu = spec_for_device_name(torch.cuda.get_device_name())
         self.records: list[dict] = []
@@ -264,6 +265,8 @@ class SideBySide:
                 "split_tiles": options.get("split_tiles", 0) if backend == "triton" else None,
                 "variant": options.get("variant", "") if backend == "triton" else "",
             })
+        if self.summary is not None:
+            write_summary(self.frame(), self.summary)
 
     def _measure(self, shape, granularity, fast_accum, backend, fn, options):
         """(median ms, result row) of one timed case."""
@@ -273,6 +276,14 @@ class SideBySide:
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame.from_records(self.records)
+
+
+def write_summary(frame: pd.DataFrame, path: Path) -> None:
+    """`frame` as CSV at `path`, atomically (a new file renamed over the old one): a run stopped part-way, by a time
+    limit or a kill, keeps the summary of the comparisons it finished."""
+    partial = path.with_name(path.name + ".partial")
+    frame.to_csv(partial, index=False)
+    os.replace(partial, path)
 
 
 def _print_frame(frame: pd.DataFrame, title: str) -> None:
@@ -363,13 +374,12 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
                 for s in shapes for g, f in regimes}
     precompile(sorted({(g, f, v.config) for (_, g, f), timed in variants.items() for v in timed}, key=str))
     with _open_run(out, "compare") as writer:
-        bench = SideBySide(writer, QUICK if quick else STEADY, timer)
+        bench = SideBySide(writer, QUICK if quick else STEADY, timer, out / "summary.csv")
         for index, shape in enumerate(shapes):
             bench.measure_shape(shape, regimes, lambda g, f, s=shape: variants[(s.name, g, f)],
                                 ours_first=index % 2 == 1)
             console.print(f"{shape.name} done", highlight=False)
     frame = bench.frame()
-    frame.to_csv(out / "summary.csv", index=False)
     ours = frame[frame.backend == "triton"]
     heuristic = ours[ours.variant == ""]
     cublas = frame[frame.backend == "cublas"][["shape", "regime", "tflops"]]
@@ -497,7 +507,7 @@ def tune(out: Path = typer.Option(..., help="folder for results.csv and metadata
                if not (promoted_only and f) and not (blockwise_only and g is not Granularity.BLOCKWISE)]
     candidates = {(g, f): candidate_configs(g, f, device) for g, f in regimes}
     with _open_run(out, "tune") as writer:
-        bench = SideBySide(writer, QUICK, timer)
+        bench = SideBySide(writer, QUICK, timer, out / "summary.csv")
         _tune_round(bench, shapes, candidates)
         frame = bench.frame()
         variants = {}
@@ -507,7 +517,6 @@ def tune(out: Path = typer.Option(..., help="folder for results.csv and metadata
             variants[(g, f)] = [dataclasses.replace(c, group_m=m) for c in best for m in GROUP_M_VARIANTS if m != c.group_m]
         _tune_round(bench, shapes, variants)
     frame = bench.frame()
-    frame.to_csv(out / "summary.csv", index=False)
     for g, f in regimes:
         regime = _regime_name(g, f)
         _print_frame(_rank(frame, regime).head(12).reset_index(), f"{regime}: geomean of our/cuBLAS speed per config")
@@ -536,10 +545,9 @@ def gluon(out: Path = typer.Option(..., help="folder for results.csv, summary.cs
         if not (fast_accum and g is Granularity.BLOCKWISE)  # blockwise always promotes
     }
     with _open_run(out, "gluon") as writer:
-        bench = SideBySide(writer, GLUON_TIMING, timer)
+        bench = SideBySide(writer, GLUON_TIMING, timer, out / "summary.csv")
         _tune_round(bench, shapes, candidates)
     frame = bench.frame()
-    frame.to_csv(out / "summary.csv", index=False)
     for g, f in candidates:
         _print_frame(_rank(frame, _regime_name(g, f)).reset_index(), f"{_regime_name(g, f)}: geomean of our/cuBLAS speed per config")
 
@@ -563,12 +571,11 @@ def wgrad(out: Path = typer.Option(..., help="folder for results.csv, summary.cs
         return tuning_candidates(shape.M, shape.N, shape.K, Granularity.BLOCKWISE, False, device, gluon_runs_on(cuda), 1)
 
     with _open_run(out, "wgrad") as writer:
-        bench = SideBySide(writer, QUICK if quick else STEADY, timer)
+        bench = SideBySide(writer, QUICK if quick else STEADY, timer, out / "summary.csv")
         for index, shape in enumerate(shapes):
             bench.measure_1x128_both(shape, configs(shape), ours_first=index % 2 == 1)
             console.print(f"{shape.name} done", highlight=False)
     frame = bench.frame()
-    frame.to_csv(out / "summary.csv", index=False)
     ours = frame[frame.backend == "triton"]
     _print_frame(ours.pivot_table(index="shape", columns="tile", values="ratio").reset_index(),
                  f"{WGRAD_REGIME}: cuBLAS time / ours, per config")
