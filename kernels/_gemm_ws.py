@@ -60,7 +60,8 @@ program's producer claims the next from a counter as it comes free, and hands it
 Beside NCCL's kernels, which hold SMs, the programs that start late then take fewer units; in training the
 collectives lost what the GEMMs gained (reports/h100-sxm/gemm-claimed-tiles).
 
-A cluster of two CTAs (config.cluster_m 2; the heuristic's pick for long, large blockwise products): each CTA runs
+A cluster of two CTAs (config.cluster_m 2; the heuristic's pick for long, large blockwise products and for rows of A and
+B off the L2 sector, gemm_configs.SECTOR_BYTES): each CTA runs
 the kernel on one row tile of a pair that shares a column tile of B, and loads half of that B tile into both CTAs' ring
 slot by a TMA multicast (inline PTX: kernels/_cluster.py); each consumer warp hands each slot back to the peer's
 producer too. Every layout carries a broadcast CTA basis (each CTA holds its own copies). The cluster's barrier waits
