@@ -1163,12 +1163,15 @@ _SIGNATURE_DTYPES = {"float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5"}
 
 
 def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bool, a_dtype: str = "float8_e4m3fn",
-                 b_dtype: str = "float8_e4m3fn", split_tiles: bool = True, b_rows: int = BLOCK):
+                 b_dtype: str = "float8_e4m3fn", split_tiles: bool = True, b_rows: int = BLOCK,
+                 launched_on: tuple[int, int, int] | None = None):
     """The kernel launch_ws_gemm launches with `config`, compiled for sm_90a with no GPU (Triton's own ptxas
     assembles it): its PTX, cubin and SASS for checks of registers, spills and wgmma order on any machine with
     this Triton (tools/gemm_sass.py). The signature mirrors launch_ws_gemm's arguments; `split_tiles` compiles the
     split-last-wave workspace in, as a launch that splits tiles does, where the config splits (config.split_last_wave;
-    a cluster, config.cluster_m 2, is compiled twice, as at its launch); `b_rows` 1: 1 x 128 weight scales."""
+    a cluster, config.cluster_m 2, is compiled twice, as at its launch); `b_rows` 1: 1 x 128 weight scales.
+    `launched_on` (M, K, N): the kernel as a launch on that product specializes it (launch_specialization), with the
+    workspace compiled in where that launch splits tiles; without, every integer and pointer argument is left general."""
     import triton
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1196,23 +1199,53 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
         signature["sb_desc"] = f"tensordesc<fp32[{_weight_scale_box(config, b_rows)}],{_scale_layout(ctas)!r}>"
     else:
         constants.update(sa_desc=None, sb_desc=None)
+    constant_ints, divisible = launch_specialization(config, granularity, *launched_on, b_rows) if launched_on else ({}, ())
+    if launched_on:
+        M, K, N = launched_on
+        split_tiles = persistent_grid(M, N, K, config)[1] > 0
     if split_tiles and config.split_last_wave:
         signature["workspace_desc"] = descriptor("float32", c_block)
     else:
         constants["workspace_desc"] = None
     signature |= dict.fromkeys(("flags_ptr", "counter_ptr", "log_ptr"), "*i32")
-    signature |= dict.fromkeys(("M", "N", "K", "stride_sa_m", "stride_sa_k", "stride_sb_n", "stride_sb_k", "num_programs",
-                                "split_tiles", "splits"), "i32")
-    constants |= _kernel_constants(config, granularity, fast_accum, Activation.NONE, b_rows)
+    signature |= dict.fromkeys(_INTEGER_ARGUMENTS, "i32")
+    constants |= _kernel_constants(config, granularity, fast_accum, Activation.NONE, b_rows) | constant_ints
     signature |= {name: "constexpr" for name in constants}
     signature = {name: signature[name] for name in _fp8_gemm_ws_kernel.arg_names}
+    attrs = {(list(signature).index(name), ): [["tt.divisibility", 16]] for name in divisible}
     options = _launch_options(config)
 
     def compile_with(offsets: SharedOffsets | None):
-        source = GluonASTSource(_fp8_gemm_ws_kernel, signature, constants | {"OFFSETS": offsets})
+        source = GluonASTSource(_fp8_gemm_ws_kernel, signature, constants | {"OFFSETS": offsets}, attrs)
         return triton.compile(source, target=_cluster.HOPPER, options=options)
 
     return _compiled(compile_with, options)[0]
+
+
+# The kernel's integer arguments after its operand descriptors and scale pointers, and its pointers to integers
+# (launch_ws_gemm's order).
+_INTEGER_ARGUMENTS = ("M", "N", "K", "stride_sa_m", "stride_sa_k", "stride_sb_n", "stride_sb_k", "num_programs",
+                      "split_tiles", "splits")
+_POINTER_ARGUMENTS = ("scale_a_ptr", "scale_b_ptr", "flags_ptr", "counter_ptr", "log_ptr")
+
+
+def launch_specialization(config: Fp8GemmConfig, granularity: Granularity, M: int, K: int, N: int,
+                          b_rows: int = BLOCK) -> tuple[dict[str, int], tuple[str, ...]]:
+    """How a launch of `config` on an M x K x N product specializes the kernel, as Triton's launcher does for every
+    argument it binds: an integer equal to 1 becomes that constant, and integers that are multiples of 16 and
+    16-byte-aligned pointers (every tensor the launch passes is) are marked divisible by 16, which lets the compiler
+    vectorize loads (the axiswise epilogue's scale loads, say). The scales' strides are those launch_ws_gemm passes,
+    from scales shaped as fp8kernels.gemm takes them. Returns (those constants, the names marked divisible)."""
+    rows_b = N if b_rows == 1 else -(-N // BLOCK)
+    scale_a, scale_b = {
+        Granularity.TENSORWISE: (torch.ones(()), torch.ones(())),
+        Granularity.AXISWISE: (torch.ones(M, 1), torch.ones(N, 1)),
+    }.get(granularity) or tma_ready_scales(torch.ones(M, -(-K // BLOCK)), torch.ones(rows_b, -(-K // BLOCK)),
+                                            columnwise_b=b_rows == 1)
+    values = dict(zip(_INTEGER_ARGUMENTS, (M, N, K, *scale_strides(scale_a, scale_b), *persistent_grid(M, N, K, config))))
+    constants = {name: 1 for name, value in values.items() if value == 1}
+    divisible = tuple(name for name, value in values.items() if value != 1 and value % 16 == 0) + _POINTER_ARGUMENTS
+    return constants, divisible
 
 
 def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig,

@@ -55,6 +55,28 @@ def test_a_report_reads_spills_serialization_and_waits_in_flight():
     assert good.clean and (good.registers, good.spilled_bytes, good.wgmmas) == (128, 0, 0)
 
 
+def test_a_launch_specializes_ones_multiples_of_16_and_aligned_pointers():
+    """compile_sm90(launched_on=...) compiles the kernel as Triton's launcher specializes it for that product:
+    integers equal to 1 become constants, multiples of 16 and the (aligned) pointers are marked divisible by 16."""
+    import dataclasses
+
+    from fp8bench.config import Granularity
+    from fp8kernels._gemm_ws import launch_specialization
+    from fp8kernels.gemm_configs import WIDE_GLUON
+
+    whole = dataclasses.replace(WIDE_GLUON.with_sms(132), split_last_wave=False)
+    constants, divisible = launch_specialization(whole, Granularity.AXISWISE, 8192, 8192, 8192)
+    # (M, 1) and (N, 1) columns of scales: every stride 1; 132 programs, no split tile, one piece each.
+    assert constants == dict(stride_sa_m=1, stride_sa_k=1, stride_sb_n=1, stride_sb_k=1, splits=1)
+    assert {"M", "N", "K", "split_tiles", "scale_a_ptr", "scale_b_ptr"} <= set(divisible)
+    assert "num_programs" not in divisible and not set(constants) & set(divisible)
+    constants, divisible = launch_specialization(whole, Granularity.TENSORWISE, 17, 2000, 1040)
+    assert constants == dict(splits=1)  # scalar scales: strides 0
+    assert "M" not in divisible and {"K", "N", "stride_sa_m", "stride_sb_n"} <= set(divisible)
+    split = launch_specialization(WIDE_GLUON.with_sms(132), Granularity.TENSORWISE, 8192, 8192, 1280)
+    assert "splits" not in split[0]  # the tp8 wqkv shard's last wave goes in pieces
+
+
 @gluon_compiles
 def test_every_gluon_candidate_assembles_without_spills_or_serialized_wgmmas():
     reports = [sass_tool.compile_report(c, g, f, rows) for g, f, rows, c in sass_tool.gluon_candidates(sass_tool.REGIMES)]
@@ -137,3 +159,19 @@ def test_a_promoted_composite_tile_adds_its_left_part_while_its_right_part_runs(
     sass = get_sass(compile_sm90(COMPOSITE_PROMOTED_GLUON.with_sms(132), Granularity.TENSORWISE, False).asm["cubin"])
     between = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x1\s*;(.*?)WARPGROUP\.DEPBAR\.LE gsb0, 0x0\s*;", sass, re.S)
     assert between and all(len(re.findall(r"\bFADD\b", code)) >= 64 for code in between)
+
+
+@gluon_compiles
+def test_a_launch_on_an_aligned_product_vectorizes_the_axiswise_epilogues_scale_loads():
+    """The column scales of an axiswise tile are loaded 8 bytes a thread where the launch tells the compiler that
+    N is a multiple of 16 and the pointers are aligned; compiled with every argument general they are not."""
+    import dataclasses
+
+    from fp8bench.config import Granularity
+    from fp8kernels.gemm_configs import WIDE_GLUON
+
+    whole = dataclasses.replace(WIDE_GLUON.with_sms(132), split_last_wave=False)
+    general = sass_tool.compile_report(whole, Granularity.AXISWISE, True)
+    launched = sass_tool.compile_report(whole, Granularity.AXISWISE, True, launched_on=(8192, 8192, 8192))
+    assert general.vector_loads == 0 < launched.vector_loads
+    assert launched.global_loads < general.global_loads and launched.clean

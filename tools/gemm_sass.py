@@ -8,6 +8,7 @@ avoid. From the SASS: the QGMMA instructions and the wgmma waits that leave one 
     python tools/gemm_sass.py                       # every Gluon candidate of every regime (and of blockwise
                                                     # products with 1 x 128 weight scales: blockwise-1x128)
     python tools/gemm_sass.py --regime blockwise/fast_accum=off --sass-dir DIR
+    python tools/gemm_sass.py --regime axiswise/fast_accum=on --product 8192x8192x8192   # as that launch specializes it
 
 Exits 1 when a config spills or has its wgmmas serialized. Needs the Triton release the kernel is written against
 (fp8kernels.gemm.GLUON_TRITON_RELEASES), which the GPU host has; any CPU will do.
@@ -26,6 +27,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from fp8bench.benchmarks.shapes import parse_product
 from fp8bench.config import Granularity
 from fp8kernels.gemm_configs import DeviceProperties, Fp8GemmConfig, candidate_configs, config_label
 from fp8kernels.scaling import BLOCK
@@ -50,6 +52,8 @@ class SassReport:
     serialized: bool  # ptxas note C7514 or C7515
     wgmmas: int  # QGMMA instructions in the SASS
     waits_in_flight: int  # wgmma waits that leave at least one group running (WARPGROUP.DEPBAR.LE gsb0, 0x1 or more)
+    global_loads: int  # LDG instructions in the SASS (every partition's: the axiswise epilogue's scales, say)
+    vector_loads: int  # of those, the ones of 8 or 16 bytes a thread
 
     @property
     def clean(self) -> bool:
@@ -73,9 +77,11 @@ def read_report(regime: str, config: str, ptxas_text: str, sass: str) -> SassRep
     registers = re.search(r"Used (\d+) registers", ptxas_text)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ptxas_text)
     waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x([0-9a-f]+)", sass)
+    loads = re.findall(r"\bLDG\.(\S+)", sass)
     return SassReport(regime, config, int(registers.group(1)) if registers else 0,
                       int(spills.group(1)) + int(spills.group(2)) if spills else 0, SERIALIZED_NOTE in ptxas_text,
-                      len(re.findall(r"\bQGMMA\.", sass)), sum(int(w, 16) > 0 for w in waits))
+                      len(re.findall(r"\bQGMMA\.", sass)), sum(int(w, 16) > 0 for w in waits), len(loads),
+                      sum(bool(re.search(r"\b(64|128)\b", modifiers.replace(".", " "))) for modifiers in loads))
 
 
 def regime_label(granularity: Granularity, fast_accum: bool, b_rows: int) -> str:
@@ -84,12 +90,13 @@ def regime_label(granularity: Granularity, fast_accum: bool, b_rows: int) -> str
 
 
 def compile_report(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bool, b_rows: int = BLOCK,
-                   sass_dir: Path | None = None) -> SassReport:
+                   sass_dir: Path | None = None, launched_on: tuple[int, int, int] | None = None) -> SassReport:
+    """`launched_on` (M, K, N): compiled as a launch on that product specializes it (compile_sm90)."""
     from triton.tools.disasm import get_sass
 
     from fp8kernels._gemm_ws import compile_sm90
 
-    kernel = compile_sm90(config, granularity, fast_accum, b_rows=b_rows)
+    kernel = compile_sm90(config, granularity, fast_accum, b_rows=b_rows, launched_on=launched_on)
     sass = get_sass(kernel.asm["cubin"])
     label = config_label(config.as_dict() | {"split_tiles": 0})
     regime = regime_label(granularity, fast_accum, b_rows)
@@ -110,7 +117,11 @@ def gluon_candidates(regimes) -> list[tuple[Granularity, bool, int, Fp8GemmConfi
 
 @app.command()
 def main(regime: list[str] = typer.Option([], help="e.g. blockwise/fast_accum=off (repeatable; default: all five)"),
-         sass_dir: Path | None = typer.Option(None, help="also write each config's SASS here")) -> None:
+         sass_dir: Path | None = typer.Option(None, help="also write each config's SASS here"),
+         product: str | None = typer.Option(None, help="MxKxN: compile each config as a launch on this product "
+                                                        "specializes it (arguments equal to 1 as constants, multiples "
+                                                        "of 16 and aligned pointers marked so); default: every "
+                                                        "argument general")) -> None:
     import triton
 
     from fp8kernels.gemm import GLUON_TRITON_RELEASES
@@ -120,16 +131,22 @@ def main(regime: list[str] = typer.Option([], help="e.g. blockwise/fast_accum=of
                       f"this is {triton.__version__}[/]")
         raise typer.Exit(2)
     regimes = [parse_regime(name) for name in regime] or REGIMES  # blockwise brings blockwise-1x128 with it
+    try:
+        launched_on = (lambda s: (s.M, s.K, s.N))(parse_product(product)) if product else None
+    except ValueError as err:
+        raise typer.BadParameter(str(err).replace("--shape", "--product"), param_hint="--product") from None
     if sass_dir is not None:
         sass_dir.mkdir(parents=True, exist_ok=True)
-    reports = [compile_report(c, g, f, rows, sass_dir)
+    reports = [compile_report(c, g, f, rows, sass_dir, launched_on)
                for g, f, rows, c in gluon_candidates(regimes)]
     table = Table(title="the Gluon GEMM for sm_90a, per candidate", title_justify="left")
-    for column in ("regime", "config", "registers", "spilled bytes", "wgmmas serialized", "QGMMA", "waits leaving some in flight"):
+    for column in ("regime", "config", "registers", "spilled bytes", "wgmmas serialized", "QGMMA", "waits leaving some in flight",
+                   "LDG (vector)"):
         table.add_column(column)
     for r in reports:
         table.add_row(r.regime, r.config, str(r.registers), str(r.spilled_bytes), "yes" if r.serialized else "no",
-                      str(r.wgmmas), str(r.waits_in_flight), style=None if r.clean else "red")
+                      str(r.wgmmas), str(r.waits_in_flight), f"{r.global_loads} ({r.vector_loads})",
+                      style=None if r.clean else "red")
     console.print(table)
     raise typer.Exit(0 if all(r.clean for r in reports) else 1)
 
