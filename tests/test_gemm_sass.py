@@ -55,28 +55,6 @@ def test_a_report_reads_spills_serialization_and_waits_in_flight():
     assert good.clean and (good.registers, good.spilled_bytes, good.wgmmas) == (128, 0, 0)
 
 
-def test_a_launch_specializes_ones_multiples_of_16_and_aligned_pointers():
-    """compile_sm90(launched_on=...) compiles the kernel as Triton's launcher specializes it for that product:
-    integers equal to 1 become constants, multiples of 16 and the (aligned) pointers are marked divisible by 16."""
-    import dataclasses
-
-    from fp8bench.config import Granularity
-    from fp8kernels._gemm_ws import launch_specialization
-    from fp8kernels.gemm_configs import WIDE_GLUON
-
-    whole = dataclasses.replace(WIDE_GLUON.with_sms(132), split_last_wave=False)
-    constants, divisible = launch_specialization(whole, Granularity.AXISWISE, 8192, 8192, 8192)
-    # (M, 1) and (N, 1) columns of scales: every stride 1; 132 programs, no split tile, one piece each.
-    assert constants == dict(stride_sa_m=1, stride_sa_k=1, stride_sb_n=1, stride_sb_k=1, splits=1)
-    assert {"M", "N", "K", "split_tiles", "scale_a_ptr", "scale_b_ptr"} <= set(divisible)
-    assert "num_programs" not in divisible and not set(constants) & set(divisible)
-    constants, divisible = launch_specialization(whole, Granularity.TENSORWISE, 17, 2000, 1040)
-    assert constants == dict(splits=1)  # scalar scales: strides 0
-    assert "M" not in divisible and {"K", "N", "stride_sa_m", "stride_sb_n"} <= set(divisible)
-    split = launch_specialization(WIDE_GLUON.with_sms(132), Granularity.TENSORWISE, 8192, 8192, 1280)
-    assert "splits" not in split[0]  # the tp8 wqkv shard's last wave goes in pieces
-
-
 @gluon_compiles
 def test_every_gluon_candidate_assembles_without_spills_or_serialized_wgmmas():
     reports = [sass_tool.compile_report(c, g, f, rows) for g, f, rows, c in sass_tool.gluon_candidates(sass_tool.REGIMES)]

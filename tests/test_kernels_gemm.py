@@ -773,6 +773,25 @@ def test_gpu_cluster_multicasting_b_gives_the_single_ctas_result_bit_for_bit(cas
     assert split_runs  # each regime has shapes whose last wave of pairs splits
 
 
+def test_a_launch_specializes_ones_multiples_of_16_and_aligned_pointers():
+    """compile_sm90(launched_on=...) compiles the kernel as Triton's launcher specializes it for that product:
+    integers equal to 1 become constants, multiples of 16 and the (aligned) pointers are marked divisible by 16."""
+    from fp8kernels._gemm_ws import launch_specialization
+    from fp8kernels.gemm_configs import WIDE_GLUON
+
+    whole = dataclasses.replace(WIDE_GLUON.with_sms(132), split_last_wave=False)
+    constants, divisible = launch_specialization(whole, Granularity.AXISWISE, 8192, 8192, 8192)
+    # (M, 1) and (N, 1) columns of scales: every stride 1; 132 programs, no split tile, one piece each.
+    assert constants == dict(stride_sa_m=1, stride_sa_k=1, stride_sb_n=1, stride_sb_k=1, splits=1)
+    assert {"M", "N", "K", "split_tiles", "scale_a_ptr", "scale_b_ptr"} <= set(divisible)
+    assert "num_programs" not in divisible and not set(constants) & set(divisible)
+    constants, divisible = launch_specialization(whole, Granularity.TENSORWISE, 17, 2000, 1040)
+    assert constants == dict(splits=1)  # scalar scales: strides 0
+    assert "M" not in divisible and {"K", "N", "stride_sa_m", "stride_sb_n"} <= set(divisible)
+    split = launch_specialization(WIDE_GLUON.with_sms(132), Granularity.TENSORWISE, 8192, 8192, 1280)
+    assert "splits" not in split[0]  # the tp8 wqkv shard's last wave goes in pieces
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("sa_layout", ["row-major", "misaligned"])
 def test_gpu_gluon_blockwise_with_scales_tma_cannot_read(sa_layout):
@@ -841,10 +860,13 @@ def test_compare_flags_comparisons_whose_kernels_ran_at_different_clocks():
                                            "ratio": 0.914, "sm_clock_mhz": 345.0, "sm_clock_mhz_cublas": 1980.0}]
 
 
-def test_compare_times_a_shapes_kernels_again_where_their_clocks_ran_apart():
+def test_compare_times_a_shapes_kernels_again_where_their_clocks_ran_apart(tmp_path):
     """SideBySide: a regime whose kernels ran at SM clocks more than CLOCK_MISMATCH apart is timed again, all of
-    its kernels, CLOCK_RETRIES times at most; the rows recorded are the last timing's."""
+    its kernels, CLOCK_RETRIES times at most; the rows recorded are the last timing's, and the summary file has
+    them after each comparison."""
     from types import SimpleNamespace
+
+    import pandas as pd
 
     from tool_module import load_tool
 
@@ -857,6 +879,7 @@ def test_compare_times_a_shapes_kernels_again_where_their_clocks_ran_apart():
     def timed(clocks):
         bench = object.__new__(gemm_sweep.SideBySide)
         bench.writer, bench.records = SimpleNamespace(rows=[], append=lambda row: bench.writer.rows.append(row)), []
+        bench.summary = tmp_path / "summary.csv"
         readings = iter(clocks)
 
         def measure(*args):
@@ -866,6 +889,7 @@ def test_compare_times_a_shapes_kernels_again_where_their_clocks_ran_apart():
         bench._measure = measure
         bench._side_by_side(shape, Granularity.TENSORWISE, True, "tensorwise/fast_accum=on", lambda: out, {},
                             [(lambda: out, options)], ours_first=False)
+        assert pd.read_csv(bench.summary).sm_clock_mhz.tolist() == [record["sm_clock_mhz"] for record in bench.records]
         return [record["sm_clock_mhz"] for record in bench.records], len(bench.writer.rows)
 
     assert timed([1980.0, 1965.0]) == ([1980.0, 1965.0], 2)  # within 10%: timed once
