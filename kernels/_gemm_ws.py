@@ -1234,18 +1234,20 @@ def launch_specialization(config: Fp8GemmConfig, granularity: Granularity, M: in
     """How a launch of `config` on an M x K x N product specializes the kernel, as Triton's launcher does for every
     argument it binds: an integer equal to 1 becomes that constant, and integers that are multiples of 16 and
     16-byte-aligned pointers (every tensor the launch passes is) are marked divisible by 16, which lets the compiler
-    vectorize loads (the axiswise epilogue's scale loads, say). The scales' strides are those launch_ws_gemm passes,
-    from scales shaped as fp8kernels.gemm takes them. Returns (those constants, the names marked divisible)."""
-    rows_b = N if b_rows == 1 else -(-N // BLOCK)
-    scale_a, scale_b = {
-        Granularity.TENSORWISE: (torch.ones(()), torch.ones(())),
-        Granularity.AXISWISE: (torch.ones(M, 1), torch.ones(N, 1)),
-    }.get(granularity) or tma_ready_scales(torch.ones(M, -(-K // BLOCK)), torch.ones(rows_b, -(-K // BLOCK)),
-                                            columnwise_b=b_rows == 1)
-    values = dict(zip(_INTEGER_ARGUMENTS, (M, N, K, *scale_strides(scale_a, scale_b), *persistent_grid(M, N, K, config))))
-    constants = {name: 1 for name, value in values.items() if value == 1}
-    divisible = tuple(name for name, value in values.items() if value != 1 and value % 16 == 0) + _POINTER_ARGUMENTS
-    return constants, divisible
+    vectorize loads (the axiswise epilogue's scale loads, say): _specialization's reading of an integer. The scales'
+    strides are those launch_ws_gemm passes, from scales of the shapes fp8kernels.gemm takes (scale_shapes). Returns
+    (those constants, the names marked divisible)."""
+    from fp8kernels.gemm import scale_shapes
+
+    a_shape, b_shapes = scale_shapes(granularity, M, N, K)
+    scale_a, scale_b = torch.ones(a_shape), torch.ones(b_shapes[-1 if b_rows == 1 else 0])
+    if granularity is Granularity.BLOCKWISE:
+        scale_a, scale_b = tma_ready_scales(scale_a, scale_b, columnwise_b=b_rows == 1)
+    values = (M, N, K, *scale_strides(scale_a, scale_b), *persistent_grid(M, N, K, config))
+    specialized = {name: _specialization(value) for name, value in zip(_INTEGER_ARGUMENTS, values)}
+    constants = {name: 1 for name, (one, _, _) in specialized.items() if one}
+    divisible = tuple(name for name, (one, sixteen, _) in specialized.items() if sixteen and not one)
+    return constants, divisible + _POINTER_ARGUMENTS
 
 
 def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast_accum: bool, config: Fp8GemmConfig,

@@ -180,14 +180,19 @@ def _check_operands(a: torch.Tensor, b_t: torch.Tensor, granularity: Granularity
     return M, N, K
 
 
-def _check_scales(scale_a: torch.Tensor, scale_b: torch.Tensor, granularity: Granularity, M: int, N: int, K: int,
-                  device: torch.device) -> None:
-    expected = {
+def scale_shapes(granularity: Granularity, M: int, N: int, K: int) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """The shape scale_a takes, and the shapes scale_b may take, for an M x K x N product."""
+    return {
         Granularity.TENSORWISE: ((), ((), )),
         Granularity.AXISWISE: ((M, 1), ((N, 1), )),
         # The weight's 128 x 128 blocks, or 1 x 128 groups as the activation's (grad_weight's second operand).
         Granularity.BLOCKWISE: ((M, K // BLOCK), ((N // BLOCK, K // BLOCK), (N, K // BLOCK))),
     }[granularity]
+
+
+def _check_scales(scale_a: torch.Tensor, scale_b: torch.Tensor, granularity: Granularity, M: int, N: int, K: int,
+                  device: torch.device) -> None:
+    expected = scale_shapes(granularity, M, N, K)
     for name, scale, shapes in (("scale_a", scale_a, (expected[0], )), ("scale_b", scale_b, expected[1])):
         if tuple(scale.shape) not in shapes or scale.dtype != torch.float32 or scale.device != device:
             raise ValueError(

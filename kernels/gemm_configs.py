@@ -331,9 +331,9 @@ CLUSTER_MIN_MACS = 8 * 10**11
 # halves each CTA's reads of B. Promoted, the 128 x 256 cluster (no spills since the composite tile's kernel changes)
 # ran 1.06-1.14x the one-CTA pick on the same three products, tensorwise (to 0.99-1.11 of cuBLAS) and axiswise, and
 # the four-stage 192 x 128 pick as a cluster 0.95-0.99x where K is aligned (N 1040 promoted, N 1376 and 2112; quick
-# compare, reports/h200/gemm-unaligned-tiles-and-clusters). Smaller tiles were not timed so. Over fp8bench's shape sets (229 products) the
-# rule changes 12 picks, all timed above: K 1040 and 2000 at N 4096 and K 2000 at N 7008 (M 4096), tensorwise and
-# axiswise, with fast accumulation and promoted. `tools/gemm_sweep.py compare --candidate SECTOR_BYTES=16` times
+# compare, reports/h200/gemm-unaligned-tiles-and-clusters). Smaller tiles were not timed so. Over fp8bench's shape
+# sets (229 products) the rule changes 12 picks, all timed above: K 1040 and 2000 at N 4096 and K 2000 at N 7008
+# (M 4096), tensorwise and axiswise, with fast accumulation and promoted. `tools/gemm_sweep.py compare --candidate SECTOR_BYTES=16` times
 # the one-CTA picks beside the clusters.
 SECTOR_BYTES = 32
 MISALIGNED_CLUSTER_MIN_AREA = GLUON_THREE_CONSUMER_ROWS * 128

@@ -131,10 +131,13 @@ def main(regime: list[str] = typer.Option([], help="e.g. blockwise/fast_accum=of
                       f"this is {triton.__version__}[/]")
         raise typer.Exit(2)
     regimes = [parse_regime(name) for name in regime] or REGIMES  # blockwise brings blockwise-1x128 with it
-    try:
-        launched_on = (lambda s: (s.M, s.K, s.N))(parse_product(product)) if product else None
-    except ValueError as err:
-        raise typer.BadParameter(str(err).replace("--shape", "--product"), param_hint="--product") from None
+    launched_on = None
+    if product:
+        try:
+            shape = parse_product(product)
+        except ValueError as err:
+            raise typer.BadParameter(str(err).replace("--shape", "--product"), param_hint="--product") from None
+        launched_on = (shape.M, shape.K, shape.N)
     if sass_dir is not None:
         sass_dir.mkdir(parents=True, exist_ok=True)
     reports = [compile_report(c, g, f, rows, sass_dir, launched_on)
