@@ -33,6 +33,10 @@ scales into the ring beside A and B (see _producer), as DeepGEMM does, so the co
 shared memory after the wait they make anyway. (Loaded by the consumers from global memory, two K-tiles
 ahead, the kernel ran at 0.86 of cuBLAS against 0.96 by TMA: ptxas puts every global load on one
 scoreboard, so a K-tile's promotion waited for loads issued just before it; reports/h100-sxm/gemm-gluon-tma-scales.)
+Axiswise output scales come by TMA too: the producer loads each tile's row and column scales when it starts the
+tile (_load_tile_scales), so the epilogue reads them from shared memory instead of waiting on global loads after the
+tile's last wgmma (1.011x fast, 1.005x promoted over the 27 target shapes on an H200; 1.05-1.09x at K 1024:
+reports/h200/gemm-axiswise-scales-by-tma).
 Each consumer stores its rows through shared buffers of its own, waiting for a store only when its buffer is
 needed again.
 
@@ -122,6 +126,12 @@ CONSUMER_REGISTERS_OF_THREE, PRODUCER_REGISTERS_OF_THREE = gl.constexpr(160), gl
 # TMA writes to 128-byte aligned shared memory, and 128-byte boxes keep every ring slot aligned.
 SCALE_WINDOW = gl.constexpr(4)
 WEIGHT_SCALE_BOX = 32
+# Axiswise output scales by TMA: the producer loads each tile's row and column scales when it starts the tile's loads,
+# into TILE_SCALE_SLOTS slots of their own, and the consumers read them from shared memory for the epilogue. Read from
+# global memory in the epilogue, their latency lay between a tile's last wgmma and its store, every tile
+# (docs/kernels-design.md). Two slots: a tile's scales are handed back after its epilogue, and the producer loads
+# at most a tile ahead unless a tile has fewer K-tiles than the ring has stages.
+TILE_SCALE_SLOTS = gl.constexpr(2)
 # The SCALING code of blockwise products whose right operand has 1 x 128 scales too (gemm_configs.b_scale_rows):
 # each K-tile's promotion scales the product by its rows' and its columns' scales. The producer loads the
 # tile's BLOCK_N column scales of each K-tile in one box, as it loads a consumer's row scales.
@@ -208,10 +218,10 @@ def _work_unit(unit, split_tiles, splits, k_tiles):
 
 @gluon.jit
 def _load_k_tile(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready,
-                 empty, loaded, pid_m, pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k, SCALE_BLOCK: gl.constexpr,
-                 OFFSETS: gl.constexpr):
+                 empty, loaded, pid_m, pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k, SCALING: gl.constexpr,
+                 SCALE_BLOCK: gl.constexpr, OFFSETS: gl.constexpr):
     """Load K-tile `ki` of tile (pid_m, pid_n) into the ring slot of the program's `loaded`-th K-tile, once
-    the consumers have handed it back. With blockwise scales by TMA (sa_desc not None) the slot also gets
+    the consumers have handed it back. Blockwise (SCALING 2 or BLOCKWISE_1X128_WEIGHTS) the slot also gets
     the K-tile's activation scales of the tile's BLOCK_M rows and its weight block's scale (or, with 1 x 128
     weight scales, its BLOCK_N columns' scales: a box of BLOCK_N floats, where a block scale's box is
     WEIGHT_SCALE_BOX), through 1-D descriptors over the scales' storage (see _scale_descriptors), under the same
@@ -228,7 +238,7 @@ def _load_k_tile(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_
     # mbarriers start in phase 0 with phase "-1" complete: the first pass over the ring does not wait.
     _wait_slot(empty, slot, ((loaded // STAGES) & 1) ^ 1, "empty", OFFSETS)
     bar = ready.index(slot)
-    if sa_desc is not None:
+    if SCALING >= 2:
         mbarrier.expect(bar, CONSUMERS * (a_desc.block_type.nbytes + sa_desc.block_type.nbytes)
                         + b_bytes + sb_desc.block_type.nbytes)
         # Element (m, k) of the M-major activation scales is at m + k * stride_sa_k (a multiple of
@@ -340,22 +350,49 @@ def _finish_claims(counter_ptr, num_programs):
 
 @gluon.jit
 def _load_unit(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready,
-               empty, loaded, unit, num_pid_m, num_pid_n, k_tiles, split_tiles, splits, stride_sa_k, stride_sb_n,
-               stride_sb_k, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr, OFFSETS: gl.constexpr):
-    """The TMA loads of every K-tile of `unit`, from the program's `loaded`-th on; returns the next."""
+               empty, scales_ready, scales_empty, loaded, unit, walked, num_pid_m, num_pid_n, k_tiles, split_tiles,
+               splits, stride_sa_k, stride_sb_n, stride_sb_k, SCALING: gl.constexpr, GROUP_M: gl.constexpr,
+               SCALE_BLOCK: gl.constexpr, OFFSETS: gl.constexpr):
+    """The TMA loads of `unit`, the program's `walked`-th: axiswise, its tile's output scales; then every K-tile,
+    from the program's `loaded`-th on. Returns the next K-tile's number."""
     tile_id, k_first, k_end, _ = _work_unit(unit, split_tiles, splits, k_tiles)
     pid_m, pid_n = _cta_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    if SCALING == 1 and scales_ready is not None:
+        _load_tile_scales(sa_desc, sb_desc, sa_bufs, sb_bufs, scales_ready, scales_empty, walked, pid_m, pid_n,
+                          _tile_columns(b_desc.block_type.shape[0], b_right_desc))
     for ki in range(k_first, k_end):
         loaded = _load_k_tile(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs,
                               sb_bufs, ready, empty, loaded, pid_m, pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k,
-                              SCALE_BLOCK, OFFSETS)
+                              SCALING, SCALE_BLOCK, OFFSETS)
     return loaded
 
 
 @gluon.jit
+def _load_tile_scales(sa_desc, sb_desc, sa_bufs, sb_bufs, scales_ready, scales_empty, walked, pid_m, pid_n,
+                      BLOCK_N: gl.constexpr):
+    """Axiswise: load tile (pid_m, pid_n)'s output scales into the slot of the program's `walked`-th unit, once the
+    consumers have handed it back: each consumer's 64 row scales, and the tile's columns' in boxes of a store's
+    width (two for a 256-wide or composite tile; a composite's second box runs past its columns)."""
+    CONSUMERS: gl.constexpr = sa_bufs.type.shape[0] // TILE_SCALE_SLOTS
+    PARTS: gl.constexpr = sb_bufs.type.shape[0] // TILE_SCALE_SLOTS
+    COLUMNS: gl.constexpr = sb_desc.block_type.shape[0]
+    slot = walked % TILE_SCALE_SLOTS
+    mbarrier.wait(scales_empty.index(slot), ((walked // TILE_SCALE_SLOTS) & 1) ^ 1)
+    bar = scales_ready.index(slot)
+    mbarrier.expect(bar, CONSUMERS * sa_desc.block_type.nbytes + PARTS * sb_desc.block_type.nbytes)
+    for c in gl.static_range(CONSUMERS):
+        tma.async_copy_global_to_shared(sa_desc, [(pid_m * CONSUMERS + c) * CONSUMER_ROWS], bar,
+                                        sa_bufs.index(slot * CONSUMERS + c))
+    for part in gl.static_range(PARTS):
+        tma.async_copy_global_to_shared(sb_desc, [pid_n * BLOCK_N + part * COLUMNS], bar,
+                                        sb_bufs.index(slot * PARTS + part))
+
+
+@gluon.jit
 def _producer(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready,
-              empty, counter_ptr, log_ptr, M, N, K, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles,
-              splits, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr, OFFSETS: gl.constexpr):
+              empty, scales_ready, scales_empty, counter_ptr, log_ptr, M, N, K, stride_sa_k, stride_sb_n, stride_sb_k,
+              num_programs, split_tiles, splits, SCALING: gl.constexpr, GROUP_M: gl.constexpr,
+              SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr, OFFSETS: gl.constexpr):
     """One warp: TMA loads of every K-tile of this program's work, in the order the consumers take it
     (_consumer), each into the next free ring slot. With DYNAMIC, the units it claims go to the consumers
     through the program's STAGES + 1 slots of a log in global memory, each written before the
@@ -389,8 +426,9 @@ def _producer(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_des
         else:
             following = unit + num_programs
         loaded = _load_unit(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs,
-                            sb_bufs, ready, empty, loaded, unit, num_pid_m, num_pid_n, k_tiles, split_tiles, splits,
-                            stride_sa_k, stride_sb_n, stride_sb_k, GROUP_M, SCALE_BLOCK, OFFSETS)
+                            sb_bufs, ready, empty, scales_ready, scales_empty, loaded, unit, walked, num_pid_m,
+                            num_pid_n, k_tiles, split_tiles, splits, stride_sa_k, stride_sb_n, stride_sb_k, SCALING,
+                            GROUP_M, SCALE_BLOCK, OFFSETS)
         unit = following
         walked += 1
     if gl.num_ctas() == 2:
@@ -628,19 +666,15 @@ def _sum_k_tiles_overlapped(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, cons
 
 
 @gluon.jit
-def _store_rows(acc, c_desc, c_buf, off_m, off_n, M, N, scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n,
-                SCALING: gl.constexpr, ACTIVATION: gl.constexpr, OTHER_STORES: gl.constexpr):
-    """Scale (tensorwise, axiswise), apply the activation (ACTIVATION_CODES) and store one consumer's 64 x
-    128 block through its own shared buffer; OTHER_STORES of this warpgroup's stores, issued since this
-    buffer's last one, may stay in flight."""
+def _store_rows(acc, c_desc, c_buf, off_m, off_n, row_scale, col_scale, SCALING: gl.constexpr,
+                ACTIVATION: gl.constexpr, OTHER_STORES: gl.constexpr):
+    """Scale (tensorwise by the scalar `row_scale`, axiswise by the rows' and columns' scales), apply the activation
+    (ACTIVATION_CODES) and store one consumer's 64 x 128 block through its own shared buffer; OTHER_STORES of this
+    warpgroup's stores, issued since this buffer's last one, may stay in flight."""
     if SCALING == 0:
-        acc = acc * (gl.load(scale_a_ptr) * gl.load(scale_b_ptr))
-    elif SCALING == 1:
-        rows = off_m + gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
-        cols = off_n + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
-        row_scale = gl.load(scale_a_ptr + rows * stride_sa_m, mask=rows < M, other=0.0)
-        col_scale = gl.load(scale_b_ptr + cols * stride_sb_n, mask=cols < N, other=0.0)
-        acc = acc * row_scale[:, None] * col_scale[None, :]
+        acc = acc * row_scale
+    elif SCALING == 1:  # a composite tile's right part: its rows are the same threads' in a layout of its own
+        acc = acc * gl.convert_layout(row_scale, gl.SliceLayout(1, acc.type.layout))[:, None] * col_scale[None, :]
     if ACTIVATION == 1:
         acc = tl.sigmoid(acc)  # Triton's own, as in the Triton kernel's epilogue
     tma.store_wait(pendings=OTHER_STORES)  # this buffer's previous store has left it (stores finish in order)
@@ -681,21 +715,60 @@ def _sum_k_tiles(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c
 
 
 @gluon.jit
-def _store_tile(acc, acc_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_m, off_n, M, N, scale_a_ptr,
-                scale_b_ptr, stride_sa_m, stride_sb_n, SCALING: gl.constexpr, ACTIVATION: gl.constexpr,
-                CONSUMERS: gl.constexpr, SPLIT: gl.constexpr, WARPGROUP: gl.constexpr):
+def _store_tile(acc, acc_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_m, off_n, tensor_scale, sa_bufs,
+                sb_bufs, walked, SCALING: gl.constexpr, ACTIVATION: gl.constexpr, CONSUMERS: gl.constexpr,
+                SPLIT: gl.constexpr, WARPGROUP: gl.constexpr):
     """Scale and store this warpgroup's rows of a tile (a 256-wide one, SPLIT 2, as its two halves; a composite one
-    as its HALF_N columns and its right part, through a buffer and box of the right part's width)."""
+    as its HALF_N columns and its right part, through a buffer and box of the right part's width): tensorwise by
+    `tensor_scale`, axiswise by the scales in the slot of the program's `walked`-th unit (_load_tile_scales), each
+    part's columns read just before its store (both parts' beside both sums spilled)."""
     HALF_N: gl.constexpr = c_bufs.type.shape[2]
     BUFFERS: gl.constexpr = c_bufs.type.shape[0] // CONSUMERS
-    _store_rows(acc, c_desc, c_bufs.index(WARPGROUP * BUFFERS), off_m, off_n, M, N, scale_a_ptr, scale_b_ptr,
-                stride_sa_m, stride_sb_n, SCALING, ACTIVATION, SPLIT - 1)
-    if c_right_desc is not None:
-        _store_rows(acc_right, c_right_desc, c_right_bufs.index(WARPGROUP), off_m, off_n + HALF_N, M, N,
-                    scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, ACTIVATION, SPLIT - 1)
-    elif SPLIT == 2:
-        _store_rows(acc_right, c_desc, c_bufs.index(WARPGROUP * BUFFERS + 1), off_m, off_n + HALF_N, M, N,
-                    scale_a_ptr, scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, ACTIVATION, SPLIT - 1)
+    row_scale = tensor_scale
+    col_scale = 1.0
+    slot = walked % TILE_SCALE_SLOTS
+    if SCALING == 1:
+        row_scale = sa_bufs.index(slot * CONSUMERS + WARPGROUP).load(gl.SliceLayout(1, acc.type.layout))
+        col_scale = _column_scales(sb_bufs, slot, 0, acc)
+    _store_rows(acc, c_desc, c_bufs.index(WARPGROUP * BUFFERS), off_m, off_n, row_scale, col_scale, SCALING,
+                ACTIVATION, SPLIT - 1)
+    if SPLIT == 2:
+        if SCALING == 1:
+            col_scale = _column_scales(sb_bufs, slot, 1, acc_right)
+        if c_right_desc is not None:
+            _store_rows(acc_right, c_right_desc, c_right_bufs.index(WARPGROUP), off_m, off_n + HALF_N, row_scale,
+                        col_scale, SCALING, ACTIVATION, SPLIT - 1)
+        else:
+            _store_rows(acc_right, c_desc, c_bufs.index(WARPGROUP * BUFFERS + 1), off_m, off_n + HALF_N, row_scale,
+                        col_scale, SCALING, ACTIVATION, SPLIT - 1)
+
+
+@gluon.jit
+def _column_scales(sb_bufs, slot, PART: gl.constexpr, values):
+    """Axiswise: the column scales of part PART of a tile (its first HALF_N columns, or the rest) for `values`, that
+    part's sum, from tile-scale slot `slot`: the first of the part's box (a composite's right part is narrower)."""
+    PARTS: gl.constexpr = sb_bufs.type.shape[0] // TILE_SCALE_SLOTS
+    COLUMNS: gl.constexpr = sb_bufs.type.shape[1]
+    WIDTH: gl.constexpr = values.shape[1]
+    boxes = sb_bufs._reinterpret(gl.float32, [sb_bufs.type.shape[0] * COLUMNS // WIDTH, WIDTH], sb_bufs.layout)
+    return boxes.index((slot * PARTS + PART) * COLUMNS // WIDTH).load(gl.SliceLayout(0, values.type.layout))
+
+
+@gluon.jit
+def _await_tile_scales(scales_ready, walked, SCALING: gl.constexpr):
+    """Axiswise: wait for the output scales of the program's `walked`-th unit (_load_tile_scales)."""
+    if SCALING == 1:
+        mbarrier.wait(scales_ready.index(walked % TILE_SCALE_SLOTS), (walked // TILE_SCALE_SLOTS) & 1)
+
+
+@gluon.jit
+def _release_tile_scales(scales_empty, walked, SCALING: gl.constexpr):
+    """Axiswise: hand the slot of the program's `walked`-th unit's scales back to the producer (Triton puts a barrier
+    across the warpgroup before an arrive, which one thread makes, so every warp has read the slot by then)."""
+    if SCALING == 1:
+        mbarrier.arrive(scales_empty.index(walked % TILE_SCALE_SLOTS), count=1)
+
+
 @gluon.jit
 def _partial_slot(unit, CONSUMERS: gl.constexpr, WARPGROUP: gl.constexpr):
     """Where the partial sum of this warpgroup's rows of split `unit` goes: its flag's index, and the workspace's
@@ -790,9 +863,9 @@ def _add_partials(acc, acc_right, workspace_desc, staging, partial_bar, flags_pt
 
 
 @gluon.jit
-def _consumer(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs, c_right_desc,
-              scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr, M, N, K, stride_sa_m,
-              stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, SCALING: gl.constexpr,
+def _consumer(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scales_ready, scales_empty, c_bufs, c_desc,
+              c_right_bufs, c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr, M,
+              N, K, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, SCALING: gl.constexpr,
               ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr, OVERLAP: gl.constexpr, GROUP_M: gl.constexpr,
               SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr, OFFSETS: gl.constexpr, WARPGROUP: gl.constexpr):
     """One warpgroup: rows [WARPGROUP * 64, WARPGROUP * 64 + 64) of every tile of this program's work. A
@@ -826,6 +899,9 @@ def _consumer(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bu
     num_pid_n = gl.cdiv(N, BLOCK_N)
     k_tiles = gl.cdiv(K, BLOCK_K)
     zero = gl.zeros([ROWS, HALF_N], gl.float32, mma_layout)
+    tensor_scale = 1.0
+    if SCALING == 0:  # loaded once: in the epilogue its latency came after every tile's last wgmma
+        tensor_scale = gl.load(scale_a_ptr) * gl.load(scale_b_ptr)
     program = gl.program_id(axis=0)
     consumed = 0
     units = _unit_count(num_pid_m, num_pid_n, split_tiles, splits)
@@ -835,11 +911,11 @@ def _consumer(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bu
         cluster_start()
     unit = _next_unit(ready, consumed, log, walked, program, num_programs, units, DYNAMIC)
     while unit >= 0:
-        consumed = _consume_unit(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc,
-                                 c_right_bufs, c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, staging,
-                                 partial_bars, flags_ptr, M, N, stride_sa_m, stride_sb_n, stride_sb_k, split_tiles,
-                                 splits, unit, consumed, zero, num_pid_m, num_pid_n, k_tiles, SCALING, ACTIVATION,
-                                 PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, WARPGROUP, OFFSETS)
+        consumed = _consume_unit(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scales_ready,
+                                 scales_empty, c_bufs, c_desc, c_right_bufs, c_right_desc, tensor_scale, workspace_desc,
+                                 staging, partial_bars, flags_ptr, stride_sb_n, stride_sb_k, split_tiles, splits, unit,
+                                 walked, consumed, zero, num_pid_m, num_pid_n, k_tiles, SCALING, ACTIVATION, PROMOTE,
+                                 OVERLAP, GROUP_M, SCALE_BLOCK, WARPGROUP, OFFSETS)
         walked += 1
         unit = _next_unit(ready, consumed, log, walked, program, num_programs, units, DYNAMIC)
     tma.store_wait(pendings=0)
@@ -864,13 +940,14 @@ def _next_unit(ready, consumed, log, walked, program, num_programs, units, DYNAM
 
 
 @gluon.jit
-def _consume_unit(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs,
-                  c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, staging, partial_bars, flags_ptr, M, N,
-                  stride_sa_m, stride_sb_n, stride_sb_k, split_tiles, splits, unit, consumed, zero, num_pid_m,
-                  num_pid_n, k_tiles, SCALING: gl.constexpr, ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr,
+def _consume_unit(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scales_ready, scales_empty, c_bufs,
+                  c_desc, c_right_bufs, c_right_desc, tensor_scale, workspace_desc, staging, partial_bars, flags_ptr,
+                  stride_sb_n, stride_sb_k, split_tiles, splits, unit, walked, consumed, zero, num_pid_m, num_pid_n,
+                  k_tiles, SCALING: gl.constexpr, ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr,
                   OVERLAP: gl.constexpr, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr,
                   OFFSETS: gl.constexpr):
-    """This warpgroup's rows of `unit`: its K-tiles summed from the program's `consumed`-th on, then stored,
+    """This warpgroup's rows of `unit` (the program's `walked`-th): its K-tiles summed from the program's
+    `consumed`-th on, then stored,
     or left as a partial sum for the tile's last piece, or (the last piece) added to the others' and stored.
     Returns the next K-tile's number."""
     STAGES: gl.constexpr = empty.type.shape[0]
@@ -887,6 +964,7 @@ def _consume_unit(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, 
     acc, acc_right, consumed = _sum_k_tiles(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, consumed,
                                             zero, off_n, k_first, k_end, stride_sb_n, stride_sb_k, SCALING, PROMOTE,
                                             OVERLAP, SCALE_BLOCK, WARPGROUP, OFFSETS)
+    _await_tile_scales(scales_ready, walked, SCALING)
     if workspace_desc is not None:  # splitting compiled in (else split_tiles is 0: every piece is -1)
         if piece >= 0 and piece < splits - 1:
             _publish_partial(acc, acc_right, workspace_desc, staging, flags_ptr, unit, CONSUMERS, SPLIT, WARPGROUP)
@@ -895,11 +973,12 @@ def _consume_unit(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, 
                 acc, acc_right = _add_partials(acc, acc_right, workspace_desc, staging,
                                                partial_bars.index(WARPGROUP), flags_ptr, tile_id, split_tiles,
                                                splits, CONSUMERS, SPLIT, WARPGROUP)
-            _store_tile(acc, acc_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_m, off_n, M, N, scale_a_ptr,
-                        scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
+            _store_tile(acc, acc_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_m, off_n, tensor_scale,
+                        sa_bufs, sb_bufs, walked, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
     else:
-        _store_tile(acc, acc_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_m, off_n, M, N, scale_a_ptr,
-                    scale_b_ptr, stride_sa_m, stride_sb_n, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
+        _store_tile(acc, acc_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_m, off_n, tensor_scale, sa_bufs,
+                    sb_bufs, walked, SCALING, ACTIVATION, CONSUMERS, SPLIT, WARPGROUP)
+    _release_tile_scales(scales_empty, walked, SCALING)
     return consumed
 
 
@@ -921,7 +1000,7 @@ def _fp8_gemm_ws_kernel(
     c_desc,
     c_right_desc,  # a composite tile's: the box its right part is stored in (64 x its width); else None
     scale_a_ptr, scale_b_ptr, sa_desc, sb_desc, workspace_desc, flags_ptr, counter_ptr, log_ptr,
-    M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
+    M, N, K, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
     BLOCK_M: gl.constexpr,  # 64 rows per consumer warpgroup: 128 or 192
     SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (_gemm_persistent.SCALING_CODES), BLOCKWISE_1X128_WEIGHTS
     ACTIVATION: gl.constexpr,  # 0 none, 1 sigmoid (_gemm_persistent.ACTIVATION_CODES)
@@ -960,15 +1039,30 @@ def _fp8_gemm_ws_kernel(
     # consumer where tiles are split (workspace_desc given), where they also hold its FP32 partial sums.
     buffers: gl.constexpr = 2 if workspace_desc is not None else BLOCK_N // c_desc.block_type.shape[1]
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS * buffers] + c_desc.block_type.shape, c_desc.layout)
-    # Blockwise scales by TMA (sa_desc, sb_desc: descriptors, else None): a ring of their own beside A's and
-    # B's. Without, constexpr Nones (warp_specialize passes only values with a type; a plain assignment
-    # would store a bare None).
-    if sa_desc is not None:
+    # Scales by TMA (sa_desc, sb_desc: descriptors, else None): blockwise, each K-tile's in a ring of their own beside
+    # A's and B's; axiswise, each tile's output scales in TILE_SCALE_SLOTS slots under barriers of their own. Without,
+    # constexpr Nones (warp_specialize passes only values with a type; a plain assignment would store a bare None).
+    if sa_desc is not None and SCALING == 1:
+        SCALE_PARTS: gl.constexpr = -(-_tile_columns(BLOCK_N, b_right_desc) // sb_desc.block_type.shape[0])
+        sa_bufs = gl.allocate_shared_memory(sa_desc.dtype, [TILE_SCALE_SLOTS * CONSUMERS] + sa_desc.block_type.shape,
+                                            sa_desc.layout)
+        sb_bufs = gl.allocate_shared_memory(sb_desc.dtype, [TILE_SCALE_SLOTS * SCALE_PARTS] + sb_desc.block_type.shape,
+                                            sb_desc.layout)
+        scales_ready = gl.allocate_shared_memory(gl.int64, [TILE_SCALE_SLOTS, 1], _barrier_layout(gl.num_ctas()))
+        scales_empty = gl.allocate_shared_memory(gl.int64, [TILE_SCALE_SLOTS, 1], _barrier_layout(gl.num_ctas()))
+        for i in gl.static_range(TILE_SCALE_SLOTS):
+            mbarrier.init(scales_ready.index(i), count=1)
+            mbarrier.init(scales_empty.index(i), count=CONSUMERS)
+    elif sa_desc is not None:
         sa_bufs = gl.allocate_shared_memory(sa_desc.dtype, [STAGES * CONSUMERS] + sa_desc.block_type.shape, sa_desc.layout)
         sb_bufs = gl.allocate_shared_memory(sb_desc.dtype, [STAGES] + sb_desc.block_type.shape, sb_desc.layout)
+        scales_ready: gl.constexpr = None
+        scales_empty: gl.constexpr = None
     else:
         sa_bufs: gl.constexpr = None
         sb_bufs: gl.constexpr = None
+        scales_ready: gl.constexpr = None
+        scales_empty: gl.constexpr = None
     # Split tiles: a barrier per consumer for the TMA loads of the partial sums its last pieces add.
     if workspace_desc is not None:
         partial_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], _barrier_layout(gl.num_ctas()))
@@ -987,21 +1081,22 @@ def _fp8_gemm_ws_kernel(
     if CONSUMERS == 3:
         gl.warp_specialize(
             [
-                (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs,
-                             c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr,
-                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
+                (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scales_ready, scales_empty, c_bufs,
+                             c_desc, c_right_bufs, c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars,
+                             flags_ptr, log_ptr, M, N, K, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
                              SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 0)),
-                (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs,
-                             c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr,
-                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
+                (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scales_ready, scales_empty, c_bufs,
+                             c_desc, c_right_bufs, c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars,
+                             flags_ptr, log_ptr, M, N, K, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
                              SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 1)),
-                (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs,
-                             c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr,
-                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
+                (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scales_ready, scales_empty, c_bufs,
+                             c_desc, c_right_bufs, c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars,
+                             flags_ptr, log_ptr, M, N, K, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
                              SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 2)),
                 (_producer, (a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs,
-                             sb_bufs, ready, empty, counter_ptr, log_ptr, M, N, K, stride_sa_k, stride_sb_n,
-                             stride_sb_k, num_programs, split_tiles, splits, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS)),
+                             sb_bufs, ready, empty, scales_ready, scales_empty, counter_ptr, log_ptr, M, N, K,
+                             stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, SCALING,
+                             GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS)),
                 (_filler, (ready, )),
                 (_filler, (ready, )),
             ],
@@ -1011,17 +1106,18 @@ def _fp8_gemm_ws_kernel(
     else:
         gl.warp_specialize(
             [
-                (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs,
-                             c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr,
-                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
+                (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scales_ready, scales_empty, c_bufs,
+                             c_desc, c_right_bufs, c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars,
+                             flags_ptr, log_ptr, M, N, K, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
                              SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 0)),
-                (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c_bufs, c_desc, c_right_bufs,
-                             c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr,
-                             M, N, K, stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
+                (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scales_ready, scales_empty, c_bufs,
+                             c_desc, c_right_bufs, c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars,
+                             flags_ptr, log_ptr, M, N, K, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
                              SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 1)),
                 (_producer, (a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs,
-                             sb_bufs, ready, empty, counter_ptr, log_ptr, M, N, K, stride_sa_k, stride_sb_n,
-                             stride_sb_k, num_programs, split_tiles, splits, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS)),
+                             sb_bufs, ready, empty, scales_ready, scales_empty, counter_ptr, log_ptr, M, N, K,
+                             stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, SCALING,
+                             GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS)),
                 (_filler, (ready, )),
                 (_filler, (ready, )),
             ],
@@ -1046,7 +1142,7 @@ def _shared_layout(block_shape: tuple[int, ...], dtype_name: str, ctas: int) -> 
 
 
 def tma_ready_scales(scale_a, scale_b, columnwise_b: bool = False):
-    """The blockwise scales in layouts _scale_descriptors can read: both 16-byte aligned, and activation
+    """Blockwise (or axiswise: (R, 1)) scales in layouts _scale_descriptors can read: both 16-byte aligned, and activation
     scales M-major (element (m, k) at m + k * stride) with each K-block's column starting on a 16-byte
     boundary, since every TMA box must; anything else is copied (scale_a into that layout with M padded to
     a multiple of SCALE_WINDOW: the quantizers' M-major layout needs no copy when M is such a multiple). The copy is
@@ -1088,8 +1184,7 @@ def _scale_descriptors(scale_a, scale_b, b_box: int, ctas: int):
     """1-D TMA descriptors over the storage of tma_ready_scales' output: the producer computes each
     box's start from the strides, so one descriptor serves every scale layout (a 2-D one would need its
     row stride 16-byte aligned, and a 1-wide weight-scale box is not a TMA box). Activation scales come in
-    one consumer's 64 rows a box, as A does; weight scales in `b_box` floats (WEIGHT_SCALE_BOX, or a tile's
-    BLOCK_N for 1 x 128 weight scales)."""
+    one consumer's 64 rows a box, as A does; weight scales in `b_box` floats (_scale_b_box)."""
     return [TensorDescriptor.from_tensor(scale_storage(scale), [box], _scale_layout(ctas))
             for scale, box in ((scale_a, CONSUMER_ROWS.value), (scale_b, b_box))]
 
@@ -1153,8 +1248,19 @@ def _boxes(config: Fp8GemmConfig) -> tuple[list[int], list[int], list[int] | Non
     return [config.block_n - right, bk], c_block, [right, bk], [CONSUMER_ROWS.value, right]
 
 
-def _weight_scale_box(config: Fp8GemmConfig, b_rows: int) -> int:
-    """Floats of a weight-scale TMA box: a block scale's window, or with 1 x 128 weight scales the tile's columns."""
+def scales_for_kernel(scale_a, scale_b, granularity: Granularity, b_rows: int):
+    """The scales as the kernel takes them: axiswise and blockwise, tma_ready_scales' (an axiswise (R, 1) column is
+    read as 1 x 128 scales of one K-block are); tensorwise, as they are."""
+    if granularity is Granularity.TENSORWISE:
+        return scale_a, scale_b
+    return tma_ready_scales(scale_a, scale_b, columnwise_b=b_rows == 1 or granularity is Granularity.AXISWISE)
+
+
+def _scale_b_box(config: Fp8GemmConfig, granularity: Granularity, b_rows: int) -> int:
+    """Floats of a TMA box of scale_b: axiswise, a store's width of the tile's columns (_load_tile_scales); blockwise, a
+    block scale's window, or with 1 x 128 weight scales the tile's columns."""
+    if granularity is Granularity.AXISWISE:
+        return _boxes(config)[1][1]
     return config.block_n if b_rows == 1 else WEIGHT_SCALE_BOX
 
 
@@ -1194,9 +1300,9 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
         signature["b_half_desc"] = descriptor(b_dtype, [bn // 2, bk])
     else:
         constants["b_half_desc"] = None
-    if granularity is Granularity.BLOCKWISE:
+    if granularity is not Granularity.TENSORWISE:
         signature["sa_desc"] = f"tensordesc<fp32[{CONSUMER_ROWS.value}],{_scale_layout(ctas)!r}>"
-        signature["sb_desc"] = f"tensordesc<fp32[{_weight_scale_box(config, b_rows)}],{_scale_layout(ctas)!r}>"
+        signature["sb_desc"] = f"tensordesc<fp32[{_scale_b_box(config, granularity, b_rows)}],{_scale_layout(ctas)!r}>"
     else:
         constants.update(sa_desc=None, sb_desc=None)
     constant_ints, divisible = launch_specialization(config, granularity, *launched_on, b_rows) if launched_on else ({}, ())
@@ -1224,9 +1330,15 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
 
 # The kernel's integer arguments after its operand descriptors and scale pointers, and its pointers to integers
 # (launch_ws_gemm's order).
-_INTEGER_ARGUMENTS = ("M", "N", "K", "stride_sa_m", "stride_sa_k", "stride_sb_n", "stride_sb_k", "num_programs",
+_INTEGER_ARGUMENTS = ("M", "N", "K", "stride_sa_k", "stride_sb_n", "stride_sb_k", "num_programs",
                       "split_tiles", "splits")
 _POINTER_ARGUMENTS = ("scale_a_ptr", "scale_b_ptr", "flags_ptr", "counter_ptr", "log_ptr")
+
+
+def _kernel_strides(scale_a, scale_b) -> tuple[int, int, int]:
+    """The scales' strides the kernel takes (_INTEGER_ARGUMENTS): all but the activation scales' row stride, which
+    TMA's boxes make 1 wherever it reads them."""
+    return scale_strides(scale_a, scale_b)[1:]
 
 
 def launch_specialization(config: Fp8GemmConfig, granularity: Granularity, M: int, K: int, N: int,
@@ -1234,16 +1346,15 @@ def launch_specialization(config: Fp8GemmConfig, granularity: Granularity, M: in
     """How a launch of `config` on an M x K x N product specializes the kernel, as Triton's launcher does for every
     argument it binds: an integer equal to 1 becomes that constant, and integers that are multiples of 16 and
     16-byte-aligned pointers (every tensor the launch passes is) are marked divisible by 16, which lets the compiler
-    vectorize loads (the axiswise epilogue's scale loads, say): _specialization's reading of an integer. The scales'
+    vectorize loads: _specialization's reading of an integer. The scales'
     strides are those launch_ws_gemm passes, from scales of the shapes fp8kernels.gemm takes (scale_shapes). Returns
     (those constants, the names marked divisible)."""
     from fp8kernels.gemm import scale_shapes
 
     a_shape, b_shapes = scale_shapes(granularity, M, N, K)
     scale_a, scale_b = torch.ones(a_shape), torch.ones(b_shapes[-1 if b_rows == 1 else 0])
-    if granularity is Granularity.BLOCKWISE:
-        scale_a, scale_b = tma_ready_scales(scale_a, scale_b, columnwise_b=b_rows == 1)
-    values = (M, N, K, *scale_strides(scale_a, scale_b), *persistent_grid(M, N, K, config))
+    scale_a, scale_b = scales_for_kernel(scale_a, scale_b, granularity, b_rows)
+    values = (M, N, K, *_kernel_strides(scale_a, scale_b), *persistent_grid(M, N, K, config))
     specialized = {name: _specialization(value) for name, value in zip(_INTEGER_ARGUMENTS, values)}
     constants = {name: 1 for name, (one, _, _) in specialized.items() if one}
     divisible = tuple(name for name, (one, sixteen, _) in specialized.items() if sixteen and not one)
@@ -1270,9 +1381,9 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
     b_right_desc = descriptor(b_t, b_right_block)
     c_right_desc = descriptor(out, c_right_block)
     sa_desc = sb_desc = None
-    if granularity is Granularity.BLOCKWISE:
-        scale_a, scale_b = tma_ready_scales(scale_a, scale_b, columnwise_b=b_rows == 1)
-        sa_desc, sb_desc = _scale_descriptors(scale_a, scale_b, _weight_scale_box(config, b_rows), ctas)
+    if granularity is not Granularity.TENSORWISE:
+        scale_a, scale_b = scales_for_kernel(scale_a, scale_b, granularity, b_rows)
+        sa_desc, sb_desc = _scale_descriptors(scale_a, scale_b, _scale_b_box(config, granularity, b_rows), ctas)
     programs, split_tiles, splits = persistent_grid(M, N, K, config)
     workspace_desc = None
     flags = out  # a stand-in the kernel does not touch when no tile is split
@@ -1288,7 +1399,7 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
         counter = stream_scratch("counter", a.device, 2)
         log = stream_scratch("log", a.device, programs * (config.num_stages + 1))
     arguments = (b_half_desc, a_desc, b_desc, b_right_desc, c_desc, c_right_desc, scale_a, scale_b, sa_desc, sb_desc,
-                 workspace_desc, flags, counter, log, M, N, K, *scale_strides(scale_a, scale_b), programs, split_tiles,
+                 workspace_desc, flags, counter, log, M, N, K, *_kernel_strides(scale_a, scale_b), programs, split_tiles,
                  splits)
     return _launch(a.device.index, programs, arguments, _kernel_constants(config, granularity, fast_accum, activation, b_rows),
                    _launch_options(config))

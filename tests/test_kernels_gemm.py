@@ -405,6 +405,30 @@ def test_blockwise_scales_for_tma_in_every_layout(M):
                 assert sb_flat[n * sb.stride(0) + k * sb.stride(1)] == sb_values[n, k]
 
 
+@pytest.mark.parametrize("M", [1, 17, 128, 130])
+def test_axiswise_scales_for_tma_in_every_layout(M):
+    """The Gluon launcher's axiswise scales for the TMA producer, which reads a tile's rows and columns of them in 1-D
+    boxes: (M, 1) and (N, 1) columns of consecutive, 16-byte aligned floats whatever strides and offset they came
+    with, copied only where they are not so already."""
+    from fp8kernels._gemm_ws import scale_storage, scales_for_kernel
+
+    generator = torch.Generator().manual_seed(M)
+    sa_values, sb_values = torch.rand(M, 1, generator=generator), torch.rand(40, 1, generator=generator)
+    layouts = [(sa_values.clone(), sb_values.clone()),
+               (torch.rand(M, 3)[:, 1:2], torch.rand(40, 2)[:, :1]),  # every row of a wider tensor
+               (_misaligned(M, 1, m_major=False), _misaligned(40, 1, m_major=False))]
+    for sa_given, sb_given in layouts:
+        sa_given.copy_(sa_values)
+        sb_given.copy_(sb_values)
+        sa, sb = scales_for_kernel(sa_given, sb_given, Granularity.AXISWISE, 128)
+        for given, ready, values in ((sa_given, sa, sa_values), (sb_given, sb, sb_values)):
+            assert ready.data_ptr() % 16 == 0 and torch.equal(scale_storage(ready), values[:, 0])
+            in_place = given.stride(0) == 1 and given.data_ptr() % 16 == 0
+            assert (ready.data_ptr() == given.data_ptr()) == in_place
+    tensorwise = torch.tensor(0.5), torch.tensor(2.0)
+    assert scales_for_kernel(*tensorwise, Granularity.TENSORWISE, 128) == tensorwise
+
+
 def test_the_last_waves_tiles_are_split_along_k_where_that_ends_sooner():
     from fp8kernels.gemm_configs import PARTIAL_SUM_K_TILES, WIDE_GLUON, grid_efficiency, last_wave_split, persistent_grid
 
@@ -781,13 +805,14 @@ def test_a_launch_specializes_ones_multiples_of_16_and_aligned_pointers():
 
     whole = dataclasses.replace(WIDE_GLUON.with_sms(132), split_last_wave=False)
     constants, divisible = launch_specialization(whole, Granularity.AXISWISE, 8192, 8192, 8192)
-    # (M, 1) and (N, 1) columns of scales: every stride 1; 132 programs, no split tile, one piece each.
-    assert constants == dict(stride_sa_m=1, stride_sa_k=1, stride_sb_n=1, stride_sb_k=1, splits=1)
+    # (M, 1) and (N, 1) columns of scales: every stride the kernel takes is 1; 132 programs, no split tile, one piece
+    # each.
+    assert constants == dict(stride_sa_k=1, stride_sb_n=1, stride_sb_k=1, splits=1)
     assert {"M", "N", "K", "split_tiles", "scale_a_ptr", "scale_b_ptr"} <= set(divisible)
     assert "num_programs" not in divisible and not set(constants) & set(divisible)
     constants, divisible = launch_specialization(whole, Granularity.TENSORWISE, 17, 2000, 1040)
     assert constants == dict(splits=1)  # scalar scales: strides 0
-    assert "M" not in divisible and {"K", "N", "stride_sa_m", "stride_sb_n"} <= set(divisible)
+    assert "M" not in divisible and {"K", "N", "stride_sa_k", "stride_sb_n"} <= set(divisible)
     split = launch_specialization(WIDE_GLUON.with_sms(132), Granularity.TENSORWISE, 8192, 8192, 1280)
     assert "splits" not in split[0]  # the tp8 wqkv shard's last wave goes in pieces
 
@@ -808,6 +833,27 @@ def test_gpu_gluon_blockwise_with_scales_tma_cannot_read(sa_layout):
         sb_given = torch.empty(sb.numel() + 1, device=sb.device)[1:].view(sb.shape).copy_(sb)
     out = _run_poisoned(qa, qb_t, sa_given, sb_given, Granularity.BLOCKWISE, False, config)
     assert _relative_error(qa, qb_t, sa, sb, out) <= PROMOTED_TOLERANCE
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["strided", "misaligned"])
+def test_gpu_gluon_axiswise_with_scales_tma_cannot_read(layout):
+    """Axiswise scales whose rows are not consecutive floats, or not 16-byte aligned, are copied by the Gluon launcher
+    into columns TMA reads (the producer loads each tile's output scales); the result is the same, on every tile."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    M, K, N = 300, 1040, 1040 + 16
+    qa, qb_t, sa, sb = _quantized(M, K, N, Granularity.AXISWISE, seed=37)
+    if layout == "strided":
+        sa_given = torch.empty(M, 2, device=sa.device)[:, 1:].copy_(sa)
+        sb_given = torch.empty(N, 3, device=sb.device)[:, :1].copy_(sb)
+    else:
+        sa_given = torch.empty(M + 1, device=sa.device)[1:].view(M, 1).copy_(sa)
+        sb_given = torch.empty(N + 1, device=sb.device)[1:].view(N, 1).copy_(sb)
+    for fast_accum in (True, False):
+        for config in (c for (g, f), c in GLUON_CASES if (g, f) == (Granularity.AXISWISE, fast_accum)):
+            out = _run_poisoned(qa, qb_t, sa_given, sb_given, Granularity.AXISWISE, fast_accum, config.with_sms(sms))
+            limit = FAST_ACCUM_TOLERANCE if fast_accum else PROMOTED_TOLERANCE
+            assert _relative_error(qa, qb_t, sa, sb, out) <= limit, f"{layout} {config}"
 
 
 def test_config_override_forces_fields_and_rejects_bad_json(monkeypatch):

@@ -52,7 +52,7 @@ class SassReport:
     serialized: bool  # ptxas note C7514 or C7515
     wgmmas: int  # QGMMA instructions in the SASS
     waits_in_flight: int  # wgmma waits that leave at least one group running (WARPGROUP.DEPBAR.LE gsb0, 0x1 or more)
-    global_loads: int  # LDG instructions in the SASS (every partition's: the axiswise epilogue's scales, say)
+    global_loads: int  # LDG instructions in the SASS (every partition's: the tensorwise scales, the split tiles' flags)
     vector_loads: int  # of those, the ones of 8 or 16 bytes a thread
 
     @property
