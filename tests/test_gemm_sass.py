@@ -67,7 +67,8 @@ def test_every_gluon_candidate_assembles_without_spills_or_serialized_wgmmas():
 
 @gluon_compiles
 @pytest.mark.parametrize("regime, block_m, block_n", [("blockwise/fast_accum=off", 192, 128),
-                                                      ("tensorwise/fast_accum=on", 128, 256)])
+                                                      ("tensorwise/fast_accum=on", 128, 256),
+                                                      ("axiswise/fast_accum=off", 128, 256)])
 def test_a_cluster_of_two_ctas_multicasts_b_into_the_buffers_triton_allocated(regime, block_m, block_n):
     """cluster_m 2 compiles as a 2-CTA cluster whose B comes by one multicast load a CTA, each CTA holding its own copy of
     every tile in the swizzle one CTA's tile takes (compile_sm90 checks the inline PTX's offsets against Triton's); the

@@ -944,6 +944,37 @@ def test_compare_times_a_shapes_kernels_again_where_their_clocks_ran_apart(tmp_p
     assert timed([1980.0, 345.0, 480.0, 1980.0]) == ([480.0, 1980.0], 2)  # apart twice: the last timing's rows
 
 
+def test_compare_takes_turns_in_the_timing_order(tmp_path):
+    """A shape timed with ours first runs every case in the reverse order of one timed with cuBLAS first, the pick and
+    its variants among them, so that alternating over shapes gives each the advantage of a place as often."""
+    from types import SimpleNamespace
+
+    from tool_module import load_tool
+
+    gemm_sweep = load_tool("gemm_sweep", triton_kernels=True)
+    out = torch.ones(4, 4)
+    options = choose_config(4096, 4096, 4096, Granularity.TENSORWISE, True, H100, gluon=True).options_for(4096, 4096, 4096)
+    ours = [(lambda: out, options), (lambda: out, options | {"variant": "baseline"})]
+
+    def order(ours_first: bool) -> list[str]:
+        bench = object.__new__(gemm_sweep.SideBySide)
+        bench.writer, bench.records, bench.summary = SimpleNamespace(append=lambda row: None), [], tmp_path / "s.csv"
+        timed = []
+
+        def measure(shape, granularity, fast_accum, backend, run, options):
+            timed.append(options.get("variant", backend) if backend == "triton" else backend)
+            return 0.03, SimpleNamespace(values={"sm_clock_mhz": 1980.0, "tflops": 1.0})
+
+        bench._measure = measure
+        bench._side_by_side(SimpleNamespace(name="4096x4096x4096"), Granularity.TENSORWISE, True,
+                            "tensorwise/fast_accum=on", lambda: out, {}, ours, ours_first=ours_first)
+        assert {r["variant"] for r in bench.records if r["backend"] == "triton"} == {"", "baseline"}
+        return timed
+
+    assert order(False) == ["cublas", "triton", "baseline"]
+    assert order(True) == ["baseline", "triton", "cublas"]
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="checks the message a host without a CUDA GPU gets")
 def test_compare_without_a_gpu_says_so_in_one_line_and_exits_1(tmp_path):
     """Valid arguments on a host without a CUDA GPU: one line saying what is missing, exit 1, no traceback, no run."""

@@ -7,7 +7,7 @@
     python tools/gemm_sweep.py wgrad --out DIR     # grad_weight's blockwise products (1 x 128 x 1 x 128)
 
 Both time with fp8bench.harness.timing (TimerChoice.measure), cuBLAS and ours on the same operands, the
-order alternating from shape to shape, and write result-schema rows (fp8bench.harness.results) to
+order (cuBLAS, ours and their variants) reversed from shape to shape, and write result-schema rows (fp8bench.harness.results) to
 DIR/results.csv with the config in `options`. `compare` prints TFLOPS and our/cuBLAS ratios per shape and
 their geometric means per regime; `tune` prints each candidate's geometric-mean ratio and the best config
 per shape. Candidate kernels are compiled first in parallel worker processes (Triton's cache keeps them), so
@@ -181,7 +181,8 @@ class SideBySide:
 
     def measure_shape(self, shape: GemmShape, regimes, configs_for, ours_first: bool = False) -> None:
         """For each regime, cuBLAS and ours with each config (or Variant) `configs_for(granularity, fast_accum)`
-        gives; `ours_first` swaps the order, so that alternating it over shapes cancels any drift of the clocks."""
+        gives; `ours_first` reverses the order (see _side_by_side), so that alternating it over shapes cancels any drift
+        of the clocks."""
         operands = random_operands(shape)
         for granularity, fast_accum in regimes:
             reason = REGISTRY["cublas"].unsupported_reason(shape, granularity, _fast(fast_accum))
@@ -234,7 +235,10 @@ class SideBySide:
 
     def _side_by_side(self, shape, granularity, fast_accum, regime: str, cublas_run, cublas_options: dict, ours,
                       ours_first: bool) -> None:
-        """Time cuBLAS's run and each of ours (run, options) that agrees with it, in one run, record the rows."""
+        """Time cuBLAS's run and each of ours (run, options) that agrees with it, in one run, record the rows: cuBLAS
+        first and ours in their order, or with `ours_first` all in the reverse order. The clock a case runs at depends
+        on what ran before it (on an H200 the case timed right after cuBLAS often ran 400-500 MHz lower than the next:
+        reports/h200/gemm-axiswise-scales-by-tma), so a pick and its variants take turns too."""
         cublas_out = cublas_run()
         timed = []  # (backend, run, options, relative difference from cuBLAS)
         for run, options in ours:
@@ -243,7 +247,9 @@ class SideBySide:
                 timed.append(("triton", run, options, rel))
             else:
                 console.print(f"[red]{shape.name} {regime} {options}: output differs from cuBLAS by {rel:.3g}; not timed[/]")
-        timed.insert(len(timed) if ours_first else 0, ("cublas", cublas_run, cublas_options, None))
+        timed.insert(0, ("cublas", cublas_run, cublas_options, None))
+        if ours_first:
+            timed.reverse()
         for attempt in range(CLOCK_RETRIES + 1):
             results = [(backend, options, rel, *self._measure(shape, granularity, fast_accum, backend, run, options))
                        for backend, run, options, rel in timed]
