@@ -357,7 +357,7 @@ def _load_unit(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_de
     from the program's `loaded`-th on. Returns the next K-tile's number."""
     tile_id, k_first, k_end, _ = _work_unit(unit, split_tiles, splits, k_tiles)
     pid_m, pid_n = _cta_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
-    if SCALING == 1 and scales_ready is not None:
+    if SCALING == 1:
         _load_tile_scales(sa_desc, sb_desc, sa_bufs, sb_bufs, scales_ready, scales_empty, walked, pid_m, pid_n,
                           _tile_columns(b_desc.block_type.shape[0], b_right_desc))
     for ki in range(k_first, k_end):
@@ -1042,7 +1042,7 @@ def _fp8_gemm_ws_kernel(
     # Scales by TMA (sa_desc, sb_desc: descriptors, else None): blockwise, each K-tile's in a ring of their own beside
     # A's and B's; axiswise, each tile's output scales in TILE_SCALE_SLOTS slots under barriers of their own. Without,
     # constexpr Nones (warp_specialize passes only values with a type; a plain assignment would store a bare None).
-    if sa_desc is not None and SCALING == 1:
+    if SCALING == 1:
         SCALE_PARTS: gl.constexpr = -(-_tile_columns(BLOCK_N, b_right_desc) // sb_desc.block_type.shape[0])
         sa_bufs = gl.allocate_shared_memory(sa_desc.dtype, [TILE_SCALE_SLOTS * CONSUMERS] + sa_desc.block_type.shape,
                                             sa_desc.layout)
