@@ -906,6 +906,19 @@ def test_compare_flags_comparisons_whose_kernels_ran_at_different_clocks():
                                            "ratio": 0.914, "sm_clock_mhz": 345.0, "sm_clock_mhz_cublas": 1980.0}]
 
 
+def _side_by_side_timed_by(gemm_sweep, measure, summary):
+    """compare's SideBySide with `measure` in place of its timer (measure(shape, granularity, fast_accum, backend, run,
+    options) -> (ms, a row whose values have sm_clock_mhz and tflops)), its result rows kept in `bench.writer.rows`
+    and its summary written to `summary`."""
+    from types import SimpleNamespace
+
+    bench = object.__new__(gemm_sweep.SideBySide)
+    rows = []
+    bench.writer, bench.records, bench.summary = SimpleNamespace(rows=rows, append=rows.append), [], summary
+    bench._measure = measure
+    return bench
+
+
 def test_compare_times_a_shapes_kernels_again_where_their_clocks_ran_apart(tmp_path):
     """SideBySide: a regime whose kernels ran at SM clocks more than CLOCK_MISMATCH apart is timed again, all of
     its kernels, CLOCK_RETRIES times at most; the rows recorded are the last timing's, and the summary file has
@@ -923,16 +936,13 @@ def test_compare_times_a_shapes_kernels_again_where_their_clocks_ran_apart(tmp_p
     options = pick.options_for(4096, 1040, 4096)
 
     def timed(clocks):
-        bench = object.__new__(gemm_sweep.SideBySide)
-        bench.writer, bench.records = SimpleNamespace(rows=[], append=lambda row: bench.writer.rows.append(row)), []
-        bench.summary = tmp_path / "summary.csv"
         readings = iter(clocks)
 
         def measure(*args):
             clock = next(readings)
             return 0.03 if args[3] == "cublas" else 0.04, SimpleNamespace(values={"sm_clock_mhz": clock, "tflops": 1.0})
 
-        bench._measure = measure
+        bench = _side_by_side_timed_by(gemm_sweep, measure, tmp_path / "summary.csv")
         bench._side_by_side(shape, Granularity.TENSORWISE, True, "tensorwise/fast_accum=on", lambda: out, {},
                             [(lambda: out, options)], ours_first=False)
         assert pd.read_csv(bench.summary).sm_clock_mhz.tolist() == [record["sm_clock_mhz"] for record in bench.records]
@@ -957,15 +967,13 @@ def test_compare_takes_turns_in_the_timing_order(tmp_path):
     ours = [(lambda: out, options), (lambda: out, options | {"variant": "baseline"})]
 
     def order(ours_first: bool) -> list[str]:
-        bench = object.__new__(gemm_sweep.SideBySide)
-        bench.writer, bench.records, bench.summary = SimpleNamespace(append=lambda row: None), [], tmp_path / "s.csv"
         timed = []
 
         def measure(shape, granularity, fast_accum, backend, run, options):
             timed.append(options.get("variant", backend) if backend == "triton" else backend)
             return 0.03, SimpleNamespace(values={"sm_clock_mhz": 1980.0, "tflops": 1.0})
 
-        bench._measure = measure
+        bench = _side_by_side_timed_by(gemm_sweep, measure, tmp_path / "summary.csv")
         bench._side_by_side(SimpleNamespace(name="4096x4096x4096"), Granularity.TENSORWISE, True,
                             "tensorwise/fast_accum=on", lambda: out, {}, ours, ours_first=ours_first)
         assert {r["variant"] for r in bench.records if r["backend"] == "triton"} == {"", "baseline"}
