@@ -445,9 +445,14 @@ def _producer(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_des
 def _mma_promote(acc, a, b, zero, sa, sb, SCALING: gl.constexpr):
     """acc + a @ b.T: the wgmma into a fresh accumulator, waited for, then added into the FP32 sum
     (blockwise: scaled by its row and block scales; the others scale the finished sum)."""
+    return acc + _scaled_product(_product(a, b, zero), sa, sb, SCALING)
+
+
+@gluon.jit
+def _product(a, b, zero):
+    """a @ b.T by a wgmma into a fresh accumulator, waited for."""
     product = warpgroup_mma(a, b.permute((1, 0)), zero, use_acc=False, is_async=True)
-    product = warpgroup_mma_wait(0, deps=(product, ))
-    return acc + _scaled_product(product, sa, sb, SCALING)
+    return warpgroup_mma_wait(0, deps=(product, ))
 
 
 @gluon.jit
@@ -589,16 +594,24 @@ def _k_tile(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, consum
     HALF_N: gl.constexpr = zero.shape[1]
     SPLIT: gl.constexpr = _parts(b_bufs, b_right_bufs, ready, HALF_N)
     a, b_left, b_right = _take_k_tile(a_bufs, b_bufs, b_right_bufs, ready, consumed, HALF_N, WARPGROUP, OFFSETS)
-    sa, sb = _k_tile_scales(sa_bufs, sb_bufs, consumed % ready.type.shape[0], zero, sb_place, SCALING, WARPGROUP)
-    if not PROMOTE:
-        acc, acc_right = _mma_accumulate(acc, acc_right, a, b_left, b_right, SPLIT)
-    elif b_right_bufs is not None:
-        acc, acc_right = _mma_promote_parts(acc, acc_right, a, b_left, b_right, zero, sa, sb, SCALING)
-    elif SPLIT == 2:
-        acc = _mma_promote(acc, a, b_left, zero, sa, sb, SCALING)
-        acc_right = _mma_promote(acc_right, a, b_right, gl.zeros_like(acc_right), sa, sb, SCALING)
+    slot = consumed % ready.type.shape[0]
+    if SCALING == BLOCKWISE_1X128_WEIGHTS:
+        # The tile's column scales (32 a thread) are read once the product is in: beside a sum and a product in
+        # flight they spilled a three-consumer tile's 160 registers.
+        product = _product(a, b_left, zero)
+        sa, sb = _k_tile_scales(sa_bufs, sb_bufs, slot, zero, sb_place, SCALING, WARPGROUP)
+        acc = acc + _scaled_product(product, sa, sb, SCALING)
     else:
-        acc = _mma_promote(acc, a, b_left, zero, sa, sb, SCALING)
+        sa, sb = _k_tile_scales(sa_bufs, sb_bufs, slot, zero, sb_place, SCALING, WARPGROUP)
+        if not PROMOTE:
+            acc, acc_right = _mma_accumulate(acc, acc_right, a, b_left, b_right, SPLIT)
+        elif b_right_bufs is not None:
+            acc, acc_right = _mma_promote_parts(acc, acc_right, a, b_left, b_right, zero, sa, sb, SCALING)
+        elif SPLIT == 2:
+            acc = _mma_promote(acc, a, b_left, zero, sa, sb, SCALING)
+            acc_right = _mma_promote(acc_right, a, b_right, gl.zeros_like(acc_right), sa, sb, SCALING)
+        else:
+            acc = _mma_promote(acc, a, b_left, zero, sa, sb, SCALING)
     _release_slot(empty, consumed % empty.type.shape[0], OFFSETS)
     return acc, acc_right
 

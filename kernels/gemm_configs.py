@@ -198,9 +198,6 @@ class Fp8GemmConfig:
         if self.right_columns and self.block_m == GLUON_THREE_CONSUMER_ROWS and is_promoted(granularity, fast_accum):
             raise ValueError(f"a {self.block_m} x {self.block_n} tile's consumers hold its sums with fast accumulation "
                              f"only: promoted, a fresh product beside them would not fit their 160 registers")
-        if b_scale_rows == 1 and self.gluon_ws and self.block_m != 128:
-            raise ValueError("1 x 128 weight scales put a column of scales in each consumer's registers beside the sum "
-                             "and the products: the Gluon kernel takes them on 128-row tiles")
         if not fast_accum and self.block_k > BLOCK:
             raise ValueError(f"without fast accumulation the sum is promoted every block_k <= {BLOCK} of K")
 
@@ -414,11 +411,13 @@ GLUON_TILES = {
                  (COMPOSITE_PROMOTED_GLUON, COMPOSITE_PROMOTED_SPEED)),
     "blockwise": ((TALL_BLOCKWISE_GLUON, 1.0), (BLOCKWISE_GLUON, 0.96), (DEEP_NARROW_BLOCKWISE_GLUON, 1.0),
                   (SLIM_BLOCKWISE_GLUON, SLIM_SPEED)),
-    # 1 x 128 weight scales (grad_weight's products): the two-consumer tiles (check_granularity). 128 x 128
-    # overlapped (below OVERLAP_MIN_WAVES plain): over a LLaMa-3 8B step's grad_weight products and 4096^3 / 8192^3
-    # on an H100, 0.967 of cuBLAS against 0.915 plain; 128 x 64 0.69-0.76 there, taken only where its grid fills
-    # better (reports/h100-sxm/gemm-wgrad-1x128).
-    "blockwise-1x128": ((BLOCKWISE_GLUON, 1.0), (SLIM_BLOCKWISE_GLUON, SLIM_SPEED)),
+    # 1 x 128 weight scales (grad_weight's products), the blockwise regime's weights: the three-consumer tile (its
+    # column scales read once each K-tile's product is in) ran at 0.968 of cuBLAS against 0.947 for the 128 x 128
+    # tiles (overlapped from OVERLAP_MIN_WAVES waves on) over a LLaMa-3 8B step's grad_weight products and
+    # 4096^3-16384^3 on an H200, each timed in both orders; 128 x 128 was faster on the 4096 x 14336 product alone,
+    # which these weights give it (reports/h200/gemm-wgrad-three-consumer). 128 x 64 ran at 0.69-0.76 on an H100,
+    # taken only where its grid fills better (reports/h100-sxm/gemm-wgrad-1x128).
+    "blockwise-1x128": ((TALL_BLOCKWISE_GLUON, 1.0), (BLOCKWISE_GLUON, 0.96), (SLIM_BLOCKWISE_GLUON, SLIM_SPEED)),
 }
 
 
@@ -652,7 +651,7 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, device: Device
         device.multiprocessor_count), device)
     gluon = [
         dict(block_m=bm, block_n=bn, block_k=BLOCK, num_stages=s, num_warps=8, warp_specialize=False, split_n=1,
-             epilogue_subtile=False, gluon_ws=True)
+             epilogue_subtile=False, gluon_ws=True, overlap_promotion=False)
         # 128 x 64: half the 128-wide tile's columns, for products of few tiles (small M, narrow N). With fast
         # accumulation 128 x 128 also at 3 stages, as the sweeps have timed it.
         for bm, bn, stages in ((128, 128, (4, 5) if is_promoted(granularity, fast_accum) else (3, 4, 5)), (128, 256, (3, )),

@@ -868,20 +868,20 @@ def test_config_override_forces_fields_and_rejects_bad_json(monkeypatch):
         choose_config(4096, 4096, 4096, Granularity.TENSORWISE, True, H100)
 
 
-def _compare_cli(out, *arguments: str):
-    """`python tools/gemm_sweep.py compare --out OUT ARGUMENTS` run to its end (without a GPU: its argument checks)."""
+def _sweep_cli(out, *arguments: str, command: str = "compare"):
+    """`python tools/gemm_sweep.py COMMAND --out OUT ARGUMENTS` run to its end (without a GPU: its argument checks)."""
     import subprocess
     import sys
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "tools" / "gemm_sweep.py"
-    return subprocess.run([sys.executable, str(script), "compare", "--out", str(out), *arguments], capture_output=True,
+    return subprocess.run([sys.executable, str(script), command, "--out", str(out), *arguments], capture_output=True,
                           text=True, timeout=300)
 
 
 def test_compare_refuses_shapes_it_does_not_know(tmp_path):
     """`gemm_sweep.py compare --shape` (to split the 27 shapes over runs) names the unknown ones; no GPU needed."""
-    done = _compare_cli(tmp_path, "--shape", "8192x8192x8192", "--shape", "no-such-shape")
+    done = _sweep_cli(tmp_path, "--shape", "8192x8192x8192", "--shape", "no-such-shape")
     assert done.returncode == 2
     assert "no-such-shape" in done.stderr and "8192x8192x8192" not in done.stderr.split("not target shapes")[-1]
 
@@ -986,7 +986,7 @@ def test_compare_takes_turns_in_the_timing_order(tmp_path):
 @pytest.mark.skipif(HAS_CUDA, reason="checks the message a host without a CUDA GPU gets")
 def test_compare_without_a_gpu_says_so_in_one_line_and_exits_1(tmp_path):
     """Valid arguments on a host without a CUDA GPU: one line saying what is missing, exit 1, no traceback, no run."""
-    done = _compare_cli(tmp_path / "run", "--shape", "8192x8192x1280", "--fields", '{"num_stages": 5}')
+    done = _sweep_cli(tmp_path / "run", "--shape", "8192x8192x1280", "--fields", '{"num_stages": 5}')
     output = " ".join((done.stdout + done.stderr).split())
     assert done.returncode == 1, output
     assert "gemm_sweep.py compare times GEMMs on a CUDA GPU and none is visible here" in output
@@ -1015,18 +1015,26 @@ def test_blockwise_with_1x128_weight_scales_on_awkward_shapes(M, K, N):
     assert _relative_error(*operands, out) <= PROMOTED_TOLERANCE
 
 
-def test_1x128_weight_scales_are_told_from_128x128_blocks_by_their_rows_and_fit_two_consumer_tiles():
-    from fp8kernels.gemm_configs import TALL_BLOCKWISE_GLUON, b_scale_rows
+def test_1x128_weight_scales_are_told_from_128x128_blocks_by_their_rows_and_fit_three_consumer_tiles():
+    from fp8kernels.gemm_configs import TALL_BLOCKWISE_GLUON, b_scale_rows, candidate_configs
 
     assert b_scale_rows(Granularity.BLOCKWISE, 384, 384) == 1
     assert b_scale_rows(Granularity.BLOCKWISE, 3, 384) == BLOCK
     assert b_scale_rows(Granularity.AXISWISE, 384, 384) == BLOCK
-    with pytest.raises(ValueError, match="the Gluon kernel takes them on 128-row tiles"):
-        TALL_BLOCKWISE_GLUON.check_granularity(Granularity.BLOCKWISE, False, b_scale_rows=1)
-    for M, N, K in ((6144, 4096, 8192), (128, 1024, 8192), (4096, 28672, 8192)):
+    TALL_BLOCKWISE_GLUON.check_granularity(Granularity.BLOCKWISE, False, b_scale_rows=1)
+    # The tuner's candidates: the three-consumer tile first (three and four stages, plain), the 128-row tiles
+    # overlapped and plain.
+    candidates = candidate_configs(Granularity.BLOCKWISE, False, H100, b_scale_rows=1)
+    assert (candidates[0].block_m, candidates[0].num_stages) == (192, 3)
+    assert {(c.block_m, c.num_stages) for c in candidates if c.block_m == 192} == {(192, 3), (192, 4)}
+    assert all(not c.overlap_promotion for c in candidates if c.block_m == 192)
+    assert {c.overlap_promotion for c in candidates if (c.block_m, c.block_n) == (128, 128)} == {False, True}
+    # The three-consumer tile on grad_weight's products, but 128 rows where 192 would waste a row tile's rows over
+    # many waves (M 4096, N 14336: overlapped, 27 waves) and where few tiles fill a wave (M 128: 128 x 64).
+    for M, N, K, tile in ((6144, 4096, 8192, (192, 128, False)), (4096, 28672, 8192, (192, 128, False)),
+                          (4096, 14336, 8192, (128, 128, True)), (128, 1024, 8192, (128, 64, False))):
         config = choose_config(M, N, K, Granularity.BLOCKWISE, False, H100, gluon=True, b_scale_rows=1)
-        # Overlapped where the product walks OVERLAP_MIN_WAVES waves of tiles (the 6144 x 4096 one: 11.6).
-        assert config.block_m == 128 and config.overlap_promotion == (M * N >= 6144 * 4096), (M, N, K)
+        assert (config.block_m, config.block_n, config.overlap_promotion) == tile, (M, N, K)
         config.check_granularity(Granularity.BLOCKWISE, False, b_scale_rows=1)
     qa, qb_t, sa, sb = _quantized_1x128_both(16, 256, 128, seed=5)
     with pytest.raises(ValueError, match=r"scale_b must be a float32 tensor of shape \(1, 2\) or \(128, 2\)"):
@@ -1036,16 +1044,14 @@ def test_1x128_weight_scales_are_told_from_128x128_blocks_by_their_rows_and_fit_
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["outer-major", "row-major"])
 def test_gpu_gluon_blockwise_with_1x128_weight_scales(layout):
-    """The Gluon kernel's 1 x 128 weight scales (BLOCKWISE_1X128_WEIGHTS) on every tile the heuristic may take for
-    them, on awkward and real grad_weight sizes, scales in the quantizers' layout and row-major."""
-    from fp8kernels.gemm_configs import GLUON_TILES
+    """The Gluon kernel's 1 x 128 weight scales (BLOCKWISE_1X128_WEIGHTS) on every tile the heuristic or the tuner
+    may take for them, on awkward and real grad_weight sizes, scales in the quantizers' layout and row-major."""
+    from fp8kernels.gemm_configs import candidate_configs
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    # Each tile overlapped and plain (the heuristic drops the overlap on products of few tiles); K of one, three
-    # and ten K-tiles (the overlapped loop's single, odd and paired ends).
-    tiles = dict.fromkeys(t for tile, _ in GLUON_TILES["blockwise-1x128"]
-                          for t in (tile, dataclasses.replace(tile, overlap_promotion=False)))
-    for tile in tiles:
+    # Overlapped and plain tiles, two and three consumers; K of one, three and ten K-tiles (the overlapped loop's
+    # single, odd and paired ends).
+    for tile in candidate_configs(Granularity.BLOCKWISE, False, H100, b_scale_rows=1):
         config = tile.with_sms(sms)
         for M, K, N in [(17, 384, 1152), (130, 128, 384), (300, 1280, 256), (4096, 8192, 4096), (6144, 8192, 1280)]:
             operands = _quantized_1x128_both(M, K, N, seed=M + N, layout=layout)
@@ -1056,7 +1062,7 @@ def test_gpu_gluon_blockwise_with_1x128_weight_scales(layout):
 
 def test_compare_refuses_a_malformed_candidate(tmp_path):
     """`gemm_sweep.py compare --candidate` takes gemm_heuristic_grade's NAME=VALUE; anything else exits 2 naming it."""
-    done = _compare_cli(tmp_path, "--candidate", "NO_SUCH=3")
+    done = _sweep_cli(tmp_path, "--candidate", "NO_SUCH=3")
     assert done.returncode == 2
     assert "NO_SUCH=3" in done.stderr and "PARTIAL_SUM_K_TILES" in done.stderr
 
@@ -1065,9 +1071,23 @@ def test_compare_refuses_malformed_fields(tmp_path):
     """`gemm_sweep.py compare --fields` takes a JSON object of config fields; a field it does not have, or no JSON,
     exits 2 naming the option and the text."""
     for text, reason in [('{"num_stage": 5}', "num_stages"), ("num_stages=5", "not JSON")]:
-        done = _compare_cli(tmp_path, "--fields", text)
+        done = _sweep_cli(tmp_path, "--fields", text)
         stderr = " ".join(done.stderr.split())
         assert done.returncode == 2 and "--fields" in stderr and reason in stderr, stderr
+
+
+def test_wgrad_checks_its_fields_before_it_looks_for_a_gpu(tmp_path):
+    """`gemm_sweep.py wgrad --fields`: malformed fields exit 2 naming the option; well-formed ones (with
+    --both-orders) reach the GPU check, which exits 1 saying that it needs one, with no run folder."""
+    done = _sweep_cli(tmp_path / "bad", "--fields", '{"block_mm": 192}', command="wgrad")
+    stderr = " ".join(done.stderr.split())
+    assert done.returncode == 2 and "--fields" in stderr and "block_m" in stderr, stderr
+    done = _sweep_cli(tmp_path / "run", "--fields", '{"block_m": 192, "overlap_promotion": false}', "--both-orders",
+                      command="wgrad")
+    output = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 1, output
+    assert "gemm_sweep.py wgrad times GEMMs on a CUDA GPU and none is visible here" in output
+    assert not (tmp_path / "run").exists()
 
 
 def test_compare_times_each_pick_with_forced_fields_where_they_change_it_and_fit():
@@ -1150,7 +1170,7 @@ def test_compare_times_each_pick_on_the_baseline_kernels_too(tmp_path):
 
 
 def test_compare_refuses_a_baseline_folder_without_the_kernels(tmp_path):
-    done = _compare_cli(tmp_path / "out", "--baseline-kernels", str(tmp_path))
+    done = _sweep_cli(tmp_path / "out", "--baseline-kernels", str(tmp_path))
     stderr = " ".join(done.stderr.split())
     assert done.returncode == 2 and "--baseline-kernels" in stderr and "no __init__.py" in stderr, stderr
     assert not (tmp_path / "out").exists()

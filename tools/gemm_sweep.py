@@ -561,30 +561,54 @@ def gluon(out: Path = typer.Option(..., help="folder for results.csv, summary.cs
 @app.command()
 def wgrad(out: Path = typer.Option(..., help="folder for results.csv, summary.csv and metadata.json"),
           quick: bool = typer.Option(False, help="lighter timing (2 short repeats)"),
+          fields: list[str] = typer.Option([], help="a JSON object of config fields, repeatable: time the heuristic's "
+                                                    "pick and the pick with each of these forced on, instead of every "
+                                                    "candidate"),
+          both_orders: bool = typer.Option(False, help="time each shape twice, cuBLAS first and ours first (the clock "
+                                                       "a case runs at depends on what ran before it)"),
           timer: str = TIMER) -> None:
     """grad_weight's blockwise products (both operands in 1 x 128 groups, as a training step's backward runs
-    them): ours with the heuristic's config and the autotuner's other candidates (tuning_candidates) against
-    cuBLAS, on a LLaMa-3 8B training step's grad_weight products and the square 4096^3 and 8192^3."""
+    them): ours with the heuristic's config and the autotuner's other candidates (tuning_candidates), or with
+    --fields the pick and its forced twins, against cuBLAS, on a LLaMa-3 8B training step's grad_weight products
+    and the square 4096^3, 8192^3 and 16384^3 (the roofline layer's)."""
     import torch
 
     timer = _timer(timer)
+    try:
+        forced = [parse_config_fields(text) for text in fields]
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--fields") from None
     _require_gpu("wgrad")
     cuda = torch.device("cuda")
     device = device_properties(cuda)
-    shapes = [s for s in training() if ".grad_weight." in s.name] + [s for s in square() if s.M in (4096, 8192)]
+    shapes = [s for s in training() if ".grad_weight." in s.name] + [s for s in square() if s.M in (4096, 8192, 16384)]
 
     def configs(shape: GemmShape) -> list[Fp8GemmConfig]:
-        return tuning_candidates(shape.M, shape.N, shape.K, Granularity.BLOCKWISE, False, device, gluon_runs_on(cuda), 1)
+        if not forced:
+            return tuning_candidates(shape.M, shape.N, shape.K, Granularity.BLOCKWISE, False, device,
+                                     gluon_runs_on(cuda), 1)
+        config = choose_config(shape.M, shape.N, shape.K, Granularity.BLOCKWISE, False, device, gluon_runs_on(cuda), 1)
+        timed = [config]
+        for fields in forced:
+            try:
+                twin = dataclasses.replace(config, **fields)
+                twin.check_granularity(Granularity.BLOCKWISE, False, 1)
+                timed.append(twin)
+            except ValueError as err:  # e.g. a ring over the shared memory, or a tile blockwise cannot take
+                console.print(f"[yellow]{shape.name}: {fields} not timed: {err}[/]")
+        return list(dict.fromkeys(timed))
 
+    orders = (False, True) if both_orders else (False, )
     with _open_run(out, "wgrad") as writer:
         bench = SideBySide(writer, QUICK if quick else STEADY, timer, out / "summary.csv")
         for index, shape in enumerate(shapes):
-            bench.measure_1x128_both(shape, configs(shape), ours_first=index % 2 == 1)
+            for flipped in orders:
+                bench.measure_1x128_both(shape, configs(shape), ours_first=(index % 2 == 1) != flipped)
             console.print(f"{shape.name} done", highlight=False)
     frame = bench.frame()
     ours = frame[frame.backend == "triton"]
-    _print_frame(ours.pivot_table(index="shape", columns="tile", values="ratio").reset_index(),
-                 f"{WGRAD_REGIME}: cuBLAS time / ours, per config")
+    _print_frame(ours.pivot_table(index="shape", columns="tile", values="ratio", aggfunc=gmean).reset_index(),
+                 f"{WGRAD_REGIME}: cuBLAS time / ours, per config" + (" (geomean of both orders)" if both_orders else ""))
     _print_frame(_rank(frame, WGRAD_REGIME).reset_index(), f"{WGRAD_REGIME}: geomean of our/cuBLAS speed per config")
 
 

@@ -29,7 +29,7 @@ and dtypes without running a kernel) and eager mode simply calls them.
   applied in its epilogue.
 - `fp8bench::fp8_gemm_1x128_1x128`: the blockwise product whose operands both have 1 x 128 scales
   (grad_weight = grad_output.T @ input). On a GPU it runs in cuBLAS (torch._scaled_mm): fp8kernels.gemm takes
-  this mode too, at 0.97 of cuBLAS's speed on an H100 (reports/h100-sxm/gemm-wgrad-1x128). On the CPU (tests
+  this mode too, at 0.97 of cuBLAS's speed on an H200 (reports/h200/gemm-wgrad-three-consumer). On the CPU (tests
   under TRITON_INTERPRET=1) it runs as the reference formula.
 
 Custom ops cannot return None: a copy that was not asked for comes back as an empty tensor, and
