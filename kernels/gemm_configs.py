@@ -294,6 +294,13 @@ SLIM_BLOCKWISE_GLUON = dataclasses.replace(SLIM_GLUON, group_m=8)
 # 1.08x (0.884 -> 0.954 of cuBLAS), M 4096, K 16384, N 1024 1.11x, M 4096, K 7168, N 4096 1.03x, the 70B tp8 wqkv
 # shard at M 8192 1.05x (with the row walk), MoE-like products at 512-2048 tokens (K 4096-14336) 1.01-1.04x; no
 # product slower by more than 0.2%. With the speed of the three-consumer tile it wins where its grid fills better.
+# Tensorwise and axiswise, a 128 x 128 pick whose tiles make one wave or fewer takes five stages too (_deepened): no
+# tile is split, so the split's room is free. Each such program runs one tile, and its ring's depth is how far its
+# loads run ahead of the MMA at full clock, where a load takes the most cycles: under Nsight Compute, at its locked
+# clock, ours took cuBLAS's cycles on M 512, K 7168, N 4096 (cuBLAS: 128 x 128, six stages), yet timed at full clock
+# 0.86 of cuBLAS's speed. On an H200 (quick compares, reports/h200/gemm-small-m-deep-ring), every pick this changes
+# over the shape sets (14 products x 4 regimes, 256-2048 rows), each beside the four-stage one in both orders: 1.050x
+# geomean, 0.990-1.109x.
 DEEP_NARROW_GLUON = dataclasses.replace(NARROW_GLUON, num_stages=5, split_last_wave=False)
 DEEP_NARROW_BLOCKWISE_GLUON = dataclasses.replace(DEEP_NARROW_GLUON, group_m=8)
 DEEP_NARROW_TILES = (DEEP_NARROW_GLUON, DEEP_NARROW_BLOCKWISE_GLUON)
@@ -587,7 +594,8 @@ def _heuristic_config(M: int, N: int, K: int, granularity: Granularity, fast_acc
                                              * grid_efficiency(M, N, K, tile[0]) * tile_fill(M, N, tile[0]))]
         config = ranked[0]
         if config.right_columns and is_promoted(granularity, fast_accum) and len(ranked) > 1 and (
-                _deepened(M, N, K, granularity, ranked[1], device) != ranked[1]):
+                ranked[1].block_m == GLUON_THREE_CONSUMER_ROWS
+                and _deepened(M, N, K, granularity, ranked[1], device) != ranked[1]):
             config = ranked[1]  # the four-stage 192-row tile the model does not weigh (see COMPOSITE_PROMOTED_SPEED)
         if config.overlap_promotion and _few_waves(M, N, config):
             config = dataclasses.replace(config, overlap_promotion=False)
@@ -618,8 +626,14 @@ def _clustered(M: int, N: int, K: int, granularity: Granularity, b_scale_rows: i
 
 def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmConfig,
               device: DeviceProperties) -> Fp8GemmConfig:
-    """A 192-row pick with DEEP_TALL_STAGES stages and no split, where that ring fits: tensorwise or axiswise on a
-    short product of few waves, blockwise where K is short (see DEEP_TALL_STAGES)."""
+    """Tensorwise or axiswise, a 128 x 128 pick of one wave of tiles or fewer with DEEP_NARROW_GLUON's stages (see
+    there); a 192-row pick with DEEP_TALL_STAGES stages and no split, where that ring fits: tensorwise or axiswise on a
+    short product of few waves, blockwise where K is short (see DEEP_TALL_STAGES). Blockwise weighs DEEP_NARROW_GLUON
+    as a tile of its own."""
+    if (granularity is not Granularity.BLOCKWISE and (config.block_m, config.block_n) == (128, 128)
+            and config.units(M, N) <= config.programs):
+        deeper = dataclasses.replace(config, num_stages=DEEP_NARROW_GLUON.num_stages, split_last_wave=False)
+        return deeper if deeper.shared_memory_bytes <= device.shared_memory_budget else config
     deepens = K <= DEEP_TALL_BLOCKWISE_MAX_K if granularity is Granularity.BLOCKWISE else _short_product(M, N, K, config)
     if not deepens or config.block_m != GLUON_THREE_CONSUMER_ROWS or config.right_columns:  # a composite's 4th: no room
         return config

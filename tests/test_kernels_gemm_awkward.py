@@ -165,6 +165,24 @@ def test_short_products_run_the_192_row_tile_with_a_fourth_stage_unsplit(regime)
     assert ring(4096, 1376, 4096, device=SMALL_GPU)[1] < gemm_configs.DEEP_TALL_STAGES
 
 
+@pytest.mark.parametrize("regime", [r for r in REGIMES if r is not BLOCKWISE], ids=str)
+def test_one_wave_of_128_x_128_tiles_runs_five_stages_unsplit(regime):
+    """Tensorwise and axiswise: a 128 x 128 pick whose tiles make one wave or fewer gets DEEP_NARROW_GLUON's five
+    stages and no split (M 512, K 7168, N 4096: 128 tiles; M 256, N 7168: 112); not where its tiles make more waves
+    (M 2048, K 4096, N 7168 on 66 SMs), nor blockwise, nor where five stages do not fit."""
+    def ring(M, N, K, regime=regime, device=H100):
+        config = choose_config(M, N, K, *regime, device, gluon=True)
+        return config.block_m, config.block_n, config.num_stages, config.split_last_wave
+
+    deep = gemm_configs.DEEP_NARROW_GLUON
+    for M, N, K in [(512, 4096, 7168), (512, 4096, 14336), (256, 7168, 2048), (2048, 1024, 8192)]:
+        assert ring(M, N, K) == (128, 128, deep.num_stages, False), (M, N, K)
+    small = DeviceProperties(multiprocessor_count=66, shared_memory_per_program=227 * 1024)
+    assert ring(512, 4096, 7168, device=small)[2] < deep.num_stages  # 128 tiles of 128 x 128 on 66 SMs: two waves
+    assert ring(512, 4096, 7168, BLOCKWISE)[2] == deep.num_stages  # blockwise's own five-stage tile
+    assert ring(512, 4096, 7168, device=SMALL_GPU)[2] < deep.num_stages
+
+
 def test_blockwise_runs_the_192_row_tile_with_a_fourth_stage_where_k_is_short():
     """Blockwise: the 192-row pick of K up to DEEP_TALL_BLOCKWISE_MAX_K gets DEEP_TALL_STAGES stages, however long the
     product (the 70B tp8 wo shard at M 8192 and 16384, DeepSeek-V3's K 512 at 16384 tokens, K 1536-2048 products);
