@@ -300,7 +300,10 @@ SLIM_BLOCKWISE_GLUON = dataclasses.replace(SLIM_GLUON, group_m=8)
 # clock, ours took cuBLAS's cycles on M 512, K 7168, N 4096 (cuBLAS: 128 x 128, six stages), yet timed at full clock
 # 0.86 of cuBLAS's speed. On an H200 (quick compares, reports/h200/gemm-small-m-deep-ring), every pick this changes
 # over the shape sets (14 products x 4 regimes, 256-2048 rows), each beside the four-stage one in both orders: 1.050x
-# geomean, 0.990-1.109x.
+# geomean, 0.990-1.109x. So does a 128 x 256 pick that splits its last wave on a product of up to DEEP_NARROW_MAX_MACS:
+# the 14 picks this changes (the 70B tp8 wqkv shard at M 8192; M 2048, K 2048, N 7168; M 512, K 4096, N 28672; M 1000,
+# K 4096, N 6144 with fast accumulation) ran 1.083x the split ones, 0.998-1.197x, in four alternating runs (same
+# report, `unsplit-short/`).
 DEEP_NARROW_GLUON = dataclasses.replace(NARROW_GLUON, num_stages=5, split_last_wave=False)
 DEEP_NARROW_BLOCKWISE_GLUON = dataclasses.replace(DEEP_NARROW_GLUON, group_m=8)
 DEEP_NARROW_TILES = (DEEP_NARROW_GLUON, DEEP_NARROW_BLOCKWISE_GLUON)
@@ -626,13 +629,15 @@ def _clustered(M: int, N: int, K: int, granularity: Granularity, b_scale_rows: i
 
 def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmConfig,
               device: DeviceProperties) -> Fp8GemmConfig:
-    """Tensorwise or axiswise, a 128 x 128 pick of one wave of tiles or fewer with DEEP_NARROW_GLUON's stages (see
-    there); a 192-row pick with DEEP_TALL_STAGES stages and no split, where that ring fits: tensorwise or axiswise on a
-    short product of few waves, blockwise where K is short (see DEEP_TALL_STAGES). Blockwise weighs DEEP_NARROW_GLUON
-    as a tile of its own."""
-    if (granularity is not Granularity.BLOCKWISE and (config.block_m, config.block_n) == (128, 128)
-            and config.units(M, N) <= config.programs):
-        deeper = dataclasses.replace(config, num_stages=DEEP_NARROW_GLUON.num_stages, split_last_wave=False)
+    """The pick with a deeper ring in the room of a split, where that ring fits. Tensorwise or axiswise,
+    DEEP_NARROW_GLUON's five stages unsplit for a 128 x 128 pick of one wave of tiles or fewer, and in 128 x 128
+    tiles for a 128 x 256 pick that splits its last wave on a short product (see DEEP_NARROW_GLUON; blockwise weighs
+    that tile as one of its own). A 192-row pick with DEEP_TALL_STAGES stages and no split: tensorwise or axiswise
+    on a short product of few waves, blockwise where K is short (see DEEP_TALL_STAGES)."""
+    if granularity is not Granularity.BLOCKWISE and config.block_m == 128 and config.block_n in (128, 256) and (
+            config.units(M, N) <= config.programs if config.block_n == 128
+            else last_wave_split(M, N, K, config) != (0, 1) and M * N * K <= DEEP_NARROW_MAX_MACS):
+        deeper = dataclasses.replace(config, block_n=128, num_stages=DEEP_NARROW_GLUON.num_stages, split_last_wave=False)
         return deeper if deeper.shared_memory_bytes <= device.shared_memory_budget else config
     deepens = K <= DEEP_TALL_BLOCKWISE_MAX_K if granularity is Granularity.BLOCKWISE else _short_product(M, N, K, config)
     if not deepens or config.block_m != GLUON_THREE_CONSUMER_ROWS or config.right_columns:  # a composite's 4th: no room

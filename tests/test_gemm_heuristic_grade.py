@@ -49,19 +49,21 @@ def test_the_cli_prints_the_geomean_and_exits_2_on_a_malformed_cache(tmp_path):
 
 
 def test_a_changed_tile_speed_is_graded_beside_the_heuristic_and_undone(tmp_path):
-    """With 128 x 128 at half its speed, the fast regime's pick for M 512, N 4096, K 14336 is 128 x 256 split in two:
-    a candidate this cache did not time, so it counts apart; the picks it alters over the shape sets are counted;
-    and the heuristic is the same afterwards."""
+    """With 128 x 128 at half its speed, and no product short enough to trade a split for its five-stage ring, the fast
+    regime's pick for M 512, N 4096, K 14336 is 128 x 256 split in two: a candidate this cache did not time, so it
+    counts apart; the picks it alters over the shape sets are counted; and the heuristic is the same afterwards."""
     pick = choose_config(512, 4096, 14336, Granularity.TENSORWISE, True, H100, True, 128)
-    result = CliRunner().invoke(tool.app, [str(_cache(tmp_path, 0.05, 0.04)), "--set", "fast.NARROW_GLUON=0.5"])
+    result = CliRunner().invoke(tool.app, [str(_cache(tmp_path, 0.05, 0.04)), "--set", "fast.NARROW_GLUON=0.5",
+                                           "--set", "DEEP_NARROW_MAX_MACS=1"])
     assert result.exit_code == 0, result.output
-    assert "with fast.NARROW_GLUON=0.5: no problem graded (2 whose pick was not timed)" in " ".join(result.output.split())
+    assert ("with fast.NARROW_GLUON=0.5, DEEP_NARROW_MAX_MACS=1: no problem graded (2 whose pick was not timed)"
+            in " ".join(result.output.split()))
     assert "picks the change alters over fp8bench's shape sets:" in result.output
     assert choose_config(512, 4096, 14336, Granularity.TENSORWISE, True, H100, True, 128) == pick
     from fp8kernels import gemm_configs
 
     hand_over = gemm_configs.PARTIAL_SUM_K_TILES
-    with tool.changed([tool.parse_setting("fast.NARROW_GLUON=0.5")]):
+    with tool.changed([tool.parse_setting("fast.NARROW_GLUON=0.5"), tool.parse_setting("DEEP_NARROW_MAX_MACS=1")]):
         assert choose_config(512, 4096, 14336, Granularity.TENSORWISE, True, H100, True, 128).block_n == 256
     with tool.changed([tool.parse_setting("PARTIAL_SUM_K_TILES=3")]):
         assert gemm_configs.PARTIAL_SUM_K_TILES == 3 and isinstance(gemm_configs.PARTIAL_SUM_K_TILES, int)

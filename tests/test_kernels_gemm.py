@@ -540,14 +540,17 @@ def test_a_result_row_records_the_split_of_its_shape():
 
 def test_the_heuristic_weighs_each_tile_by_how_well_it_fills_the_grid(monkeypatch):
     """Speed x grid_efficiency: splitting its last wave, the wide tile keeps its lead where that wave is
-    part idle (M 8192, N 1280); unsplit (the presets' split_last_wave off), the narrow tile takes over."""
+    part idle (M 16384, N 1280); unsplit (the presets' split_last_wave off), the narrow tile takes over. On a short
+    product (M 8192, N 1280, K 8192) the split wide tile gives way to 128 x 128 with five stages, unsplit."""
     from fp8kernels import gemm_configs
 
     for case in CASES:
         if case[0] is Granularity.BLOCKWISE:
             continue
-        for M, N in [(8192, 1280), (16384, 1280), (8192, 57344)]:
+        for M, N in [(16384, 1280), (8192, 57344)]:
             assert choose_config(M, N, 8192, *case, H100, gluon=True).block_n == 256
+        short = choose_config(8192, 1280, 8192, *case, H100, gluon=True)
+        assert (short.block_n, short.num_stages, short.split_last_wave) == (128, 5, False)
         # 8192^2 in 128 x 256 tiles: 2048, 15.5 waves; promoted, the composite 128 x 192 makes 2752, 20.8 waves.
         assert choose_config(8192, 8192, 8192, *case, H100, gluon=True).block_n == (256 if case[1] else 192)
     unsplit = {regime: tuple((dataclasses.replace(config, split_last_wave=False), speed) for config, speed in tiles)

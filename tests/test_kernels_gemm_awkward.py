@@ -183,6 +183,22 @@ def test_one_wave_of_128_x_128_tiles_runs_five_stages_unsplit(regime):
     assert ring(512, 4096, 7168, device=SMALL_GPU)[2] < deep.num_stages
 
 
+@pytest.mark.parametrize("regime", [r for r in REGIMES if r is not BLOCKWISE], ids=str)
+def test_short_products_trade_a_split_wide_tile_for_five_stages_of_128_x_128(regime):
+    """Tensorwise and axiswise: where the 128 x 256 pick splits its last wave on a product of up to
+    DEEP_NARROW_MAX_MACS, 128 x 128 with five stages runs unsplit instead (the 70B tp8 wqkv shard at M 8192; M 2048,
+    K 2048, N 7168; M 512, K 4096, N 28672); not the longer shard at M 16384 (1.7e11 multiply-adds), nor where nothing
+    is split."""
+    def ring(M, N, K):
+        config = choose_config(M, N, K, *regime, H100, gluon=True)
+        return config.block_n, config.num_stages, gemm_configs.last_wave_split(M, N, K, config)
+
+    for M, N, K in [(8192, 1280, 8192), (2048, 7168, 2048), (512, 28672, 4096)]:
+        assert ring(M, N, K) == (128, gemm_configs.DEEP_NARROW_GLUON.num_stages, (0, 1)), (M, N, K)
+    assert ring(16384, 1280, 8192)[:2] == (256, 3)
+    assert ring(1024, 4096, 7168) == (256, 3, (0, 1))  # one wave of 128 x 256 tiles: nothing to trade
+
+
 def test_blockwise_runs_the_192_row_tile_with_a_fourth_stage_where_k_is_short():
     """Blockwise: the 192-row pick of K up to DEEP_TALL_BLOCKWISE_MAX_K gets DEEP_TALL_STAGES stages, however long the
     product (the 70B tp8 wo shard at M 8192 and 16384, DeepSeek-V3's K 512 at 16384 tokens, K 1536-2048 products);
