@@ -634,9 +634,7 @@ def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmC
     tiles for a 128 x 256 pick that splits its last wave on a short product (see DEEP_NARROW_GLUON; blockwise weighs
     that tile as one of its own). A 192-row pick with DEEP_TALL_STAGES stages and no split: tensorwise or axiswise
     on a short product of few waves, blockwise where K is short (see DEEP_TALL_STAGES)."""
-    if granularity is not Granularity.BLOCKWISE and config.block_m == 128 and config.block_n in (128, 256) and (
-            config.units(M, N) <= config.programs if config.block_n == 128
-            else last_wave_split(M, N, K, config) != (0, 1) and M * N * K <= DEEP_NARROW_MAX_MACS):
+    if granularity is not Granularity.BLOCKWISE and _gives_way_to_deep_narrow(M, N, K, config):
         deeper = dataclasses.replace(config, block_n=128, num_stages=DEEP_NARROW_GLUON.num_stages, split_last_wave=False)
         return deeper if deeper.shared_memory_bytes <= device.shared_memory_budget else config
     deepens = K <= DEEP_TALL_BLOCKWISE_MAX_K if granularity is Granularity.BLOCKWISE else _short_product(M, N, K, config)
@@ -644,6 +642,17 @@ def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmC
         return config
     deeper = dataclasses.replace(config, num_stages=DEEP_TALL_STAGES, split_last_wave=False)
     return deeper if deeper.shared_memory_bytes <= device.shared_memory_budget else config
+
+
+def _gives_way_to_deep_narrow(M: int, N: int, K: int, config: Fp8GemmConfig) -> bool:
+    """Whether DEEP_NARROW_GLUON's ring replaces a tensorwise or axiswise pick (see DEEP_NARROW_GLUON): a 128 x 128
+    pick whose tiles make one wave or fewer, or a 128 x 256 one that splits its last wave on a product of up to
+    DEEP_NARROW_MAX_MACS multiply-adds."""
+    if config.block_m != 128:
+        return False
+    if config.block_n == 128:
+        return config.units(M, N) <= config.programs
+    return config.block_n == 256 and M * N * K <= DEEP_NARROW_MAX_MACS and last_wave_split(M, N, K, config) != (0, 1)
 
 
 def _walk(M: int, N: int, K: int, config: Fp8GemmConfig, device: DeviceProperties) -> Fp8GemmConfig:
