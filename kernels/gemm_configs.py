@@ -303,7 +303,7 @@ SLIM_BLOCKWISE_GLUON = dataclasses.replace(SLIM_GLUON, group_m=8)
 # geomean, 0.990-1.109x. So does a 128 x 256 pick that splits its last wave on a product of up to DEEP_NARROW_MAX_MACS:
 # the 14 picks this changes (the 70B tp8 wqkv shard at M 8192; M 2048, K 2048, N 7168; M 512, K 4096, N 28672; M 1000,
 # K 4096, N 6144 with fast accumulation) ran 1.083x the split ones, 0.998-1.197x, in four alternating runs (same
-# report, `unsplit-short/`).
+# report, `unsplit-short-run*/`).
 DEEP_NARROW_GLUON = dataclasses.replace(NARROW_GLUON, num_stages=5, split_last_wave=False)
 DEEP_NARROW_BLOCKWISE_GLUON = dataclasses.replace(DEEP_NARROW_GLUON, group_m=8)
 DEEP_NARROW_TILES = (DEEP_NARROW_GLUON, DEEP_NARROW_BLOCKWISE_GLUON)
