@@ -356,11 +356,7 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
         settings = tuple(parse_setting(text) for text in candidate)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--candidate") from None
-    try:
-        forced = {f"fields {json.dumps(parsed, separators=(',', ':'))}": parsed
-                  for parsed in (parse_config_fields(text) for text in fields)}
-    except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--fields") from None
+    forced = forced_fields(fields)
     candidate_name = ", ".join(candidate)
     try:
         baseline = KernelTree(baseline_kernels) if baseline_kernels else None
@@ -450,16 +446,33 @@ def pick_variants(s: GemmShape, g: Granularity, f: bool, pick: Callable[[GemmSha
                 dataclasses.replace(config, dynamic_tiles=False, cluster_m=2))
         variants.append(Variant(twin, "multicast"))
     for name, fields in (forced or {}).items():
-        try:
-            twin = dataclasses.replace(config, **fields)
-            twin.check_granularity(g, f)
-        except ValueError as err:  # e.g. a ring over the shared memory, or a tile the regime cannot take
-            console.print(f"[yellow]{s.name} {_regime_name(g, f)}: {name} not timed: {err}[/]")
-            continue
-        variants += [Variant(twin, name)] if twin != config else []
+        twin = forced_twin(config, name, fields, g, f, BLOCK, f"{s.name} {_regime_name(g, f)}")
+        variants += [Variant(twin, name)] if twin is not None and twin != config else []
     if baseline is not None:
         variants.append(Variant(config, "baseline", tree=baseline))
     return variants
+
+
+def forced_fields(texts: list[str]) -> dict[str, dict]:
+    """--fields' JSON objects of config fields, each by the name its twin's rows carry (`fields {...}`); a malformed
+    one exits 2 naming the option."""
+    try:
+        return {f"fields {json.dumps(parsed, separators=(',', ':'))}": parsed
+                for parsed in (parse_config_fields(text) for text in texts)}
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--fields") from None
+
+
+def forced_twin(config: Fp8GemmConfig, name: str, fields: dict, granularity: Granularity, fast_accum: bool,
+                b_scale_rows: int, where: str) -> Fp8GemmConfig | None:
+    """`config` with `fields` forced on, or None where that is no config the regime takes (said, naming `where`)."""
+    try:
+        twin = dataclasses.replace(config, **fields)
+        twin.check_granularity(granularity, fast_accum, b_scale_rows)
+    except ValueError as err:  # e.g. a ring over the shared memory, or a tile the regime cannot take
+        console.print(f"[yellow]{where}: {name} not timed: {err}[/]")
+        return None
+    return twin
 
 
 def compared_shapes(names: list[str]) -> list[GemmShape]:
@@ -574,10 +587,7 @@ def wgrad(out: Path = typer.Option(..., help="folder for results.csv, summary.cs
     import torch
 
     timer = _timer(timer)
-    try:
-        forced = [parse_config_fields(text) for text in fields]
-    except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--fields") from None
+    forced = forced_fields(fields)
     _require_gpu("wgrad")
     cuda = torch.device("cuda")
     device = device_properties(cuda)
@@ -588,22 +598,17 @@ def wgrad(out: Path = typer.Option(..., help="folder for results.csv, summary.cs
             return tuning_candidates(shape.M, shape.N, shape.K, Granularity.BLOCKWISE, False, device,
                                      gluon_runs_on(cuda), 1)
         config = choose_config(shape.M, shape.N, shape.K, Granularity.BLOCKWISE, False, device, gluon_runs_on(cuda), 1)
-        timed = [config]
-        for fields in forced:
-            try:
-                twin = dataclasses.replace(config, **fields)
-                twin.check_granularity(Granularity.BLOCKWISE, False, 1)
-                timed.append(twin)
-            except ValueError as err:  # e.g. a ring over the shared memory, or a tile blockwise cannot take
-                console.print(f"[yellow]{shape.name}: {fields} not timed: {err}[/]")
-        return list(dict.fromkeys(timed))
+        twins = (forced_twin(config, name, fields, Granularity.BLOCKWISE, False, 1, shape.name)
+                 for name, fields in forced.items())
+        return list(dict.fromkeys([config, *(twin for twin in twins if twin is not None)]))
 
     orders = (False, True) if both_orders else (False, )
     with _open_run(out, "wgrad") as writer:
         bench = SideBySide(writer, QUICK if quick else STEADY, timer, out / "summary.csv")
         for index, shape in enumerate(shapes):
+            timed = configs(shape)
             for flipped in orders:
-                bench.measure_1x128_both(shape, configs(shape), ours_first=(index % 2 == 1) != flipped)
+                bench.measure_1x128_both(shape, timed, ours_first=(index % 2 == 1) != flipped)
             console.print(f"{shape.name} done", highlight=False)
     frame = bench.frame()
     ours = frame[frame.backend == "triton"]
