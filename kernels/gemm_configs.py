@@ -371,6 +371,17 @@ DEEP_NARROW_MAX_MACS = 13 * 10**10
 # 3-5%. Blockwise keeps three stages but on short K (below): on 24 of its 27 192-row picks over the target shapes,
 # mostly longer products, four ran 0.81-0.99x (1.005x on one, 1.04-1.06x on LLaMa-3 70B tp8 wo, K 1024).
 DEEP_TALL_STAGES = 4
+# ...and tensorwise and axiswise, in place of a 128 x 256 or composite 128 x 192 pick, where K is at most
+# SHORT_K_TALL_MAX_K (8 K-tiles) and the 192 x 128 tiles make at least OVERLAP_MIN_WAVES waves: with so few K-tiles a
+# tile's fill and store weigh on its time, and each of the three consumers stores 64 x 128 where the wide tile's two
+# store 64 x 256 (our reading, not profiled). On an H200 (quick compares, both orders, reports/h200/
+# gemm-short-k-tall), on the 12 products of K 512-1024 whose 192 x 128 grid makes 10-167 waves (the 70B tp8 wo
+# shard at M 8192 and 16384, DeepSeek-V3's K 512, the sweep's K 1024 products), in all four regimes: 1.028x the pick
+# (96 comparisons, 0.957-1.156x; 1.040 / 1.030 / 1.013 / 1.028 tensorwise fast, promoted, axiswise fast, promoted);
+# these are the 48 picks the rule changes over fp8bench's shape sets. At 5.2-5.3 waves (M 4096, N 4096; M 8192,
+# N 2048; M 16384, N 1024) it lost 3-7%, and at K 1536-2048 (7 products, 2.5-37 waves) it ran 0.905-1.100x, 0.970x
+# geomean (same report, `short-k-*`).
+SHORT_K_TALL_MAX_K = 1024
 # ...and blockwise, where its K is at most DEEP_TALL_BLOCKWISE_MAX_K, however long the product: a tile of a few
 # K-tiles spends much of its time filling the ring and storing, and the fourth stage loads the next tile's first
 # K-tiles further ahead. Each new pick beside the three-stage one (quick compares, one run each): on an H100
@@ -629,19 +640,36 @@ def _clustered(M: int, N: int, K: int, granularity: Granularity, b_scale_rows: i
 
 def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmConfig,
               device: DeviceProperties) -> Fp8GemmConfig:
-    """The pick with a deeper ring in the room of a split, where that ring fits. Tensorwise or axiswise,
-    DEEP_NARROW_GLUON's five stages unsplit for a 128 x 128 pick of one wave of tiles or fewer, and in 128 x 128
-    tiles for a 128 x 256 pick that splits its last wave on a short product (see DEEP_NARROW_GLUON; blockwise weighs
-    that tile as one of its own). A 192-row pick with DEEP_TALL_STAGES stages and no split: tensorwise or axiswise
-    on a short product of few waves, blockwise where K is short (see DEEP_TALL_STAGES)."""
-    if granularity is not Granularity.BLOCKWISE and _gives_way_to_deep_narrow(M, N, K, config):
+    """The pick with a deeper ring in the room of a split, where that ring fits. Tensorwise or axiswise: the
+    four-stage 192 x 128 tile unsplit for a 128-row pick at least 192 wide on a short K in many waves (see
+    SHORT_K_TALL_MAX_K); DEEP_NARROW_GLUON's five stages unsplit for a 128 x 128 pick of one wave of tiles or fewer,
+    and in 128 x 128 tiles for a 128 x 256 pick that splits its last wave on a short product (see DEEP_NARROW_GLUON;
+    blockwise weighs that tile as one of its own). A 192-row pick with DEEP_TALL_STAGES stages and no split:
+    tensorwise or axiswise on a short product of few waves, blockwise where K is short (see DEEP_TALL_STAGES)."""
+    plain_tall = config.block_m == GLUON_THREE_CONSUMER_ROWS and not config.right_columns  # a composite's 4th: no room
+    if granularity is Granularity.BLOCKWISE:
+        if not (plain_tall and K <= DEEP_TALL_BLOCKWISE_MAX_K):
+            return config
+        deeper = dataclasses.replace(config, num_stages=DEEP_TALL_STAGES, split_last_wave=False)
+    elif _gives_way_to_short_tall(M, N, K, config):
+        deeper = dataclasses.replace(config, block_m=GLUON_THREE_CONSUMER_ROWS, block_n=128,
+                                     num_stages=DEEP_TALL_STAGES, split_last_wave=False)
+    elif _gives_way_to_deep_narrow(M, N, K, config):
         deeper = dataclasses.replace(config, block_n=128, num_stages=DEEP_NARROW_GLUON.num_stages, split_last_wave=False)
-        return deeper if deeper.shared_memory_bytes <= device.shared_memory_budget else config
-    deepens = K <= DEEP_TALL_BLOCKWISE_MAX_K if granularity is Granularity.BLOCKWISE else _short_product(M, N, K, config)
-    if not deepens or config.block_m != GLUON_THREE_CONSUMER_ROWS or config.right_columns:  # a composite's 4th: no room
+    elif plain_tall and _short_product(M, N, K, config):
+        deeper = dataclasses.replace(config, num_stages=DEEP_TALL_STAGES, split_last_wave=False)
+    else:
         return config
-    deeper = dataclasses.replace(config, num_stages=DEEP_TALL_STAGES, split_last_wave=False)
     return deeper if deeper.shared_memory_bytes <= device.shared_memory_budget else config
+
+
+def _gives_way_to_short_tall(M: int, N: int, K: int, config: Fp8GemmConfig) -> bool:
+    """Whether the four-stage 192 x 128 tile replaces a tensorwise or axiswise pick (see SHORT_K_TALL_MAX_K): a
+    128-row pick at least 192 wide, K of at most SHORT_K_TALL_MAX_K, and at least OVERLAP_MIN_WAVES waves of
+    192 x 128 tiles."""
+    if config.block_m != 128 or config.block_n < 192 or K > SHORT_K_TALL_MAX_K:
+        return False
+    return not _few_waves(M, N, dataclasses.replace(config, block_m=GLUON_THREE_CONSUMER_ROWS, block_n=128))
 
 
 def _gives_way_to_deep_narrow(M: int, N: int, K: int, config: Fp8GemmConfig) -> bool:

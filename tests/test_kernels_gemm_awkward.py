@@ -199,6 +199,24 @@ def test_short_products_trade_a_split_wide_tile_for_five_stages_of_128_x_128(reg
     assert ring(1024, 4096, 7168) == (256, 3, (0, 1))  # one wave of 128 x 256 tiles: nothing to trade
 
 
+@pytest.mark.parametrize("regime", [r for r in REGIMES if r is not BLOCKWISE], ids=str)
+def test_short_k_in_many_waves_runs_the_four_stage_192_row_tile(regime):
+    """Tensorwise and axiswise: a 128-row pick at least 192 wide on K up to SHORT_K_TALL_MAX_K whose 192 x 128 grid
+    makes OVERLAP_MIN_WAVES waves or more runs the four-stage 192 x 128 tile unsplit (the 70B tp8 wo shard at M 8192
+    and 16384, DeepSeek-V3's K 512 at 4096 tokens); not at 5.3 waves (M 4096, N 4096), nor at K 2048, nor where the
+    ring does not fit."""
+    def ring(M, N, K, device=H100):
+        config = choose_config(M, N, K, *regime, device, gluon=True)
+        return config.block_m, config.block_n, config.num_stages, config.split_last_wave
+
+    tall = (GLUON_THREE_CONSUMER_ROWS, 128, gemm_configs.DEEP_TALL_STAGES, False)
+    for M, N, K in [(8192, 8192, 1024), (16384, 8192, 1024), (4096, 32768, 512), (8192, 4096, 1024)]:
+        assert ring(M, N, K) == tall, (M, N, K)
+    assert ring(4096, 4096, 1024)[:2] == (128, 256)  # 704 tiles of 192 x 128: 5.3 waves
+    assert ring(8192, 8192, 2048)[0] == 128
+    assert ring(8192, 8192, 1024, device=SMALL_GPU)[2] < gemm_configs.DEEP_TALL_STAGES
+
+
 def test_blockwise_runs_the_192_row_tile_with_a_fourth_stage_where_k_is_short():
     """Blockwise: the 192-row pick of K up to DEEP_TALL_BLOCKWISE_MAX_K gets DEEP_TALL_STAGES stages, however long the
     product (the 70B tp8 wo shard at M 8192 and 16384, DeepSeek-V3's K 512 at 16384 tokens, K 1536-2048 products);
