@@ -889,6 +889,33 @@ def test_compare_refuses_shapes_it_does_not_know(tmp_path):
     assert "no-such-shape" in done.stderr and "8192x8192x8192" not in done.stderr.split("not target shapes")[-1]
 
 
+def test_compare_refuses_shape_sets_it_does_not_know(tmp_path):
+    """`gemm_sweep.py compare --shape-gen` takes fp8bench's shape sets; another name exits 2 naming it and the sets."""
+    done = _sweep_cli(tmp_path, "--shape-gen", "awkward", "--shape-gen", "no-such-set")
+    output = " ".join(done.stderr.split())
+    assert done.returncode == 2, output
+    assert "unknown shape sets no-such-set" in output and "dsv3" in output
+    assert not (tmp_path / "results.csv").exists()
+
+
+def test_compare_takes_shape_sets_beside_shapes_once_each_and_times_them_in_either_order():
+    """--shape-gen adds a set's shapes by their names after the --shape ones, a product named twice once; --reverse
+    runs them backwards with each shape's cases the other way round, so two runs time every case both ways."""
+    from fp8bench.benchmarks.shapes import dsv3
+    from tool_module import load_tool
+
+    gemm_sweep = load_tool("gemm_sweep", triton_kernels=True)
+    first = dsv3()[0]
+    shapes = gemm_sweep.compared_shapes([f"{first.M}x{first.K}x{first.N}", "8192x8192x1280"], ["dsv3"])
+    assert [s.name for s in shapes] == [f"{first.M}x{first.K}x{first.N}", "8192x8192x1280",
+                                        *(s.name for s in dsv3()[1:])]
+    assert gemm_sweep.compared_shapes([], ["dsv3"]) == dsv3()
+    forward, backward = gemm_sweep.timing_order(shapes), gemm_sweep.timing_order(shapes, reverse=True)
+    assert [ours_first for _, ours_first in forward[:3]] == [False, True, False]
+    assert [shape for shape, _ in backward] == shapes[::-1]
+    assert {(s.name, not first_) for s, first_ in forward} == {(s.name, first_) for s, first_ in backward}
+
+
 def test_compare_flags_comparisons_whose_kernels_ran_at_different_clocks():
     """A ratio of ours to cuBLAS timed at 345 against 1980 MHz is listed (both clocks), one at 1965 against 1980 is
     not; the comparison is per shape and regime."""

@@ -50,6 +50,7 @@ from gemm_sweep import (  # noqa: E402  (a sibling script, not a package)
     console,
     parse_regime,
     precompile,
+    timing_order,
 )
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -90,10 +91,10 @@ def probe(out: Path = typer.Option(..., help="folder for results.csv, probe.csv 
     failed = precompile(sorted({(g, f, c) for (_, g, f), cs in configs.items() for c in cs}, key=str))
     with _open_run(out, "probe") as writer:
         bench = SideBySide(writer, PROBE_TIMING, timer)
-        for index, shape in enumerate(shapes):
+        for shape, ours_first in timing_order(shapes):
             bench.measure_shape(shape, regimes, lambda g, f, s=shape: [c for c in configs[(s, g, f)]
                                                                        if (g, f, c) not in failed],
-                                ours_first=index % 2 == 1)
+                                ours_first=ours_first)
             console.print(f"{shape.name} done", highlight=False)
     frame = probe_frame(bench.frame(), shapes, configs, torch.cuda.get_device_name(),
                         device_properties(torch.device("cuda")).multiprocessor_count)

@@ -2,6 +2,7 @@
 
     python tools/gemm_sweep.py compare --out DIR   # the heuristic's configs on the target shapes
     python tools/gemm_sweep.py compare --out DIR --baseline-kernels /tmp/kernels-before   # a kernel change's A/B
+    python tools/gemm_sweep.py compare --out DIR --shape-gen awkward [--reverse]   # a shape set, in either order
     python tools/gemm_sweep.py tune --out DIR      # every candidate config on a few tuning shapes
     python tools/gemm_sweep.py gluon --out DIR     # the Gluon kernel's configs against the Triton preset
     python tools/gemm_sweep.py wgrad --out DIR     # grad_weight's blockwise products (1 x 128 x 1 x 128)
@@ -41,7 +42,7 @@ from fp8bench.model.hardware import spec_for_device_name
 from fp8bench.benchmarks.matmul import GemmCase, MatmulBenchmark, random_operands
 from fp8bench.harness.results import RunWriter
 from fp8bench.harness.runner import measured_row
-from fp8bench.benchmarks.shapes import llama, parse_product, square, training
+from fp8bench.benchmarks.shapes import SHAPE_GENERATORS, llama, parse_product, square, training
 from fp8bench.harness.timing import TimerChoice
 from fp8kernels.gemm import device_properties, fp8_gemm, gemm_config, gluon_runs_on, launch_kernel
 from fp8kernels.gemm_configs import (Fp8GemmConfig, candidate_configs, choose_config, config_label,
@@ -329,6 +330,11 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
             shape: list[str] = typer.Option([], help="only these shapes (repeatable): target shapes by name (to split "
                                                       "the 27 over runs that must each end within a time limit) or "
                                                       "products of one's own, MxKxN"),
+            shape_gen: list[str] = typer.Option([], help="every shape of one of fp8bench's shape sets (repeatable, "
+                                                          "beside --shape): " + ", ".join(SHAPE_GENERATORS)),
+            reverse: bool = typer.Option(False, help="the shapes in reverse order and each shape's cases in the other "
+                                                     "order: with a run without it, every case timed both first and "
+                                                     "after the other"),
             regime: list[str] = typer.Option([], help="e.g. blockwise/fast_accum=off (repeatable; default: all five)"),
             unsplit: bool = typer.Option(False, help="also time each config that splits its last wave's tiles "
                                                       "along K without splitting them, side by side"),
@@ -350,7 +356,7 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
     import torch
 
     timer = _timer(timer)
-    shapes = compared_shapes(shape)
+    shapes = compared_shapes(shape, shape_gen)
     regimes = [parse_regime(name) for name in regime] or list(REGIMES)
     try:
         settings = tuple(parse_setting(text) for text in candidate)
@@ -377,9 +383,8 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
     precompile(sorted({(g, f, v.config) for (_, g, f), timed in variants.items() for v in timed}, key=str))
     with _open_run(out, "compare") as writer:
         bench = SideBySide(writer, QUICK if quick else STEADY, timer, out / "summary.csv")
-        for index, shape in enumerate(shapes):
-            bench.measure_shape(shape, regimes, lambda g, f, s=shape: variants[(s.name, g, f)],
-                                ours_first=index % 2 == 1)
+        for shape, ours_first in timing_order(shapes, reverse):
+            bench.measure_shape(shape, regimes, lambda g, f, s=shape: variants[(s.name, g, f)], ours_first=ours_first)
             console.print(f"{shape.name} done", highlight=False)
     frame = bench.frame()
     ours = frame[frame.backend == "triton"]
@@ -475,11 +480,16 @@ def forced_twin(config: Fp8GemmConfig, name: str, fields: dict, granularity: Gra
     return twin
 
 
-def compared_shapes(names: list[str]) -> list[GemmShape]:
-    """`compare`'s shapes: every target shape, or those `names` gives (a target shape's name, or MxKxN)."""
+def compared_shapes(names: list[str], shape_sets: list[str] = ()) -> list[GemmShape]:
+    """`compare`'s shapes: every target shape, or those `names` gives (a target shape's name, or MxKxN) and every shape
+    of the fp8bench shape sets `shape_sets` names; a product named twice is timed once, where it first comes."""
     targets = {s.name: s for s in target_shapes()}
-    if not names:
+    if not names and not shape_sets:
         return list(targets.values())
+    unknown_sets = [name for name in shape_sets if name not in SHAPE_GENERATORS]
+    if unknown_sets:
+        raise typer.BadParameter(f"unknown shape sets {', '.join(unknown_sets)}; choose from: "
+                                 f"{', '.join(SHAPE_GENERATORS)}", param_hint="--shape-gen")
     shapes, unknown = [], []
     for name in names:
         try:
@@ -488,7 +498,18 @@ def compared_shapes(names: list[str]) -> list[GemmShape]:
             unknown.append(name)
     if unknown:
         raise typer.BadParameter(f"not target shapes nor MxKxN products: {', '.join(unknown)}", param_hint="--shape")
-    return shapes
+    products: dict[tuple[int, int, int], GemmShape] = {}
+    for shape in [*shapes, *(s for name in shape_sets for s in SHAPE_GENERATORS[name]())]:
+        products.setdefault((shape.M, shape.K, shape.N), shape)
+    return list(products.values())
+
+
+def timing_order(shapes: list[GemmShape], reverse: bool = False) -> list[tuple[GemmShape, bool]]:
+    """(shape, whether ours is timed before cuBLAS) in the order `compare` times them: every other shape ours first, so
+    that the clock's dip after cuBLAS falls on each side alike; `reverse` runs the shapes backwards with each one's
+    cases the other way round, so that two runs, one of each, time every case in both orders."""
+    order = [(shape, (index % 2 == 1) != reverse) for index, shape in enumerate(shapes)]
+    return order[::-1] if reverse else order
 
 
 def _print_variant_gains(per_shape: pd.DataFrame, twins: pd.DataFrame, variant: str, title: str) -> None:
@@ -605,10 +626,10 @@ def wgrad(out: Path = typer.Option(..., help="folder for results.csv, summary.cs
     orders = (False, True) if both_orders else (False, )
     with _open_run(out, "wgrad") as writer:
         bench = SideBySide(writer, QUICK if quick else STEADY, timer, out / "summary.csv")
-        for index, shape in enumerate(shapes):
+        for shape, ours_first in timing_order(shapes):
             timed = configs(shape)
             for flipped in orders:
-                bench.measure_1x128_both(shape, timed, ours_first=(index % 2 == 1) != flipped)
+                bench.measure_1x128_both(shape, timed, ours_first=ours_first != flipped)
             console.print(f"{shape.name} done", highlight=False)
     frame = bench.frame()
     ours = frame[frame.backend == "triton"]
@@ -620,9 +641,9 @@ def wgrad(out: Path = typer.Option(..., help="folder for results.csv, summary.cs
 def _tune_round(bench: SideBySide, shapes, candidates: dict) -> None:
     jobs = [(g, f, c) for (g, f), configs in candidates.items() for c in configs]
     failed = precompile(jobs)
-    for index, shape in enumerate(shapes):
+    for shape, ours_first in timing_order(shapes):
         bench.measure_shape(shape, list(candidates),
-                            lambda g, f: [c for c in candidates[(g, f)] if (g, f, c) not in failed], ours_first=index % 2 == 1)
+                            lambda g, f: [c for c in candidates[(g, f)] if (g, f, c) not in failed], ours_first=ours_first)
         console.print(f"{shape.name} done", highlight=False)
 
 
