@@ -44,6 +44,12 @@ def tile(M: int, N: int, K: int, regime, device=H100) -> tuple[int, int]:
     return config.block_m, config.block_n
 
 
+def pick_ring(M: int, N: int, K: int, regime, device=H100) -> tuple[int, int, int, bool]:
+    """The pick's tile, ring depth and whether it may split its last wave."""
+    config = choose_config(M, N, K, *regime, device, gluon=True)
+    return config.block_m, config.block_n, config.num_stages, config.split_last_wave
+
+
 def test_device_properties_are_validated():
     with pytest.raises(ValueError, match="multiprocessor_count"):
         DeviceProperties(0, 227 * 1024)
@@ -170,17 +176,13 @@ def test_one_wave_of_128_x_128_tiles_runs_five_stages_unsplit(regime):
     """Tensorwise and axiswise: a 128 x 128 pick whose tiles make one wave or fewer gets DEEP_NARROW_GLUON's five
     stages and no split (M 512, K 7168, N 4096: 128 tiles; M 256, N 7168: 112); not where its tiles make more waves
     (M 2048, K 4096, N 7168 on 66 SMs), nor blockwise, nor where five stages do not fit."""
-    def ring(M, N, K, regime=regime, device=H100):
-        config = choose_config(M, N, K, *regime, device, gluon=True)
-        return config.block_m, config.block_n, config.num_stages, config.split_last_wave
-
     deep = gemm_configs.DEEP_NARROW_GLUON
     for M, N, K in [(512, 4096, 7168), (512, 4096, 14336), (256, 7168, 2048), (2048, 1024, 8192)]:
-        assert ring(M, N, K) == (128, 128, deep.num_stages, False), (M, N, K)
+        assert pick_ring(M, N, K, regime) == (128, 128, deep.num_stages, False), (M, N, K)
     small = DeviceProperties(multiprocessor_count=66, shared_memory_per_program=227 * 1024)
-    assert ring(512, 4096, 7168, device=small)[2] < deep.num_stages  # 128 tiles of 128 x 128 on 66 SMs: two waves
-    assert ring(512, 4096, 7168, BLOCKWISE)[2] == deep.num_stages  # blockwise's own five-stage tile
-    assert ring(512, 4096, 7168, device=SMALL_GPU)[2] < deep.num_stages
+    assert pick_ring(512, 4096, 7168, regime, small)[2] < deep.num_stages  # 128 tiles of 128 x 128 on 66 SMs: two waves
+    assert pick_ring(512, 4096, 7168, BLOCKWISE)[2] == deep.num_stages  # blockwise's own five-stage tile
+    assert pick_ring(512, 4096, 7168, regime, SMALL_GPU)[2] < deep.num_stages
 
 
 @pytest.mark.parametrize("regime", [r for r in REGIMES if r is not BLOCKWISE], ids=str)
@@ -205,16 +207,12 @@ def test_short_k_in_many_waves_runs_the_four_stage_192_row_tile(regime):
     makes OVERLAP_MIN_WAVES waves or more runs the four-stage 192 x 128 tile unsplit (the 70B tp8 wo shard at M 8192
     and 16384, DeepSeek-V3's K 512 at 4096 tokens); not at 5.3 waves (M 4096, N 4096), nor at K 2048, nor where the
     ring does not fit."""
-    def ring(M, N, K, device=H100):
-        config = choose_config(M, N, K, *regime, device, gluon=True)
-        return config.block_m, config.block_n, config.num_stages, config.split_last_wave
-
     tall = (GLUON_THREE_CONSUMER_ROWS, 128, gemm_configs.DEEP_TALL_STAGES, False)
     for M, N, K in [(8192, 8192, 1024), (16384, 8192, 1024), (4096, 32768, 512), (8192, 4096, 1024)]:
-        assert ring(M, N, K) == tall, (M, N, K)
-    assert ring(4096, 4096, 1024)[:2] == (128, 256)  # 704 tiles of 192 x 128: 5.3 waves
-    assert ring(8192, 8192, 2048)[0] == 128
-    assert ring(8192, 8192, 1024, device=SMALL_GPU)[2] < gemm_configs.DEEP_TALL_STAGES
+        assert pick_ring(M, N, K, regime) == tall, (M, N, K)
+    assert pick_ring(4096, 4096, 1024, regime)[:2] == (128, 256)  # 704 tiles of 192 x 128: 5.3 waves
+    assert pick_ring(8192, 8192, 2048, regime)[0] == 128
+    assert pick_ring(8192, 8192, 1024, regime, SMALL_GPU)[2] < gemm_configs.DEEP_TALL_STAGES
 
 
 def test_blockwise_runs_the_192_row_tile_with_a_fourth_stage_where_k_is_short():
