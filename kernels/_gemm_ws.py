@@ -100,7 +100,7 @@ from fp8kernels._cluster import (BARRIER_BYTES, arrive_peer, cluster_end, cluste
                                  multicast_rows_ptx)
 from fp8kernels.scaling import BLOCK, Activation, Granularity
 from fp8kernels._gemm_persistent import ACTIVATION_CODES, SCALING_CODES, _tile_coords, scale_strides
-from fp8kernels.gemm_configs import Fp8GemmConfig, is_promoted, persistent_grid
+from fp8kernels.gemm_configs import NARROW_STORE_COLUMNS, Fp8GemmConfig, is_promoted, persistent_grid
 
 _GL_DTYPES = {"float8_e4m3fn": gl.float8e4nv, "float8_e5m2": gl.float8e5, "bfloat16": gl.bfloat16, "float32": gl.float32}
 # Rows of the tile each consumer warpgroup owns: one m64 wgmma.
@@ -539,6 +539,13 @@ def _b_tile_rows(b_shape, stages):
 
 
 @gluon.constexpr_function
+def _part_columns(b_shape, stages):
+    """HALF_N of a tile: the columns of each part a consumer sums apart (a composite tile's first), from the B ring's
+    shape: up to HALF_N."""
+    return min(_b_tile_rows(b_shape, stages), HALF_N)
+
+
+@gluon.constexpr_function
 def _right_rows(right):
     """The columns of a composite tile's right part, from its B box's descriptor or its ring (shared buffers); 0 for
     None (no composite tile)."""
@@ -683,17 +690,31 @@ def _store_rows(acc, c_desc, c_buf, off_m, off_n, row_scale, col_scale, SCALING:
                 ACTIVATION: gl.constexpr, OTHER_STORES: gl.constexpr):
     """Scale (tensorwise by the scalar `row_scale`, axiswise by the rows' and columns' scales), apply the activation
     (ACTIVATION_CODES) and store one consumer's 64 x 128 block through its own shared buffer; OTHER_STORES of this
-    warpgroup's stores, issued since this buffer's last one, may stay in flight."""
+    warpgroup's stores, issued since this buffer's last one, may stay in flight. A buffer half the block's width
+    (config.narrow_stores) takes its column halves in turn, each once the buffer's last store has left it."""
     if SCALING == 0:
         acc = acc * row_scale
     elif SCALING == 1:  # a composite tile's right part: its rows are the same threads' in a layout of its own
         acc = acc * gl.convert_layout(row_scale, gl.SliceLayout(1, acc.type.layout))[:, None] * col_scale[None, :]
     if ACTIVATION == 1:
         acc = tl.sigmoid(acc)  # Triton's own, as in the Triton kernel's epilogue
-    tma.store_wait(pendings=OTHER_STORES)  # this buffer's previous store has left it (stores finish in order)
-    c_buf.store(acc.to(c_desc.dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_buf)
+    values = acc.to(c_desc.dtype)
+    CHUNK: gl.constexpr = c_buf.type.shape[1]
+    if CHUNK == values.shape[1]:
+        tma.store_wait(pendings=OTHER_STORES)  # this buffer's previous store has left it (stores finish in order)
+        c_buf.store(values)
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_buf)
+    else:  # a narrow buffer (config.narrow_stores): the block's column halves, one after the other, through it
+        left, right = values.reshape([values.shape[0], 2, CHUNK]).permute(0, 2, 1).split()
+        tma.store_wait(pendings=0)
+        c_buf.store(left)
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_buf)
+        tma.store_wait(pendings=0)
+        c_buf.store(right)
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [off_m, off_n + CHUNK], c_buf)
 
 
 @gluon.jit
@@ -735,8 +756,8 @@ def _store_tile(acc, acc_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_
     as its HALF_N columns and its right part, through a buffer and box of the right part's width): tensorwise by
     `tensor_scale`, axiswise by the scales in the slot of the program's `walked`-th unit (_load_tile_scales), each
     part's columns read just before its store (both parts' beside both sums spilled)."""
-    HALF_N: gl.constexpr = c_bufs.type.shape[2]
-    BUFFERS: gl.constexpr = c_bufs.type.shape[0] // CONSUMERS
+    HALF_N: gl.constexpr = acc.shape[1]
+    BUFFERS: gl.constexpr = c_bufs.type.shape[0] // CONSUMERS  # 1 with narrow stores: both halves through it
     row_scale = tensor_scale
     col_scale = 1.0
     slot = walked % TILE_SCALE_SLOTS
@@ -752,7 +773,7 @@ def _store_tile(acc, acc_right, c_desc, c_bufs, c_right_desc, c_right_bufs, off_
             _store_rows(acc_right, c_right_desc, c_right_bufs.index(WARPGROUP), off_m, off_n + HALF_N, row_scale,
                         col_scale, SCALING, ACTIVATION, SPLIT - 1)
         else:
-            _store_rows(acc_right, c_desc, c_bufs.index(WARPGROUP * BUFFERS + 1), off_m, off_n + HALF_N, row_scale,
+            _store_rows(acc_right, c_desc, c_bufs.index(WARPGROUP * BUFFERS + BUFFERS - 1), off_m, off_n + HALF_N, row_scale,
                         col_scale, SCALING, ACTIVATION, SPLIT - 1)
 
 
@@ -899,7 +920,7 @@ def _consumer(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scal
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
     BLOCK_N: gl.constexpr = _tile_columns(_b_tile_rows(b_bufs.type.shape, STAGES), b_right_bufs)
     ROWS: gl.constexpr = c_bufs.type.shape[1]
-    HALF_N: gl.constexpr = c_bufs.type.shape[2]
+    HALF_N: gl.constexpr = _part_columns(b_bufs.type.shape, STAGES)
     # Split tiles: this warpgroup's two epilogue buffers hold an FP32 half-tile of its partial sums.
     if workspace_desc is not None:
         staging = c_bufs._reinterpret(gl.float32, [CONSUMERS] + workspace_desc.block_type.shape,
@@ -968,7 +989,7 @@ def _consume_unit(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, 
     BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
     BLOCK_N: gl.constexpr = _tile_columns(_b_tile_rows(b_bufs.type.shape, STAGES), b_right_bufs)
     ROWS: gl.constexpr = c_bufs.type.shape[1]
-    HALF_N: gl.constexpr = c_bufs.type.shape[2]
+    HALF_N: gl.constexpr = _part_columns(b_bufs.type.shape, STAGES)
     SPLIT: gl.constexpr = _parts(b_bufs, b_right_bufs, empty, HALF_N)
     tile_id, k_first, k_end, piece = _work_unit(unit, split_tiles, splits, k_tiles)
     pid_m, pid_n = _cta_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
@@ -1049,8 +1070,11 @@ def _fp8_gemm_ws_kernel(
         b_right_bufs: gl.constexpr = None
         c_right_bufs: gl.constexpr = None
     # One staging buffer per consumer and 128-column half, so no store waits for another's; two per
-    # consumer where tiles are split (workspace_desc given), where they also hold its FP32 partial sums.
-    buffers: gl.constexpr = 2 if workspace_desc is not None else BLOCK_N // c_desc.block_type.shape[1]
+    # consumer where tiles are split (workspace_desc given), where they also hold its FP32 partial sums; one
+    # narrower than a part (config.narrow_stores) per consumer, every part's column halves through it in turn.
+    STORE_N: gl.constexpr = c_desc.block_type.shape[1]
+    buffers: gl.constexpr = 2 if workspace_desc is not None else (
+        1 if STORE_N < _part_columns(b_bufs.type.shape, STAGES) else BLOCK_N // STORE_N)
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS * buffers] + c_desc.block_type.shape, c_desc.layout)
     # Scales by TMA (sa_desc, sb_desc: descriptors, else None): blockwise, each K-tile's in a ring of their own beside
     # A's and B's; axiswise, each tile's output scales in TILE_SCALE_SLOTS slots under barriers of their own. Without,
@@ -1252,13 +1276,19 @@ def _compiled(compile_with, options: dict):
 
 
 def _boxes(config: Fp8GemmConfig) -> tuple[list[int], list[int], list[int] | None, list[int] | None]:
-    """The TMA boxes of B and of the output (a consumer's rows, up to HALF_N columns), and a composite tile's boxes
-    of its right part (config.right_columns; else None)."""
+    """The TMA boxes of B and of the output (a consumer's rows, up to HALF_N columns, or NARROW_STORE_COLUMNS with
+    config.narrow_stores), and a composite tile's boxes of its right part (config.right_columns; else None)."""
     right, bk = config.right_columns, config.block_k
-    c_block = [CONSUMER_ROWS.value, min(config.block_n - right, HALF_N)]
+    c_block = [CONSUMER_ROWS.value, NARROW_STORE_COLUMNS if config.narrow_stores else _part_width(config)]
     if not right:
         return [config.block_n, bk], c_block, None, None
     return [config.block_n - right, bk], c_block, [right, bk], [CONSUMER_ROWS.value, right]
+
+
+def _part_width(config: Fp8GemmConfig) -> int:
+    """The columns of each part of a tile a consumer sums apart (a composite tile's first): the kernel's
+    _part_columns."""
+    return min(config.block_n - config.right_columns, HALF_N)
 
 
 def scales_for_kernel(scale_a, scale_b, granularity: Granularity, b_rows: int):
@@ -1270,10 +1300,10 @@ def scales_for_kernel(scale_a, scale_b, granularity: Granularity, b_rows: int):
 
 
 def _scale_b_box(config: Fp8GemmConfig, granularity: Granularity, b_rows: int) -> int:
-    """Floats of a TMA box of scale_b: axiswise, a store's width of the tile's columns (_load_tile_scales); blockwise, a
+    """Floats of a TMA box of scale_b: axiswise, a part's width of the tile's columns (_load_tile_scales); blockwise, a
     block scale's window, or with 1 x 128 weight scales the tile's columns."""
     if granularity is Granularity.AXISWISE:
-        return _boxes(config)[1][1]
+        return _part_width(config)
     return config.block_n if b_rows == 1 else WEIGHT_SCALE_BOX
 
 

@@ -51,6 +51,8 @@ GLUON_THREE_CONSUMER_ROWS = 192
 # widths leave the last part-empty (M 4096, N 1040: 22 x 6 = 132 tiles of 192 x 192, one wave of 132 SMs).
 GLUON_COMPOSITE_HALF = 128
 GLUON_COMPOSITE_BLOCK_N = (160, 192)
+# The width of a consumer's one store buffer with narrow_stores (Fp8GemmConfig).
+NARROW_STORE_COLUMNS = 64
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,12 @@ class Fp8GemmConfig:
     # wave's pairs; no claimed tiles. The heuristic's pick for long, large blockwise products (CLUSTER_MIN_K) and, with
     # tensorwise and axiswise, for rows of A and B off the L2 sector (SECTOR_BYTES).
     cluster_m: int = 1
+    # Gluon kernel only: each consumer stores its rows through one NARROW_STORE_COLUMNS-wide buffer, chunk after chunk
+    # (waiting for each chunk's store to leave it), in place of a 128-wide buffer per 128-column part: a quarter
+    # (256-wide tiles) or half (128-wide) of the epilogue's shared memory, the room for another ring stage. cuBLAS's
+    # deeper rings (nvjet's 128 x 128 with six stages at M 512, 128 x 160 with five rowwise) stage their stores so.
+    # Not where the last wave splits: a split's partial sums go out through the wide buffers.
+    narrow_stores: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -154,6 +162,11 @@ class Fp8GemmConfig:
         if self.right_columns and (self.split_last_wave or self.cluster_m != 1):
             raise ValueError(f"a composite tile (block_n {self.block_n}) neither splits its last wave nor runs as a "
                              f"cluster")
+        if self.narrow_stores and (not self.gluon_ws or self.split_last_wave
+                                   or self.block_n - self.right_columns <= NARROW_STORE_COLUMNS):
+            raise ValueError(f"narrow_stores is a mode of the Gluon kernel (gluon_ws) on tiles whose first part is wider "
+                             f"than {NARROW_STORE_COLUMNS} columns, without split_last_wave (its partial sums need the "
+                             f"wide buffers)")
         if self.cluster_m not in (1, 2) or (self.cluster_m == 2 and (not self.gluon_ws or self.dynamic_tiles)):
             raise ValueError(f"cluster_m must be 1 or 2; 2 is a mode of the Gluon kernel (gluon_ws), without "
                              f"dynamic_tiles; got {self.cluster_m}")
@@ -177,11 +190,14 @@ class Fp8GemmConfig:
         scales and a 128-byte weight-scale box, or block_n 1 x 128 weight scales, per stage, counted whatever the
         granularity) plus the bf16
         epilogue staging buffers (with split_last_wave at least two 128-column halves' worth, the room of an
-        FP32 half-tile; the compiler's own estimate may differ)."""
+        FP32 half-tile; with narrow_stores one NARROW_STORE_COLUMNS-wide buffer a consumer, and a composite tile's
+        right part's; the compiler's own estimate may differ)."""
         ring = self.num_stages * (self.block_m + self.block_n) * self.block_k
         if self.gluon_ws:  # a weight block's 128-byte scale box, or a tile's columns' 1 x 128 scales
             ring += self.num_stages * (4 * self.block_m + max(128, 4 * self.block_n))
         staged_columns = max(self.block_n, 2 * min(self.block_n, 128)) if self.split_last_wave else self.block_n
+        if self.narrow_stores:
+            staged_columns = NARROW_STORE_COLUMNS + self.right_columns
         epilogue = self.block_m * staged_columns * 2 // (2 if self.epilogue_subtile else 1)
         return ring + epilogue
 
@@ -240,7 +256,7 @@ def config_label(options: dict) -> str:
     return (f"{o['block_m']}x{o['block_n']}x{o['block_k']} s{o['num_stages']} w{o['num_warps']} g{o['group_m']}"
             + (" n-halves" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
             + (" gluon-ws" if o.get("gluon_ws") else "") + (" overlapped" if o.get("overlap_promotion") else "")
-            + (" multicast" if o.get("cluster_m", 1) > 1 else "")
+            + (" multicast" if o.get("cluster_m", 1) > 1 else "") + (" narrow-stores" if o.get("narrow_stores") else "")
             + (f" last-wave {o['split_tiles']}x{o['splits']}" if o.get("split_tiles") else ""))
 
 
@@ -721,6 +737,11 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, device: Device
               dict(gluon[0], block_m=GLUON_THREE_CONSUMER_ROWS, num_stages=DEEP_TALL_STAGES, split_last_wave=False),
               dict(gluon[0], block_m=GLUON_THREE_CONSUMER_ROWS, block_n=COMPOSITE_TALL_GLUON.block_n,
                    num_stages=COMPOSITE_TALL_GLUON.num_stages, split_last_wave=False)]
+    # The deeper rings narrow stores make room for (narrow_stores): 128 x 128 with six stages, 128 x 256 with four and
+    # the composite 128 x 160 with five (cuBLAS's rowwise ring).
+    gluon += [dict(gluon[0], num_stages=6, split_last_wave=False, narrow_stores=True),
+              dict(gluon[0], block_n=256, num_stages=4, split_last_wave=False, narrow_stores=True),
+              dict(gluon[0], block_n=160, num_stages=5, split_last_wave=False, narrow_stores=True)]
     if is_promoted(granularity, fast_accum):
         # Each Gluon tile also with its promotion overlapped, where its registers hold two products.
         gluon += [fields | dict(overlap_promotion=True) for fields in gluon]

@@ -26,7 +26,8 @@ from fp8bench.config import BLOCK, Activation, FastAccum, GemmShape, Granularity
 from fp8kernels import reference as ref  # noqa: E402
 from fp8kernels.gemm import fp8_gemm, gemm_config  # noqa: E402
 from fp8kernels.gemm_configs import (  # noqa: E402
-    SHARED_MEMORY_BYTES, DeviceProperties, Fp8GemmConfig, candidate_configs, choose_config, config_label, is_promoted,
+    NARROW_GLUON, SHARED_MEMORY_BYTES, DeviceProperties, Fp8GemmConfig, candidate_configs, choose_config, config_label,
+    is_promoted,
 )
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -273,7 +274,6 @@ def test_config_is_validated_once(fields, message):
 
 
 def test_overlapped_promotion_is_a_promoted_regime_candidate_only():
-    from fp8kernels.gemm_configs import NARROW_GLUON
 
     overlapped = dataclasses.replace(NARROW_GLUON, overlap_promotion=True)
     with pytest.raises(ValueError, match="fast accumulation"):
@@ -356,7 +356,7 @@ GLUON_BLOCKWISE_SHAPES = [(1, 1152, 384), (17, 1152, 384), (5000, 1280, 1024), (
 def _gluon_case_id(case_config) -> str:
     case, config = case_config
     return (f"{_case_id(case)}-m{config.block_m}-n{config.block_n}-stages{config.num_stages}"
-            + ("-overlapped" if config.overlap_promotion else ""))
+            + ("-overlapped" if config.overlap_promotion else "") + ("-narrow-stores" if config.narrow_stores else ""))
 
 
 def test_the_gluon_kernel_is_a_candidate_everywhere_but_not_under_the_interpreter():
@@ -463,7 +463,7 @@ def test_claiming_tiles_is_a_mode_of_the_gluon_kernel_only():
 
 
 def test_splitting_is_a_mode_of_the_gluon_kernel_and_needs_room_for_a_partial_half_tile():
-    from fp8kernels.gemm_configs import FAST_ACCUM, NARROW_GLUON, WIDE_GLUON
+    from fp8kernels.gemm_configs import FAST_ACCUM, WIDE_GLUON
 
     with pytest.raises(ValueError, match="split_last_wave"):
         dataclasses.replace(FAST_ACCUM, split_last_wave=True)
@@ -478,7 +478,7 @@ def test_splitting_is_a_mode_of_the_gluon_kernel_and_needs_room_for_a_partial_ha
 
 def test_a_composite_tile_is_128_columns_and_a_right_part_of_its_own():
     from fp8kernels._gemm_ws import _boxes
-    from fp8kernels.gemm_configs import FAST_ACCUM, NARROW_GLUON, TALL_GLUON
+    from fp8kernels.gemm_configs import FAST_ACCUM, TALL_GLUON
 
     narrow = dataclasses.replace(NARROW_GLUON, block_n=192, split_last_wave=False)
     tall = dataclasses.replace(TALL_GLUON, block_n=192, split_last_wave=False)
@@ -503,14 +503,39 @@ def test_a_composite_tile_is_128_columns_and_a_right_part_of_its_own():
         tall.check_granularity(Granularity.TENSORWISE, False)
     with pytest.raises(ValueError, match="block_n at most 128"):
         narrow.check_granularity(Granularity.BLOCKWISE, False)
-    # The candidates: 192 x 192, three stages, with fast accumulation; promoted, 128 x 192 with four; none blockwise.
+    # The candidates: 192 x 192, three stages, with fast accumulation; promoted, 128 x 192 with four; both, 128 x 160
+    # with five stages and narrow stores; none blockwise.
     composite = {case: {config_label(c.as_dict()) for c in candidate_configs(*case, H100) if c.right_columns}
                  for case in CASES}
     assert composite[(Granularity.TENSORWISE, True)] == composite[(Granularity.AXISWISE, True)] == {
-        "192x192x128 s3 w8 g16 gluon-ws"}
+        "192x192x128 s3 w8 g16 gluon-ws", "128x160x128 s5 w8 g16 gluon-ws narrow-stores"}
     assert composite[(Granularity.TENSORWISE, False)] == composite[(Granularity.AXISWISE, False)] == {
-        "128x192x128 s4 w8 g16 gluon-ws"}
+        "128x192x128 s4 w8 g16 gluon-ws", "128x160x128 s5 w8 g16 gluon-ws narrow-stores"}
     assert not composite[(Granularity.BLOCKWISE, False)]
+
+
+def test_narrow_stores_take_one_64_wide_buffer_a_consumer_and_free_room_for_a_stage():
+    """With narrow_stores a consumer's store buffer is 64 x 64 (and a composite tile's right part's of its own): 128 x 128
+    fits six stages, 128 x 256 four, 128 x 160 five, each one more than its wide stores leave room for. Not beside a
+    split's partial sums, nor on a tile whose stores are 64 wide already, nor on the Triton kernel."""
+    from fp8kernels._gemm_ws import _boxes, _scale_b_box
+    from fp8kernels.gemm_configs import FAST_ACCUM, SLIM_GLUON, WIDE_GLUON
+
+    for block_n, stages in ((128, 6), (256, 4), (160, 5)):
+        fields = dict(block_n=block_n, num_stages=stages, split_last_wave=False)
+        with pytest.raises(ValueError, match="shared memory"):
+            dataclasses.replace(NARROW_GLUON, **fields)
+        narrow = dataclasses.replace(NARROW_GLUON, narrow_stores=True, **fields)
+        right = narrow.right_columns
+        ring = stages * ((128 + block_n) * 128 + 4 * 128 + 4 * block_n)
+        assert narrow.shared_memory_bytes == ring + 128 * (64 + right) * 2 <= SHARED_MEMORY_BYTES
+        assert _boxes(narrow)[1] == [64, 64] and _boxes(narrow)[3] == ([64, right] if right else None)
+        # The column scales still come a part's width at a time: the epilogue scales a part before its chunks.
+        assert _scale_b_box(narrow, Granularity.AXISWISE, BLOCK) == 128
+        assert config_label(narrow.as_dict()).endswith(" narrow-stores")
+    for config, fields in ((WIDE_GLUON, {}), (SLIM_GLUON, dict(split_last_wave=False)), (FAST_ACCUM, {})):
+        with pytest.raises(ValueError, match="narrow_stores is a mode of the Gluon kernel"):
+            dataclasses.replace(config, narrow_stores=True, **fields)
 
 
 def test_the_heuristic_takes_the_composite_tile_where_it_makes_one_wave():
@@ -798,6 +823,40 @@ def test_gpu_cluster_multicasting_b_gives_the_single_ctas_result_bit_for_bit(cas
                     out = _run_poisoned(*operands, granularity, fast_accum, split)
                     assert _relative_error(*operands, out) <= limit, f"{where}, last wave split"
     assert split_runs  # each regime has shapes whose last wave of pairs splits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_gpu_narrow_stores_give_the_wide_stores_result_bit_for_bit(case):
+    """Each Gluon tile wider than 64 with narrow_stores (a consumer's rows stored in 64-column chunks through one buffer)
+    against the same tile storing through its wide buffers: the sums are the same, so the outputs are bit-identical.
+    On ragged M and N (the last tile's chunks part or wholly past N), one row, few and many tiles a program, with the
+    sigmoid epilogue, and as a 2-CTA cluster; two launches in a row."""
+    granularity, fast_accum = case
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ragged = 0 if granularity is Granularity.BLOCKWISE else 16  # blockwise weights: whole 128 x 128 blocks
+    compared = 0
+    for block_m, block_n in ((128, 128), (128, 256), (192, 128), (128, 160), (128, 192), (192, 160)):
+        wide = dataclasses.replace(NARROW_GLUON.with_sms(sms), block_m=block_m, block_n=block_n, num_stages=2,
+                                   split_last_wave=False)
+        try:
+            wide.check_granularity(granularity, fast_accum)
+        except ValueError:
+            continue  # a tile the regime does not take
+        forms = [(wide, dataclasses.replace(wide, narrow_stores=True))]
+        if not wide.right_columns:
+            forms.append((wide, dataclasses.replace(wide, narrow_stores=True, cluster_m=2)))
+        for M, K, N in ((5000, 1152 + ragged, 2048 + ragged), (1, 1152, 384 + ragged), (300, 4096, 1280 + ragged)):
+            operands = _quantized(M, K, N, granularity, seed=M + block_n)
+            for activation in (Activation.NONE, Activation.SIGMOID):
+                for reference_config, narrow in forms:
+                    expected = _run_poisoned(*operands, granularity, fast_accum, reference_config, activation)
+                    where = f"{_case_id(case)} {config_label(narrow.as_dict())}, {M}x{N}x{K}, {activation.value}"
+                    for _ in range(2):
+                        assert torch.equal(_run_poisoned(*operands, granularity, fast_accum, narrow, activation),
+                                           expected), where
+                    compared += 1
+    assert compared >= 3 * 2 * 3  # 128 x 128 and 192 x 128 (and the cluster) in every regime
 
 
 def test_a_launch_specializes_ones_multiples_of_16_and_aligned_pointers():
@@ -1207,7 +1266,7 @@ def test_compare_refuses_a_baseline_folder_without_the_kernels(tmp_path):
 
 
 def test_config_fields_parse_to_what_a_config_takes():
-    from fp8kernels.gemm_configs import NARROW_GLUON, parse_config_fields
+    from fp8kernels.gemm_configs import parse_config_fields
 
     fields = parse_config_fields('{"num_stages": 5, "split_last_wave": false}')
     assert dataclasses.replace(NARROW_GLUON, **fields).num_stages == 5
