@@ -539,10 +539,10 @@ def _b_tile_rows(b_shape, stages):
 
 
 @gluon.constexpr_function
-def _part_columns(b_shape, stages):
-    """HALF_N of a tile: the columns of each part a consumer sums apart (a composite tile's first), from the B ring's
-    shape: up to HALF_N."""
-    return min(_b_tile_rows(b_shape, stages), HALF_N)
+def _part_columns(rows):
+    """HALF_N of a tile whose B box or ring slot holds `rows` of B: the columns of each part a consumer sums apart
+    (a composite tile's first), up to HALF_N."""
+    return min(rows, HALF_N)
 
 
 @gluon.constexpr_function
@@ -920,7 +920,7 @@ def _consumer(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scal
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
     BLOCK_N: gl.constexpr = _tile_columns(_b_tile_rows(b_bufs.type.shape, STAGES), b_right_bufs)
     ROWS: gl.constexpr = c_bufs.type.shape[1]
-    HALF_N: gl.constexpr = _part_columns(b_bufs.type.shape, STAGES)
+    HALF_N: gl.constexpr = _part_columns(_b_tile_rows(b_bufs.type.shape, STAGES))
     # Split tiles: this warpgroup's two epilogue buffers hold an FP32 half-tile of its partial sums.
     if workspace_desc is not None:
         staging = c_bufs._reinterpret(gl.float32, [CONSUMERS] + workspace_desc.block_type.shape,
@@ -989,7 +989,7 @@ def _consume_unit(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, 
     BLOCK_M: gl.constexpr = CONSUMERS * CONSUMER_ROWS
     BLOCK_N: gl.constexpr = _tile_columns(_b_tile_rows(b_bufs.type.shape, STAGES), b_right_bufs)
     ROWS: gl.constexpr = c_bufs.type.shape[1]
-    HALF_N: gl.constexpr = _part_columns(b_bufs.type.shape, STAGES)
+    HALF_N: gl.constexpr = _part_columns(_b_tile_rows(b_bufs.type.shape, STAGES))
     SPLIT: gl.constexpr = _parts(b_bufs, b_right_bufs, empty, HALF_N)
     tile_id, k_first, k_end, piece = _work_unit(unit, split_tiles, splits, k_tiles)
     pid_m, pid_n = _cta_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
@@ -1054,7 +1054,7 @@ def _fp8_gemm_ws_kernel(
     # B in one box a slot; in a cluster's 256-wide tile, two of 128 rows (each CTA's multicast half), which the
     # consumers take whole: Triton 3.6 cannot slice a buffer whose layout spans the cluster ("non-trivial block
     # dimension not supported").
-    if gl.num_ctas() == 2 and BLOCK_N > c_desc.block_type.shape[1]:
+    if gl.num_ctas() == 2 and BLOCK_N > _part_columns(BLOCK_N):
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES * 2, BLOCK_N // 2, BLOCK_K], b_desc.layout)
     else:
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
@@ -1074,7 +1074,7 @@ def _fp8_gemm_ws_kernel(
     # narrower than a part (config.narrow_stores) per consumer, every part's column halves through it in turn.
     STORE_N: gl.constexpr = c_desc.block_type.shape[1]
     buffers: gl.constexpr = 2 if workspace_desc is not None else (
-        1 if STORE_N < _part_columns(b_bufs.type.shape, STAGES) else BLOCK_N // STORE_N)
+        1 if STORE_N < _part_columns(BLOCK_N) else BLOCK_N // STORE_N)
     c_bufs = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS * buffers] + c_desc.block_type.shape, c_desc.layout)
     # Scales by TMA (sa_desc, sb_desc: descriptors, else None): blockwise, each K-tile's in a ring of their own beside
     # A's and B's; axiswise, each tile's output scales in TILE_SCALE_SLOTS slots under barriers of their own. Without,
