@@ -323,6 +323,15 @@ SLIM_BLOCKWISE_GLUON = dataclasses.replace(SLIM_GLUON, group_m=8)
 DEEP_NARROW_GLUON = dataclasses.replace(NARROW_GLUON, num_stages=5, split_last_wave=False)
 DEEP_NARROW_BLOCKWISE_GLUON = dataclasses.replace(DEEP_NARROW_GLUON, group_m=8)
 DEEP_NARROW_TILES = (DEEP_NARROW_GLUON, DEEP_NARROW_BLOCKWISE_GLUON)
+# Tensorwise and axiswise, where that five-stage 128 x 128 tile makes one wave or fewer, it runs ONE_WAVE_NARROW_STAGES
+# stages through narrow stores (Fp8GemmConfig.narrow_stores: the sixth stage takes the room of all but a 64-column
+# chunk of the store buffers), as cuBLAS's six-stage 128 x 128 ring at M 512 does. On an H200 (quick compares, both
+# orders, reports/h200/gemm-narrow-stores, `six-*`), every pick this changes over fp8bench's shape sets (14 products
+# of 256-2048 rows, K 1024-16384, in the four regimes), each beside the five-stage one: 1.010x (112 comparisons,
+# 0.990-1.046x; 1.014 / 1.008 / 1.015 / 1.004 tensorwise fast, promoted, axiswise fast, promoted), the most at K 7168
+# and up with fast accumulation (1.02-1.05x). Where the five-stage tile comes from a split 128 x 256 pick in many waves
+# (M 2048, K 2048, N 7168: 6.8 waves) six stages lost 2.5-4.5%, and blockwise 0.2-1.2% (`twins/`); neither takes it.
+ONE_WAVE_NARROW_STAGES = 6
 SLIM_SPEED = 0.85
 # ...but only where rows are few. On products of many row tiles, where the tensor cores set the pace, the 64-wide
 # wgmma reads its A tile twice as often per product as the 128-wide one: on an H100, DeepSeek-V3's and Mixtral's
@@ -658,7 +667,8 @@ def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmC
               device: DeviceProperties) -> Fp8GemmConfig:
     """The pick with a deeper ring in the room of a split, where that ring fits. Tensorwise or axiswise: the
     four-stage 192 x 128 tile unsplit for a 128-row pick at least 192 wide on a short K in many waves (see
-    SHORT_K_TALL_MAX_K); DEEP_NARROW_GLUON's five stages unsplit for a 128 x 128 pick of one wave of tiles or fewer,
+    SHORT_K_TALL_MAX_K); DEEP_NARROW_GLUON's five stages unsplit for a 128 x 128 pick of one wave of tiles or fewer
+    (ONE_WAVE_NARROW_STAGES through narrow stores where they fit),
     and in 128 x 128 tiles for a 128 x 256 pick that splits its last wave on a short product (see DEEP_NARROW_GLUON;
     blockwise weighs that tile as one of its own). A 192-row pick with DEEP_TALL_STAGES stages and no split:
     tensorwise or axiswise on a short product of few waves, blockwise where K is short (see DEEP_TALL_STAGES)."""
@@ -672,6 +682,9 @@ def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmC
                                      num_stages=DEEP_TALL_STAGES, split_last_wave=False)
     elif _gives_way_to_deep_narrow(M, N, K, config):
         deeper = dataclasses.replace(config, block_n=128, num_stages=DEEP_NARROW_GLUON.num_stages, split_last_wave=False)
+        deepest = dataclasses.replace(deeper, num_stages=ONE_WAVE_NARROW_STAGES, narrow_stores=True)
+        if deeper.units(M, N) <= deeper.programs and deepest.shared_memory_bytes <= device.shared_memory_budget:
+            deeper = deepest
     elif plain_tall and _short_product(M, N, K, config):
         deeper = dataclasses.replace(config, num_stages=DEEP_TALL_STAGES, split_last_wave=False)
     else:

@@ -172,16 +172,23 @@ def test_short_products_run_the_192_row_tile_with_a_fourth_stage_unsplit(regime)
 
 
 @pytest.mark.parametrize("regime", [r for r in REGIMES if r is not BLOCKWISE], ids=str)
-def test_one_wave_of_128_x_128_tiles_runs_five_stages_unsplit(regime):
-    """Tensorwise and axiswise: a 128 x 128 pick whose tiles make one wave or fewer gets DEEP_NARROW_GLUON's five
-    stages and no split (M 512, K 7168, N 4096: 128 tiles; M 256, N 7168: 112); not where its tiles make more waves
-    (M 2048, K 4096, N 7168 on 66 SMs), nor blockwise, nor where five stages do not fit."""
+def test_one_wave_of_128_x_128_tiles_runs_six_stages_through_narrow_stores(regime):
+    """Tensorwise and axiswise: a 128 x 128 pick whose tiles make one wave or fewer gets ONE_WAVE_NARROW_STAGES stages,
+    unsplit, through narrow stores (M 512, K 7168, N 4096: 128 tiles; M 256, N 7168: 112); DEEP_NARROW_GLUON's five
+    where six do not fit beside the narrow buffers but five beside the wide ones do; not where its tiles make more
+    waves (M 2048, K 4096, N 7168 on 66 SMs), nor blockwise, nor where five stages do not fit."""
     deep = gemm_configs.DEEP_NARROW_GLUON
     for M, N, K in [(512, 4096, 7168), (512, 4096, 14336), (256, 7168, 2048), (2048, 1024, 8192)]:
-        assert pick_ring(M, N, K, regime) == (128, 128, deep.num_stages, False), (M, N, K)
+        config = choose_config(M, N, K, *regime, H100, gluon=True)
+        assert pick_ring(M, N, K, regime) == (128, 128, gemm_configs.ONE_WAVE_NARROW_STAGES, False), (M, N, K)
+        assert config.narrow_stores and config.shared_memory_bytes <= H100.shared_memory_budget
+    five_only = DeviceProperties(multiprocessor_count=132, shared_memory_per_program=210 * 1024)
+    config = choose_config(512, 4096, 7168, *regime, five_only, gluon=True)
+    assert (config.num_stages, config.narrow_stores, config.split_last_wave) == (deep.num_stages, False, False)
     small = DeviceProperties(multiprocessor_count=66, shared_memory_per_program=227 * 1024)
     assert pick_ring(512, 4096, 7168, regime, small)[2] < deep.num_stages  # 128 tiles of 128 x 128 on 66 SMs: two waves
-    assert pick_ring(512, 4096, 7168, BLOCKWISE)[2] == deep.num_stages  # blockwise's own five-stage tile
+    blockwise = choose_config(512, 4096, 7168, *BLOCKWISE, H100, gluon=True)
+    assert (blockwise.num_stages, blockwise.narrow_stores) == (deep.num_stages, False)  # blockwise's own five-stage tile
     assert pick_ring(512, 4096, 7168, regime, SMALL_GPU)[2] < deep.num_stages
 
 
@@ -197,6 +204,7 @@ def test_short_products_trade_a_split_wide_tile_for_five_stages_of_128_x_128(reg
 
     for M, N, K in [(8192, 1280, 8192), (2048, 7168, 2048), (512, 28672, 4096)]:
         assert ring(M, N, K) == (128, gemm_configs.DEEP_NARROW_GLUON.num_stages, (0, 1)), (M, N, K)
+        assert not choose_config(M, N, K, *regime, H100, gluon=True).narrow_stores  # many waves: five stages, wide
     assert ring(16384, 1280, 8192)[:2] == (256, 3)
     assert ring(1024, 4096, 7168) == (256, 3, (0, 1))  # one wave of 128 x 256 tiles: nothing to trade
 
