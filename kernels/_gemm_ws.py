@@ -38,7 +38,8 @@ tile (_load_tile_scales), so the epilogue reads them from shared memory instead 
 tile's last wgmma (1.011x fast, 1.005x promoted over the 27 target shapes on an H200; 1.05-1.09x at K 1024:
 reports/h200/gemm-axiswise-scales-by-tma).
 Each consumer stores its rows through shared buffers of its own, waiting for a store only when its buffer is
-needed again.
+needed again: one a 128-column part, or with config.narrow_stores a single 64-column one, which takes each part's
+column halves in turn and leaves the room of the others to another ring stage (gemm_configs.ONE_WAVE_NARROW_STAGES).
 
 Split last wave (config.split_last_wave; gemm_configs.last_wave_split decides per shape): where the
 tiles leave the grid's last wave part idle (M 8192, N 1280 at 128 x 256: 320 tiles, 2.4 waves of 132
