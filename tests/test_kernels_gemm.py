@@ -1198,6 +1198,10 @@ def test_compare_times_each_pick_with_forced_fields_where_they_change_it_and_fit
     short = parse_product("4096x4096x4096")  # its pick is the five-stage tile, with group_m 8
     variants = gemm_sweep.pick_variants(short, Granularity.BLOCKWISE, False, pick, forced=forced)
     assert [v.name for v in variants] == ["", "rows"]
+    # Two objects that make the same twin: it is timed once, under the first one's name.
+    forced = {"rows": {"group_m": 1}, "rows again": {"group_m": 1, "split_last_wave": False}}
+    variants = gemm_sweep.pick_variants(short, Granularity.BLOCKWISE, False, pick, forced=forced)
+    assert [v.name for v in variants] == ["", "rows"]
 
 
 def _kernel_copy(tmp_path):

@@ -336,9 +336,11 @@ def test_heuristic_kernel_on_small_awkward_shapes(regime):
 
 
 # Full-size awkward shapes on the GPU, where the heuristic takes the Gluon kernel: 128 x 64 tiles split in
-# two (M 128), the 128-wide tile on N 1040, M 1000, the skinny product, and K 1040 (rows off the L2 sector: with fast
-# accumulation a 2-CTA cluster of 128 x 256 tiles).
-GPU_AWKWARD = [(128, 4096, 4096), (4096, 4096, 1040), (1000, 4096, 6144), (4096, 7168, 2112), (4096, 1040, 4096)]
+# two (M 128), the 128-wide tile on N 1040, M 1000, the skinny product, K 1040 (rows off the L2 sector: with fast
+# accumulation a 2-CTA cluster of 128 x 256 tiles), and one wave of 128 x 128 tiles (M 512, K 7168: six stages through
+# narrow stores, tensorwise and axiswise).
+GPU_AWKWARD = [(128, 4096, 4096), (4096, 4096, 1040), (1000, 4096, 6144), (4096, 7168, 2112), (4096, 1040, 4096),
+               (512, 7168, 4096)]
 GPU_AWKWARD_BLOCKWISE = [(128, 4096, 4096), (1000, 4096, 6144), (256, 7168, 4096)]
 
 

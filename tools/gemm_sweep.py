@@ -452,7 +452,8 @@ def pick_variants(s: GemmShape, g: Granularity, f: bool, pick: Callable[[GemmSha
         variants.append(Variant(twin, "multicast"))
     for name, fields in (forced or {}).items():
         twin = forced_twin(config, name, fields, g, f, BLOCK, f"{s.name} {_regime_name(g, f)}")
-        variants += [Variant(twin, name)] if twin is not None and twin != config else []
+        # A twin another --fields object made already (or the pick itself) is timed once, under its first name.
+        variants += [Variant(twin, name)] if twin is not None and twin not in [v.config for v in variants] else []
     if baseline is not None:
         variants.append(Variant(config, "baseline", tree=baseline))
     return variants
