@@ -328,8 +328,8 @@ DEEP_NARROW_TILES = (DEEP_NARROW_GLUON, DEEP_NARROW_BLOCKWISE_GLUON)
 # chunk of the store buffers), as cuBLAS's six-stage 128 x 128 ring at M 512 does. On an H200 (quick compares, both
 # orders, reports/h200/gemm-narrow-stores, `six-*`), every pick this changes over fp8bench's shape sets (14 products
 # of 256-2048 rows, K 1024-16384, in the four regimes), each beside the five-stage one: 1.010x (112 comparisons,
-# 0.990-1.046x; 1.014 / 1.008 / 1.015 / 1.004 tensorwise fast, promoted, axiswise fast, promoted), the most at K 7168
-# and up with fast accumulation (1.02-1.05x). Where the five-stage tile comes from a split 128 x 256 pick in many waves
+# 0.990-1.046x; 1.014 / 1.008 / 1.015 / 1.004 tensorwise fast, promoted, axiswise fast, promoted), the most with fast
+# accumulation at M 256-512 (1.02-1.05x). Where the five-stage tile comes from a split 128 x 256 pick in many waves
 # (M 2048, K 2048, N 7168: 6.8 waves) six stages lost 2.5-4.5%, and blockwise 0.2-1.2% (`twins/`); neither takes it.
 ONE_WAVE_NARROW_STAGES = 6
 SLIM_SPEED = 0.85
