@@ -702,20 +702,22 @@ def _store_rows(acc, c_desc, c_buf, off_m, off_n, row_scale, col_scale, SCALING:
     values = acc.to(c_desc.dtype)
     CHUNK: gl.constexpr = c_buf.type.shape[1]
     if CHUNK == values.shape[1]:
-        tma.store_wait(pendings=OTHER_STORES)  # this buffer's previous store has left it (stores finish in order)
-        c_buf.store(values)
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_buf)
+        _store_through(values, c_desc, c_buf, off_m, off_n, OTHER_STORES)
     else:  # a narrow buffer (config.narrow_stores): the block's column halves, one after the other, through it
         left, right = values.reshape([values.shape[0], 2, CHUNK]).permute(0, 2, 1).split()
-        tma.store_wait(pendings=0)
-        c_buf.store(left)
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_buf)
-        tma.store_wait(pendings=0)
-        c_buf.store(right)
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [off_m, off_n + CHUNK], c_buf)
+        _store_through(left, c_desc, c_buf, off_m, off_n, 0)
+        _store_through(right, c_desc, c_buf, off_m, off_n + CHUNK, 0)
+
+
+@gluon.jit
+def _store_through(values, desc, buf, row, column, OTHER_STORES: gl.constexpr):
+    """Store `values` at [row, column] of `desc` by TMA through the shared buffer `buf`, once its previous store has
+    left it: OTHER_STORES of this warpgroup's stores, issued since that one, may stay in flight (stores finish in
+    order)."""
+    tma.store_wait(pendings=OTHER_STORES)
+    buf.store(values)
+    fence_async_shared()
+    tma.async_copy_shared_to_global(desc, [row, column], buf)
 
 
 @gluon.jit
@@ -841,15 +843,10 @@ def _publish_partial(acc, acc_right, workspace_desc, staging, flags_ptr, unit, C
     the workspace (by TMA, through `staging`: this warpgroup's two epilogue buffers seen as one FP32 half-tile),
     then signal it on the warpgroup's flag."""
     row = _partial_slot(unit, CONSUMERS, WARPGROUP) * CONSUMER_ROWS
-    tma.store_wait(pendings=0)  # the epilogue's last stores from these buffers have left them
-    staging.store(acc)
-    fence_async_shared()
-    tma.async_copy_shared_to_global(workspace_desc, [row, 0], staging)
+    # Each once the epilogue's last stores from these buffers have left them.
+    _store_through(acc, workspace_desc, staging, row, 0, 0)
     if SPLIT == 2:
-        tma.store_wait(pendings=0)
-        staging.store(acc_right)
-        fence_async_shared()
-        tma.async_copy_shared_to_global(workspace_desc, [row, acc.shape[1]], staging)
+        _store_through(acc_right, workspace_desc, staging, row, acc.shape[1], 0)
     gl.inline_asm_elementwise(_RELEASE_PARTIAL_PTX, "=r,l", [_partial_flags(flags_ptr, unit, CONSUMERS, WARPGROUP)],
                               dtype=gl.int32, is_pure=False, pack=1)
 
@@ -1287,9 +1284,8 @@ def _boxes(config: Fp8GemmConfig) -> tuple[list[int], list[int], list[int] | Non
 
 
 def _part_width(config: Fp8GemmConfig) -> int:
-    """The columns of each part of a tile a consumer sums apart (a composite tile's first): the kernel's
-    _part_columns."""
-    return min(config.block_n - config.right_columns, HALF_N)
+    """The columns of each part of a tile a consumer sums apart (a composite tile's first), as the kernel counts them."""
+    return _part_columns(config.block_n - config.right_columns)
 
 
 def scales_for_kernel(scale_a, scale_b, granularity: Granularity, b_rows: int):
