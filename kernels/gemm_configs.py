@@ -342,6 +342,21 @@ SLIM_SPEED = 0.85
 # heuristic's picks within 1% of the tuner's fastest on the MoE products of 256-1024 tokens).
 SLIM_MAX_ROWS = 1024
 SLIM_SPEED_MANY_ROWS = 0.55
+# Tensorwise and axiswise, a 128 x 64 pick on K of at least SLIM_DEEP_MIN_K runs SLIM_DEEP_STAGES stages unsplit, in
+# the room a split's partial sums would take (219,136 bytes). At M 128, K 4096, N 4096, cuBLAS runs
+# nvjet_sm90_qqtst_64x64_128x13_2x1: 64 x 64 tiles with a 13-stage ring (208 KB) in 2-CTA clusters, 128 CTAs, no
+# split. Under Nsight Compute our six-stage pick (64 tiles, each split in two) took 1.33x its time, its consumers
+# stalled at the ring's barriers (7.2 warps per issued instruction against cuBLAS's 0.007; reports/h200/
+# gemm-small-m-eight-stages, `prof-*`). On an H200 (quick compare, one run, same report, `slim-stages/`), eight stages
+# unsplit against the pick on the 16 products of 128-1024 rows whose pick is 128 x 64, in the four regimes: 1.060x
+# (0.975-1.160x) on the 40 picks this rule changes (1.072 / 1.041 / 1.079 / 1.045 tensorwise fast, promoted, axiswise
+# fast, promoted), 1.07-1.11x at M 128-512 with K 4096-14336; at K 1024-2048 it ran 0.97-1.01x. Where the pick splits
+# its tiles in two, the split paid only from K 14336 on (eight stages unsplit: 1.12-1.16x at K 4096, 1.01-1.04x at
+# K 7168, 0.90-0.93x at K 14336; M 128, N 4096); hence unsplit up to SLIM_DEEP_MAX_SPLIT_K. A split in four (M 128,
+# K 7168, N 2112: 33 tiles) ran 0.94-1.03x unsplit, and keeps its split.
+SLIM_DEEP_STAGES = 8
+SLIM_DEEP_MIN_K = 4096
+SLIM_DEEP_MAX_SPLIT_K = 8192
 OVERLAP_MIN_WAVES = 8
 # Blockwise products the heuristic runs as 2-CTA clusters multicasting B (cluster_m 2): K of at least
 # CLUSTER_MIN_K and at least CLUSTER_MIN_MACS multiply-adds, where the tile is not split. On an H100 (quick
@@ -436,8 +451,15 @@ COMPOSITE_TALL_SPEED = 0.93
 # runner-up is a 192-row tile that runs with four stages (_deepened), the heuristic takes that tile: the model weighs
 # it at three stages' speed, and on the 5 products where the composite displaced it (M 4096 with N 1376 or 2112,
 # 1536^3, 3072^3) the composite ran 0.92-1.00x it on 9 of 10 picks (`changed-picks/` of the same folder).
-COMPOSITE_PROMOTED_GLUON = dataclasses.replace(WIDE_GLUON, block_n=192, num_stages=4, split_last_wave=False)
+COMPOSITE_WIDE_GLUON = dataclasses.replace(WIDE_GLUON, block_n=192, num_stages=4, split_last_wave=False)
 COMPOSITE_PROMOTED_SPEED = 0.99
+# With fast accumulation the same tile runs below 128 x 256's speed: on an H200 (quick compare, one run,
+# reports/h200/gemm-small-m-eight-stages, `composite-fast/`), on the 22 products where a speed of up to 0.99 would
+# have it displace the pick, it ran 0.86-1.05x the pick (0.98x geomean without the next one), and 1.27x (tensorwise)
+# and 1.28x (axiswise) on M 512, K 4096, N 6144, where its 128 tiles make one wave and the 128 x 64 pick's 384 make
+# 2.9 (0.77 -> 1.00 of cuBLAS). At 0.90 it takes that product and M 128, K 1536, N 24576 (one wave against 2.9 too:
+# 0.99x there), nothing else over fp8bench's shape sets.
+COMPOSITE_WIDE_FAST_SPEED = 0.90
 GLUON_TILES = {
     # The three-consumer tile runs fast accumulation too. Without it, the fast regime took 128 x 64 or 128 x 128
     # tiles on N 1040 and N 1376 at 4096 tokens, and ran 1.43x and 1.08x slower than the same products promoted in
@@ -452,9 +474,9 @@ GLUON_TILES = {
     # the shape sets change, all timed against the previous ones in one run (reports/h100-sxm/matmul-heuristic-refit):
     # 1.06x faster (geomean), 0.93x to 1.17x; the promoted 128 x 128's 0.93 was chosen from that run's times.
     "fast": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.95), (NARROW_GLUON, 0.9), (SLIM_GLUON, SLIM_SPEED),
-             (COMPOSITE_TALL_GLUON, COMPOSITE_TALL_SPEED)),
+             (COMPOSITE_TALL_GLUON, COMPOSITE_TALL_SPEED), (COMPOSITE_WIDE_GLUON, COMPOSITE_WIDE_FAST_SPEED)),
     "promoted": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.96), (OVERLAPPED_NARROW_GLUON, 0.93), (SLIM_GLUON, SLIM_SPEED),
-                 (COMPOSITE_PROMOTED_GLUON, COMPOSITE_PROMOTED_SPEED)),
+                 (COMPOSITE_WIDE_GLUON, COMPOSITE_PROMOTED_SPEED)),
     "blockwise": ((TALL_BLOCKWISE_GLUON, 1.0), (BLOCKWISE_GLUON, 0.96), (DEEP_NARROW_BLOCKWISE_GLUON, 1.0),
                   (SLIM_BLOCKWISE_GLUON, SLIM_SPEED)),
     # 1 x 128 weight scales (grad_weight's products), the blockwise regime's weights: the three-consumer tile (its
@@ -668,9 +690,9 @@ def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmC
     """The pick with a deeper ring in the room of a split, where that ring fits. Tensorwise or axiswise: the
     four-stage 192 x 128 tile unsplit for a 128-row pick at least 192 wide on a short K in many waves (see
     SHORT_K_TALL_MAX_K); DEEP_NARROW_GLUON's five stages unsplit for a 128 x 128 pick of one wave of tiles or fewer
-    (ONE_WAVE_NARROW_STAGES through narrow stores where they fit),
-    and in 128 x 128 tiles for a 128 x 256 pick that splits its last wave on a short product (see DEEP_NARROW_GLUON;
-    blockwise weighs that tile as one of its own). A 192-row pick with DEEP_TALL_STAGES stages and no split:
+    (ONE_WAVE_NARROW_STAGES through narrow stores where they fit), and in 128 x 128 tiles for a 128 x 256 pick that
+    splits its last wave on a short product (see DEEP_NARROW_GLUON; blockwise weighs that tile as one of its own);
+    SLIM_DEEP_STAGES unsplit for a 128 x 64 pick on a long K (see SLIM_DEEP_STAGES). A 192-row pick with DEEP_TALL_STAGES stages and no split:
     tensorwise or axiswise on a short product of few waves, blockwise where K is short (see DEEP_TALL_STAGES)."""
     plain_tall = config.block_m == GLUON_THREE_CONSUMER_ROWS and not config.right_columns  # a composite's 4th: no room
     if granularity is Granularity.BLOCKWISE:
@@ -685,6 +707,8 @@ def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmC
         deepest = dataclasses.replace(deeper, num_stages=ONE_WAVE_NARROW_STAGES, narrow_stores=True)
         if deeper.units(M, N) <= deeper.programs and deepest.shared_memory_bytes <= device.shared_memory_budget:
             deeper = deepest
+    elif _gives_way_to_deep_slim(M, N, K, config):
+        deeper = dataclasses.replace(config, num_stages=SLIM_DEEP_STAGES, split_last_wave=False)
     elif plain_tall and _short_product(M, N, K, config):
         deeper = dataclasses.replace(config, num_stages=DEEP_TALL_STAGES, split_last_wave=False)
     else:
@@ -710,6 +734,15 @@ def _gives_way_to_deep_narrow(M: int, N: int, K: int, config: Fp8GemmConfig) -> 
     if config.block_n == 128:
         return config.units(M, N) <= config.programs
     return config.block_n == 256 and M * N * K <= DEEP_NARROW_MAX_MACS and last_wave_split(M, N, K, config) != (0, 1)
+
+
+def _gives_way_to_deep_slim(M: int, N: int, K: int, config: Fp8GemmConfig) -> bool:
+    """Whether a tensorwise or axiswise 128 x 64 pick runs SLIM_DEEP_STAGES stages unsplit (see SLIM_DEEP_STAGES): K of
+    at least SLIM_DEEP_MIN_K, where it splits no tile, or splits them in two on K of up to SLIM_DEEP_MAX_SPLIT_K."""
+    if config.block_m != 128 or config.block_n != 64 or K < SLIM_DEEP_MIN_K:
+        return False
+    pieces = last_wave_split(M, N, K, config)[1]
+    return pieces == 1 or (pieces == 2 and K <= SLIM_DEEP_MAX_SPLIT_K)
 
 
 def _walk(M: int, N: int, K: int, config: Fp8GemmConfig, device: DeviceProperties) -> Fp8GemmConfig:
@@ -745,11 +778,15 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, device: Device
     ]
     # The five-stage 128 x 128 and the four-stage 192-row tiles, whose rings take the room of a split's partial sums
     # (DEEP_NARROW_GLUON, DEEP_TALL_STAGES); the composite 192 x 192 tile, which does not split and runs fast
-    # accumulation only (COMPOSITE_TALL_GLUON); promoted, the composite 128 x 192 (COMPOSITE_PROMOTED_GLUON).
+    # accumulation only (COMPOSITE_TALL_GLUON); the composite 128 x 192 (COMPOSITE_WIDE_GLUON); and 128 x 64 with
+    # SLIM_DEEP_STAGES, unsplit.
     gluon += [dict(gluon[0], num_stages=DEEP_NARROW_GLUON.num_stages, split_last_wave=False),
               dict(gluon[0], block_m=GLUON_THREE_CONSUMER_ROWS, num_stages=DEEP_TALL_STAGES, split_last_wave=False),
               dict(gluon[0], block_m=GLUON_THREE_CONSUMER_ROWS, block_n=COMPOSITE_TALL_GLUON.block_n,
-                   num_stages=COMPOSITE_TALL_GLUON.num_stages, split_last_wave=False)]
+                   num_stages=COMPOSITE_TALL_GLUON.num_stages, split_last_wave=False),
+              dict(gluon[0], block_n=COMPOSITE_WIDE_GLUON.block_n, num_stages=COMPOSITE_WIDE_GLUON.num_stages,
+                   split_last_wave=False),
+              dict(gluon[0], block_n=64, num_stages=SLIM_DEEP_STAGES, split_last_wave=False)]
     # The deeper rings narrow stores make room for (narrow_stores): 128 x 128 with six stages, 128 x 256 with four and
     # the composite 128 x 160 with five (cuBLAS's rowwise ring).
     gluon += [dict(gluon[0], num_stages=6, split_last_wave=False, narrow_stores=True),
@@ -758,8 +795,6 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, device: Device
     if is_promoted(granularity, fast_accum):
         # Each Gluon tile also with its promotion overlapped, where its registers hold two products.
         gluon += [fields | dict(overlap_promotion=True) for fields in gluon]
-        gluon.append(dict(gluon[0], block_n=COMPOSITE_PROMOTED_GLUON.block_n,
-                          num_stages=COMPOSITE_PROMOTED_GLUON.num_stages, split_last_wave=False))
     out = [preset]
     for fields in gluon:
         try:

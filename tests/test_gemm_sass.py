@@ -132,10 +132,10 @@ def test_a_promoted_composite_tile_adds_its_left_part_while_its_right_part_runs(
     from triton.tools.disasm import get_sass
 
     from fp8kernels._gemm_ws import compile_sm90
-    from fp8kernels.gemm_configs import COMPOSITE_PROMOTED_GLUON
+    from fp8kernels.gemm_configs import COMPOSITE_WIDE_GLUON
     from fp8kernels.scaling import Granularity
 
-    sass = get_sass(compile_sm90(COMPOSITE_PROMOTED_GLUON.with_sms(132), Granularity.TENSORWISE, False).asm["cubin"])
+    sass = get_sass(compile_sm90(COMPOSITE_WIDE_GLUON.with_sms(132), Granularity.TENSORWISE, False).asm["cubin"])
     between = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x1\s*;(.*?)WARPGROUP\.DEPBAR\.LE gsb0, 0x0\s*;", sass, re.S)
     assert between and all(len(re.findall(r"\bFADD\b", code)) >= 64 for code in between)
 

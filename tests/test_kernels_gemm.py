@@ -26,8 +26,8 @@ from fp8bench.config import BLOCK, Activation, FastAccum, GemmShape, Granularity
 from fp8kernels import reference as ref  # noqa: E402
 from fp8kernels.gemm import fp8_gemm, gemm_config  # noqa: E402
 from fp8kernels.gemm_configs import (  # noqa: E402
-    NARROW_GLUON, SHARED_MEMORY_BYTES, DeviceProperties, Fp8GemmConfig, candidate_configs, choose_config, config_label,
-    is_promoted,
+    GLUON_THREE_CONSUMER_ROWS, NARROW_GLUON, SHARED_MEMORY_BYTES, DeviceProperties, Fp8GemmConfig, candidate_configs,
+    choose_config, config_label, is_promoted,
 )
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
@@ -503,14 +503,14 @@ def test_a_composite_tile_is_128_columns_and_a_right_part_of_its_own():
         tall.check_granularity(Granularity.TENSORWISE, False)
     with pytest.raises(ValueError, match="block_n at most 128"):
         narrow.check_granularity(Granularity.BLOCKWISE, False)
-    # The candidates: 192 x 192, three stages, with fast accumulation; promoted, 128 x 192 with four; both, 128 x 160
-    # with five stages and narrow stores; none blockwise.
+    # The candidates: 192 x 192, three stages, with fast accumulation; both, 128 x 192 with four and 128 x 160 with
+    # five stages and narrow stores; none blockwise.
     composite = {case: {config_label(c.as_dict()) for c in candidate_configs(*case, H100) if c.right_columns}
                  for case in CASES}
-    assert composite[(Granularity.TENSORWISE, True)] == composite[(Granularity.AXISWISE, True)] == {
-        "192x192x128 s3 w8 g16 gluon-ws", "128x160x128 s5 w8 g16 gluon-ws narrow-stores"}
-    assert composite[(Granularity.TENSORWISE, False)] == composite[(Granularity.AXISWISE, False)] == {
-        "128x192x128 s4 w8 g16 gluon-ws", "128x160x128 s5 w8 g16 gluon-ws narrow-stores"}
+    both = {"128x192x128 s4 w8 g16 gluon-ws", "128x160x128 s5 w8 g16 gluon-ws narrow-stores"}
+    assert composite[(Granularity.TENSORWISE, True)] == composite[(Granularity.AXISWISE, True)] == both | {
+        "192x192x128 s3 w8 g16 gluon-ws"}
+    assert composite[(Granularity.TENSORWISE, False)] == composite[(Granularity.AXISWISE, False)] == both
     assert not composite[(Granularity.BLOCKWISE, False)]
 
 
@@ -591,9 +591,10 @@ def test_the_heuristic_weighs_each_tile_by_how_well_it_fills_the_grid(monkeypatc
     assert choose_config(8192, 1280, 8192, Granularity.TENSORWISE, True, H100, gluon=False).block_n == 256
 
 
-def test_the_heuristic_takes_the_promoted_composite_tile_where_its_waves_fill_better():
-    """128 x 192, promoted tensorwise and axiswise: where it fills its waves better than the other tiles, but not
-    where the runner-up is a 192-row tile that runs with four stages (the model weighs that one at three)."""
+def test_the_heuristic_takes_the_composite_128_x_192_tile_where_its_waves_fill_better():
+    """128 x 192, tensorwise and axiswise: promoted, where it fills its waves better than the other tiles, but not
+    where the runner-up is a 192-row tile that runs with four stages (the model weighs that one at three); with fast
+    accumulation, at its lower speed, only where the others' waves fill far worse (M 512, K 4096, N 6144)."""
     def tile(M, K, N, granularity=Granularity.TENSORWISE, fast_accum=False):
         config = choose_config(M, N, K, granularity, fast_accum, H100, gluon=True)
         return config.block_m, config.block_n, config.num_stages
@@ -606,6 +607,10 @@ def test_the_heuristic_takes_the_promoted_composite_tile_where_its_waves_fill_be
         assert tile(3072, 3072, 3072, granularity) == (192, 128, 4)
     assert tile(8192, 8192, 8192, fast_accum=True)[:2] == (128, 256)
     assert tile(8192, 8192, 8192, Granularity.BLOCKWISE)[1] == 128
+    for granularity in (Granularity.TENSORWISE, Granularity.AXISWISE):  # at COMPOSITE_WIDE_FAST_SPEED
+        assert tile(512, 4096, 6144, granularity, fast_accum=True) == (128, 192, 4)  # one wave; 128 x 64: 2.9
+        assert tile(1000, 4096, 6144, granularity, fast_accum=True)[:2] == (128, 128)
+        assert tile(16384, 7168, 2112, granularity, fast_accum=True)[:2] == (GLUON_THREE_CONSUMER_ROWS, 128)
 
 
 def test_the_heuristic_takes_three_consumer_tiles_for_blockwise():

@@ -75,15 +75,16 @@ def test_tile_fill_counts_the_ragged_edge():
 
 @pytest.mark.parametrize("regime", REGIMES, ids=str)
 def test_few_tiles_take_a_narrower_tile_split_along_k(regime):
-    """M 128 at N 4096: 16 tiles of 128 x 256 or 32 of 128 x 128 leave most of 132 SMs idle even split
-    along K; 64 tiles of 128 x 64 in two K pieces fill 128 of them (every tile split: SPLIT_ALONE_SPEED)."""
-    assert tile(128, 4096, 4096, regime) == (128, 64)
-    config = choose_config(128, 4096, 4096, *regime, H100, gluon=True)
-    assert gemm_configs.last_wave_split(128, 4096, 4096, config) == (64, 2)
-    assert grid_efficiency(128, 4096, 4096, config) == pytest.approx(
-        gemm_configs.SPLIT_ALONE_SPEED * 64 * 32 / (132 * (16 + 2 * gemm_configs.PARTIAL_SUM_K_TILES)))
+    """M 128, N 4096, K 14336: 16 tiles of 128 x 256 or 32 of 128 x 128 leave most of 132 SMs idle even split
+    along K; 64 tiles of 128 x 64 in two K pieces fill 128 of them (every tile split: SPLIT_ALONE_SPEED). (Tensorwise
+    and axiswise at K up to SLIM_DEEP_MAX_SPLIT_K the 128 x 64 tile runs unsplit with a deeper ring instead.)"""
+    assert tile(128, 4096, 14336, regime) == (128, 64)
+    config = choose_config(128, 4096, 14336, *regime, H100, gluon=True)
+    assert gemm_configs.last_wave_split(128, 4096, 14336, config) == (64, 2)
+    assert grid_efficiency(128, 4096, 14336, config) == pytest.approx(
+        gemm_configs.SPLIT_ALONE_SPEED * 64 * 112 / (132 * (56 + 2 * gemm_configs.PARTIAL_SUM_K_TILES)))
     # The wide tile would have filled under half the grid's SM time.
-    assert grid_efficiency(128, 4096, 4096, gemm_configs.WIDE_GLUON.with_sms(132)) < 0.5
+    assert grid_efficiency(128, 4096, 14336, gemm_configs.WIDE_GLUON.with_sms(132)) < 0.5
 
 
 @pytest.mark.parametrize("regime", REGIMES, ids=str)
@@ -193,6 +194,27 @@ def test_one_wave_of_128_x_128_tiles_runs_six_stages_through_narrow_stores(regim
 
 
 @pytest.mark.parametrize("regime", [r for r in REGIMES if r is not BLOCKWISE], ids=str)
+def test_a_128_x_64_pick_on_a_long_k_runs_eight_stages_unsplit(regime):
+    """Tensorwise and axiswise: a 128 x 64 pick on K of at least SLIM_DEEP_MIN_K gets SLIM_DEEP_STAGES stages and no
+    split, where it splits no tile (M 128, N 6144; M 256, N 4096 at K 7168 and 14336) or splits them in two on K of up
+    to SLIM_DEEP_MAX_SPLIT_K (M 128, N 4096 at K 4096 and 7168); not at K 14336 there, nor where the tiles split in
+    four (N 2112), nor on K 2048, nor blockwise, nor where the ring does not fit."""
+    def ring(M, N, K, regime=regime, device=H100):
+        config = choose_config(M, N, K, *regime, device, gluon=True)
+        return config.block_n, config.num_stages, gemm_configs.last_wave_split(M, N, K, config)
+
+    deep = (64, gemm_configs.SLIM_DEEP_STAGES, (0, 1))
+    for M, N, K in [(128, 6144, 4096), (256, 4096, 7168), (256, 4096, 14336), (128, 4096, 4096), (128, 4096, 7168)]:
+        assert ring(M, N, K) == deep, (M, N, K)
+        assert choose_config(M, N, K, *regime, H100, gluon=True).shared_memory_bytes <= H100.shared_memory_budget
+    assert ring(128, 4096, 14336) == (64, 6, (64, 2))
+    assert ring(128, 2112, 7168) == (64, 6, (33, 4))
+    assert ring(128, 7168, 2048) == (64, 6, (0, 1))
+    assert ring(256, 4096, 7168, BLOCKWISE)[1] < gemm_configs.SLIM_DEEP_STAGES
+    assert ring(256, 4096, 7168, device=SMALL_GPU)[1] < gemm_configs.SLIM_DEEP_STAGES
+
+
+@pytest.mark.parametrize("regime", [r for r in REGIMES if r is not BLOCKWISE], ids=str)
 def test_short_products_trade_a_split_wide_tile_for_five_stages_of_128_x_128(regime):
     """Tensorwise and axiswise: where the 128 x 256 pick splits its last wave on a product of up to
     DEEP_NARROW_MAX_MACS, 128 x 128 with five stages runs unsplit instead (the 70B tp8 wqkv shard at M 8192; M 2048,
@@ -254,7 +276,7 @@ def test_the_walk_goes_row_by_row_where_b_stays_in_l2_and_a_does_not(regime):
 @pytest.mark.parametrize("regime", REGIMES, ids=str)
 def test_the_tuned_shapes_keep_their_tiles(regime):
     """Square and LLaMa products of many tiles keep the tiles the sweeps chose; promoted, 8192^3 takes the composite
-    128 x 192 tile, whose waves fill better (COMPOSITE_PROMOTED_GLUON)."""
+    128 x 192 tile, whose waves fill better (COMPOSITE_WIDE_GLUON)."""
     expected = (GLUON_THREE_CONSUMER_ROWS, 128) if regime is BLOCKWISE else (128, 256)
     for M, N, K in [(16384, 16384, 16384), (8192, 28672, 4096), (16384, 4096, 14336)]:
         assert tile(M, N, K, regime) == expected

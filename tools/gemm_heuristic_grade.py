@@ -38,7 +38,8 @@ console = Console(width=200)
 
 # gemm_configs' numbers that choose_config reads at each pick (others are folded into presets at import).
 MODEL_CONSTANTS = ("PARTIAL_SUM_K_TILES", "SPLIT_ALONE_SPEED", "SLIM_MAX_ROWS", "SLIM_SPEED_MANY_ROWS", "OVERLAP_MIN_WAVES",
-                   "ROW_WALK_MAX_B_SHARE", "DEEP_NARROW_MAX_MACS", "DEEP_TALL_BLOCKWISE_MAX_K", "SECTOR_BYTES")
+                   "ROW_WALK_MAX_B_SHARE", "DEEP_NARROW_MAX_MACS", "DEEP_TALL_BLOCKWISE_MAX_K", "SECTOR_BYTES",
+                   "SLIM_DEEP_MIN_K", "SLIM_DEEP_MAX_SPLIT_K")
 
 
 def grade(entries: dict[str, dict], sms: int, shared_memory: int) -> tuple[list[tuple[str, str, float]], list[str]]:
