@@ -72,6 +72,9 @@ slot by a TMA multicast (inline PTX: kernels/_cluster.py); each consumer warp ha
 producer too. Every layout carries a broadcast CTA basis (each CTA holds its own copies). The cluster's barrier waits
 are inline PTX and its inline PTX elects its one thread (see _CLUSTER_WAIT_PTX, PEER_ARRIVALS): without either it ran
 at 0.60-0.77 of cuBLAS where it now runs at 0.94 (docs/kernels-design.md, reports/h100-sxm/gemm-multicast-elect).
+With config.cluster_n 2 the pair is two column tiles of one row tile (MULTICAST_A), and each CTA multicasts one
+consumer's 64 rows of the A tile (128 rows: block_m 128 only), as cuBLAS's 1 x 2 clusters do on products of few row
+tiles; B comes whole to each CTA.
 
 Gluon does not run under TRITON_INTERPRET: on the CPU, fp8kernels.gemm runs
 kernels/_gemm_persistent.py, and this kernel is checked by the GPU tests.
@@ -137,10 +140,10 @@ TILE_SCALE_SLOTS = gl.constexpr(2)
 # each K-tile's promotion scales the product by its rows' and its columns' scales. The producer loads the
 # tile's BLOCK_N column scales of each K-tile in one box, as it loads a consumer's row scales.
 BLOCKWISE_1X128_WEIGHTS = gl.constexpr(3)
-# A cluster of two CTAs (config.cluster_m 2): the buffers whose shared-memory offsets the inline PTX of the B
-# multicast and the peer's arrive needs, by their names in the kernel (_cluster.allocation_offsets).
-ADDRESSED = ("b_bufs", "ready", "empty")
-# The kernel's entry in PTX, whose first parameter (b_half_desc) the multicast load names.
+# A cluster of two CTAs (config.cluster_m or cluster_n 2): the buffers whose shared-memory offsets the inline PTX of
+# the multicast and the peer's arrive needs, by their names in the kernel (_cluster.allocation_offsets).
+ADDRESSED = ("a_bufs", "b_bufs", "ready", "empty")
+# The kernel's entry in PTX, whose first parameter (multicast_desc) the multicast load names.
 KERNEL_NAME = gl.constexpr("_fp8_gemm_ws_kernel")
 
 
@@ -173,19 +176,23 @@ def _offset(offsets, name):
 @dataclasses.dataclass(frozen=True)
 class SharedOffsets:
     """Where Triton's allocator put the buffers the cluster's inline PTX addresses (ADDRESSED)."""
+    a_bufs: int
     b_bufs: int
     ready: int
     empty: int
 
 
 @gluon.jit
-def _cta_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+def _cta_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr, MULTICAST_A: gl.constexpr):
     """(pid_m, pid_n) of this CTA's tile: the tile itself for a program of one CTA; in a cluster of two, the
     tile_id-th pair of row tiles on one column of B (walked in groups of GROUP_M rows as single tiles are), one
-    row tile each."""
+    row tile each, or with MULTICAST_A the tile_id-th pair of column tiles on one row of A, one column tile each."""
     CTAS: gl.constexpr = gl.num_ctas()
     if CTAS == 1:
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    elif MULTICAST_A:
+        pid_m, pair_n = _tile_coords(tile_id, num_pid_m, gl.cdiv(num_pid_n, CTAS), GROUP_M)
+        pid_n = pair_n * CTAS + cta_rank()
     else:
         GROUP_PAIRS: gl.constexpr = GROUP_M // CTAS if GROUP_M >= CTAS else 1
         pair_m, pid_n = _tile_coords(tile_id, gl.cdiv(num_pid_m, CTAS), num_pid_n, GROUP_PAIRS)
@@ -194,11 +201,15 @@ def _cta_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _unit_count(num_pid_m, num_pid_n, split_tiles, splits):
+def _unit_count(num_pid_m, num_pid_n, split_tiles, splits, MULTICAST_A: gl.constexpr):
     """Units of work of the launch (_work_unit): its tiles (a cluster's pairs of tiles), split_tiles of them cut
     in `splits` pieces."""
     CTAS: gl.constexpr = gl.num_ctas()
-    return gl.cdiv(num_pid_m, CTAS) * num_pid_n - split_tiles + split_tiles * splits
+    if MULTICAST_A:
+        pairs = num_pid_m * gl.cdiv(num_pid_n, CTAS)
+    else:
+        pairs = gl.cdiv(num_pid_m, CTAS) * num_pid_n
+    return pairs - split_tiles + split_tiles * splits
 
 
 @gluon.jit
@@ -220,14 +231,15 @@ def _work_unit(unit, split_tiles, splits, k_tiles):
 @gluon.jit
 def _load_k_tile(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready,
                  empty, loaded, pid_m, pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k, SCALING: gl.constexpr,
-                 SCALE_BLOCK: gl.constexpr, OFFSETS: gl.constexpr):
+                 SCALE_BLOCK: gl.constexpr, OFFSETS: gl.constexpr, MULTICAST_A: gl.constexpr):
     """Load K-tile `ki` of tile (pid_m, pid_n) into the ring slot of the program's `loaded`-th K-tile, once
     the consumers have handed it back. Blockwise (SCALING 2 or BLOCKWISE_1X128_WEIGHTS) the slot also gets
     the K-tile's activation scales of the tile's BLOCK_M rows and its weight block's scale (or, with 1 x 128
     weight scales, its BLOCK_N columns' scales: a box of BLOCK_N floats, where a block scale's box is
     WEIGHT_SCALE_BOX), through 1-D descriptors over the scales' storage (see _scale_descriptors), under the same
     `ready` barrier. In a cluster of two CTAs (on the same column of B), B comes half from each: this CTA's
-    half, multicast into both CTAs' slot, signals both CTAs' `ready` (the expected bytes count all of B). A composite
+    half, multicast into both CTAs' slot, signals both CTAs' `ready` (the expected bytes count all of B); with
+    MULTICAST_A (two column tiles of one row tile) A does so, this CTA's the rows of consumer `rank`. A composite
     tile's B comes in two boxes, its first HALF_N rows and its right part's (b_right_desc)."""
     CONSUMERS: gl.constexpr = a_bufs.type.shape[0] // empty.type.shape[0]
     STAGES: gl.constexpr = empty.type.shape[0]
@@ -258,10 +270,16 @@ def _load_k_tile(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_
                                             sb_bufs.index(slot))
     else:
         mbarrier.expect(bar, CONSUMERS * a_desc.block_type.nbytes + b_bytes)
-    for c in gl.static_range(CONSUMERS):
-        tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M + c * CONSUMER_ROWS, ki * BLOCK_K], bar,
-                                        a_bufs.index(slot * CONSUMERS + c))
-    if gl.num_ctas() == 2:
+    if MULTICAST_A:  # a cluster of two CTAs and two consumers: one consumer's rows from each
+        a_ptx: gl.constexpr = multicast_rows_ptx(KERNEL_NAME, 0, CONSUMER_ROWS, a_desc.block_type.nbytes, 32)
+        _cluster.asm(a_ptx, "=r,r,r,r,r", [_offset(OFFSETS, "a_bufs") + slot * CONSUMERS * a_desc.block_type.nbytes,
+                                          _offset(OFFSETS, "ready") + slot * BARRIER_BYTES, pid_m * BLOCK_M,
+                                          ki * BLOCK_K])
+    else:
+        for c in gl.static_range(CONSUMERS):
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_M + c * CONSUMER_ROWS, ki * BLOCK_K], bar,
+                                            a_bufs.index(slot * CONSUMERS + c))
+    if gl.num_ctas() == 2 and not MULTICAST_A:
         HALF_ROWS: gl.constexpr = BLOCK_N // 2
         rows_ptx: gl.constexpr = multicast_rows_ptx(KERNEL_NAME, 0, HALF_ROWS, HALF_ROWS * BLOCK_K, 32)  # one warp
         _cluster.asm(rows_ptx, "=r,r,r,r,r", [_offset(OFFSETS, "b_bufs") + slot * b_desc.block_type.nbytes,
@@ -353,18 +371,18 @@ def _finish_claims(counter_ptr, num_programs):
 def _load_unit(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready,
                empty, scales_ready, scales_empty, loaded, unit, walked, num_pid_m, num_pid_n, k_tiles, split_tiles,
                splits, stride_sa_k, stride_sb_n, stride_sb_k, SCALING: gl.constexpr, GROUP_M: gl.constexpr,
-               SCALE_BLOCK: gl.constexpr, OFFSETS: gl.constexpr):
+               SCALE_BLOCK: gl.constexpr, OFFSETS: gl.constexpr, MULTICAST_A: gl.constexpr):
     """The TMA loads of `unit`, the program's `walked`-th: axiswise, its tile's output scales; then every K-tile,
     from the program's `loaded`-th on. Returns the next K-tile's number."""
     tile_id, k_first, k_end, _ = _work_unit(unit, split_tiles, splits, k_tiles)
-    pid_m, pid_n = _cta_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    pid_m, pid_n = _cta_tile(tile_id, num_pid_m, num_pid_n, GROUP_M, MULTICAST_A)
     if SCALING == 1:
         _load_tile_scales(sa_desc, sb_desc, sa_bufs, sb_bufs, scales_ready, scales_empty, walked, pid_m, pid_n,
                           _tile_columns(b_desc.block_type.shape[0], b_right_desc))
     for ki in range(k_first, k_end):
         loaded = _load_k_tile(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs,
                               sb_bufs, ready, empty, loaded, pid_m, pid_n, ki, stride_sa_k, stride_sb_n, stride_sb_k,
-                              SCALING, SCALE_BLOCK, OFFSETS)
+                              SCALING, SCALE_BLOCK, OFFSETS, MULTICAST_A)
     return loaded
 
 
@@ -393,7 +411,7 @@ def _load_tile_scales(sa_desc, sb_desc, sa_bufs, sb_bufs, scales_ready, scales_e
 def _producer(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs, sb_bufs, ready,
               empty, scales_ready, scales_empty, counter_ptr, log_ptr, M, N, K, stride_sa_k, stride_sb_n, stride_sb_k,
               num_programs, split_tiles, splits, SCALING: gl.constexpr, GROUP_M: gl.constexpr,
-              SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr, OFFSETS: gl.constexpr):
+              SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr, OFFSETS: gl.constexpr, MULTICAST_A: gl.constexpr):
     """One warp: TMA loads of every K-tile of this program's work, in the order the consumers take it
     (_consumer), each into the next free ring slot. With DYNAMIC, the units it claims go to the consumers
     through the program's STAGES + 1 slots of a log in global memory, each written before the
@@ -411,7 +429,7 @@ def _producer(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_des
     k_tiles = gl.cdiv(K, BLOCK_K)
     program = gl.program_id(axis=0)
     loaded = 0
-    units = _unit_count(num_pid_m, num_pid_n, split_tiles, splits)
+    units = _unit_count(num_pid_m, num_pid_n, split_tiles, splits, MULTICAST_A)
     log = log_ptr + program * (STAGES + 1)
     if gl.num_ctas() == 2:
         cluster_start()
@@ -429,7 +447,7 @@ def _producer(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_des
         loaded = _load_unit(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs,
                             sb_bufs, ready, empty, scales_ready, scales_empty, loaded, unit, walked, num_pid_m,
                             num_pid_n, k_tiles, split_tiles, splits, stride_sa_k, stride_sb_n, stride_sb_k, SCALING,
-                            GROUP_M, SCALE_BLOCK, OFFSETS)
+                            GROUP_M, SCALE_BLOCK, OFFSETS, MULTICAST_A)
         unit = following
         walked += 1
     if gl.num_ctas() == 2:
@@ -899,7 +917,8 @@ def _consumer(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scal
               c_right_bufs, c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars, flags_ptr, log_ptr, M,
               N, K, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, SCALING: gl.constexpr,
               ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr, OVERLAP: gl.constexpr, GROUP_M: gl.constexpr,
-              SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr, OFFSETS: gl.constexpr, WARPGROUP: gl.constexpr):
+              SCALE_BLOCK: gl.constexpr, DYNAMIC: gl.constexpr, OFFSETS: gl.constexpr, MULTICAST_A: gl.constexpr,
+              WARPGROUP: gl.constexpr):
     """One warpgroup: rows [WARPGROUP * 64, WARPGROUP * 64 + 64) of every tile of this program's work. A
     256-wide tile is computed as two 128-column halves, each with a sum of its own, their products one at
     a time: two sums and one product (192 registers) fit where two whole-width sets (256) would not.
@@ -936,7 +955,7 @@ def _consumer(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scal
         tensor_scale = gl.load(scale_a_ptr) * gl.load(scale_b_ptr)
     program = gl.program_id(axis=0)
     consumed = 0
-    units = _unit_count(num_pid_m, num_pid_n, split_tiles, splits)
+    units = _unit_count(num_pid_m, num_pid_n, split_tiles, splits, MULTICAST_A)
     log = log_ptr + program * (STAGES + 1)
     walked = 0
     if gl.num_ctas() == 2:
@@ -947,7 +966,7 @@ def _consumer(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scal
                                  scales_empty, c_bufs, c_desc, c_right_bufs, c_right_desc, tensor_scale, workspace_desc,
                                  staging, partial_bars, flags_ptr, stride_sb_n, stride_sb_k, split_tiles, splits, unit,
                                  walked, consumed, zero, num_pid_m, num_pid_n, k_tiles, SCALING, ACTIVATION, PROMOTE,
-                                 OVERLAP, GROUP_M, SCALE_BLOCK, WARPGROUP, OFFSETS)
+                                 OVERLAP, GROUP_M, SCALE_BLOCK, WARPGROUP, OFFSETS, MULTICAST_A)
         walked += 1
         unit = _next_unit(ready, consumed, log, walked, program, num_programs, units, DYNAMIC)
     tma.store_wait(pendings=0)
@@ -977,7 +996,7 @@ def _consume_unit(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, 
                   stride_sb_n, stride_sb_k, split_tiles, splits, unit, walked, consumed, zero, num_pid_m, num_pid_n,
                   k_tiles, SCALING: gl.constexpr, ACTIVATION: gl.constexpr, PROMOTE: gl.constexpr,
                   OVERLAP: gl.constexpr, GROUP_M: gl.constexpr, SCALE_BLOCK: gl.constexpr, WARPGROUP: gl.constexpr,
-                  OFFSETS: gl.constexpr):
+                  OFFSETS: gl.constexpr, MULTICAST_A: gl.constexpr):
     """This warpgroup's rows of `unit` (the program's `walked`-th): its K-tiles summed from the program's
     `consumed`-th on, then stored,
     or left as a partial sum for the tile's last piece, or (the last piece) added to the others' and stored.
@@ -990,7 +1009,7 @@ def _consume_unit(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, 
     HALF_N: gl.constexpr = _part_columns(_b_tile_rows(b_bufs.type.shape, STAGES))
     SPLIT: gl.constexpr = _parts(b_bufs, b_right_bufs, empty, HALF_N)
     tile_id, k_first, k_end, piece = _work_unit(unit, split_tiles, splits, k_tiles)
-    pid_m, pid_n = _cta_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
+    pid_m, pid_n = _cta_tile(tile_id, num_pid_m, num_pid_n, GROUP_M, MULTICAST_A)
     off_m = pid_m * BLOCK_M + WARPGROUP * ROWS
     off_n = pid_n * BLOCK_N
     acc, acc_right, consumed = _sum_k_tiles(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, consumed,
@@ -1026,7 +1045,8 @@ def _filler(ready):
 
 @gluon.jit
 def _fp8_gemm_ws_kernel(
-    b_half_desc,  # a cluster's: B in half tiles, this CTA's multicast to both (first: _load_k_tile names it); else None
+    multicast_desc,  # a cluster's: the box each CTA multicasts to both, B's half tile or with MULTICAST_A A's 64 rows
+    # (first: _load_k_tile names it); else None
     a_desc, b_desc,
     b_right_desc,  # a composite tile's: B's rows of the tile's right part (BLOCK_N - HALF_N of them); else None
     c_desc,
@@ -1043,6 +1063,7 @@ def _fp8_gemm_ws_kernel(
     SCALE_BLOCK: gl.constexpr,
     DYNAMIC: gl.constexpr,  # the programs claim their units from counter_ptr (config.dynamic_tiles)
     OFFSETS: gl.constexpr,  # a cluster's (launched with num_ctas 2): SharedOffsets; else None
+    MULTICAST_A: gl.constexpr,  # a cluster's CTAs take two column tiles of a row tile and multicast A (config.cluster_n)
 ):
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]  # a composite tile's: its first HALF_N columns
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -1052,7 +1073,7 @@ def _fp8_gemm_ws_kernel(
     # B in one box a slot; in a cluster's 256-wide tile, two of 128 rows (each CTA's multicast half), which the
     # consumers take whole: Triton 3.6 cannot slice a buffer whose layout spans the cluster ("non-trivial block
     # dimension not supported").
-    if gl.num_ctas() == 2 and BLOCK_N > _part_columns(BLOCK_N):
+    if gl.num_ctas() == 2 and not MULTICAST_A and BLOCK_N > _part_columns(BLOCK_N):
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES * 2, BLOCK_N // 2, BLOCK_K], b_desc.layout)
     else:
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
@@ -1119,19 +1140,22 @@ def _fp8_gemm_ws_kernel(
                 (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scales_ready, scales_empty, c_bufs,
                              c_desc, c_right_bufs, c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars,
                              flags_ptr, log_ptr, M, N, K, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
-                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 0)),
+                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, MULTICAST_A,
+                             0)),
                 (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scales_ready, scales_empty, c_bufs,
                              c_desc, c_right_bufs, c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars,
                              flags_ptr, log_ptr, M, N, K, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
-                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 1)),
+                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, MULTICAST_A,
+                             1)),
                 (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scales_ready, scales_empty, c_bufs,
                              c_desc, c_right_bufs, c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars,
                              flags_ptr, log_ptr, M, N, K, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
-                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 2)),
+                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, MULTICAST_A,
+                             2)),
                 (_producer, (a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs,
                              sb_bufs, ready, empty, scales_ready, scales_empty, counter_ptr, log_ptr, M, N, K,
                              stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, SCALING,
-                             GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS)),
+                             GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, MULTICAST_A)),
                 (_filler, (ready, )),
                 (_filler, (ready, )),
             ],
@@ -1144,15 +1168,17 @@ def _fp8_gemm_ws_kernel(
                 (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scales_ready, scales_empty, c_bufs,
                              c_desc, c_right_bufs, c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars,
                              flags_ptr, log_ptr, M, N, K, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
-                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 0)),
+                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, MULTICAST_A,
+                             0)),
                 (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scales_ready, scales_empty, c_bufs,
                              c_desc, c_right_bufs, c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars,
                              flags_ptr, log_ptr, M, N, K, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
-                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, 1)),
+                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, MULTICAST_A,
+                             1)),
                 (_producer, (a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs,
                              sb_bufs, ready, empty, scales_ready, scales_empty, counter_ptr, log_ptr, M, N, K,
                              stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, SCALING,
-                             GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS)),
+                             GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, MULTICAST_A)),
                 (_filler, (ready, )),
                 (_filler, (ready, )),
             ],
@@ -1249,13 +1275,14 @@ def _kernel_constants(config: Fp8GemmConfig, granularity: Granularity, fast_accu
     """The kernel's constexpr arguments for `config`: what launch_ws_gemm launches with and compile_sm90 compiles."""
     return dict(BLOCK_M=config.block_m, SCALING=_scaling_code(granularity, b_rows), ACTIVATION=ACTIVATION_CODES[activation],
                 PROMOTE=is_promoted(granularity, fast_accum), OVERLAP=config.overlap_promotion, GROUP_M=config.group_m,
-                STAGES=config.num_stages, SCALE_BLOCK=BLOCK, DYNAMIC=config.dynamic_tiles, OFFSETS=None)
+                STAGES=config.num_stages, SCALE_BLOCK=BLOCK, DYNAMIC=config.dynamic_tiles, OFFSETS=None,
+                MULTICAST_A=config.cluster_n == 2)
 
 
 def _launch_options(config: Fp8GemmConfig) -> dict:
     """num_warps: the default partition (consumer warpgroup 0); maxnreg: see MAX_REGISTERS; num_ctas: a program's
-    CTAs (config.cluster_m)."""
-    return dict(num_warps=4, maxnreg=MAX_REGISTERS[config.block_m // CONSUMER_ROWS.value], num_ctas=config.cluster_m)
+    CTAs (config.ctas)."""
+    return dict(num_warps=4, maxnreg=MAX_REGISTERS[config.block_m // CONSUMER_ROWS.value], num_ctas=config.ctas)
 
 
 def _compiled(compile_with, options: dict):
@@ -1271,6 +1298,14 @@ def _compiled(compile_with, options: dict):
         raise RuntimeError(f"the cluster kernel's barriers {offsets} are not where Triton initialises them "
                            f"({sorted(initialised)})")
     return kernel, offsets
+
+
+def _multicast_box(config: Fp8GemmConfig, a_dtype: str = "", b_dtype: str = "") -> tuple[str, list[int]]:
+    """A cluster's multicast operand's dtype (of `a_dtype`, `b_dtype`) and the box each CTA multicasts: with
+    config.cluster_n 2, one consumer's rows of A (the box a_desc loads alone); else half of the B tile's rows."""
+    if config.cluster_n == 2:
+        return a_dtype, [CONSUMER_ROWS.value, config.block_k]
+    return b_dtype, [config.block_n // 2, config.block_k]
 
 
 def _boxes(config: Fp8GemmConfig) -> tuple[list[int], list[int], list[int] | None, list[int] | None]:
@@ -1315,13 +1350,13 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
     assembles it): its PTX, cubin and SASS for checks of registers, spills and wgmma order on any machine with
     this Triton (tools/gemm_sass.py). The signature mirrors launch_ws_gemm's arguments; `split_tiles` compiles the
     split-last-wave workspace in, as a launch that splits tiles does, where the config splits (config.split_last_wave;
-    a cluster, config.cluster_m 2, is compiled twice, as at its launch); `b_rows` 1: 1 x 128 weight scales.
+    a cluster, config.ctas 2, is compiled twice, as at its launch); `b_rows` 1: 1 x 128 weight scales.
     `launched_on` (M, K, N): the kernel as a launch on that product specializes it (launch_specialization), with the
     workspace compiled in where that launch splits tiles; without, every integer and pointer argument is left general."""
     import triton
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    bn, bk, ctas = config.block_n, config.block_k, config.cluster_m
+    bk, ctas = config.block_k, config.ctas
     b_block, c_block, b_right_block, c_right_block = _boxes(config)
 
     def descriptor(dtype_name: str, block: list[int]) -> str:
@@ -1337,9 +1372,9 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
     else:
         constants.update(b_right_desc=None, c_right_desc=None)
     if ctas == 2:
-        signature["b_half_desc"] = descriptor(b_dtype, [bn // 2, bk])
+        signature["multicast_desc"] = descriptor(*_multicast_box(config, a_dtype, b_dtype))
     else:
-        constants["b_half_desc"] = None
+        constants["multicast_desc"] = None
     if granularity is not Granularity.TENSORWISE:
         signature["sa_desc"] = f"tensordesc<fp32[{CONSUMER_ROWS.value}],{_scale_layout(ctas)!r}>"
         signature["sb_desc"] = f"tensordesc<fp32[{_scale_b_box(config, granularity, b_rows)}],{_scale_layout(ctas)!r}>"
@@ -1406,7 +1441,7 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
     """Launch on validated operands (fp8kernels.gemm checks them): a[M, K], b_t[N, K], out[M, N]."""
     M, K = a.shape
     N = b_t.shape[0]
-    bm, bn, bk, ctas = config.block_m, config.block_n, config.block_k, config.cluster_m
+    bm, bn, bk, ctas = config.block_m, config.block_n, config.block_k, config.ctas
     b_block, c_block, b_right_block, c_right_block = _boxes(config)
 
     def descriptor(tensor, block: list[int] | None):
@@ -1416,7 +1451,9 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
 
     a_desc = descriptor(a, [CONSUMER_ROWS.value, bk])
     b_desc = descriptor(b_t, b_block)
-    b_half_desc = descriptor(b_t, [bn // 2, bk]) if ctas == 2 else None
+    multicast_desc = None
+    if ctas == 2:
+        multicast_desc = descriptor(a if config.cluster_n == 2 else b_t, _multicast_box(config)[1])
     c_desc = descriptor(out, c_block)
     b_right_desc = descriptor(b_t, b_right_block)
     c_right_desc = descriptor(out, c_right_block)
@@ -1438,7 +1475,7 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
     if config.dynamic_tiles:
         counter = stream_scratch("counter", a.device, 2)
         log = stream_scratch("log", a.device, programs * (config.num_stages + 1))
-    arguments = (b_half_desc, a_desc, b_desc, b_right_desc, c_desc, c_right_desc, scale_a, scale_b, sa_desc, sb_desc,
+    arguments = (multicast_desc, a_desc, b_desc, b_right_desc, c_desc, c_right_desc, scale_a, scale_b, sa_desc, sb_desc,
                  workspace_desc, flags, counter, log, M, N, K, *_kernel_strides(scale_a, scale_b), programs, split_tiles,
                  splits)
     return _launch(a.device.index, programs, arguments, _kernel_constants(config, granularity, fast_accum, activation, b_rows),

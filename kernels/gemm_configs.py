@@ -123,6 +123,11 @@ class Fp8GemmConfig:
     # wave's pairs; no claimed tiles. The heuristic's pick for long, large blockwise products (CLUSTER_MIN_K) and, with
     # tensorwise and axiswise, for rows of A and B off the L2 sector (SECTOR_BYTES).
     cluster_m: int = 1
+    # Gluon kernel only: 2 runs each program as a cluster of two CTAs on two column tiles of the same row tile, each
+    # TMA-loading one consumer's 64 rows of that A tile into both CTAs (block_m 128), which reads each A tile from L2
+    # once per pair: cuBLAS's 1 x 2 clusters (nvjet_sm90_qqtst_128x64_128x8_1x2 at M 1024, K 16384, N 1024). Units
+    # are pairs of column tiles; no split, no claimed tiles, tiles of up to 128 columns, not beside cluster_m 2.
+    cluster_n: int = 1
     # Gluon kernel only: each consumer stores its rows through one NARROW_STORE_COLUMNS-wide buffer, chunk after chunk
     # (waiting for each chunk's store to leave it), in place of a 128-wide buffer per 128-column part: a quarter
     # (256-wide tiles) or half (128-wide) of the epilogue's shared memory, the room for another ring stage. cuBLAS's
@@ -170,6 +175,12 @@ class Fp8GemmConfig:
         if self.cluster_m not in (1, 2) or (self.cluster_m == 2 and (not self.gluon_ws or self.dynamic_tiles)):
             raise ValueError(f"cluster_m must be 1 or 2; 2 is a mode of the Gluon kernel (gluon_ws), without "
                              f"dynamic_tiles; got {self.cluster_m}")
+        if self.cluster_n not in (1, 2) or (self.cluster_n == 2 and (
+                not self.gluon_ws or self.dynamic_tiles or self.split_last_wave or self.cluster_m != 1
+                or self.block_m != 128 or self.block_n > 128)):
+            raise ValueError(f"cluster_n must be 1 or 2; 2 is a mode of the Gluon kernel (gluon_ws) on 128-row tiles of "
+                             f"up to 128 columns, without dynamic_tiles, split_last_wave or cluster_m 2; got "
+                             f"{self.cluster_n}")
         if self.overlap_promotion and self.block_n > (128 if self.block_m == 128 else 64):
             raise ValueError(f"overlap_promotion holds a sum and two products: block_n at most 128 with block_m 128, "
                              f"64 with {GLUON_THREE_CONSUMER_ROWS}; got {self.block_m}x{self.block_n}")
@@ -226,14 +237,20 @@ class Fp8GemmConfig:
         return -(-K // self.block_k)
 
     def units(self, M: int, N: int) -> int:
-        """Units of work the persistent grid walks: tiles, or in a cluster pairs of row tiles on one column of B."""
-        row_tiles = -(-M // self.block_m)
-        return -(-row_tiles // self.cluster_m) * -(-N // self.block_n)
+        """Units of work the persistent grid walks: tiles, or in a cluster pairs of tiles: of row tiles on one column
+        of B (cluster_m 2), of column tiles on one row of A (cluster_n 2)."""
+        row_tiles, column_tiles = -(-M // self.block_m), -(-N // self.block_n)
+        return -(-row_tiles // self.cluster_m) * -(-column_tiles // self.cluster_n)
 
     @property
     def programs(self) -> int:
-        """Programs of a full persistent grid: one per SM, or per cluster_m SMs (a cluster)."""
-        return max(self.num_sms // self.cluster_m, 1)
+        """Programs of a full persistent grid: one per SM, or per `ctas` SMs (a cluster)."""
+        return max(self.num_sms // self.ctas, 1)
+
+    @property
+    def ctas(self) -> int:
+        """CTAs of a program: 2 for a cluster (cluster_m or cluster_n 2), else 1."""
+        return self.cluster_m * self.cluster_n
 
     def as_dict(self) -> dict[str, int | bool]:
         return dataclasses.asdict(self)
@@ -256,7 +273,7 @@ def config_label(options: dict) -> str:
     return (f"{o['block_m']}x{o['block_n']}x{o['block_k']} s{o['num_stages']} w{o['num_warps']} g{o['group_m']}"
             + (" n-halves" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
             + (" gluon-ws" if o.get("gluon_ws") else "") + (" overlapped" if o.get("overlap_promotion") else "")
-            + (" multicast" if o.get("cluster_m", 1) > 1 else "") + (" narrow-stores" if o.get("narrow_stores") else "")
+            + (" multicast" if o.get("cluster_m", 1) > 1 else "") + (" multicast-a" if o.get("cluster_n", 1) > 1 else "") + (" narrow-stores" if o.get("narrow_stores") else "")
             + (f" last-wave {o['split_tiles']}x{o['splits']}" if o.get("split_tiles") else ""))
 
 

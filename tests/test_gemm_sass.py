@@ -97,6 +97,29 @@ def test_a_cluster_of_two_ctas_multicasts_b_into_the_buffers_triton_allocated(re
 
 
 @gluon_compiles
+@pytest.mark.parametrize("regime", ["tensorwise/fast_accum=on", "axiswise/fast_accum=off", "blockwise/fast_accum=off"])
+def test_a_cluster_along_n_multicasts_a_and_loads_b_alone(regime):
+    """cluster_n 2 compiles as a 2-CTA cluster whose A comes by one multicast load a CTA (one consumer's rows) and whose
+    B comes by a load of its own, with each consumer warpgroup arriving on the peer's barrier."""
+    import dataclasses
+    import re
+
+    from triton.tools.disasm import get_sass
+
+    from fp8kernels._gemm_ws import compile_sm90
+    from fp8kernels.gemm_configs import SLIM_GLUON
+
+    granularity, fast_accum = sass_tool.parse_regime(regime)
+    config = dataclasses.replace(SLIM_GLUON.with_sms(132), num_stages=8, split_last_wave=False, cluster_n=2)
+    kernel = compile_sm90(config, granularity, fast_accum)
+    assert re.search(r"\.reqnctapercluster 2\b", kernel.asm["ptx"])
+    sass = get_sass(kernel.asm["cubin"])
+    assert sass.count("UTMALDG.2D.MULTICAST") == 1 and "BRA.U.ANY" not in sass
+    assert len(re.findall(r"UTMALDG\.2D(?!\.MULTICAST)", sass)) >= 1  # B (and blockwise the scales) alone
+    assert sass.count("SYNCS.ARRIVE.TRANS64.RED") == 2
+
+
+@gluon_compiles
 def test_a_tile_wider_than_a_power_of_two_compiles_as_parts_in_buffers_of_their_own():
     """tools/gluon_composite_probe.py: 192 rows of B in one shared buffer stop at the layout's power-of-two assertion;
     128 + 64 and 128 + 32 rows, each part in its own buffer, compile to a wgmma of each width per 32 of K."""

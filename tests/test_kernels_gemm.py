@@ -265,6 +265,15 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
         (dict(gluon_ws=True, block_n=128, num_stages=3, num_warps=8, epilogue_subtile=False, cluster_m=3), "cluster_m"),
         (dict(gluon_ws=True, block_n=128, num_stages=3, num_warps=8, epilogue_subtile=False, cluster_m=2,
               dynamic_tiles=True), "cluster_m"),
+        (dict(cluster_n=2), "cluster_n"),
+        (dict(gluon_ws=True, block_n=128, num_stages=3, num_warps=8, epilogue_subtile=False, cluster_n=3), "cluster_n"),
+        (dict(gluon_ws=True, block_n=64, num_stages=3, num_warps=8, epilogue_subtile=False, cluster_n=2,
+              split_last_wave=True), "cluster_n"),
+        (dict(gluon_ws=True, block_n=64, num_stages=3, num_warps=8, epilogue_subtile=False, cluster_n=2,
+              cluster_m=2), "cluster_n"),
+        (dict(gluon_ws=True, block_n=256, num_stages=3, num_warps=8, epilogue_subtile=False, cluster_n=2), "cluster_n"),
+        (dict(gluon_ws=True, block_m=192, block_n=128, num_stages=3, num_warps=8, epilogue_subtile=False, cluster_n=2),
+         "cluster_n"),
     ],
 )
 def test_config_is_validated_once(fields, message):
@@ -792,6 +801,45 @@ def test_a_cluster_walks_pairs_of_row_tiles_on_half_the_sms():
     split = dataclasses.replace(tile, split_last_wave=True)
     assert (split.units(4096, 7168), split.programs) == (616, 66)
     assert persistent_grid(4096, 7168, 16384, split) == (66, 22, 3)
+
+
+def test_a_cluster_along_n_walks_pairs_of_column_tiles_on_half_the_sms():
+    """cluster_n 2: a program is a cluster of two CTAs on the two column tiles of a pair, one per two SMs, and at most
+    one per pair of column tiles (an odd count's last pair has one column tile past N)."""
+    from fp8kernels.gemm_configs import SLIM_GLUON, config_label, persistent_grid
+
+    tile = dataclasses.replace(SLIM_GLUON.with_sms(132), num_stages=8, split_last_wave=False, cluster_n=2)
+    assert (tile.ctas, tile.programs) == (2, 66)
+    assert persistent_grid(1024, 1024, 16384, tile) == (64, 0, 1)  # 8 row tiles x 8 pairs of 16 columns
+    assert persistent_grid(128, 4096, 4096, tile) == (32, 0, 1)  # one row tile, 32 pairs
+    assert persistent_grid(128, 2112, 7168, tile) == (17, 0, 1)  # 33 column tiles: the 17th pair's second is past N
+    assert persistent_grid(4096, 4096, 4096, tile) == (66, 0, 1)  # 32 x 32 pairs on 66 clusters
+    assert config_label(tile.as_dict()) == "128x64x128 s8 w8 g16 gluon-ws multicast-a"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_gpu_cluster_multicasting_a_gives_the_single_ctas_result_bit_for_bit(case):
+    """The 128-row Gluon tiles of up to 128 columns run as 2-CTA clusters multicasting A (cluster_n 2) against the same
+    tile one CTA a program: the same sums in the same order, so bit-identical outputs. On odd column-tile counts (the
+    last pair's second CTA past N, whose half of A the first still needs), ragged M and N, one row tile, one cluster
+    and many tiles per cluster; three launches in a row."""
+    granularity, fast_accum = case
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ragged = 0 if granularity is Granularity.BLOCKWISE else 16  # blockwise weights: whole 128 x 128 blocks
+    for block_n, stages in ((64, 8), (128, 5)):
+        single = dataclasses.replace(NARROW_GLUON.with_sms(sms), block_n=block_n, num_stages=stages,
+                                     split_last_wave=False)
+        cluster = dataclasses.replace(single, cluster_n=2)
+        for M, K, N in ((128, 4096, 2176 + ragged), (1000, 1152, 1280 + ragged), (100, 1024, 128),
+                        (5000, 2048, 4096 + ragged)):
+            operands = _quantized(M, K, N, granularity, seed=M + N + block_n)
+            expected = _run_poisoned(*operands, granularity, fast_accum, single)
+            where = f"{_case_id(case)} 128x{block_n} {M}x{N}x{K}"
+            limit = FAST_ACCUM_TOLERANCE if fast_accum else PROMOTED_TOLERANCE
+            assert _relative_error(*operands, expected) <= limit, where
+            for _ in range(3):
+                assert torch.equal(_run_poisoned(*operands, granularity, fast_accum, cluster), expected), where
 
 
 @pytest.mark.gpu
