@@ -126,7 +126,9 @@ class Fp8GemmConfig:
     # Gluon kernel only: 2 runs each program as a cluster of two CTAs on two column tiles of the same row tile, each
     # TMA-loading one consumer's 64 rows of that A tile into both CTAs (block_m 128), which reads each A tile from L2
     # once per pair: cuBLAS's 1 x 2 clusters (nvjet_sm90_qqtst_128x64_128x8_1x2 at M 1024, K 16384, N 1024). Units
-    # are pairs of column tiles; no split, no claimed tiles, tiles of up to 128 columns, not beside cluster_m 2.
+    # are pairs of column tiles; no split, no claimed tiles, tiles of up to 128 columns, not beside cluster_m 2. The
+    # heuristic does not pick it: beside the 128 x 64 picks on 14 products of 128-1024 rows (tensorwise, both orders,
+    # quick) it ran 0.86x their speed (0.76-0.95x; reports/h200/gemm-small-m-eight-stages, `cluster-a-*`).
     cluster_n: int = 1
     # Gluon kernel only: each consumer stores its rows through one NARROW_STORE_COLUMNS-wide buffer, chunk after chunk
     # (waiting for each chunk's store to leave it), in place of a 128-wide buffer per 128-column part: a quarter
@@ -364,7 +366,7 @@ SLIM_SPEED_MANY_ROWS = 0.55
 # nvjet_sm90_qqtst_64x64_128x13_2x1: 64 x 64 tiles with a 13-stage ring (208 KB) in 2-CTA clusters, 128 CTAs, no
 # split. Under Nsight Compute our six-stage pick (64 tiles, each split in two) took 1.33x its time, its consumers
 # stalled at the ring's barriers (7.2 warps per issued instruction against cuBLAS's 0.007; reports/h200/
-# gemm-small-m-eight-stages, `prof-*`). On an H200 (quick compare, one run, same report, `slim-stages/`), eight stages
+# gemm-small-m-eight-stages, `profiles/`). On an H200 (quick compare, one run, same report, `slim-stages/`), eight stages
 # unsplit against the pick on the 16 products of 128-1024 rows whose pick is 128 x 64, in the four regimes: 1.060x
 # (0.975-1.160x) on the 40 picks this rule changes (1.072 / 1.041 / 1.079 / 1.045 tensorwise fast, promoted, axiswise
 # fast, promoted), 1.07-1.11x at M 128-512 with K 4096-14336; at K 1024-2048 it ran 0.97-1.01x. Where the pick splits
