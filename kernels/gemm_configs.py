@@ -367,12 +367,12 @@ SLIM_SPEED_MANY_ROWS = 0.55
 # split. Under Nsight Compute our six-stage pick (64 tiles, each split in two) took 1.33x its time, its consumers
 # stalled at the ring's barriers (7.2 warps per issued instruction against cuBLAS's 0.007; reports/h200/
 # gemm-small-m-eight-stages, `profiles/`). On an H200 (quick compare, one run, same report, `slim-stages/`), eight stages
-# unsplit against the pick on the 16 products of 128-1024 rows whose pick is 128 x 64, in the four regimes: 1.060x
-# (0.975-1.160x) on the 40 picks this rule changes (1.072 / 1.041 / 1.079 / 1.045 tensorwise fast, promoted, axiswise
-# fast, promoted), 1.07-1.11x at M 128-512 with K 4096-14336; at K 1024-2048 it ran 0.97-1.01x. Where the pick splits
+# unsplit against the pick on the 16 products of 128-1024 rows whose pick is 128 x 64, in the four regimes: 1.07-1.11x
+# at M 128-512 with K 4096-14336, 0.98-1.10x at M 1024, N 1024 with K 4096-16384, 0.97-1.01x at K 1024-2048. Where the pick splits
 # its tiles in two, the split paid only from K 14336 on (eight stages unsplit: 1.12-1.16x at K 4096, 1.01-1.04x at
 # K 7168, 0.90-0.93x at K 14336; M 128, N 4096); hence unsplit up to SLIM_DEEP_MAX_SPLIT_K. A split in four (M 128,
-# K 7168, N 2112: 33 tiles) ran 0.94-1.03x unsplit, and keeps its split.
+# K 7168, N 2112: 33 tiles) ran 0.94-1.03x unsplit, and keeps its split. The 36 picks this rule changes over fp8bench's
+# shape sets (9 products, four regimes), each beside the six-stage pick in both orders (`changed-*`): 1.053x.
 SLIM_DEEP_STAGES = 8
 SLIM_DEEP_MIN_K = 4096
 SLIM_DEEP_MAX_SPLIT_K = 8192
@@ -474,10 +474,11 @@ COMPOSITE_WIDE_GLUON = dataclasses.replace(WIDE_GLUON, block_n=192, num_stages=4
 COMPOSITE_PROMOTED_SPEED = 0.99
 # With fast accumulation the same tile runs below 128 x 256's speed: on an H200 (quick compare, one run,
 # reports/h200/gemm-small-m-eight-stages, `composite-fast/`), on the 22 products where a speed of up to 0.99 would
-# have it displace the pick, it ran 0.86-1.05x the pick (0.98x geomean without the next one), and 1.27x (tensorwise)
-# and 1.28x (axiswise) on M 512, K 4096, N 6144, where its 128 tiles make one wave and the 128 x 64 pick's 384 make
+# have it displace the pick, it ran 0.86-1.05x the pick (0.98x geomean without the next one), and 1.28x (tensorwise)
+# and 1.27x (axiswise) on M 512, K 4096, N 6144, where its 128 tiles make one wave and the 128 x 64 pick's 384 make
 # 2.9 (0.77 -> 1.00 of cuBLAS). At 0.90 it takes that product and M 128, K 1536, N 24576 (one wave against 2.9 too:
-# 0.99x there), nothing else over fp8bench's shape sets.
+# 0.99x there), nothing else over fp8bench's shape sets; those 4 picks, each beside the previous one in both orders
+# (`changed-*`): 1.121x.
 COMPOSITE_WIDE_FAST_SPEED = 0.90
 GLUON_TILES = {
     # The three-consumer tile runs fast accumulation too. Without it, the fast regime took 128 x 64 or 128 x 128
