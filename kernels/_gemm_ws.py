@@ -1300,12 +1300,13 @@ def _compiled(compile_with, options: dict):
     return kernel, offsets
 
 
-def _multicast_box(config: Fp8GemmConfig, a_dtype: str = "", b_dtype: str = "") -> tuple[str, list[int]]:
-    """A cluster's multicast operand's dtype (of `a_dtype`, `b_dtype`) and the box each CTA multicasts: with
-    config.cluster_n 2, one consumer's rows of A (the box a_desc loads alone); else half of the B tile's rows."""
+def _multicast_operand(config: Fp8GemmConfig, a, b) -> tuple[object, list[int]]:
+    """A cluster's multicast operand, of `a` and `b` (the operands, or their dtypes' names), and the box each CTA
+    multicasts: with config.cluster_n 2, one consumer's rows of A (the box a_desc loads alone); else half of the B
+    tile's rows."""
     if config.cluster_n == 2:
-        return a_dtype, [CONSUMER_ROWS.value, config.block_k]
-    return b_dtype, [config.block_n // 2, config.block_k]
+        return a, [CONSUMER_ROWS.value, config.block_k]
+    return b, [config.block_n // 2, config.block_k]
 
 
 def _boxes(config: Fp8GemmConfig) -> tuple[list[int], list[int], list[int] | None, list[int] | None]:
@@ -1372,7 +1373,7 @@ def compile_sm90(config: Fp8GemmConfig, granularity: Granularity, fast_accum: bo
     else:
         constants.update(b_right_desc=None, c_right_desc=None)
     if ctas == 2:
-        signature["multicast_desc"] = descriptor(*_multicast_box(config, a_dtype, b_dtype))
+        signature["multicast_desc"] = descriptor(*_multicast_operand(config, a_dtype, b_dtype))
     else:
         constants["multicast_desc"] = None
     if granularity is not Granularity.TENSORWISE:
@@ -1451,9 +1452,7 @@ def launch_ws_gemm(a, b_t, scale_a, scale_b, out, granularity: Granularity, fast
 
     a_desc = descriptor(a, [CONSUMER_ROWS.value, bk])
     b_desc = descriptor(b_t, b_block)
-    multicast_desc = None
-    if ctas == 2:
-        multicast_desc = descriptor(a if config.cluster_n == 2 else b_t, _multicast_box(config)[1])
+    multicast_desc = descriptor(*_multicast_operand(config, a, b_t)) if ctas == 2 else None
     c_desc = descriptor(out, c_block)
     b_right_desc = descriptor(b_t, b_right_block)
     c_right_desc = descriptor(out, c_right_block)

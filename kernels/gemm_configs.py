@@ -275,7 +275,8 @@ def config_label(options: dict) -> str:
     return (f"{o['block_m']}x{o['block_n']}x{o['block_k']} s{o['num_stages']} w{o['num_warps']} g{o['group_m']}"
             + (" n-halves" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
             + (" gluon-ws" if o.get("gluon_ws") else "") + (" overlapped" if o.get("overlap_promotion") else "")
-            + (" multicast" if o.get("cluster_m", 1) > 1 else "") + (" multicast-a" if o.get("cluster_n", 1) > 1 else "") + (" narrow-stores" if o.get("narrow_stores") else "")
+            + (" multicast" if o.get("cluster_m", 1) > 1 else "") + (" multicast-a" if o.get("cluster_n", 1) > 1 else "")
+            + (" narrow-stores" if o.get("narrow_stores") else "")
             + (f" last-wave {o['split_tiles']}x{o['splits']}" if o.get("split_tiles") else ""))
 
 
@@ -366,13 +367,14 @@ SLIM_SPEED_MANY_ROWS = 0.55
 # nvjet_sm90_qqtst_64x64_128x13_2x1: 64 x 64 tiles with a 13-stage ring (208 KB) in 2-CTA clusters, 128 CTAs, no
 # split. Under Nsight Compute our six-stage pick (64 tiles, each split in two) took 1.33x its time, its consumers
 # stalled at the ring's barriers (7.2 warps per issued instruction against cuBLAS's 0.007; reports/h200/
-# gemm-small-m-eight-stages, `profiles/`). On an H200 (quick compare, one run, same report, `slim-stages/`), eight stages
-# unsplit against the pick on the 16 products of 128-1024 rows whose pick is 128 x 64, in the four regimes: 1.07-1.11x
-# at M 128-512 with K 4096-14336, 0.98-1.10x at M 1024, N 1024 with K 4096-16384, 0.97-1.01x at K 1024-2048. Where the pick splits
-# its tiles in two, the split paid only from K 14336 on (eight stages unsplit: 1.12-1.16x at K 4096, 1.01-1.04x at
-# K 7168, 0.90-0.93x at K 14336; M 128, N 4096); hence unsplit up to SLIM_DEEP_MAX_SPLIT_K. A split in four (M 128,
-# K 7168, N 2112: 33 tiles) ran 0.94-1.03x unsplit, and keeps its split. The 36 picks this rule changes over fp8bench's
-# shape sets (9 products, four regimes), each beside the six-stage pick in both orders (`changed-*`): 1.053x.
+# gemm-small-m-eight-stages, `profiles/`). On an H200 (quick compare, one run, same report, `slim-stages/`), eight
+# stages unsplit against the pick on the 16 products of 128-1024 rows whose pick is 128 x 64, in the four regimes:
+# 1.07-1.11x at M 128-512 with K 4096-14336, 0.98-1.10x at M 1024, N 1024 with K 4096-16384, 0.97-1.01x at K
+# 1024-2048. Where the pick splits its tiles in two, the split paid only from K 14336 on (eight stages unsplit:
+# 1.12-1.16x at K 4096, 1.01-1.04x at K 7168, 0.90-0.93x at K 14336; M 128, N 4096); hence unsplit up to
+# SLIM_DEEP_MAX_SPLIT_K. A split in four (M 128, K 7168, N 2112: 33 tiles) ran 0.94-1.03x unsplit, and keeps its
+# split. The 36 picks this rule changes over fp8bench's shape sets (9 products, four regimes), each beside the
+# six-stage pick in both orders (`changed-*`): 1.053x.
 SLIM_DEEP_STAGES = 8
 SLIM_DEEP_MIN_K = 4096
 SLIM_DEEP_MAX_SPLIT_K = 8192
@@ -712,8 +714,8 @@ def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmC
     SHORT_K_TALL_MAX_K); DEEP_NARROW_GLUON's five stages unsplit for a 128 x 128 pick of one wave of tiles or fewer
     (ONE_WAVE_NARROW_STAGES through narrow stores where they fit), and in 128 x 128 tiles for a 128 x 256 pick that
     splits its last wave on a short product (see DEEP_NARROW_GLUON; blockwise weighs that tile as one of its own);
-    SLIM_DEEP_STAGES unsplit for a 128 x 64 pick on a long K (see SLIM_DEEP_STAGES). A 192-row pick with DEEP_TALL_STAGES stages and no split:
-    tensorwise or axiswise on a short product of few waves, blockwise where K is short (see DEEP_TALL_STAGES)."""
+    SLIM_DEEP_STAGES unsplit for a 128 x 64 pick on a long K (see SLIM_DEEP_STAGES). A 192-row pick with
+    DEEP_TALL_STAGES stages and no split: tensorwise or axiswise on a short product of few waves, blockwise where K is short (see DEEP_TALL_STAGES)."""
     plain_tall = config.block_m == GLUON_THREE_CONSUMER_ROWS and not config.right_columns  # a composite's 4th: no room
     if granularity is Granularity.BLOCKWISE:
         if not (plain_tall and K <= DEEP_TALL_BLOCKWISE_MAX_K):
