@@ -21,8 +21,7 @@ the MMA. Here, as in DeepGEMM, the partitions share one persistent walk over BLO
 With config.overlap_promotion a consumer also issues the next K-tile's wgmma before it waits for the last and
 promotes it (_sum_k_tiles_overlapped), so its own FP32 adds run beside its next MMA: a sum and two products, 192
 registers, which only the two-consumer tiles up to 128 wide hold. It holds a second ring slot meanwhile, which costs
-the producer its lead on products of few tiles (gemm_configs.OVERLAP_MIN_WAVES). With fast accumulation,
-config.two_sums does the same with two sums, the even K-tiles' and the odd ones' (_sum_k_tiles_two_sums).
+the producer its lead on products of few tiles (gemm_configs.OVERLAP_MIN_WAVES).
 
 Two 64 x 128 FP32 sets (sum and product) are 128 registers a thread, inside the 232 two consumers get
 (setmaxnreg; the producer keeps 40) and the 160 of three; a 128 x 256 tile is promoted in two 128-column
@@ -706,52 +705,6 @@ def _sum_k_tiles_overlapped(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, cons
 
 
 @gluon.jit
-def _sum_k_tiles_two_sums(a_bufs, b_bufs, ready, empty, consumed, zero, k_first, k_end, WARPGROUP: gl.constexpr,
-                          OFFSETS: gl.constexpr):
-    """Fast accumulation with two sums (config.two_sums): this warpgroup's even K-tiles of [k_first, k_end) summed
-    into `even`, its odd ones into `odd`, each K-tile's wgmma issued before the previous one is waited for and that
-    one's ring slot handed back, so the tensor cores have the next wgmma queued while the warpgroup waits, arrives
-    and takes the next slot: cuBLAS's 128 x 64 kernels sum so (two accumulators, nvjet_sm90_qqtst_128x64_128x8_1x2).
-    Two sums, not one chained sum, so that no K-tile's wgmma reads registers another in flight writes. The same
-    pairs of names as _sum_k_tiles_overlapped, for the same reason. Returns (sum, the K-tile number after the
-    last)."""
-    even = _issue_product(a_bufs, b_bufs, ready, consumed, zero, WARPGROUP, OFFSETS)
-    odd = zero
-    for ki in range(k_first + 1, k_end - 1, 2):  # `even`, K-tile ki - 1, is in flight at each pair's start
-        odd = _issue_onto(odd, a_bufs, b_bufs, ready, consumed + 1, WARPGROUP, OFFSETS)
-        even = _retire(even, empty, consumed, 1, OFFSETS)
-        even = _issue_onto(even, a_bufs, b_bufs, ready, consumed + 2, WARPGROUP, OFFSETS)
-        odd = _retire(odd, empty, consumed + 1, 1, OFFSETS)
-        consumed += 2
-    # New names past the loop: a name's wgmma token and its waited sum have different types.
-    if (k_end - k_first) % 2 == 0:  # one K-tile left after the pairs
-        last = _issue_onto(odd, a_bufs, b_bufs, ready, consumed + 1, WARPGROUP, OFFSETS)
-        total = _retire(even, empty, consumed, 1, OFFSETS)
-        total += _retire(last, empty, consumed + 1, 0, OFFSETS)
-        consumed += 2
-    else:
-        total = _retire(even, empty, consumed, 0, OFFSETS) + odd
-        consumed += 1
-    return total, consumed
-
-
-@gluon.jit
-def _issue_onto(acc, a_bufs, b_bufs, ready, consumed, WARPGROUP: gl.constexpr, OFFSETS: gl.constexpr):
-    """Two sums: issue the wgmma adding this program's `consumed`-th K-tile into `acc` and return it unwaited."""
-    a, b, _ = _take_k_tile(a_bufs, b_bufs, None, ready, consumed, acc.shape[1], WARPGROUP, OFFSETS)
-    return warpgroup_mma(a, b.permute((1, 0)), acc, is_async=True)
-
-
-@gluon.jit
-def _retire(acc, empty, consumed, PENDING: gl.constexpr, OFFSETS: gl.constexpr):
-    """Two sums: wait for the wgmma into `acc` of this program's `consumed`-th K-tile, leaving the PENDING issued
-    after it running, and hand its ring slot back."""
-    acc = warpgroup_mma_wait(PENDING, deps=(acc, ))
-    _release_slot(empty, consumed % empty.type.shape[0], OFFSETS)
-    return acc
-
-
-@gluon.jit
 def _store_rows(acc, c_desc, c_buf, off_m, off_n, row_scale, col_scale, SCALING: gl.constexpr,
                 ACTIVATION: gl.constexpr, OTHER_STORES: gl.constexpr):
     """Scale (tensorwise by the scalar `row_scale`, axiswise by the rows' and columns' scales), apply the activation
@@ -796,10 +749,7 @@ def _sum_k_tiles(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, c
     # Blockwise: where each K-tile's weight scale lies in the window the producer loaded (the same offsets
     # it computes); unused otherwise.
     weight_scales = (off_n // SCALE_BLOCK) * stride_sb_n
-    if OVERLAP and not PROMOTE:
-        acc, consumed = _sum_k_tiles_two_sums(a_bufs, b_bufs, ready, empty, consumed, zero, k_first, k_end, WARPGROUP,
-                                              OFFSETS)
-    elif OVERLAP:
+    if OVERLAP:
         acc, consumed = _sum_k_tiles_overlapped(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, consumed, zero,
                                                 weight_scales, k_first, k_end, stride_sb_k, SCALING, WARPGROUP,
                                                 OFFSETS)
@@ -1107,9 +1057,7 @@ def _fp8_gemm_ws_kernel(
     SCALING: gl.constexpr,  # 0 tensorwise, 1 axiswise, 2 blockwise (_gemm_persistent.SCALING_CODES), BLOCKWISE_1X128_WEIGHTS
     ACTIVATION: gl.constexpr,  # 0 none, 1 sigmoid (_gemm_persistent.ACTIVATION_CODES)
     PROMOTE: gl.constexpr,  # False: fast accumulation, the products summed by the tensor cores (not blockwise)
-    # Each K-tile's wgmma issued before the last is waited for: promoted, before it is promoted
-    # (config.overlap_promotion); with fast accumulation, into the other of two sums (config.two_sums).
-    OVERLAP: gl.constexpr,
+    OVERLAP: gl.constexpr,  # promoted: each K-tile's wgmma issued before the last is promoted (config.overlap_promotion)
     GROUP_M: gl.constexpr,
     STAGES: gl.constexpr,
     SCALE_BLOCK: gl.constexpr,
@@ -1326,8 +1274,8 @@ def _kernel_constants(config: Fp8GemmConfig, granularity: Granularity, fast_accu
                       b_rows: int) -> dict:
     """The kernel's constexpr arguments for `config`: what launch_ws_gemm launches with and compile_sm90 compiles."""
     return dict(BLOCK_M=config.block_m, SCALING=_scaling_code(granularity, b_rows), ACTIVATION=ACTIVATION_CODES[activation],
-                PROMOTE=is_promoted(granularity, fast_accum), OVERLAP=config.overlap_promotion or config.two_sums,
-                GROUP_M=config.group_m, STAGES=config.num_stages, SCALE_BLOCK=BLOCK, DYNAMIC=config.dynamic_tiles, OFFSETS=None,
+                PROMOTE=is_promoted(granularity, fast_accum), OVERLAP=config.overlap_promotion, GROUP_M=config.group_m,
+                STAGES=config.num_stages, SCALE_BLOCK=BLOCK, DYNAMIC=config.dynamic_tiles, OFFSETS=None,
                 MULTICAST_A=config.cluster_n == 2)
 
 

@@ -117,11 +117,6 @@ class Fp8GemmConfig:
     # consumers'. It holds a sum and two products: 128 columns with two consumers (192 of their 232
     # registers), 64 with three (96 of 160).
     overlap_promotion: bool = False
-    # Gluon kernel, fast accumulation only: each consumer sums its even K-tiles and its odd ones apart, issuing a
-    # K-tile's wgmma before it waits for the previous one's and hands that slot back, so the tensor cores have work
-    # queued while it waits, arrives and takes the next slot: cuBLAS's 128 x 64 kernels keep two accumulators so. It
-    # holds two sums and a second ring slot: block_n at most 128 with block_m 128, 64 with three consumers.
-    two_sums: bool = False
     # Gluon kernel only: 2 runs each program as a cluster of two CTAs on two row tiles of the same column tile,
     # each TMA-loading half of that B tile into both CTAs' shared memory (multicast, kernels/_cluster.py), which
     # reads each B tile from L2 once per pair. num_sms // 2 clusters walk pairs of tiles (units), and split the last
@@ -158,7 +153,7 @@ class Fp8GemmConfig:
             raise ValueError(f"split_n must be 1 or 2, and 2 stores column halves (epilogue_subtile), got {self.split_n}")
         if self.num_warps not in (4, 8, 16):
             raise ValueError(f"num_warps must be 4, 8 or 16, got {self.num_warps}")
-        for mode in ("split_last_wave", "dynamic_tiles", "overlap_promotion", "two_sums"):
+        for mode in ("split_last_wave", "dynamic_tiles", "overlap_promotion"):
             if getattr(self, mode) and not self.gluon_ws:
                 raise ValueError(f"{mode} is a mode of the warp-specialized Gluon kernel (gluon_ws)")
         if self.gluon_ws and (
@@ -191,9 +186,6 @@ class Fp8GemmConfig:
         if self.overlap_promotion and self.block_n > (128 if self.block_m == 128 else 64):
             raise ValueError(f"overlap_promotion holds a sum and two products: block_n at most 128 with block_m 128, "
                              f"64 with {GLUON_THREE_CONSUMER_ROWS}; got {self.block_m}x{self.block_n}")
-        if self.two_sums and (self.block_n > (128 if self.block_m == 128 else 64) or self.right_columns):
-            raise ValueError(f"two_sums holds two sums: block_n at most 128 with block_m 128, 64 with "
-                             f"{GLUON_THREE_CONSUMER_ROWS}, no composite tile; got {self.block_m}x{self.block_n}")
         if self.shared_memory_bytes > SHARED_MEMORY_BYTES:
             raise ValueError(
                 f"{self.num_stages} stages of {self.block_m}x{self.block_n}x{self.block_k} need "
@@ -232,9 +224,6 @@ class Fp8GemmConfig:
             )
         if self.overlap_promotion and not is_promoted(granularity, fast_accum):
             raise ValueError("overlap_promotion overlaps the FP32 promotion, which fast accumulation does not do")
-        if self.two_sums and is_promoted(granularity, fast_accum):
-            raise ValueError("two_sums is a mode of fast accumulation: promoted, each K-tile's product goes into one "
-                             "FP32 sum (overlap_promotion overlaps that)")
         if self.right_columns and self.block_m == GLUON_THREE_CONSUMER_ROWS and is_promoted(granularity, fast_accum):
             raise ValueError(f"a {self.block_m} x {self.block_n} tile's consumers hold its sums with fast accumulation "
                              f"only: promoted, a fresh product beside them would not fit their 160 registers")
@@ -280,13 +269,12 @@ class Fp8GemmConfig:
 
 def config_label(options: dict) -> str:
     """A config in a few words, from its fields (as_dict, or options_for with the split): tile, stages, warps,
-    group; then what is on (the tile's N halves, Triton's warp specialization, the Gluon kernel, its overlapped
-    promotion or two sums, and its last wave's split tiles x pieces). The `config` of tuning tables and caches."""
+    group; then what is on (the tile's N halves, Triton's warp specialization, the Gluon kernel and its overlapped
+    promotion, and its last wave's split tiles x pieces). The `config` of tuning tables and caches."""
     o = options
     return (f"{o['block_m']}x{o['block_n']}x{o['block_k']} s{o['num_stages']} w{o['num_warps']} g{o['group_m']}"
             + (" n-halves" if o["split_n"] > 1 else "") + (" ws" if o["warp_specialize"] else "")
             + (" gluon-ws" if o.get("gluon_ws") else "") + (" overlapped" if o.get("overlap_promotion") else "")
-            + (" two-sums" if o.get("two_sums") else "")
             + (" multicast" if o.get("cluster_m", 1) > 1 else "") + (" multicast-a" if o.get("cluster_n", 1) > 1 else "")
             + (" narrow-stores" if o.get("narrow_stores") else "")
             + (f" last-wave {o['split_tiles']}x{o['splits']}" if o.get("split_tiles") else ""))
@@ -829,9 +817,6 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, device: Device
     if is_promoted(granularity, fast_accum):
         # Each Gluon tile also with its promotion overlapped, where its registers hold two products.
         gluon += [fields | dict(overlap_promotion=True) for fields in gluon]
-    else:
-        # Each Gluon tile also with two sums, where its registers hold them.
-        gluon += [fields | dict(two_sums=True) for fields in gluon]
     out = [preset]
     for fields in gluon:
         try:

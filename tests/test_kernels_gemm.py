@@ -261,14 +261,6 @@ def test_cpu_tensors_without_the_interpreter_are_refused(monkeypatch):
         (dict(gluon_ws=True, block_m=192, block_n=128, num_stages=3, num_warps=8, epilogue_subtile=False,
               overlap_promotion=True),
          "two products"),
-        (dict(two_sums=True), "warp-specialized Gluon kernel"),
-        # Two sums: 2 x 64 of a consumer's 232 registers at 128 columns, of 160 at 64 with three; a composite's right
-        # part has a sum of its own.
-        (dict(gluon_ws=True, block_n=256, num_stages=3, num_warps=8, epilogue_subtile=False, two_sums=True), "two sums"),
-        (dict(gluon_ws=True, block_m=192, block_n=128, num_stages=3, num_warps=8, epilogue_subtile=False,
-              two_sums=True), "two sums"),
-        (dict(gluon_ws=True, block_n=192, num_stages=3, num_warps=8, epilogue_subtile=False, two_sums=True),
-         "two sums"),
         (dict(cluster_m=2), "cluster_m"),
         (dict(gluon_ws=True, block_n=128, num_stages=3, num_warps=8, epilogue_subtile=False, cluster_m=3), "cluster_m"),
         (dict(gluon_ws=True, block_n=128, num_stages=3, num_warps=8, epilogue_subtile=False, cluster_m=2,
@@ -298,19 +290,6 @@ def test_overlapped_promotion_is_a_promoted_regime_candidate_only():
     for case in CASES:
         tiles = {(c.block_m, c.block_n) for c in candidate_configs(*case, H100) if c.overlap_promotion}
         assert tiles == ({(128, 128), (128, 64)} if is_promoted(*case) else set()), case
-
-
-def test_two_sums_are_a_fast_accumulation_candidate_only():
-    from fp8kernels.gemm_configs import SLIM_GLUON
-
-    two_sums = dataclasses.replace(SLIM_GLUON, two_sums=True)
-    with pytest.raises(ValueError, match="fast accumulation"):
-        two_sums.check_granularity(Granularity.TENSORWISE, fast_accum=False)
-    two_sums.check_granularity(Granularity.AXISWISE, fast_accum=True)
-    for case in CASES:
-        tiles = {(c.block_m, c.block_n) for c in candidate_configs(*case, H100) if c.two_sums}
-        assert tiles == (set() if is_promoted(*case) else {(128, 128), (128, 64)}), case
-    assert "two-sums" in config_label(two_sums.as_dict())
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
@@ -386,8 +365,7 @@ GLUON_BLOCKWISE_SHAPES = [(1, 1152, 384), (17, 1152, 384), (5000, 1280, 1024), (
 def _gluon_case_id(case_config) -> str:
     case, config = case_config
     return (f"{_case_id(case)}-m{config.block_m}-n{config.block_n}-stages{config.num_stages}"
-            + ("-overlapped" if config.overlap_promotion else "") + ("-two-sums" if config.two_sums else "")
-            + ("-narrow-stores" if config.narrow_stores else ""))
+            + ("-overlapped" if config.overlap_promotion else "") + ("-narrow-stores" if config.narrow_stores else ""))
 
 
 def test_the_gluon_kernel_is_a_candidate_everywhere_but_not_under_the_interpreter():
