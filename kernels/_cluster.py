@@ -15,7 +15,7 @@ shared-memory offsets Triton's allocator gives the buffers those address. Used b
   A cluster-scope release (`.release.cluster`) compiles to `MEMBAR.ALL.GPU` + `ERRBAR` and made the probe's
   multicast kernels 1.7-2.1x slower.
 - `barrier.cluster` waits for every thread of the cluster that has not exited, so every partition of a
-  warp-specialized kernel runs `cluster_sync`, and none of its warps may be left idle.
+  warp-specialized kernel runs `cluster_start`, and none of its warps may be left idle before it.
 """
 
 from __future__ import annotations
@@ -32,14 +32,16 @@ HOPPER = GPUTarget("cuda", 90, 32)
 BARRIER_BYTES = gl.constexpr(8)
 
 # Every thread of both CTAs: this CTA's barrier initialisations become visible cluster-wide, then it waits for
-# the peer (its barriers initialised).
+# the peer (its barriers initialised). The fence orders the initialisations, so the arrive is relaxed, as CUTLASS
+# starts its clusters: a release arrive compiles to MEMBAR.ALL.GPU + ERRBAR in every partition.
 _CLUSTER_START_PTX = gl.constexpr("""{
 fence.mbarrier_init.release.cluster;
-barrier.cluster.arrive.release.aligned;
+barrier.cluster.arrive.relaxed.aligned;
 barrier.cluster.wait.acquire.aligned;
 mov.u32 $0, 0;
 }""")
-# Before exit: wait until the peer is done with this CTA's barriers and shared memory.
+# Before exit: wait until the peer is done with this CTA's barriers and shared memory (the probe's kernels; the GEMM's
+# producer waits for its ring's slots instead, kernels/_gemm_ws.py).
 _CLUSTER_END_PTX = gl.constexpr("""{
 barrier.cluster.arrive.release.aligned;
 barrier.cluster.wait.acquire.aligned;

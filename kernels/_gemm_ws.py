@@ -72,6 +72,8 @@ slot by a TMA multicast (inline PTX: kernels/_cluster.py); each consumer warp ha
 producer too. Every layout carries a broadcast CTA basis (each CTA holds its own copies). The cluster's barrier waits
 are inline PTX and its inline PTX elects its one thread (see _CLUSTER_WAIT_PTX, PEER_ARRIVALS): without either it ran
 at 0.60-0.77 of cuBLAS where it now runs at 0.94 (docs/kernels-design.md, reports/h100-sxm/gemm-multicast-elect).
+Every partition starts with a cluster barrier (_cluster.cluster_start); before exit the producer waits until both
+CTAs' consumers have handed back its ring's slots (_await_handbacks), and no partition waits at a cluster barrier.
 With config.cluster_n 2 the pair is two column tiles of one row tile (MULTICAST_A), and each CTA multicasts one
 consumer's 64 rows of the A tile (128 rows: block_m 128 only), as cuBLAS's 1 x 2 clusters do on products of few row
 tiles; B comes whole to each CTA.
@@ -100,7 +102,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from fp8kernels import _cluster
-from fp8kernels._cluster import (BARRIER_BYTES, arrive_peer, cluster_end, cluster_start, cta_copies, cta_rank,
+from fp8kernels._cluster import (BARRIER_BYTES, arrive_peer, cluster_start, cta_copies, cta_rank,
                                  multicast_rows_ptx)
 from fp8kernels.scaling import BLOCK, Activation, Granularity
 from fp8kernels._gemm_persistent import ACTIVATION_CODES, SCALING_CODES, _tile_coords, scale_strides
@@ -310,6 +312,17 @@ mov.u32 $0, 0;
 
 
 @gluon.jit
+def _await_handbacks(empty, loaded, OFFSETS: gl.constexpr):
+    """A cluster's producer, after its last load (`loaded` K-tiles in all): wait until both CTAs' consumers have handed
+    back every ring slot, so that no arrive of the peer's is still on its way to this CTA's barriers when it exits
+    (CUTLASS's producer tail, in place of a cluster barrier at the end, whose release compiles to a GPU-scope fence in
+    every partition). The peer's multicasts into this CTA are in before its consumers finish: they wait for them."""
+    STAGES: gl.constexpr = empty.type.shape[0]
+    for following in range(loaded, loaded + STAGES):  # the waits STAGES more loads would make
+        _wait_slot(empty, following % STAGES, ((following // STAGES) & 1) ^ 1, "empty", OFFSETS)
+
+
+@gluon.jit
 def _wait_slot(barriers, slot, phase, NAME: gl.constexpr, OFFSETS: gl.constexpr):
     """Wait for phase parity `phase` of ring barrier `slot` of `barriers` (the kernel's buffer NAME: "empty" or
     "ready"); in a cluster by _CLUSTER_WAIT_PTX."""
@@ -451,7 +464,7 @@ def _producer(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_des
         unit = following
         walked += 1
     if gl.num_ctas() == 2:
-        cluster_end()
+        _await_handbacks(empty, loaded, OFFSETS)
     if DYNAMIC:
         slot = loaded % STAGES
         gl.store(log + walked % (STAGES + 1), -1)
@@ -970,8 +983,6 @@ def _consumer(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scal
         walked += 1
         unit = _next_unit(ready, consumed, log, walked, program, num_programs, units, DYNAMIC)
     tma.store_wait(pendings=0)
-    if gl.num_ctas() == 2:
-        cluster_end()
 
 
 @gluon.jit
@@ -1036,11 +1047,10 @@ def _consume_unit(a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, 
 @gluon.jit
 def _filler(ready):
     """The warps beside the producer's one that fill its warpgroup (setmaxnreg sets a warpgroup's registers, and the
-    launch rounds the warps up to whole warpgroups). They have no work; in a cluster they take part in its barriers,
-    which wait for every warp that has not exited, where Triton's idle warps would wait for the kernel's end."""
+    launch rounds the warps up to whole warpgroups). They have no work; in a cluster they take part in its start,
+    whose barrier waits for every warp that has not exited, where Triton's idle warps would wait for the kernel's end."""
     if gl.num_ctas() == 2:
         cluster_start()
-        cluster_end()
 
 
 @gluon.jit

@@ -92,6 +92,11 @@ def test_a_cluster_of_two_ctas_multicasts_b_into_the_buffers_triton_allocated(re
     # their thread: kernels/_cluster.py), and each consumer warp arrives on the peer's barrier.
     assert "BRA.U.ANY" not in sass
     assert sass.count("SYNCS.ARRIVE.TRANS64.RED") == block_m // 64  # one remote arrive in each consumer warpgroup's loop
+    # One cluster barrier in each partition (the consumers, the producer, the warps beside it), at its start, with a
+    # relaxed arrive: no GPU-scope fence anywhere (kernels/_cluster.py).
+    partitions = block_m // 64 + 3
+    assert sass.count("UCGABAR_ARV") == sass.count("UCGABAR_WAIT") == partitions
+    assert sass.count("MEMBAR.ALL.GPU") == 0
     assert shared_layout([64, 128], "float8_e4m3fn", 2).swizzle_byte_width == 128
     assert shared_layout([64, 128], "float8_e4m3fn", 2).cga_layout == [[0, 0]]
 
