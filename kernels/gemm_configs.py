@@ -128,7 +128,8 @@ class Fp8GemmConfig:
     # once per pair: cuBLAS's 1 x 2 clusters (nvjet_sm90_qqtst_128x64_128x8_1x2 at M 1024, K 16384, N 1024). Units
     # are pairs of column tiles; no split, no claimed tiles, tiles of up to 128 columns, not beside cluster_m 2. The
     # heuristic does not pick it: beside the 128 x 64 picks on 14 products of 128-1024 rows (tensorwise, both orders,
-    # quick) it ran 0.86x their speed (0.76-0.95x; reports/h200/gemm-small-m-eight-stages, `cluster-a-*`).
+    # quick) it ran 0.86x their speed (0.76-0.95x; reports/h200/gemm-small-m-eight-stages, `cluster-a-*`), and with the
+    # relaxed cluster start 0.88-0.97x on five of them (reports/h200/gemm-cluster-relaxed-start, `cluster-a/`).
     cluster_n: int = 1
     # Gluon kernel only: each consumer stores its rows through one NARROW_STORE_COLUMNS-wide buffer, chunk after chunk
     # (waiting for each chunk's store to leave it), in place of a 128-wide buffer per 128-column part: a quarter
