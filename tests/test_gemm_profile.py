@@ -56,6 +56,26 @@ def test_counters_and_stalls_are_read_by_name(tmp_path):
     assert counters.stalls == {"barrier": pytest.approx(3.94), "wait": pytest.approx(0.5)}
 
 
+def test_l2_traffic_is_read_in_megabytes_from_bytes_and_32_byte_sectors(tmp_path):
+    """The bytes the SMs received, and L2's read and fabric sectors, as ncu gives them (M 1024, K 16384, N 1024 on an
+    H200), all in MB; a byte counter in a unit ncu does not use exits 2 naming it."""
+    names = ["ID", "Kernel Name", "l1tex__m_xbar2l1tex_read_bytes.sum", "lts__t_sectors_srcunit_tex_op_read.sum",
+             "lts__t_sectors_srcunit_ltcfabric.sum"]
+    path = tmp_path / "cublas.raw.csv"
+    with path.open("w", newline="") as f:
+        csv.writer(f, quoting=csv.QUOTE_ALL).writerows(
+            [names, ["", "", "Mbyte", "sector", "sector"], ["0", "nvjet", "402.661376", "5,288,592", "831,940"]])
+    values = profile.read_counters(path).values
+    assert values["sm_received_mb"] == pytest.approx(402.661376)
+    assert values["l2_read_mb"] == pytest.approx(5_288_592 * 32 / 1e6)
+    assert values["l2_fabric_mb"] == pytest.approx(831_940 * 32 / 1e6)
+    with path.open("w", newline="") as f:
+        csv.writer(f, quoting=csv.QUOTE_ALL).writerows(
+            [names, ["", "", "words", "sector", "sector"], ["0", "nvjet", "402.661376", "5,288,592", "831,940"]])
+    with pytest.raises(profile.ProfileError, match=r"cublas\.raw\.csv: l1tex__m_xbar2l1tex_read_bytes\.sum in 'words'"):
+        profile.read_counters(path)
+
+
 def test_durations_in_milliseconds_are_read_in_microseconds(tmp_path):
     """ncu gives a kernel of 1.7 ms its duration in ms: the table, and the cycles from it, stay in us."""
     write_raw(tmp_path / "ours.raw.csv", "_fp8_gemm_ws_kernel", 1733.952, 37.2, 5.46, duration_unit="ms")

@@ -11,9 +11,9 @@ matmul` calls it), profiles its third kernel launch, and exports each report's c
 its SASS with per-instruction stall samples (DIR/<backend>.sass.csv). Then, side by side: the kernel's duration, SM
 clock and SM cycles (ncu locks the clock near base while it profiles, a little differently from run to run: durations
 compare between the backends of a run and cycles across runs, neither with a timed run, whose clock the power cap
-sets), how busy the tensor pipe, L2, DRAM and shared memory were, issue activity, the leading stall reasons, and each
-kernel's hot instruction runs (consecutive instructions executed equally often, i.e. loop bodies) with their share of
-the stall samples. Needs an sm_90 GPU and ncu (`--ncu`, default: on PATH or /usr/local/cuda/bin/ncu).
+sets), how busy the tensor pipe, L2, DRAM and shared memory were, the bytes the SMs received against those L2 read
+to serve them, issue activity, the leading stall reasons, and each kernel's hot instruction runs (consecutive
+instructions executed equally often, i.e. loop bodies) with their share of the stall samples. Needs an sm_90 GPU and ncu (`--ncu`, default: on PATH or /usr/local/cuda/bin/ncu).
 """
 
 from __future__ import annotations
@@ -48,6 +48,12 @@ COUNTERS = (
     ("tensor_pipe_pct", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed", "%"),
     ("l2_pct", "lts__throughput.avg.pct_of_peak_sustained_elapsed", "%"),
     ("dram_pct", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", "%"),
+    # What the SMs received from L2 over the crossbar, against what L2 read to serve it (a multicast load is read once
+    # for both CTAs) and what crossed between L2's two partitions: at M 1024, K 16384, N 1024 every kernel received
+    # 402.7 MB, and cuBLAS's reads were 0.6x our pick's (reports/h200/gemm-two-sums).
+    ("sm_received_mb", "l1tex__m_xbar2l1tex_read_bytes.sum", "MB"),
+    ("l2_read_mb", "lts__t_sectors_srcunit_tex_op_read.sum", "MB"),
+    ("l2_fabric_mb", "lts__t_sectors_srcunit_ltcfabric.sum", "MB"),
     ("shared_wavefronts_pct", "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed", "%"),
     ("issue_active_pct", "smsp__issue_active.avg.pct_of_peak_sustained_active", "%"),
     ("grid", "launch__grid_size", ""),
@@ -95,6 +101,7 @@ UNIT_SCALES = {
     "us": {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6},
     "GHz": {"hz": 1e-9, "Khz": 1e-6, "Mhz": 1e-3, "Ghz": 1.0},
     "KB": {"byte/block": 1e-3, "Kbyte/block": 1.0, "Mbyte/block": 1e3},
+    "MB": {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3, "sector": 32e-6},  # L2's sectors are 32 bytes
 }
 
 
