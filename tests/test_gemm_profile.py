@@ -58,20 +58,21 @@ def test_counters_and_stalls_are_read_by_name(tmp_path):
 
 def test_l2_traffic_is_read_in_megabytes_from_bytes_and_32_byte_sectors(tmp_path):
     """The bytes the SMs received, and L2's read and fabric sectors, as ncu gives them (M 1024, K 16384, N 1024 on an
-    H200), all in MB; a byte counter in a unit ncu does not use exits 2 naming it."""
+    H200), all in MB, and the SMs each sector reached; a byte counter in a unit ncu does not use exits 2 naming it."""
     names = ["ID", "Kernel Name", "l1tex__m_xbar2l1tex_read_bytes.sum", "lts__t_sectors_srcunit_tex_op_read.sum",
-             "lts__t_sectors_srcunit_ltcfabric.sum"]
+             "lts__t_sectors_srcunit_ltcfabric.sum", "lrc__average_xbar2gpc_sectors_op_read.ratio"]
     path = tmp_path / "cublas.raw.csv"
     with path.open("w", newline="") as f:
         csv.writer(f, quoting=csv.QUOTE_ALL).writerows(
-            [names, ["", "", "Mbyte", "sector", "sector"], ["0", "nvjet", "402.661376", "5,288,592", "831,940"]])
+            [names, ["", "", "Mbyte", "sector", "sector", ""], ["0", "nvjet", "402.661376", "5,288,592", "831,940", "2.24"]])
     values = profile.read_counters(path).values
     assert values["sm_received_mb"] == pytest.approx(402.661376)
     assert values["l2_read_mb"] == pytest.approx(5_288_592 * 32 / 1e6)
     assert values["l2_fabric_mb"] == pytest.approx(831_940 * 32 / 1e6)
+    assert values["l2_sector_fanout"] == pytest.approx(2.24)
     with path.open("w", newline="") as f:
         csv.writer(f, quoting=csv.QUOTE_ALL).writerows(
-            [names, ["", "", "words", "sector", "sector"], ["0", "nvjet", "402.661376", "5,288,592", "831,940"]])
+            [names, ["", "", "words", "sector", "sector", ""], ["0", "nvjet", "402.661376", "5,288,592", "831,940", "2.24"]])
     with pytest.raises(profile.ProfileError, match=r"cublas\.raw\.csv: l1tex__m_xbar2l1tex_read_bytes\.sum in 'words'"):
         profile.read_counters(path)
 

@@ -12,7 +12,7 @@ its SASS with per-instruction stall samples (DIR/<backend>.sass.csv). Then, side
 clock and SM cycles (ncu locks the clock near base while it profiles, a little differently from run to run: durations
 compare between the backends of a run and cycles across runs, neither with a timed run, whose clock the power cap
 sets), how busy the tensor pipe, L2, DRAM and shared memory were, the bytes the SMs received against those L2 read
-to serve them, issue activity, the leading stall reasons, and each kernel's hot instruction runs (consecutive
+to serve them (and how many SMs each sector reached), issue activity, the leading stall reasons, and each kernel's hot instruction runs (consecutive
 instructions executed equally often, i.e. loop bodies) with their share of the stall samples. Needs an sm_90 GPU and ncu (`--ncu`, default: on PATH or /usr/local/cuda/bin/ncu).
 """
 
@@ -48,12 +48,15 @@ COUNTERS = (
     ("tensor_pipe_pct", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed", "%"),
     ("l2_pct", "lts__throughput.avg.pct_of_peak_sustained_elapsed", "%"),
     ("dram_pct", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", "%"),
-    # What the SMs received from L2 over the crossbar, against what L2 read to serve it (a multicast load is read once
-    # for both CTAs) and what crossed between L2's two partitions: at M 1024, K 16384, N 1024 every kernel received
-    # 402.7 MB, and cuBLAS's reads were 0.6x our pick's (reports/h200/gemm-two-sums).
+    # What the SMs received from L2 over the crossbar, against what L2 read to serve it and what crossed between L2's
+    # two partitions; and the fan-out between them: the SMs each sector from L2 reached, through the L2 request
+    # coalescer (LRC: identical reads of SMs of a GPC served once) and TMA multicast. At M 1024, K 16384, N 1024 every
+    # kernel received 402.7 MB, L2 read 281 MB for our pick and 169 MB for cuBLAS's: fan-out 1.46 against 2.24
+    # (reports/h200/gemm-two-sums).
     ("sm_received_mb", "l1tex__m_xbar2l1tex_read_bytes.sum", "MB"),
     ("l2_read_mb", "lts__t_sectors_srcunit_tex_op_read.sum", "MB"),
     ("l2_fabric_mb", "lts__t_sectors_srcunit_ltcfabric.sum", "MB"),
+    ("l2_sector_fanout", "lrc__average_xbar2gpc_sectors_op_read.ratio", ""),
     ("shared_wavefronts_pct", "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed", "%"),
     ("issue_active_pct", "smsp__issue_active.avg.pct_of_peak_sustained_active", "%"),
     ("grid", "launch__grid_size", ""),
