@@ -217,6 +217,14 @@ def test_run_profiles_each_backend_exports_its_counters_and_prints_them(tmp_path
     assert "796.5" in result.output and "783.6" in result.output and "ours: instruction runs" in result.output
     metadata = json.loads((out / "metadata.json").read_text())
     assert metadata["ncu"] == "Version 2025.3.1.0" and metadata["regime"] == "blockwise/fast_accum=off"
+    # ncu locks the clock near base unless --own-clock leaves it to the GPU, as in a timed run; the metadata says which.
+    assert all(c[c.index("--clock-control") + 1] == "base" for c in profiled) and metadata["ncu_clock_control"] == "base"
+    calls.clear()
+    result = CliRunner().invoke(profile.app, ["run", "--shape", "4096x16384x7168", "--regime", "blockwise/fast_accum=off",
+                                              "--out", str(out), "--own-clock"], terminal_width=300)
+    assert result.exit_code == 0, result.output
+    assert [c[c.index("--clock-control") + 1] for c in calls if "-o" in c] == ["none", "none"]
+    assert json.loads((out / "metadata.json").read_text())["ncu_clock_control"] == "none"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU exit")

@@ -1,7 +1,7 @@
 """Where an FP8 GEMM's time goes, ours against cuBLAS, from Nsight Compute (ncu) hardware counters: one product,
 one regime, one kernel launch of each profiled with ncu's full set.
 
-    python tools/gemm_profile.py run --shape 4096x16384x7168 --regime blockwise/fast_accum=off --out DIR
+    python tools/gemm_profile.py run --shape 4096x16384x7168 --regime blockwise/fast_accum=off --out DIR [--own-clock]
     python tools/gemm_profile.py summarize DIR        # the tables again, from DIR's exported counters (or gzipped)
     python tools/gemm_profile.py summarize BEFORE AFTER   # two runs' kernels side by side (compare in SM cycles)
 
@@ -11,7 +11,7 @@ matmul` calls it), profiles its third kernel launch, and exports each report's c
 its SASS with per-instruction stall samples (DIR/<backend>.sass.csv). Then, side by side: the kernel's duration, SM
 clock and SM cycles (ncu locks the clock near base while it profiles, a little differently from run to run: durations
 compare between the backends of a run and cycles across runs, neither with a timed run, whose clock the power cap
-sets), how busy the tensor pipe, L2, DRAM and shared memory were, the bytes the SMs received against those L2 read
+sets; `--own-clock` leaves the clock to the GPU, as in a timed run), how busy the tensor pipe, L2, DRAM and shared memory were, the bytes the SMs received against those L2 read
 to serve them (and how many SMs each sector reached), issue activity, the leading stall reasons, and each kernel's hot instruction runs (consecutive
 instructions executed equally often, i.e. loop bodies) with their share of the stall samples. Needs an sm_90 GPU and ncu (`--ncu`, default: on PATH or /usr/local/cuda/bin/ncu).
 """
@@ -238,7 +238,11 @@ def _ncu_path(given: str | None) -> str | None:
 def run(shape: str = typer.Option(..., help="the product, MxKxN"),
         regime: str = typer.Option(..., help="e.g. blockwise/fast_accum=off"),
         out: Path = typer.Option(..., help="folder for the reports, their exported counters and metadata.json"),
-        ncu: str = typer.Option(None, help="the ncu executable (default: on PATH or /usr/local/cuda/bin/ncu)")):
+        ncu: str = typer.Option(None, help="the ncu executable (default: on PATH or /usr/local/cuda/bin/ncu)"),
+        own_clock: bool = typer.Option(False, "--own-clock", help="leave the GPU's clock to it (ncu --clock-control "
+                                                                  "none), as in a timed run, instead of ncu's lock "
+                                                                  "near base: a kernel bound by its loads at full "
+                                                                  "clock may be bound by its MMAs at base")):
     """Profile one launch of ours and of cuBLAS on the product with ncu, export the counters, print the tables."""
     import torch
 
@@ -254,11 +258,13 @@ def run(shape: str = typer.Option(..., help="the product, MxKxN"),
     out.mkdir(parents=True, exist_ok=True)
     version = subprocess.run([executable, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1:]
     write_metadata(out, run_metadata(script_command_line(), {"ncu": version[0] if version else "", "shape": shape,
-                                                              "regime": regime}))
+                                                              "regime": regime,
+                                                              "ncu_clock_control": "none" if own_clock else "base"}))
     for backend in BACKENDS:
         report = out / backend
         profiled = subprocess.run(
-            [executable, "--set", "full", "--launch-skip", str(CALLS - 1), "--launch-count", "1", "-k",
+            [executable, "--set", "full", "--clock-control", "none" if own_clock else "base", "--launch-skip",
+             str(CALLS - 1), "--launch-count", "1", "-k",
              f"regex:{KERNEL_FILTERS[backend]}", "-f", "-o", str(report), sys.executable, __file__, "launch",
              "--backend", backend, "--shape", shape, "--regime", regime],
             capture_output=True, text=True)
