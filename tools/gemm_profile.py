@@ -50,7 +50,7 @@ COUNTERS = (
     ("dram_pct", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", "%"),
     # What the SMs received from L2 over the crossbar, against what L2 read to serve it and what crossed between L2's
     # two partitions; and the fan-out between them: the SMs each sector from L2 reached, through the L2 request
-    # coalescer (LRC: identical reads of SMs of a GPC served once) and TMA multicast. At M 1024, K 16384, N 1024 every
+    # coalescer (LRC: identical reads that meet in it served once) and TMA multicast. At M 1024, K 16384, N 1024 every
     # kernel received 402.7 MB, L2 read 281 MB for our pick and 169 MB for cuBLAS's: fan-out 1.46 against 2.24
     # (reports/h200/gemm-two-sums).
     ("sm_received_mb", "l1tex__m_xbar2l1tex_read_bytes.sum", "MB"),
