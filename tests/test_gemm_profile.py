@@ -64,7 +64,8 @@ def test_l2_traffic_is_read_in_megabytes_from_bytes_and_32_byte_sectors(tmp_path
     path = tmp_path / "cublas.raw.csv"
     with path.open("w", newline="") as f:
         csv.writer(f, quoting=csv.QUOTE_ALL).writerows(
-            [names, ["", "", "Mbyte", "sector", "sector", ""], ["0", "nvjet", "402.661376", "5,288,592", "831,940", "2.24"]])
+            [names, ["", "", "Mbyte", "sector", "sector", ""],
+             ["0", "nvjet", "402.661376", "5,288,592", "831,940", "2.24"]])
     values = profile.read_counters(path).values
     assert values["sm_received_mb"] == pytest.approx(402.661376)
     assert values["l2_read_mb"] == pytest.approx(5_288_592 * 32 / 1e6)
@@ -72,7 +73,8 @@ def test_l2_traffic_is_read_in_megabytes_from_bytes_and_32_byte_sectors(tmp_path
     assert values["l2_sector_fanout"] == pytest.approx(2.24)
     with path.open("w", newline="") as f:
         csv.writer(f, quoting=csv.QUOTE_ALL).writerows(
-            [names, ["", "", "words", "sector", "sector", ""], ["0", "nvjet", "402.661376", "5,288,592", "831,940", "2.24"]])
+            [names, ["", "", "words", "sector", "sector", ""],
+             ["0", "nvjet", "402.661376", "5,288,592", "831,940", "2.24"]])
     with pytest.raises(profile.ProfileError, match=r"cublas\.raw\.csv: l1tex__m_xbar2l1tex_read_bytes\.sum in 'words'"):
         profile.read_counters(path)
 
@@ -218,10 +220,12 @@ def test_run_profiles_each_backend_exports_its_counters_and_prints_them(tmp_path
     metadata = json.loads((out / "metadata.json").read_text())
     assert metadata["ncu"] == "Version 2025.3.1.0" and metadata["regime"] == "blockwise/fast_accum=off"
     # ncu locks the clock near base unless --own-clock leaves it to the GPU, as in a timed run; the metadata says which.
-    assert all(c[c.index("--clock-control") + 1] == "base" for c in profiled) and metadata["ncu_clock_control"] == "base"
+    assert all(c[c.index("--clock-control") + 1] == "base" for c in profiled)
+    assert metadata["ncu_clock_control"] == "base"
     calls.clear()
-    result = CliRunner().invoke(profile.app, ["run", "--shape", "4096x16384x7168", "--regime", "blockwise/fast_accum=off",
-                                              "--out", str(out), "--own-clock"], terminal_width=300)
+    result = CliRunner().invoke(profile.app, ["run", "--shape", "4096x16384x7168", "--regime",
+                                              "blockwise/fast_accum=off", "--out", str(out), "--own-clock"],
+                                terminal_width=300)
     assert result.exit_code == 0, result.output
     assert [c[c.index("--clock-control") + 1] for c in calls if "-o" in c] == ["none", "none"]
     assert json.loads((out / "metadata.json").read_text())["ncu_clock_control"] == "none"

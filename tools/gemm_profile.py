@@ -11,9 +11,11 @@ matmul` calls it), profiles its third kernel launch, and exports each report's c
 its SASS with per-instruction stall samples (DIR/<backend>.sass.csv). Then, side by side: the kernel's duration, SM
 clock and SM cycles (ncu locks the clock near base while it profiles, a little differently from run to run: durations
 compare between the backends of a run and cycles across runs, neither with a timed run, whose clock the power cap
-sets; `--own-clock` leaves the clock to the GPU, as in a timed run), how busy the tensor pipe, L2, DRAM and shared memory were, the bytes the SMs received against those L2 read
-to serve them (and how many SMs each sector reached), issue activity, the leading stall reasons, and each kernel's hot instruction runs (consecutive
-instructions executed equally often, i.e. loop bodies) with their share of the stall samples. Needs an sm_90 GPU and ncu (`--ncu`, default: on PATH or /usr/local/cuda/bin/ncu).
+sets; `--own-clock` leaves the clock to the GPU, as in a timed run), how busy the tensor pipe, L2, DRAM and shared
+memory were, the bytes the SMs received against those L2 read to serve them (and how many SMs each sector reached),
+issue activity, the leading stall reasons, and each kernel's hot instruction runs (consecutive instructions executed
+equally often, i.e. loop bodies) with their share of the stall samples. Needs an sm_90 GPU and ncu (`--ncu`, default:
+on PATH or /usr/local/cuda/bin/ncu).
 """
 
 from __future__ import annotations
