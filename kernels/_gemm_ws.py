@@ -250,8 +250,7 @@ def _load_k_tile(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     slot = loaded % STAGES
     b_bytes: gl.constexpr = b_desc.block_type.nbytes + (0 if b_right_desc is None else b_right_desc.block_type.nbytes)
-    # mbarriers start in phase 0 with phase "-1" complete: the first pass over the ring does not wait.
-    _wait_slot(empty, slot, ((loaded // STAGES) & 1) ^ 1, "empty", OFFSETS)
+    _await_free_slot(empty, loaded, OFFSETS)
     bar = ready.index(slot)
     if SCALING >= 2:
         mbarrier.expect(bar, CONSUMERS * (a_desc.block_type.nbytes + sa_desc.block_type.nbytes)
@@ -317,9 +316,16 @@ def _await_handbacks(empty, loaded, OFFSETS: gl.constexpr):
     back every ring slot, so that no arrive of the peer's is still on its way to this CTA's barriers when it exits
     (CUTLASS's producer tail, in place of a cluster barrier at the end, whose release compiles to a GPU-scope fence in
     every partition). The peer's multicasts into this CTA are in before its consumers finish: they wait for them."""
+    for following in range(loaded, loaded + empty.type.shape[0]):  # the waits STAGES more loads would make
+        _await_free_slot(empty, following, OFFSETS)
+
+
+@gluon.jit
+def _await_free_slot(empty, loaded, OFFSETS: gl.constexpr):
+    """Wait until the consumers have handed back the ring slot of the program's `loaded`-th K-tile load (mbarriers
+    start in phase 0 with phase "-1" complete: the first pass over the ring does not wait)."""
     STAGES: gl.constexpr = empty.type.shape[0]
-    for following in range(loaded, loaded + STAGES):  # the waits STAGES more loads would make
-        _wait_slot(empty, following % STAGES, ((following // STAGES) & 1) ^ 1, "empty", OFFSETS)
+    _wait_slot(empty, loaded % STAGES, ((loaded // STAGES) & 1) ^ 1, "empty", OFFSETS)
 
 
 @gluon.jit
@@ -468,7 +474,7 @@ def _producer(a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_des
     if DYNAMIC:
         slot = loaded % STAGES
         gl.store(log + walked % (STAGES + 1), -1)
-        mbarrier.wait(empty.index(slot), ((loaded // STAGES) & 1) ^ 1)
+        _await_free_slot(empty, loaded, OFFSETS)
         mbarrier.arrive(ready.index(slot), count=1)
         _finish_claims(counter_ptr, num_programs)
 
