@@ -716,7 +716,8 @@ def _deepened(M: int, N: int, K: int, granularity: Granularity, config: Fp8GemmC
     (ONE_WAVE_NARROW_STAGES through narrow stores where they fit), and in 128 x 128 tiles for a 128 x 256 pick that
     splits its last wave on a short product (see DEEP_NARROW_GLUON; blockwise weighs that tile as one of its own);
     SLIM_DEEP_STAGES unsplit for a 128 x 64 pick on a long K (see SLIM_DEEP_STAGES). A 192-row pick with
-    DEEP_TALL_STAGES stages and no split: tensorwise or axiswise on a short product of few waves, blockwise where K is short (see DEEP_TALL_STAGES)."""
+    DEEP_TALL_STAGES stages and no split: tensorwise or axiswise on a short product of few waves, blockwise where K is
+    short (see DEEP_TALL_STAGES)."""
     plain_tall = config.block_m == GLUON_THREE_CONSUMER_ROWS and not config.right_columns  # a composite's 4th: no room
     if granularity is Granularity.BLOCKWISE:
         if not (plain_tall and K <= DEEP_TALL_BLOCKWISE_MAX_K):

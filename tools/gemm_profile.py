@@ -258,17 +258,17 @@ def run(shape: str = typer.Option(..., help="the product, MxKxN"),
     from fp8bench.harness.results import write_metadata
 
     out.mkdir(parents=True, exist_ok=True)
+    clock_control = "none" if own_clock else "base"
     version = subprocess.run([executable, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1:]
     write_metadata(out, run_metadata(script_command_line(), {"ncu": version[0] if version else "", "shape": shape,
                                                               "regime": regime,
-                                                              "ncu_clock_control": "none" if own_clock else "base"}))
+                                                              "ncu_clock_control": clock_control}))
     for backend in BACKENDS:
         report = out / backend
         profiled = subprocess.run(
-            [executable, "--set", "full", "--clock-control", "none" if own_clock else "base", "--launch-skip",
-             str(CALLS - 1), "--launch-count", "1", "-k",
-             f"regex:{KERNEL_FILTERS[backend]}", "-f", "-o", str(report), sys.executable, __file__, "launch",
-             "--backend", backend, "--shape", shape, "--regime", regime],
+            [executable, "--set", "full", "--clock-control", clock_control, "--launch-skip", str(CALLS - 1),
+             "--launch-count", "1", "-k", f"regex:{KERNEL_FILTERS[backend]}", "-f", "-o", str(report),
+             sys.executable, __file__, "launch", "--backend", backend, "--shape", shape, "--regime", regime],
             capture_output=True, text=True)
         (out / f"{backend}.ncu.log").write_text(profiled.stdout + profiled.stderr)
         if profiled.returncode or not report.with_suffix(".ncu-rep").is_file():
