@@ -122,8 +122,10 @@ HALF_N = 128
 # rounded down to a multiple of 8); the producer gives up all it can spare, so each consumer warpgroup gets
 # (3 * 168 - 40) / 2 = 232. Three (a 192-row tile): four warpgroups under maxnreg 128, and each consumer
 # gets (4 * 128 - 32) / 3 = 160, room for a 64 x 128 sum and product (the two-consumer 128 x 128 blockwise
-# consumer needs 146).
-MAX_REGISTERS = {2: 168, 3: 128}
+# consumer needs 146). One (a 64-row tile): 4 + 1 + 2 + 1 warps, two warpgroups under maxnreg 168; the consumer
+# keeps its 168, and its 64 x 128 sum and product need far fewer.
+MAX_REGISTERS = {1: 168, 2: 168, 3: 128}
+PRODUCER_REGISTERS_OF_ONE = gl.constexpr(40)
 CONSUMER_REGISTERS_OF_TWO, PRODUCER_REGISTERS_OF_TWO = gl.constexpr(232), gl.constexpr(40)
 CONSUMER_REGISTERS_OF_THREE, PRODUCER_REGISTERS_OF_THREE = gl.constexpr(160), gl.constexpr(32)
 # Blockwise scales by TMA: a box's first element must sit on a 16-byte boundary of global memory (a
@@ -1178,7 +1180,7 @@ def _fp8_gemm_ws_kernel(
             [4, 4, 1, 2, 1],
             [CONSUMER_REGISTERS_OF_THREE, CONSUMER_REGISTERS_OF_THREE] + [PRODUCER_REGISTERS_OF_THREE] * 3,
         )
-    else:
+    elif CONSUMERS == 2:
         gl.warp_specialize(
             [
                 (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scales_ready, scales_empty, c_bufs,
@@ -1200,6 +1202,24 @@ def _fp8_gemm_ws_kernel(
             ],
             [4, 1, 2, 1],
             [CONSUMER_REGISTERS_OF_TWO] + [PRODUCER_REGISTERS_OF_TWO] * 3,
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_consumer, (a_bufs, b_bufs, b_right_bufs, sa_bufs, sb_bufs, ready, empty, scales_ready, scales_empty, c_bufs,
+                             c_desc, c_right_bufs, c_right_desc, scale_a_ptr, scale_b_ptr, workspace_desc, partial_bars,
+                             flags_ptr, log_ptr, M, N, K, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits,
+                             SCALING, ACTIVATION, PROMOTE, OVERLAP, GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, MULTICAST_A,
+                             0)),
+                (_producer, (a_desc, b_desc, b_right_desc, a_bufs, b_bufs, b_right_bufs, sa_desc, sb_desc, sa_bufs,
+                             sb_bufs, ready, empty, scales_ready, scales_empty, counter_ptr, log_ptr, M, N, K,
+                             stride_sa_k, stride_sb_n, stride_sb_k, num_programs, split_tiles, splits, SCALING,
+                             GROUP_M, SCALE_BLOCK, DYNAMIC, OFFSETS, MULTICAST_A)),
+                (_filler, (ready, )),
+                (_filler, (ready, )),
+            ],
+            [1, 2, 1],
+            [PRODUCER_REGISTERS_OF_ONE] * 3,
         )
 
 

@@ -158,12 +158,12 @@ class Fp8GemmConfig:
             if getattr(self, mode) and not self.gluon_ws:
                 raise ValueError(f"{mode} is a mode of the warp-specialized Gluon kernel (gluon_ws)")
         if self.gluon_ws and (
-            self.block_m not in (128, GLUON_THREE_CONSUMER_ROWS) or (self.block_k, self.num_warps) != (BLOCK, 8)
+            self.block_m not in (64, 128, GLUON_THREE_CONSUMER_ROWS) or (self.block_k, self.num_warps) != (BLOCK, 8)
             or self.block_n not in (64, 128, 256, *GLUON_COMPOSITE_BLOCK_N) or self.split_n != 1 or self.warp_specialize
             or self.epilogue_subtile or (self.block_m == GLUON_THREE_CONSUMER_ROWS and self.block_n == 256)
         ):
             raise ValueError(
-                "the warp-specialized Gluon kernel takes block_m 128 (block_n 64, 128, 160, 192 or 256) or 192 "
+                "the warp-specialized Gluon kernel takes block_m 64 or 128 (block_n 64, 128, 160, 192 or 256) or 192 "
                 "(block_n 64, 128, 160 or 192), block_k 128, 8 warps, split_n 1, whole-tile stores (epilogue_subtile "
                 "False) and no warp_specialize"
             )
@@ -317,6 +317,18 @@ NARROW_GLUON = dataclasses.replace(WIDE_GLUON, block_n=128, num_stages=4)
 TALL_GLUON = dataclasses.replace(WIDE_GLUON, block_m=GLUON_THREE_CONSUMER_ROWS, block_n=128)
 SLIM_GLUON = dataclasses.replace(NARROW_GLUON, block_n=64, num_stages=6)
 OVERLAPPED_NARROW_GLUON = dataclasses.replace(NARROW_GLUON, overlap_promotion=True)
+# 64 x 64 (one consumer warpgroup), 13 stages (227,840 bytes) and no split: cuBLAS's tile and ring at M 128, K 4096,
+# N 4096 (nvjet_sm90_qqtst_64x64_128x13_2x1), twice the programs of 128 x 64 where that leaves half the SMs idle. On an
+# H200 (quick compare, one run, reports/h200/gemm-one-consumer-tile, `slim64/`), forced onto the picks of the 14
+# products of 128-256 rows with K 512-16384 in four regimes: 1.01-1.19x at M 128, N 4096 (K 4096, 7168, 14336: 64
+# tiles of 128 x 64, split in two, against 128 of 64 x 64), 1.05x at M 128, K 7168, N 2112 unsplit, and 0.50-0.81x
+# wherever the 128-row pick's grid fills as well or better (N 6144-32768, M 256). As 2 x 1 clusters multicasting B, as
+# cuBLAS runs it, 0.90-0.95x the one-CTA tile. SHORT_SPEED lies between what the M 128, N 4096 products need for it
+# to displace the split 128 x 64 pick (0.63-0.73) and SLIM_SPEED, above which it would displace 128 x 64 on products
+# whose grids both fill alike.
+SHORT_GLUON = dataclasses.replace(SLIM_GLUON, block_m=64, num_stages=13, split_last_wave=False)
+SHORT_BLOCKWISE_GLUON = dataclasses.replace(SHORT_GLUON, group_m=8)
+SHORT_SPEED = 0.80
 BLOCKWISE_GLUON = dataclasses.replace(OVERLAPPED_NARROW_GLUON, group_m=8)
 TALL_BLOCKWISE_GLUON = dataclasses.replace(TALL_GLUON, group_m=8)
 SLIM_BLOCKWISE_GLUON = dataclasses.replace(SLIM_GLUON, group_m=8)
@@ -497,11 +509,12 @@ GLUON_TILES = {
     # the shape sets change, all timed against the previous ones in one run (reports/h100-sxm/matmul-heuristic-refit):
     # 1.06x faster (geomean), 0.93x to 1.17x; the promoted 128 x 128's 0.93 was chosen from that run's times.
     "fast": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.95), (NARROW_GLUON, 0.9), (SLIM_GLUON, SLIM_SPEED),
-             (COMPOSITE_TALL_GLUON, COMPOSITE_TALL_SPEED), (COMPOSITE_WIDE_GLUON, COMPOSITE_WIDE_FAST_SPEED)),
+             (COMPOSITE_TALL_GLUON, COMPOSITE_TALL_SPEED), (COMPOSITE_WIDE_GLUON, COMPOSITE_WIDE_FAST_SPEED),
+             (SHORT_GLUON, SHORT_SPEED)),
     "promoted": ((WIDE_GLUON, 1.0), (TALL_GLUON, 0.96), (OVERLAPPED_NARROW_GLUON, 0.93), (SLIM_GLUON, SLIM_SPEED),
-                 (COMPOSITE_WIDE_GLUON, COMPOSITE_PROMOTED_SPEED)),
+                 (COMPOSITE_WIDE_GLUON, COMPOSITE_PROMOTED_SPEED), (SHORT_GLUON, SHORT_SPEED)),
     "blockwise": ((TALL_BLOCKWISE_GLUON, 1.0), (BLOCKWISE_GLUON, 0.96), (DEEP_NARROW_BLOCKWISE_GLUON, 1.0),
-                  (SLIM_BLOCKWISE_GLUON, SLIM_SPEED)),
+                  (SLIM_BLOCKWISE_GLUON, SLIM_SPEED), (SHORT_BLOCKWISE_GLUON, SHORT_SPEED)),
     # 1 x 128 weight scales (grad_weight's products), the blockwise regime's weights: the three-consumer tile (its
     # column scales read once each K-tile's product is in) ran at 0.968 of cuBLAS against 0.947 for the 128 x 128
     # tiles (overlapped from OVERLAP_MIN_WAVES waves on) over a LLaMa-3 8B step's grad_weight products and
@@ -802,15 +815,17 @@ def candidate_configs(granularity: Granularity, fast_accum: bool, device: Device
     ]
     # The five-stage 128 x 128 and the four-stage 192-row tiles, whose rings take the room of a split's partial sums
     # (DEEP_NARROW_GLUON, DEEP_TALL_STAGES); the composite 192 x 192 tile, which does not split and runs fast
-    # accumulation only (COMPOSITE_TALL_GLUON); the composite 128 x 192 (COMPOSITE_WIDE_GLUON); and 128 x 64 with
-    # SLIM_DEEP_STAGES, unsplit.
+    # accumulation only (COMPOSITE_TALL_GLUON); the composite 128 x 192 (COMPOSITE_WIDE_GLUON); 128 x 64 with
+    # SLIM_DEEP_STAGES, unsplit; and the one-consumer 64 x 64 (SHORT_GLUON).
     gluon += [dict(gluon[0], num_stages=DEEP_NARROW_GLUON.num_stages, split_last_wave=False),
               dict(gluon[0], block_m=GLUON_THREE_CONSUMER_ROWS, num_stages=DEEP_TALL_STAGES, split_last_wave=False),
               dict(gluon[0], block_m=GLUON_THREE_CONSUMER_ROWS, block_n=COMPOSITE_TALL_GLUON.block_n,
                    num_stages=COMPOSITE_TALL_GLUON.num_stages, split_last_wave=False),
               dict(gluon[0], block_n=COMPOSITE_WIDE_GLUON.block_n, num_stages=COMPOSITE_WIDE_GLUON.num_stages,
                    split_last_wave=False),
-              dict(gluon[0], block_n=64, num_stages=SLIM_DEEP_STAGES, split_last_wave=False)]
+              dict(gluon[0], block_n=64, num_stages=SLIM_DEEP_STAGES, split_last_wave=False),
+              dict(gluon[0], block_m=SHORT_GLUON.block_m, block_n=SHORT_GLUON.block_n, num_stages=SHORT_GLUON.num_stages,
+                   split_last_wave=False)]
     # The deeper rings narrow stores make room for (narrow_stores): 128 x 128 with six stages, 128 x 256 with four and
     # the composite 128 x 160 with five (cuBLAS's rowwise ring).
     gluon += [dict(gluon[0], num_stages=6, split_last_wave=False, narrow_stores=True),
