@@ -1048,6 +1048,53 @@ def test_compare_flags_comparisons_whose_kernels_ran_at_different_clocks():
                                            "ratio": 0.914, "sm_clock_mhz": 345.0, "sm_clock_mhz_cublas": 1980.0}]
 
 
+def _compare_summary(folder, pick_ms: dict, variant_ms: dict, variant: str = "fields {\"group_m\":2}"):
+    """A compare run's summary.csv: per shape, cuBLAS at 1 ms, the pick at pick_ms[shape] and, where variant_ms has
+    the shape, a variant beside it."""
+    import pandas as pd
+
+    regime = "tensorwise/fast_accum=on"
+    rows = [row for shape, ms in pick_ms.items() for row in (
+        dict(shape=shape, regime=regime, backend="cublas", config="", ms=1.0, variant=""),
+        dict(shape=shape, regime=regime, backend="triton", config="128x64", ms=ms, variant=""))]
+    rows += [dict(shape=shape, regime=regime, backend="triton", config="128x64 g2", ms=ms, variant=variant)
+             for shape, ms in variant_ms.items()]
+    folder.mkdir()
+    pd.DataFrame(rows).to_csv(folder / "summary.csv", index=False)
+    return folder
+
+
+def test_both_orders_pairs_each_variant_with_the_pick_over_two_runs(tmp_path):
+    """`gemm_sweep.py both-orders FIRST REVERSED`: the pick's speed over the variant's from both runs' summaries (the
+    pick 1.25x faster on one shape in one order, 0.8x in the other: geomean 1.0 over 2, lowest 0.8, highest 1.25), ours
+    / cuBLAS per order over the compared shapes only; no variant timed: exit 1; a missing summary: exit 2 naming it."""
+    from typer.testing import CliRunner
+
+    from tool_module import load_tool
+
+    gemm_sweep = load_tool("gemm_sweep", triton_kernels=True)
+    first = _compare_summary(tmp_path / "first", {"a": 0.8, "b": 2.0}, {"a": 1.0})
+    reversed_run = _compare_summary(tmp_path / "reversed", {"a": 1.0, "b": 2.0}, {"a": 0.8})
+    speeds = gemm_sweep.pick_speeds(gemm_sweep._read_summary(first))
+    assert speeds.to_dict("records") == [dict(variant='fields {"group_m":2}', shape_name="a",
+                                              regime="tensorwise/fast_accum=on", pick_speed=1.25, pick_vs_cublas=1.25,
+                                              variant_vs_cublas=1.0)]
+    done = CliRunner().invoke(gemm_sweep.app, ["both-orders", str(first), str(reversed_run)], terminal_width=250)
+    assert done.exit_code == 0, done.output
+    row = next(line for line in done.output.splitlines() if "│ all" in line).split("│")
+    assert [cell.strip() for cell in row[2:7]] == ["2", "1", "1.000", "0.800", "1.250"]
+    assert [cell.strip() for cell in row[7:11]] == ["1.250", "1.000", "1.000", "1.250"]
+    lone = _compare_summary(tmp_path / "lone", {"a": 1.0}, {})
+    done = CliRunner().invoke(gemm_sweep.app, ["both-orders", str(lone), str(lone)])
+    assert done.exit_code == 1 and "no variant was timed" in done.output
+    done = CliRunner().invoke(gemm_sweep.app, ["both-orders", str(first), str(tmp_path / "absent")])
+    assert done.exit_code == 2 and "absent/summary.csv" in " ".join(done.output.split())
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "summary.csv").write_text("shape,ms\na,1\n")
+    done = CliRunner().invoke(gemm_sweep.app, ["both-orders", str(first), str(tmp_path / "bad")], terminal_width=250)
+    assert done.exit_code == 2 and "not a compare summary, no column backend, regime, variant" in done.output
+
+
 def _side_by_side_timed_by(gemm_sweep, measure, summary):
     """compare's SideBySide with `measure` in place of its timer (measure(shape, granularity, fast_accum, backend, run,
     options) -> (ms, a row whose values have sm_clock_mhz and tflops)), its result rows kept in `bench.writer.rows`

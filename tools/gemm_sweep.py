@@ -3,6 +3,7 @@
     python tools/gemm_sweep.py compare --out DIR   # the heuristic's configs on the target shapes
     python tools/gemm_sweep.py compare --out DIR --baseline-kernels /tmp/kernels-before   # a kernel change's A/B
     python tools/gemm_sweep.py compare --out DIR --shape-gen awkward [--reverse]   # a shape set, in either order
+    python tools/gemm_sweep.py both-orders DIR DIR_REVERSED   # each variant against the pick over both orders (no GPU)
     python tools/gemm_sweep.py tune --out DIR      # every candidate config on a few tuning shapes
     python tools/gemm_sweep.py gluon --out DIR     # the Gluon kernel's configs against the Triton preset
     python tools/gemm_sweep.py wgrad --out DIR     # grad_weight's blockwise products (1 x 128 x 1 x 128)
@@ -412,6 +413,61 @@ def compare(out: Path = typer.Option(..., help="folder for results.csv and metad
                                                             f"with this checkout's kernels / with those")):
         if variant:  # no --candidate: its name is the pick's own ""
             _print_variant_gains(per_shape, ours[ours.variant == variant], variant, title)
+
+
+@app.command("both-orders")
+def both_orders(first: Path = typer.Argument(..., help="a compare run's folder (its summary.csv)"),
+                reversed_run: Path = typer.Argument(..., metavar="REVERSED", help="the same compare run with --reverse")
+                ) -> None:
+    """Each variant (--candidate, --fields, --unsplit, --multicast, --baseline-kernels) against the heuristic's pick, over
+    two compare runs of the same cases in opposite orders: per variant and regime, the comparisons, the geomean, lowest
+    and highest of the pick's speed over the variant's (above 1: the pick is faster), and ours / cuBLAS with the pick
+    and with the variant, per order. No GPU: it reads the runs' summary.csv."""
+    runs = {"first": _read_summary(first), "reversed": _read_summary(reversed_run)}
+    speeds = pd.concat([pick_speeds(frame).assign(order=order) for order, frame in runs.items()], ignore_index=True)
+    if speeds.empty:
+        console.print(f"[red]no variant was timed beside a pick in {first} and {reversed_run}[/]")
+        raise typer.Exit(1)
+    for variant, rows in speeds.groupby("variant", sort=False):
+        per_regime = [("all", rows), *rows.groupby("regime", sort=True)]
+        _print_frame(pd.DataFrame([dict(
+            regime=regime, comparisons=len(part), shapes=part.shape_name.nunique(),
+            pick_speed=gmean(part.pick_speed), lowest=part.pick_speed.min(), highest=part.pick_speed.max(),
+            **{f"{kind}_{order}": gmean(part[part.order == order][f"{kind}_vs_cublas"])
+               for order in runs for kind in ("pick", "variant")}) for regime, part in per_regime]),
+            f"{variant}: the pick's speed over the variant's in both orders, and ours / cuBLAS per order where it "
+            f"differs")
+
+
+def _read_summary(folder: Path) -> pd.DataFrame:
+    """A compare run's summary.csv; a missing or malformed one exits 2 naming the file."""
+    path = folder / "summary.csv"
+    try:
+        frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    except (OSError, ValueError) as err:
+        console.print(f"[red]{path}: cannot read a compare summary: {err}[/]")
+        raise typer.Exit(2) from None
+    missing = {"shape", "regime", "backend", "ms", "variant"} - set(frame.columns)
+    if missing:
+        console.print(f"[red]{path}: not a compare summary, no column {', '.join(sorted(missing))}[/]")
+        raise typer.Exit(2)
+    frame["variant"] = frame.variant.astype("string").fillna("")  # all empty: read as float
+    return frame
+
+
+def pick_speeds(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per variant, shape and regime of one compare summary where a variant was timed beside the pick: the pick's
+    speed over the variant's (variant ms / pick ms), and each one's ours / cuBLAS (cuBLAS ms / ours)."""
+    timed = summary[summary.ms.notna()]
+    cublas = timed[timed.backend == "cublas"][["shape", "regime", "ms"]].rename(columns={"ms": "cublas_ms"})
+    ours = timed[timed.backend == "triton"].merge(cublas, on=["shape", "regime"])
+    picks = ours[ours.variant == ""][["shape", "regime", "ms", "cublas_ms"]]
+    twins = ours[ours.variant != ""][["shape", "regime", "variant", "ms"]].rename(columns={"ms": "variant_ms"})
+    paired = picks.merge(twins, on=["shape", "regime"])
+    return pd.DataFrame({
+        "variant": paired.variant, "shape_name": paired["shape"], "regime": paired.regime,
+        "pick_speed": paired.variant_ms / paired.ms, "pick_vs_cublas": paired.cublas_ms / paired.ms,
+        "variant_vs_cublas": paired.cublas_ms / paired.variant_ms})
 
 
 def clocks_apart(clocks: list[float]) -> bool:
