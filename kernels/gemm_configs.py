@@ -317,15 +317,15 @@ NARROW_GLUON = dataclasses.replace(WIDE_GLUON, block_n=128, num_stages=4)
 TALL_GLUON = dataclasses.replace(WIDE_GLUON, block_m=GLUON_THREE_CONSUMER_ROWS, block_n=128)
 SLIM_GLUON = dataclasses.replace(NARROW_GLUON, block_n=64, num_stages=6)
 OVERLAPPED_NARROW_GLUON = dataclasses.replace(NARROW_GLUON, overlap_promotion=True)
-# 64 x 64 (one consumer warpgroup), 13 stages (227,840 bytes) and no split: cuBLAS's tile and ring at M 128, K 4096,
-# N 4096 (nvjet_sm90_qqtst_64x64_128x13_2x1), twice the programs of 128 x 64 where that leaves half the SMs idle. On an
+# 64 x 64 (one consumer warpgroup), 13 stages (227,840 bytes) and no split: cuBLAS's tile and ring at M 128, K 4096, N
+# 4096 (nvjet_sm90_qqtst_64x64_128x13_2x1), twice the programs of 128 x 64 where that leaves half the SMs idle. On an
 # H200 (quick compare, one run, reports/h200/gemm-one-consumer-tile, `slim64/`), forced onto the picks of the 14
-# products of 128-256 rows with K 512-16384 in four regimes: 1.01-1.19x at M 128, N 4096 (K 4096, 7168, 14336: 64
-# tiles of 128 x 64, split in two, against 128 of 64 x 64), 1.05x at M 128, K 7168, N 2112 unsplit, and 0.50-0.81x
-# wherever the 128-row pick's grid fills as well or better (N 6144-32768, M 256). As 2 x 1 clusters multicasting B, as
-# cuBLAS runs it, 0.90-0.95x the one-CTA tile. SHORT_SPEED lies between what the M 128, N 4096 products need for it
-# to displace the split 128 x 64 pick (0.63-0.73) and SLIM_SPEED, above which it would displace 128 x 64 on products
-# whose grids both fill alike.
+# products of 128-256 rows with K 512-16384 in four regimes: 1.01-1.19x at M 128, N 4096 (K 4096, 7168, 14336: 64 tiles
+# of 128 x 64, eight stages unsplit or at K 14336 split in two, against 128 of 64 x 64), unsplit at M 128, K 7168, N
+# 2112 1.05x with fast accumulation and 0.98x promoted, and 0.58-0.86x wherever the 128-row pick's grid fills as well or
+# better (N 6144-32768, M 256). As 2 x 1 clusters multicasting B, as cuBLAS runs it, 0.84-0.95x the one-CTA tile.
+# SHORT_SPEED lies between what the M 128, N 4096 products need for it to displace the split 128 x 64 pick (0.63-0.73)
+# and SLIM_SPEED, above which it would displace 128 x 64 on products whose grids both fill alike.
 SHORT_GLUON = dataclasses.replace(SLIM_GLUON, block_m=64, num_stages=13, split_last_wave=False)
 SHORT_BLOCKWISE_GLUON = dataclasses.replace(SHORT_GLUON, group_m=8)
 SHORT_SPEED = 0.80
