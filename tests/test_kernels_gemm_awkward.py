@@ -4,7 +4,6 @@ TRITON_INTERPRET=1 on the CPU; at full size on a GPU, `gpu` tests)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 
@@ -22,6 +21,7 @@ from fp8bench.config import Granularity  # noqa: E402
 from fp8kernels import gemm_configs  # noqa: E402
 from fp8kernels.gemm import device_properties, fp8_gemm, gemm_config  # noqa: E402
 from test_kernels_gemm import _relative_error  # noqa: E402
+from tool_module import load_tool  # noqa: E402
 from fp8kernels.gemm_configs import (  # noqa: E402
     GLUON_THREE_CONSUMER_ROWS,
     SHARED_MEMORY_BYTES,
@@ -74,18 +74,11 @@ def test_tile_fill_counts_the_ragged_edge():
     assert tile_fill(128, 4096, gemm_configs.TALL_GLUON) == pytest.approx(2 / 3)
 
 
-@contextlib.contextmanager
 def without_the_64_row_tile():
-    """The heuristic without the one-consumer 64 x 64 tile (SHORT_GLUON), as it picked before that tile was weighed."""
-    saved = dict(gemm_configs.GLUON_TILES)
-    for regime, tiles in saved.items():
-        gemm_configs.GLUON_TILES[regime] = tuple((t, speed) for t, speed in tiles if t.block_m != 64)
-    gemm_configs._heuristic_config.cache_clear()
-    try:
-        yield
-    finally:
-        gemm_configs.GLUON_TILES.update(saved)
-        gemm_configs._heuristic_config.cache_clear()
+    """The heuristic with the one-consumer 64 x 64 tile's speed 0 (gemm_heuristic_grade.changed), as the compare runs
+    timed the picks before it (`--candidate fast.SHORT_GLUON=0 ...`, reports/h200/gemm-one-consumer-tile)."""
+    return load_tool("gemm_heuristic_grade").changed(
+        [("fast.SHORT_GLUON", 0.0), ("promoted.SHORT_GLUON", 0.0), ("blockwise.SHORT_BLOCKWISE_GLUON", 0.0)])
 
 
 @pytest.mark.parametrize("regime", REGIMES, ids=str)
